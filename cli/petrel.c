@@ -1,0 +1,30 @@
+/* petrel.c: the command-line entry point; dispatches to one subcommand per file. */
+#include <string.h>
+
+#include "cli.h"
+
+typedef struct { const char *name; int (*fn)(int, char **); const char *help; } command;
+
+static const command commands[] = {
+    {"info", cmd_info, "print a model's config, tensor inventory and memory"},
+    {"logits", cmd_logits, "write float32 logits for every position of a prompt"},
+    {"generate", cmd_generate, "greedy-generate token ids from token ids"},
+};
+#define N_COMMANDS (sizeof commands / sizeof commands[0])
+
+static void usage(FILE *f) {
+    fprintf(f, "petrel: inference for the GLM-5 family (glm_moe_dsa)\n\n"
+               "usage: petrel COMMAND [options]   (petrel COMMAND --help for its options)\n\ncommands:\n");
+    for (size_t i = 0; i < N_COMMANDS; i++) fprintf(f, "  %-11s %s\n", commands[i].name, commands[i].help);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    for (size_t i = 0; i < N_COMMANDS; i++)
+        if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "petrel: unknown command \"%s\" (petrel --help lists them)\n", argv[1]);
+    return 2;
+}

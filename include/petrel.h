@@ -1,0 +1,71 @@
+/* petrel.h: the public C API of petrel, an inference engine for the GLM-5 family
+ * (Hugging Face model_type "glm_moe_dsa").
+ *
+ * Two objects:
+ *   petrel_engine   immutable after open: config, weights, kernels. Shared by sessions.
+ *   petrel_session  one timeline: the latent KV cache (c, k_pe per token and layer, indexer keys
+ *                   on full layers). Not thread-safe; one thread drives one session.
+ *
+ * Errors: every fallible call returns 0 on success or a negative PETREL_E* code, and fills the
+ * caller-owned petrel_error with one line saying what is wrong and where. Library code never
+ * exits or aborts on bad input. */
+#ifndef PETREL_H
+#define PETREL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum {
+    PETREL_OK = 0,
+    PETREL_EINVAL = -1,      /* bad argument or input (token id out of range, empty prompt) */
+    PETREL_EIO = -2,         /* a file could not be opened or read */
+    PETREL_EFORMAT = -3,     /* a file is malformed (safetensors header, config.json, pack) */
+    PETREL_ENOMEM = -4,      /* an allocation failed or a budget cannot be met */
+    PETREL_EUNSUPPORTED = -5,/* valid input that petrel does not handle (yet) */
+    PETREL_ERANGE = -6,      /* a context or capacity limit was reached */
+};
+
+typedef struct petrel_error {
+    int code;        /* last error code, 0 if none */
+    char msg[1024];  /* one line, no trailing newline */
+} petrel_error;
+
+typedef struct petrel_engine petrel_engine;
+typedef struct petrel_session petrel_session;
+typedef struct petrel_config petrel_config; /* defined in src/model/config.h */
+
+typedef struct petrel_open_opts {
+    int n_threads;          /* compute threads; 0 = all cores */
+    int verbose;            /* print the load plan on stderr */
+    uint64_t mem_budget;    /* whole-process budget in bytes; 0 = unlimited */
+    int expert_slots;       /* per-layer expert slots; 0 = derive from the budget / resident */
+} petrel_open_opts;
+
+/* Opens a model folder (Hugging Face checkpoint) or file. */
+int petrel_engine_open(const char *path, const petrel_open_opts *opts, petrel_engine **out,
+                       petrel_error *err);
+void petrel_engine_close(petrel_engine *eng);
+const petrel_config *petrel_engine_config(const petrel_engine *eng);
+int petrel_engine_vocab_size(const petrel_engine *eng);
+
+/* A session with room for max_tokens positions (prompt plus generation). */
+int petrel_session_create(petrel_engine *eng, int max_tokens, petrel_session **out,
+                          petrel_error *err);
+void petrel_session_free(petrel_session *s);
+int petrel_session_len(const petrel_session *s);
+/* Drops cached positions >= n_past (speculative rollback, prompt reuse). */
+int petrel_session_truncate(petrel_session *s, int n_past, petrel_error *err);
+
+/* Runs n tokens at positions len..len+n-1 as one batch of rows and appends them to the cache.
+ * logits: NULL, or [n, vocab] (all rows) when all_logits, else [vocab] for the last row. */
+int petrel_session_forward(petrel_session *s, const int32_t *ids, int n, float *logits,
+                           int all_logits, petrel_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

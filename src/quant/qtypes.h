@@ -1,0 +1,54 @@
+/* qtypes.h: the number formats weights are stored in, and the typed 2-D weight view every
+ * kernel consumes. A view never owns its memory (it points into an mmap'd file or a slot).
+ *
+ * Conventions (all formats): a weight is [rows][cols] and y = W x; rows are stored one after
+ * another, row r starting at data + r * row_bytes. Formats with scales:
+ *   PT_FP8_E4M3  e4m3fn bytes; scale[(r / block_rows) * scale_cols + c / block_cols] is a
+ *                MULTIPLIER (HF "weight_scale_inv"): w = fp8(q) * scale.
+ *   other quantized formats are described in src/quant/quant.h. */
+#ifndef PETREL_QUANT_QTYPES_H
+#define PETREL_QUANT_QTYPES_H
+#include <stdint.h>
+
+typedef enum pt_qtype {
+    PT_F32 = 0,
+    PT_BF16 = 1,
+    PT_F16 = 2,
+    PT_FP8_E4M3 = 3, /* with block scales (f32) */
+    PT_Q8_ROW = 4,   /* int8, one f32 scale per row */
+    PT_Q8_G32 = 5,   /* int8, one scale per group of 32 columns */
+    PT_Q4_G64 = 6,   /* int4 symmetric, one scale per group of 64 columns */
+    PT_QTYPE_COUNT
+} pt_qtype;
+
+typedef struct pt_wview {
+    pt_qtype qtype;
+    int64_t rows, cols;
+    const uint8_t *data;   /* view: row r at data + r * row_bytes */
+    int64_t row_bytes;
+    const void *scale;     /* view: format-specific scales, NULL for f32/bf16/f16 */
+    int scale_dtype;       /* PT_F32 / PT_BF16 / PT_F16 for the scales */
+    int block_rows, block_cols; /* FP8 block shape; group size for grouped formats (block_cols) */
+    int64_t scale_cols;    /* scales per row-block (FP8) or per row (grouped) */
+} pt_wview;
+
+const char *pt_qtype_name(pt_qtype t);
+
+/* Scalar conversions, exact. */
+static inline float pt_bf16_to_f32(uint16_t h) {
+    union { uint32_t u; float f; } v = { (uint32_t)h << 16 };
+    return v.f;
+}
+static inline uint16_t pt_f32_to_bf16(float f) { /* round to nearest even, NaN kept quiet */
+    union { float f; uint32_t u; } v = { f };
+    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40);
+    uint32_t r = v.u + 0x7fffu + ((v.u >> 16) & 1u);
+    return (uint16_t)(r >> 16);
+}
+float pt_f16_to_f32(uint16_t h);
+uint16_t pt_f32_to_f16(float f);
+float pt_fp8e4m3_to_f32(uint8_t b);
+
+/* Dequantizes row r of W into out[cols] (f32). The reference for every kernel. */
+void pt_dequant_row(const pt_wview *W, int64_t r, float *out);
+#endif

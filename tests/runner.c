@@ -1,0 +1,101 @@
+/* runner.c: runs the registered tests. Usage: petrel-tests [GROUP|GROUP.NAME ...]
+ * With no argument every test runs. Prints one line per failure and a final
+ * "N passed, N failed" line; exits non-zero if anything failed. */
+#define _GNU_SOURCE
+#include "test.h"
+
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAX_TESTS 4096
+static struct { const char *group, *name; test_fn fn; } tests[MAX_TESTS];
+static int n_tests;
+static int cur_failed;
+static const char *cur_group, *cur_name;
+
+void test_register(const char *group, const char *name, test_fn fn) {
+    if (n_tests < MAX_TESTS) {
+        tests[n_tests].group = group;
+        tests[n_tests].name = name;
+        tests[n_tests].fn = fn;
+        n_tests++;
+    }
+}
+
+void test_fail(const char *file, int line, const char *fmt, ...) {
+    if (cur_failed < 20) {
+        fprintf(stderr, "FAIL %s.%s %s:%d: ", cur_group, cur_name, file, line);
+        va_list ap;
+        va_start(ap, fmt);
+        vfprintf(stderr, fmt, ap);
+        va_end(ap);
+        fputc('\n', stderr);
+    }
+    cur_failed++;
+}
+
+const char *test_data(const char *rel) {
+    static char bufs[8][1024];
+    static int slot;
+    const char *root = getenv("PETREL_TEST_DATA");
+    if (!root) root = "tests/data";
+    char *b = bufs[slot++ & 7];
+    snprintf(b, 1024, "%s/%s", root, rel);
+    return b;
+}
+
+static char tmpdir[256];
+static void rm_tmpdir(void) {
+    if (tmpdir[0] && !getenv("PETREL_KEEP_TMP")) {
+        char cmd[300];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+        if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);
+    }
+}
+const char *test_tmpdir(void) {
+    if (!tmpdir[0]) {
+        snprintf(tmpdir, sizeof tmpdir, "/tmp/petrel-test-XXXXXX");
+        if (!mkdtemp(tmpdir)) {
+            perror("mkdtemp");
+            exit(2);
+        }
+        atexit(rm_tmpdir);
+    }
+    return tmpdir;
+}
+
+static int selected(int i, int argc, char **argv) {
+    if (argc <= 1) return 1;
+    char full[256];
+    snprintf(full, sizeof full, "%s.%s", tests[i].group, tests[i].name);
+    for (int a = 1; a < argc; a++)
+        if (!strcmp(argv[a], tests[i].group) || !strcmp(argv[a], full)) return 1;
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    int passed = 0, failed = 0;
+    for (int i = 0; i < n_tests; i++) {
+        if (!selected(i, argc, argv)) continue;
+        cur_group = tests[i].group;
+        cur_name = tests[i].name;
+        cur_failed = 0;
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        tests[i].fn();
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double ms = (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6;
+        if (cur_failed) {
+            failed++;
+            fprintf(stderr, "not ok  %s.%s (%d checks failed)\n", cur_group, cur_name, cur_failed);
+        } else {
+            passed++;
+            if (getenv("PETREL_TEST_VERBOSE")) fprintf(stderr, "ok      %s.%s (%.1f ms)\n", cur_group, cur_name, ms);
+        }
+    }
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed ? 1 : 0;
+}

@@ -1,0 +1,46 @@
+/* test.h: the test harness. Each test file defines tests with TEST(group, name); they register
+ * themselves before main (constructor), so adding a test file needs no edit elsewhere.
+ * CHECK records a failure with file:line and continues; a test passes if nothing failed.
+ * Test data lives under tests/data (override with PETREL_TEST_DATA). */
+#ifndef PETREL_TEST_H
+#define PETREL_TEST_H
+#include <math.h>
+#include <stdio.h>
+
+typedef void (*test_fn)(void);
+void test_register(const char *group, const char *name, test_fn fn);
+void test_fail(const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Path under the test data folder (static buffer rotating over 8 slots). */
+const char *test_data(const char *rel);
+/* A fresh temporary directory for this test run (created once, removed at exit). */
+const char *test_tmpdir(void);
+
+#define TEST(group, name)                                                        \
+    static void test_##group##_##name(void);                                     \
+    __attribute__((constructor)) static void test_reg_##group##_##name(void) {   \
+        test_register(#group, #name, test_##group##_##name);                     \
+    }                                                                            \
+    static void test_##group##_##name(void)
+
+#define CHECK(cond)                                                              \
+    do {                                                                         \
+        if (!(cond)) test_fail(__FILE__, __LINE__, "CHECK(%s)", #cond);          \
+    } while (0)
+#define CHECK_MSG(cond, ...)                                                     \
+    do {                                                                         \
+        if (!(cond)) test_fail(__FILE__, __LINE__, __VA_ARGS__);                 \
+    } while (0)
+#define CHECK_EQ_INT(a, b)                                                       \
+    do {                                                                         \
+        long long ta_ = (long long)(a), tb_ = (long long)(b);                    \
+        if (ta_ != tb_)                                                          \
+            test_fail(__FILE__, __LINE__, "%s == %s: %lld != %lld", #a, #b, ta_, tb_); \
+    } while (0)
+#define CHECK_NEAR(a, b, tol)                                                    \
+    do {                                                                         \
+        double ta_ = (double)(a), tb_ = (double)(b);                             \
+        if (!(fabs(ta_ - tb_) <= (tol)))                                         \
+            test_fail(__FILE__, __LINE__, "%s ~ %s: %.9g vs %.9g (tol %g)", #a, #b, ta_, tb_, (double)(tol)); \
+    } while (0)
+#endif
