@@ -1,7 +1,6 @@
 /* runner.c: runs the registered tests. Usage: petrel-tests [GROUP|GROUP.NAME ...]
  * With no argument every test runs. Prints one line per failure and a final
  * "N passed, N failed" line; exits non-zero if anything failed. */
-#define _GNU_SOURCE
 #include "test.h"
 
 #include <stdarg.h>
