@@ -1,2 +1,63 @@
+/* cmd_generate.c: `petrel generate` greedy-decodes N token ids after a prompt of ids and
+ * prints them space-separated on stdout. Stops early at an eos id only with --stop-at-eos. */
+#include <stdlib.h>
+#include <string.h>
+
 #include "cli.h"
-CLI_CMD(generate) { (void)argc; (void)argv; return cli_fail("generate: not built yet"); }
+#include "model/config.h"
+
+static const char *usage =
+    "usage: petrel generate --model DIR --ids 1,2,3 -n N [--stop-at-eos]\n"
+    "Prints the N greedy (argmax) token ids that follow the prompt, space-separated.\n"
+    "  --ids LIST           prompt token ids, comma separated\n"
+    "  -n N                 tokens to generate (default 16)\n"
+    "  --stop-at-eos        stop after the model's eos id instead of always printing N\n" CLI_MODEL_OPTS_HELP;
+
+CLI_CMD(generate) {
+    cli_model_opts mo = {0};
+    const char *ids_s = NULL;
+    long ngen = 16;
+    int stop_eos = 0;
+    for (int i = 1; i < argc; i++) {
+        int r = cli_model_opt(argc, argv, &i, &mo);
+        if (r < 0) return 1;
+        if (r) continue;
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { fputs(usage, stdout); return 0; }
+        else if (!strcmp(argv[i], "--stop-at-eos")) stop_eos = 1;
+        else if (!strcmp(argv[i], "--ids") && i + 1 < argc) ids_s = argv[++i];
+        else if ((!strcmp(argv[i], "-n") || !strcmp(argv[i], "--n")) && i + 1 < argc) {
+            if (cli_parse_int(argv[++i], 0, 1 << 24, &ngen)) return cli_fail("generate: -n: \"%s\" is not a count", argv[i]);
+        } else return cli_fail("generate: unknown or incomplete option \"%s\" (petrel generate --help)", argv[i]);
+    }
+    if (!mo.model) return cli_fail("generate: --model is required");
+    if (!ids_s) return cli_fail("generate: --ids is required");
+    char msg[256];
+    int32_t *ids;
+    int n = cli_parse_ids(ids_s, &ids, msg, sizeof msg);
+    if (n < 0) return cli_fail("generate: --ids: %s", msg);
+    if (n == 0) { free(ids); return cli_fail("generate: empty prompt: --ids holds no token ids"); }
+    petrel_error err = {0};
+    petrel_engine *eng;
+    if (petrel_engine_open(mo.model, &mo.open, &eng, &err)) { free(ids); return cli_fail_err("generate", &err); }
+    const petrel_config *cfg = petrel_engine_config(eng);
+    int V = cfg->vocab_size, rc = 0;
+    petrel_session *s = NULL;
+    float *lg = malloc(sizeof(float) * (size_t)V);
+    if (!lg) rc = cli_fail("generate: out of memory");
+    if (!rc && petrel_session_create(eng, n + (int)ngen, &s, &err)) rc = cli_fail_err("generate", &err);
+    if (!rc && ngen > 0 && petrel_session_forward(s, ids, n, lg, 0, &err)) rc = cli_fail_err("generate", &err);
+    for (long g = 0; !rc && g < ngen; g++) {
+        int32_t best = 0;
+        for (int v = 1; v < V; v++) if (lg[v] > lg[best]) best = v;
+        printf(g ? " %d" : "%d", best);
+        fflush(stdout);
+        if (stop_eos && config_is_eos(cfg, best)) break;
+        if (g + 1 < ngen && petrel_session_forward(s, &best, 1, lg, 0, &err)) rc = cli_fail_err("generate", &err);
+    }
+    if (!rc) printf("\n");
+    petrel_session_free(s);
+    petrel_engine_close(eng);
+    free(lg);
+    free(ids);
+    return rc;
+}

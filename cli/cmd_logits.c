@@ -1,2 +1,65 @@
+/* cmd_logits.c: `petrel logits` writes little-endian float32 logits [T, vocab] for every
+ * position of a prompt, from one batched pass or (--decode) one token at a time through the
+ * cache. */
+#include <stdlib.h>
+#include <string.h>
+
 #include "cli.h"
-CLI_CMD(logits) { (void)argc; (void)argv; return cli_fail("logits: not built yet"); }
+
+static const char *usage =
+    "usage: petrel logits --model DIR --ids 1,2,3 --out FILE [--decode]\n"
+    "Writes little-endian float32 logits [T, vocab] for every prompt position to FILE.\n"
+    "  --ids LIST           prompt token ids, comma separated\n"
+    "  --out FILE           output file\n"
+    "  --decode             feed the prompt one token at a time through the KV cache\n" CLI_MODEL_OPTS_HELP;
+
+CLI_CMD(logits) {
+    cli_model_opts mo = {0};
+    const char *ids_s = NULL, *out = NULL;
+    int decode = 0;
+    for (int i = 1; i < argc; i++) {
+        int r = cli_model_opt(argc, argv, &i, &mo);
+        if (r < 0) return 1;
+        if (r) continue;
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { fputs(usage, stdout); return 0; }
+        else if (!strcmp(argv[i], "--decode")) decode = 1;
+        else if (!strcmp(argv[i], "--ids") && i + 1 < argc) ids_s = argv[++i];
+        else if (!strcmp(argv[i], "--out") && i + 1 < argc) out = argv[++i];
+        else return cli_fail("logits: unknown or incomplete option \"%s\" (petrel logits --help)", argv[i]);
+    }
+    if (!mo.model) return cli_fail("logits: --model is required");
+    if (!ids_s) return cli_fail("logits: --ids is required");
+    if (!out) return cli_fail("logits: --out is required");
+    char msg[256];
+    int32_t *ids;
+    int n = cli_parse_ids(ids_s, &ids, msg, sizeof msg);
+    if (n < 0) return cli_fail("logits: --ids: %s", msg);
+    if (n == 0) { free(ids); return cli_fail("logits: empty prompt: --ids holds no token ids"); }
+    petrel_error err = {0};
+    petrel_engine *eng;
+    if (petrel_engine_open(mo.model, &mo.open, &eng, &err)) { free(ids); return cli_fail_err("logits", &err); }
+    int V = petrel_engine_vocab_size(eng), rc = 0;
+    petrel_session *s = NULL;
+    float *lg = malloc(sizeof(float) * (size_t)n * (size_t)V);
+    if (!lg) rc = cli_fail("logits: out of memory for %d x %d logits", n, V);
+    if (!rc && petrel_session_create(eng, n, &s, &err)) rc = cli_fail_err("logits", &err);
+    if (!rc) {
+        if (decode) {
+            for (int i = 0; i < n && !rc; i++)
+                if (petrel_session_forward(s, ids + i, 1, lg + (size_t)i * V, 0, &err)) rc = cli_fail_err("logits", &err);
+        } else if (petrel_session_forward(s, ids, n, lg, 1, &err)) rc = cli_fail_err("logits", &err);
+    }
+    if (!rc) {
+        FILE *f = fopen(out, "wb");
+        if (!f) rc = cli_fail("logits: cannot create %s", out);
+        else {
+            if (fwrite(lg, sizeof(float), (size_t)n * V, f) != (size_t)n * V) rc = cli_fail("logits: write to %s failed", out);
+            if (fclose(f) != 0 && !rc) rc = cli_fail("logits: write to %s failed", out);
+        }
+    }
+    petrel_session_free(s);
+    petrel_engine_close(eng);
+    free(lg);
+    free(ids);
+    return rc;
+}

@@ -1,0 +1,64 @@
+/* dsa.c: the DSA lightning indexer. On a full layer each row scores every causal key with
+ *   I(s,t) = sum_h w_h(s) * ReLU(qi_h(s) . ki(t) / sqrt(Di)),   w = weights_proj(x) / sqrt(Hi)
+ * and keeps the k = min(index_topk, s + 1) best; shared layers reuse the previous full layer's
+ * selection (forward.c keeps it). When s + 1 <= index_topk the selection is every causal key,
+ * so scoring is skipped (the keys are still cached for later rows).
+ * Selections are written sorted ascending so attention sums in a fixed order. */
+#include <math.h>
+#include <string.h>
+
+#include "base/err.h"
+#include "kernels/kernels.h"
+#include "model/engine.h"
+#include "model/ops.h"
+
+int dsa_select(petrel_session *s, int l, const layer_w *lw, const float *x, const float *qr, int T,
+               const rope_rows *rope, int32_t *sel, int *sel_n, int sel_stride, petrel_error *err) {
+    const petrel_config *c = &s->eng->cfg;
+    int Hi = c->index_n_heads, Di = c->index_head_dim, Dr = c->qk_rope_head_dim, H = c->hidden_size;
+    int P = s->len, topk = c->index_topk;
+    size_t mark = s->ar.used;
+    float *qi = ar_alloc(&s->ar, sizeof(float) * (size_t)T * Hi * Di);
+    float *ki = ar_alloc(&s->ar, sizeof(float) * (size_t)T * Di);
+    float *iw = ar_alloc(&s->ar, sizeof(float) * (size_t)T * Hi);
+    float *score = ar_alloc(&s->ar, sizeof(float) * (size_t)(P + T));
+    int32_t *tmp = ar_alloc(&s->ar, sizeof(int32_t) * (size_t)(P + T));
+    if (!qi || !ki || !iw || !score || !tmp) return pt_err(err, PETREL_ENOMEM, "indexer scratch exhausted (layer %d)", l);
+    (void)H;
+    kn_matmul(&lw->idx_wq_b, qr, T, qi);
+    kn_matmul(&lw->idx_wk, x, T, ki);
+    kn_matmul(&lw->idx_weights_proj, x, T, iw);
+    const float wscale = (float)(1.0 / sqrt((double)Hi) / sqrt((double)Di));
+    for (int r = 0; r < T; r++) {
+        const float *cs = rope->cos_ + (size_t)r * (Dr / 2), *sn = rope->sin_ + (size_t)r * (Dr / 2);
+        for (int h = 0; h < Hi; h++) op_rope(qi + ((size_t)r * Hi + h) * Di, cs, sn, Dr, c->indexer_rope_interleave);
+        float *k = ki + (size_t)r * Di;
+        op_layernorm(k, k, lw->idx_k_norm_w, lw->idx_k_norm_b, Di, 1e-6);
+        op_rope(k, cs, sn, Dr, c->indexer_rope_interleave);
+        memcpy(s->idx_k[l] + (size_t)(P + r) * Di, k, sizeof(float) * (size_t)Di);
+        for (int h = 0; h < Hi; h++) iw[(size_t)r * Hi + h] *= wscale;
+    }
+    for (int r = 0; r < T; r++) {
+        int n = P + r + 1;
+        int32_t *out = sel + (size_t)r * sel_stride;
+        if (n <= topk) {
+            for (int t = 0; t < n; t++) out[t] = t;
+            sel_n[r] = n;
+            continue;
+        }
+        const float *q = qi + (size_t)r * Hi * Di, *w = iw + (size_t)r * Hi;
+        for (int t = 0; t < n; t++) {
+            const float *kt = s->idx_k[l] + (size_t)t * Di;
+            float acc = 0;
+            for (int h = 0; h < Hi; h++) {
+                float d = op_dot(q + (size_t)h * Di, kt, Di);
+                if (d > 0) acc += w[h] * d;
+            }
+            score[t] = acc;
+        }
+        op_topk(score, n, topk, out, tmp);
+        sel_n[r] = topk;
+    }
+    s->ar.used = mark;
+    return 0;
+}

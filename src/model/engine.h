@@ -1,0 +1,68 @@
+/* engine.h: the internal layout of petrel_engine and petrel_session, shared by the model code
+ * (forward, mla, dsa, moe) and by tests that check intermediate results.
+ *
+ * A forward call runs a batch of T rows (consecutive positions of one session) through every
+ * layer. Scratch comes from the session's arena, sized at create for `max_batch` rows and the
+ * session's capacity, so the token loop never allocates. */
+#ifndef PETREL_MODEL_ENGINE_H
+#define PETREL_MODEL_ENGINE_H
+#include <stddef.h>
+
+#include "io/safetensors.h"
+#include "model/config.h"
+#include "model/weights.h"
+
+struct petrel_engine {
+    petrel_config cfg;
+    st_set *src;        /* owned: the checkpoint maps */
+    model_w w;
+    char path[4096];
+};
+
+typedef enum { MLA_AUTO = 0, MLA_ABSORBED = 1, MLA_RECONSTRUCTED = 2 } mla_mode;
+
+/* Optional capture of intermediate results for tests (all borrowed, may be NULL). */
+typedef struct fwd_trace {
+    float *hidden;      /* [L + 1][T][H]: embeddings, each layer's output; last is final-normed */
+    int32_t **topk;     /* [L] -> [T][topk_stride] selections of full layers (sorted, -1 padded) */
+    int topk_stride;
+} fwd_trace;
+
+typedef struct arena {
+    uint8_t *base;      /* owned */
+    size_t cap, used;
+} arena;
+
+struct petrel_session {
+    petrel_engine *eng; /* borrowed */
+    int cap;            /* positions the cache holds */
+    int len;            /* positions filled */
+    int max_batch;      /* rows per forward chunk */
+    /* Latent KV cache per layer: c [cap][kv_lora_rank], k_pe [cap][qk_rope_head_dim];
+     * indexer keys [cap][index_head_dim] on full layers only (NULL on shared layers). */
+    float **kv_c, **kv_pe, **idx_k;   /* owned arrays [L] of owned buffers */
+    arena ar;
+    mla_mode mla;       /* test hook: force a form */
+    fwd_trace *trace;   /* test hook */
+};
+
+void *ar_alloc(arena *a, size_t bytes);
+/* Runs rows ids[0..T) at positions s->len.. ; logits [T][V] for rows from logits_from on (or
+ * NULL). Appends to the cache. T <= max_batch. */
+int fwd_batch(petrel_session *s, const int32_t *ids, int T, float *logits, int logits_from, petrel_error *err);
+
+/* Per-layer pieces (forward.c drives them). */
+typedef struct rope_rows {
+    float *cos_, *sin_;  /* [T][rope_dim/2] */
+} rope_rows;
+
+int mla_attention(petrel_session *s, int l, const layer_w *lw, const float *x, const float *qr, const float *q,
+                  int T, const int32_t *sel, const int *sel_n, int sel_stride, float *out, petrel_error *err);
+int dsa_select(petrel_session *s, int l, const layer_w *lw, const float *x, const float *qr, int T,
+               const rope_rows *rope, int32_t *sel, int *sel_n, int sel_stride, petrel_error *err);
+int moe_forward(petrel_session *s, const layer_w *lw, const float *x, int T, float *out, petrel_error *err);
+int mlp_dense(petrel_session *s, const layer_w *lw, const float *x, int T, float *out, petrel_error *err);
+/* Routing for one row (exposed for tests): writes K expert ids (ascending selection order not
+ * guaranteed) and their final weights. scratch needs 2 * E floats. */
+void moe_route(const petrel_config *cfg, const float *logits, const float *bias, int32_t *idx, float *wts, float *scratch);
+#endif

@@ -1,0 +1,129 @@
+/* moe.c: the MLPs. Dense SwiGLU for the leading layers; MoE elsewhere:
+ *   s = sigmoid(gate . x) (f32); choice = s + e_score_correction_bias (bias only chooses);
+ *   group limit: a group's score is the sum of its top-2 choice values, the topk_group best
+ *   groups stay, the others are masked to 0.0 (as the HF reference does, not -inf);
+ *   top-k by choice; weights = s[idx], normalised (sum + 1e-20) when norm_topk_prob, times
+ *   routed_scaling_factor; y = sum_j w_j Expert_j(x) + SharedExpert(x).
+ * Experts run expert-major: every row is routed first, then each chosen expert runs once over
+ * the rows that chose it. Each row accumulates its experts in ascending expert id, so a row's
+ * result does not depend on the other rows of the batch. */
+#include <math.h>
+#include <string.h>
+
+#include "base/err.h"
+#include "kernels/kernels.h"
+#include "model/engine.h"
+#include "model/ops.h"
+
+/* rank order: larger value first, then lower index */
+static int better(float a, int ia, float b, int ib) { return a > b || (a == b && ia < ib); }
+
+void moe_route(const petrel_config *cfg, const float *logits, const float *bias, int32_t *idx, float *wts, float *scratch) {
+    int E = cfg->n_routed_experts, K = cfg->num_experts_per_tok;
+    float *s = scratch, *ch = scratch + E;
+    for (int e = 0; e < E; e++) {
+        s[e] = 1.0f / (1.0f + expf(-logits[e]));
+        ch[e] = s[e] + bias[e];
+    }
+    if (cfg->n_group > 1 && cfg->topk_group < cfg->n_group) {
+        int G = cfg->n_group, gs = E / G;
+        float gscore[256];
+        unsigned char keep[256];
+        float *gsc = G <= 256 ? gscore : NULL;
+        if (gsc) {
+            for (int g = 0; g < G; g++) {
+                float b1 = -INFINITY, b2 = -INFINITY;
+                for (int e = g * gs; e < (g + 1) * gs; e++) {
+                    if (ch[e] > b1) { b2 = b1; b1 = ch[e]; }
+                    else if (ch[e] > b2) b2 = ch[e];
+                }
+                gsc[g] = gs >= 2 ? b1 + b2 : b1;
+                keep[g] = 0;
+            }
+            for (int k = 0; k < cfg->topk_group; k++) {
+                int best = -1;
+                for (int g = 0; g < G; g++)
+                    if (!keep[g] && (best < 0 || better(gsc[g], g, gsc[best], best))) best = g;
+                keep[best] = 1;
+            }
+            for (int g = 0; g < G; g++)
+                if (!keep[g])
+                    for (int e = g * gs; e < (g + 1) * gs; e++) ch[e] = 0.0f;
+        }
+    }
+    /* top-K by choice value (K is small: selection by repeated scan of a candidate list) */
+    for (int k = 0; k < K; k++) idx[k] = -1;
+    for (int e = 0; e < E; e++) {
+        if (idx[K - 1] >= 0 && !better(ch[e], e, ch[idx[K - 1]], idx[K - 1])) continue;
+        int p = K - 1;
+        while (p > 0 && (idx[p - 1] < 0 || better(ch[e], e, ch[idx[p - 1]], idx[p - 1]))) {
+            idx[p] = idx[p - 1];
+            p--;
+        }
+        idx[p] = e;
+    }
+    double sum = 0;
+    for (int k = 0; k < K; k++) sum += s[idx[k]];
+    for (int k = 0; k < K; k++) {
+        float w = s[idx[k]];
+        if (cfg->norm_topk_prob) w = (float)(w / (sum + 1e-20));
+        wts[k] = w * cfg->routed_scaling_factor;
+    }
+}
+
+static int swiglu(petrel_session *s, const pt_wview *g, const pt_wview *u, const pt_wview *d, const float *x, int T,
+                  float *out, petrel_error *err) {
+    size_t mark = s->ar.used;
+    float *gb = ar_alloc(&s->ar, sizeof(float) * (size_t)T * (size_t)g->rows);
+    float *ub = ar_alloc(&s->ar, sizeof(float) * (size_t)T * (size_t)u->rows);
+    if (!gb || !ub) return pt_err(err, PETREL_ENOMEM, "MLP scratch exhausted");
+    kn_matmul(g, x, T, gb);
+    kn_matmul(u, x, T, ub);
+    op_silu_mul(gb, ub, (int64_t)T * g->rows);
+    kn_matmul(d, gb, T, out);
+    s->ar.used = mark;
+    return 0;
+}
+
+int mlp_dense(petrel_session *s, const layer_w *lw, const float *x, int T, float *out, petrel_error *err) {
+    return swiglu(s, &lw->gate_proj, &lw->up_proj, &lw->down_proj, x, T, out, err);
+}
+
+int moe_forward(petrel_session *s, const layer_w *lw, const float *x, int T, float *out, petrel_error *err) {
+    const petrel_config *c = &s->eng->cfg;
+    int E = c->n_routed_experts, K = c->num_experts_per_tok, H = c->hidden_size;
+    size_t mark = s->ar.used;
+    float *logits = ar_alloc(&s->ar, sizeof(float) * (size_t)T * E);
+    float *scratch = ar_alloc(&s->ar, sizeof(float) * 2 * (size_t)E);
+    int32_t *idx = ar_alloc(&s->ar, sizeof(int32_t) * (size_t)T * K);
+    float *wts = ar_alloc(&s->ar, sizeof(float) * (size_t)T * K);
+    int32_t *rows = ar_alloc(&s->ar, sizeof(int32_t) * (size_t)T);
+    float *rw = ar_alloc(&s->ar, sizeof(float) * (size_t)T);
+    float *xs = ar_alloc(&s->ar, sizeof(float) * (size_t)T * H);
+    float *ys = ar_alloc(&s->ar, sizeof(float) * (size_t)T * H);
+    if (!logits || !scratch || !idx || !wts || !rows || !rw || !xs || !ys) return pt_err(err, PETREL_ENOMEM, "MoE scratch exhausted");
+    kn_matmul(&lw->router, x, T, logits);
+    for (int r = 0; r < T; r++)
+        moe_route(c, logits + (size_t)r * E, lw->e_score_correction_bias, idx + (size_t)r * K, wts + (size_t)r * K, scratch);
+    memset(out, 0, sizeof(float) * (size_t)T * H);
+    for (int e = 0; e < E; e++) {
+        int n = 0;
+        for (int r = 0; r < T; r++)
+            for (int k = 0; k < K; k++)
+                if (idx[(size_t)r * K + k] == e) {
+                    rows[n] = r;
+                    rw[n] = wts[(size_t)r * K + k];
+                    memcpy(xs + (size_t)n * H, x + (size_t)r * H, sizeof(float) * (size_t)H);
+                    n++;
+                }
+        if (!n) continue;
+        PT_TRY(swiglu(s, &lw->exp_gate[e], &lw->exp_up[e], &lw->exp_down[e], xs, n, ys, err));
+        for (int i = 0; i < n; i++) op_axpy(out + (size_t)rows[i] * H, rw[i], ys + (size_t)i * H, H);
+    }
+    if (lw->has_shared) {
+        PT_TRY(swiglu(s, &lw->sh_gate, &lw->sh_up, &lw->sh_down, x, T, ys, err));
+        for (int i = 0; i < T * H; i++) out[i] += ys[i];
+    }
+    s->ar.used = mark;
+    return 0;
+}
