@@ -41,7 +41,7 @@ int dsa_select(petrel_session *s, int l, const layer_w *lw, const float *x, cons
     for (int r = 0; r < T; r++) {
         int n = P + r + 1;
         int32_t *out = sel + (size_t)r * sel_stride;
-        if (n <= topk) {
+        if (n <= topk && !s->dsa_always_score) {
             for (int t = 0; t < n; t++) out[t] = t;
             sel_n[r] = n;
             continue;
@@ -56,8 +56,9 @@ int dsa_select(petrel_session *s, int l, const layer_w *lw, const float *x, cons
             }
             score[t] = acc;
         }
-        op_topk(score, n, topk, out, tmp);
-        sel_n[r] = topk;
+        int k = n < topk ? n : topk;
+        op_topk(score, n, k, out, tmp);
+        sel_n[r] = k;
     }
     s->ar.used = mark;
     return 0;

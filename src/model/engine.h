@@ -43,6 +43,7 @@ struct petrel_session {
     float **kv_c, **kv_pe, **idx_k;   /* owned arrays [L] of owned buffers */
     arena ar;
     mla_mode mla;       /* test hook: force a form */
+    int dsa_always_score; /* test hook: score and top-k even when every causal key fits */
     fwd_trace *trace;   /* test hook */
 };
 
