@@ -15,6 +15,7 @@
 struct petrel_engine {
     petrel_config cfg;
     st_set *src;        /* owned: the checkpoint maps */
+    st_wsource st_src;  /* the weight source over src */
     model_w w;
     char path[4096];
 };

@@ -42,7 +42,9 @@ int petrel_engine_open(const char *path, const petrel_open_opts *opts, petrel_en
     int rc = config_load_dir(dir, &e->cfg, err);
     if (rc == 0) rc = st_open(path, &e->src, err);
     if (rc == 0) {
-        rc = weights_bind(&e->w, &e->cfg, e->src, err);
+        wsource ws;
+        wsource_safetensors(&ws, &e->st_src, e->src, &e->cfg);
+        rc = weights_bind(&e->w, &e->cfg, &ws, err);
         if (rc < 0) pt_err_ctx(err, "%s", path);
     }
     if (rc < 0) {

@@ -14,7 +14,7 @@ const char *const weight_kind_names[WK_COUNT] = {"embed_tokens", "lm_head", "nor
 typedef struct {
     model_w *w;
     const petrel_config *cfg;
-    const st_set *src;
+    const wsource *src;
     petrel_error *err;
     weight_kind kind;
 } binder;
@@ -45,13 +45,16 @@ static void shape_str(const st_tensor *t, char *buf, size_t n) {
     if (o < n) snprintf(buf + o, n - o, "]");
 }
 
-static int bind_matrix(binder *b, const char *name, int64_t rows, int64_t cols, pt_wview *out) {
-    const st_tensor *t = st_find(b->src, name);
-    if (!t) return pt_err(b->err, PETREL_EFORMAT, "missing tensor \"%s\" (expected shape [%lld, %lld])", name, (long long)rows, (long long)cols);
+/* ---- safetensors source ---- */
+
+static int st_matrix(void *ctx, const char *name, int64_t rows, int64_t cols, pt_wview *out, petrel_error *err) {
+    const st_wsource *src = ctx;
+    const st_tensor *t = st_find(src->set, name);
+    if (!t) return pt_err(err, PETREL_EFORMAT, "missing tensor \"%s\" (expected shape [%lld, %lld])", name, (long long)rows, (long long)cols);
     if (t->ndim != 2 || t->shape[0] != rows || t->shape[1] != cols) {
         char s[128];
         shape_str(t, s, sizeof s);
-        return pt_err(b->err, PETREL_EFORMAT, "tensor \"%s\" has shape %s, expected [%lld, %lld]", name, s, (long long)rows, (long long)cols);
+        return pt_err(err, PETREL_EFORMAT, "tensor \"%s\" has shape %s, expected [%lld, %lld]", name, s, (long long)rows, (long long)cols);
     }
     memset(out, 0, sizeof *out);
     out->rows = rows;
@@ -62,19 +65,19 @@ static int bind_matrix(binder *b, const char *name, int64_t rows, int64_t cols, 
     case ST_BF16: out->qtype = PT_BF16; out->row_bytes = cols * 2; break;
     case ST_F16: out->qtype = PT_F16; out->row_bytes = cols * 2; break;
     case ST_F8_E4M3: {
-        int br = b->cfg->fp8_block_rows, bc = b->cfg->fp8_block_cols;
-        if (!br) return pt_err(b->err, PETREL_EFORMAT, "tensor \"%s\" is F8_E4M3 but config.json has no quantization_config.weight_block_size", name);
+        int br = src->cfg->fp8_block_rows, bc = src->cfg->fp8_block_cols;
+        if (!br) return pt_err(err, PETREL_EFORMAT, "tensor \"%s\" is F8_E4M3 but config.json has no quantization_config.weight_block_size", name);
         char sname[512];
         size_t nl = strlen(name);
         if (nl > 7 && !strcmp(name + nl - 7, ".weight")) snprintf(sname, sizeof sname, "%s_scale_inv", name);
         else snprintf(sname, sizeof sname, "%s.weight_scale_inv", name);
-        const st_tensor *s = st_find(b->src, sname);
+        const st_tensor *s = st_find(src->set, sname);
         int64_t sr = (rows + br - 1) / br, sc = (cols + bc - 1) / bc;
-        if (!s) return pt_err(b->err, PETREL_EFORMAT, "missing tensor \"%s\" (FP8 block scales of \"%s\", expected [%lld, %lld])", sname, name, (long long)sr, (long long)sc);
+        if (!s) return pt_err(err, PETREL_EFORMAT, "missing tensor \"%s\" (FP8 block scales of \"%s\", expected [%lld, %lld])", sname, name, (long long)sr, (long long)sc);
         if (s->ndim != 2 || s->shape[0] != sr || s->shape[1] != sc || (s->dtype != ST_F32 && s->dtype != ST_BF16)) {
             char sh[128];
             shape_str(s, sh, sizeof sh);
-            return pt_err(b->err, PETREL_EFORMAT, "tensor \"%s\" is %s %s, expected F32 [%lld, %lld] for %dx%d blocks", sname,
+            return pt_err(err, PETREL_EFORMAT, "tensor \"%s\" is %s %s, expected F32 [%lld, %lld] for %dx%d blocks", sname,
                           st_dtype_name(s->dtype), sh, (long long)sr, (long long)sc, br, bc);
         }
         out->qtype = PT_FP8_E4M3;
@@ -87,31 +90,56 @@ static int bind_matrix(binder *b, const char *name, int64_t rows, int64_t cols, 
         break;
     }
     default:
-        return pt_err(b->err, PETREL_EFORMAT, "tensor \"%s\" has dtype %s; expected BF16, F16, F32 or F8_E4M3", name, st_dtype_name(t->dtype));
+        return pt_err(err, PETREL_EFORMAT, "tensor \"%s\" has dtype %s; expected BF16, F16, F32 or F8_E4M3", name, st_dtype_name(t->dtype));
     }
+    return 0;
+}
+
+static int st_vector(void *ctx, const char *name, int64_t n, float *out, petrel_error *err) {
+    const st_wsource *src = ctx;
+    const st_tensor *t = st_find(src->set, name);
+    if (!t) return pt_err(err, PETREL_EFORMAT, "missing tensor \"%s\" (expected shape [%lld])", name, (long long)n);
+    if (t->ndim != 1 || t->shape[0] != n) {
+        char s[128];
+        shape_str(t, s, sizeof s);
+        return pt_err(err, PETREL_EFORMAT, "tensor \"%s\" has shape %s, expected [%lld]", name, s, (long long)n);
+    }
+    if (t->dtype != ST_F32 && t->dtype != ST_BF16 && t->dtype != ST_F16)
+        return pt_err(err, PETREL_EFORMAT, "tensor \"%s\" has dtype %s; expected F32, BF16 or F16", name, st_dtype_name(t->dtype));
+    pt_wview tmp = {.qtype = t->dtype == ST_F32 ? PT_F32 : t->dtype == ST_BF16 ? PT_BF16 : PT_F16, .rows = 1, .cols = n, .data = t->data};
+    tmp.row_bytes = n * (t->dtype == ST_F32 ? 4 : 2);
+    pt_dequant_row(&tmp, 0, out);
+    return 0;
+}
+
+static int st_has(void *ctx, const char *name) { return st_find(((const st_wsource *)ctx)->set, name) != NULL; }
+
+void wsource_safetensors(wsource *ws, st_wsource *st, const st_set *set, const petrel_config *cfg) {
+    st->set = set;
+    st->cfg = cfg;
+    ws->ctx = st;
+    ws->matrix = st_matrix;
+    ws->vector = st_vector;
+    ws->has = st_has;
+}
+
+/* ---- binding ---- */
+
+static int bind_matrix(binder *b, const char *name, int64_t rows, int64_t cols, pt_wview *out) {
+    PT_TRY(b->src->matrix(b->src->ctx, name, rows, cols, out, b->err));
     b->w->kind_bytes[b->kind] += wview_bytes(out);
     b->w->kind_count[b->kind]++;
     return 0;
 }
 
 static int bind_vector(binder *b, const char *name, int64_t n, float **out) {
-    const st_tensor *t = st_find(b->src, name);
-    if (!t) return pt_err(b->err, PETREL_EFORMAT, "missing tensor \"%s\" (expected shape [%lld])", name, (long long)n);
-    if (t->ndim != 1 || t->shape[0] != n) {
-        char s[128];
-        shape_str(t, s, sizeof s);
-        return pt_err(b->err, PETREL_EFORMAT, "tensor \"%s\" has shape %s, expected [%lld]", name, s, (long long)n);
-    }
-    if (t->dtype != ST_F32 && t->dtype != ST_BF16 && t->dtype != ST_F16)
-        return pt_err(b->err, PETREL_EFORMAT, "tensor \"%s\" has dtype %s; expected F32, BF16 or F16", name, st_dtype_name(t->dtype));
     float *v = malloc(sizeof(float) * (size_t)n);
     PT_TRY(keep(b->w, v, b->err));
-    pt_wview tmp = {.qtype = t->dtype == ST_F32 ? PT_F32 : t->dtype == ST_BF16 ? PT_BF16 : PT_F16, .rows = 1, .cols = n, .data = t->data};
-    tmp.row_bytes = n * (t->dtype == ST_F32 ? 4 : 2);
-    pt_dequant_row(&tmp, 0, v);
+    PT_TRY(b->src->vector(b->src->ctx, name, n, v, b->err));
     *out = v;
-    b->w->kind_bytes[b->kind == WK_MTP ? WK_MTP : WK_NORM] += (uint64_t)n * (uint64_t)st_dtype_size(t->dtype);
-    b->w->kind_count[b->kind == WK_MTP ? WK_MTP : WK_NORM]++;
+    weight_kind k = b->kind == WK_MTP ? WK_MTP : WK_NORM;
+    b->w->kind_bytes[k] += (uint64_t)n * 4;
+    b->w->kind_count[k]++;
     return 0;
 }
 
@@ -178,7 +206,7 @@ static int bind_layer(binder *b, int li, layer_w *lw, int is_moe, int want_index
     }
     /* Indexer: required on full layers; the MTP layer uses it when present. */
     const char *probe = NM("self_attn.indexer.wk.weight");
-    int present = st_find(b->src, probe) != NULL;
+    int present = b->src->has(b->src->ctx, probe);
     if (want_indexer && !present && !is_mtp)
         return pt_err(b->err, PETREL_EFORMAT, "missing tensor \"%s\": layer %d is a full indexer layer (config indexer_types)", probe, li);
     if ((want_indexer || is_mtp) && present) {
@@ -245,14 +273,14 @@ void weights_deinit(model_w *w, const petrel_config *cfg) {
     memset(w, 0, sizeof *w);
 }
 
-int weights_bind(model_w *w, const petrel_config *cfg, const st_set *src, petrel_error *err) {
+int weights_bind(model_w *w, const petrel_config *cfg, const wsource *src, petrel_error *err) {
     memset(w, 0, sizeof *w);
     binder b = {w, cfg, src, err, WK_EMBED};
     int rc;
     int64_t V = cfg->vocab_size, H = cfg->hidden_size;
     if ((rc = bind_matrix(&b, "model.embed_tokens.weight", V, H, &w->embed_tokens)) < 0) goto fail;
     b.kind = WK_HEAD;
-    if (cfg->tie_word_embeddings && !st_find(src, "lm_head.weight")) w->lm_head = w->embed_tokens;
+    if (cfg->tie_word_embeddings && !src->has(src->ctx, "lm_head.weight")) w->lm_head = w->embed_tokens;
     else if ((rc = bind_matrix(&b, "lm_head.weight", V, H, &w->lm_head)) < 0) goto fail;
     b.kind = WK_NORM;
     if ((rc = bind_vector(&b, "model.norm.weight", H, &w->norm)) < 0) goto fail;
@@ -263,7 +291,7 @@ int weights_bind(model_w *w, const petrel_config *cfg, const st_set *src, petrel
     /* MTP: recognized when its tensors are present; validated in full then. */
     char n[256];
     snprintf(n, sizeof n, "model.layers.%d.eh_proj.weight", cfg->num_hidden_layers);
-    if (cfg->num_nextn_predict_layers > 0 && st_find(src, n)) {
+    if (cfg->num_nextn_predict_layers > 0 && src->has(src->ctx, n)) {
         int L = cfg->num_hidden_layers;
         b.kind = WK_MTP;
         if ((rc = bind_matrix(&b, n, H, 2 * H, &w->eh_proj)) < 0) goto fail;

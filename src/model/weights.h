@@ -56,7 +56,23 @@ typedef struct model_w {
     int n_owned, cap_owned;
 } model_w;
 
-int weights_bind(model_w *w, const petrel_config *cfg, const st_set *src, petrel_error *err);
+/* Where tensors come from: a Hugging Face checkpoint, a petrel pack, a colibri artifact. Names
+ * are always the Hugging Face names; shapes are the logical [rows, cols] the config implies.
+ *   matrix: fills a view of the 2-D weight; a missing tensor is PETREL_EFORMAT "missing tensor".
+ *   vector: converts a 1-D tensor to f32 into out[n].
+ *   has:    1 if the source holds a tensor of that name. */
+typedef struct wsource {
+    void *ctx;
+    int (*matrix)(void *ctx, const char *name, int64_t rows, int64_t cols, pt_wview *out, petrel_error *err);
+    int (*vector)(void *ctx, const char *name, int64_t n, float *out, petrel_error *err);
+    int (*has)(void *ctx, const char *name);
+} wsource;
+
+/* The safetensors source; `cfg` gives the FP8 block shape. ctx storage is `st`. */
+typedef struct st_wsource { const st_set *set; const petrel_config *cfg; } st_wsource;
+void wsource_safetensors(wsource *ws, st_wsource *st, const st_set *set, const petrel_config *cfg);
+
+int weights_bind(model_w *w, const petrel_config *cfg, const wsource *src, petrel_error *err);
 void weights_deinit(model_w *w, const petrel_config *cfg);
 /* A view of rows [r0, r0 + nr) of W. FP8 block scales are re-expanded to one scale row per row
  * when r0 is not block-aligned (the new array is appended to w->owned). */
