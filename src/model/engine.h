@@ -29,6 +29,15 @@ typedef struct fwd_trace {
     int topk_stride;
 } fwd_trace;
 
+/* Time spent per part of the forward pass (nanoseconds, summed over calls), for `petrel bench`. */
+typedef enum { FS_ATTN, FS_INDEXER, FS_DENSE, FS_ROUTER, FS_EXPERTS, FS_SHARED, FS_HEAD, FS_OTHER, FS_COUNT } fwd_part;
+extern const char *const fwd_part_names[FS_COUNT];
+typedef struct fwd_stats {
+    uint64_t ns[FS_COUNT];
+    uint64_t rows;      /* rows (tokens) run */
+} fwd_stats;
+uint64_t pt_now_ns(void);
+
 typedef struct arena {
     uint8_t *base;      /* owned */
     size_t cap, used;
@@ -46,6 +55,7 @@ struct petrel_session {
     mla_mode mla;       /* test hook: force a form */
     int dsa_always_score; /* test hook: score and top-k even when every causal key fits */
     fwd_trace *trace;   /* test hook */
+    fwd_stats stats;    /* accumulated timings; reset by the caller */
 };
 
 void *ar_alloc(arena *a, size_t bytes);

@@ -102,9 +102,13 @@ int moe_forward(petrel_session *s, const layer_w *lw, const float *x, int T, flo
     float *xs = ar_alloc(&s->ar, sizeof(float) * (size_t)T * H);
     float *ys = ar_alloc(&s->ar, sizeof(float) * (size_t)T * H);
     if (!logits || !scratch || !idx || !wts || !rows || !rw || !xs || !ys) return pt_err(err, PETREL_ENOMEM, "MoE scratch exhausted");
+    uint64_t *ns = s->stats.ns, t0 = pt_now_ns(), t1;
     kn_matmul(&lw->router, x, T, logits);
     for (int r = 0; r < T; r++)
         moe_route(c, logits + (size_t)r * E, lw->e_score_correction_bias, idx + (size_t)r * K, wts + (size_t)r * K, scratch);
+    t1 = pt_now_ns();
+    ns[FS_ROUTER] += t1 - t0;
+    t0 = t1;
     memset(out, 0, sizeof(float) * (size_t)T * H);
     for (int e = 0; e < E; e++) {
         int n = 0;
@@ -120,10 +124,14 @@ int moe_forward(petrel_session *s, const layer_w *lw, const float *x, int T, flo
         PT_TRY(swiglu(s, &lw->exp_gate[e], &lw->exp_up[e], &lw->exp_down[e], xs, n, ys, err));
         for (int i = 0; i < n; i++) op_axpy(out + (size_t)rows[i] * H, rw[i], ys + (size_t)i * H, H);
     }
+    t1 = pt_now_ns();
+    ns[FS_EXPERTS] += t1 - t0;
+    t0 = t1;
     if (lw->has_shared) {
         PT_TRY(swiglu(s, &lw->sh_gate, &lw->sh_up, &lw->sh_down, x, T, ys, err));
         for (int i = 0; i < T * H; i++) out[i] += ys[i];
     }
+    ns[FS_SHARED] += pt_now_ns() - t0;
     s->ar.used = mark;
     return 0;
 }

@@ -1,0 +1,133 @@
+/* engine.c: opening a model (Hugging Face checkpoint folder or file) into an immutable
+ * petrel_engine, and sessions: the per-timeline latent KV cache and scratch arena, sized once
+ * at create so the token loop never allocates. */
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "base/err.h"
+#include "kernels/kernels.h"
+#include "model/engine.h"
+
+int petrel_engine_open(const char *path, const petrel_open_opts *opts, petrel_engine **out, petrel_error *err) {
+    *out = NULL;
+    if (!path || !*path) return pt_err(err, PETREL_EINVAL, "no model path given");
+    struct stat st;
+    if (stat(path, &st) < 0) return pt_err(err, PETREL_EIO, "cannot open model %s: no such file or folder", path);
+    petrel_engine *e = calloc(1, sizeof *e);
+    if (!e) return pt_err(err, PETREL_ENOMEM, "out of memory");
+    snprintf(e->path, sizeof e->path, "%s", path);
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    if (!S_ISDIR(st.st_mode)) {
+        char tmp[4096];
+        snprintf(tmp, sizeof tmp, "%s", path);
+        snprintf(dir, sizeof dir, "%s", dirname(tmp));
+    }
+    int rc = config_load_dir(dir, &e->cfg, err);
+    if (rc == 0) rc = st_open(path, &e->src, err);
+    if (rc == 0) {
+        wsource ws;
+        wsource_safetensors(&ws, &e->st_src, e->src, &e->cfg);
+        rc = weights_bind(&e->w, &e->cfg, &ws, err);
+        if (rc < 0) pt_err_ctx(err, "%s", path);
+    }
+    if (rc < 0) {
+        petrel_engine_close(e);
+        return rc;
+    }
+    kn_init(opts ? opts->n_threads : 0);
+    *out = e;
+    return 0;
+}
+
+void petrel_engine_close(petrel_engine *e) {
+    if (!e) return;
+    weights_deinit(&e->w, &e->cfg);
+    st_close(e->src);
+    config_deinit(&e->cfg);
+    free(e);
+}
+
+const petrel_config *petrel_engine_config(const petrel_engine *e) { return &e->cfg; }
+int petrel_engine_vocab_size(const petrel_engine *e) { return e->cfg.vocab_size; }
+
+/* Scratch bytes for a chunk of T rows with up to N keys: every buffer fwd_batch and the layer
+ * pieces take, summed (not overlapped), plus alignment slack. */
+static size_t scratch_bytes(const petrel_config *c, size_t T, size_t N) {
+    size_t H = c->hidden_size, NH = c->num_attention_heads, Dqk = c->qk_head_dim, Dv = c->v_head_dim;
+    size_t Rq = c->q_lora_rank, Rkv = c->kv_lora_rank, Dr = c->qk_rope_head_dim, Dn = c->qk_nope_head_dim;
+    size_t Hi = c->index_n_heads, Di = c->index_head_dim, E = c->n_routed_experts, K = c->num_experts_per_tok;
+    size_t I = c->moe_intermediate_size * (size_t)(c->n_shared_experts > 1 ? c->n_shared_experts : 1);
+    size_t kmax = (size_t)c->index_topk < N ? (size_t)c->index_topk : N;
+    size_t f = 0;
+    f += 4 * T * H + T * Rq + T * NH * Dqk + T * (Rkv + Dr) + T * NH * Dv + T * Dr + T * kmax + T;
+    f += T * Hi * Di + T * Di + T * Hi + 2 * N;                                       /* indexer */
+    size_t abs_ = T * Dn + 2 * T * Rkv + Rkv, rec = N * (Dn + Dv);
+    f += N + T * Dv + (abs_ > rec ? abs_ : rec);                                      /* attention */
+    size_t dense = 2 * T * (size_t)c->intermediate_size;
+    size_t moe = T * E + 2 * E + 2 * T * K + 2 * T + 2 * T * H + 2 * T * I;
+    f += dense > moe ? dense : moe;                                                   /* MLP */
+    f += T * H;                                                                       /* final norm */
+    return f * 4 + 64 * 64 + 4096;
+}
+
+int petrel_session_create(petrel_engine *e, int max_tokens, petrel_session **out, petrel_error *err) {
+    *out = NULL;
+    const petrel_config *c = &e->cfg;
+    if (max_tokens <= 0) return pt_err(err, PETREL_EINVAL, "session capacity must be at least 1 token (got %d)", max_tokens);
+    if (max_tokens > c->max_position_embeddings)
+        return pt_err(err, PETREL_ERANGE, "session capacity %d exceeds the model's max_position_embeddings %d", max_tokens, c->max_position_embeddings);
+    petrel_session *s = calloc(1, sizeof *s);
+    if (!s) return pt_err(err, PETREL_ENOMEM, "out of memory");
+    s->eng = e;
+    s->cap = max_tokens;
+    s->max_batch = max_tokens < 256 ? max_tokens : 256;
+    int L = c->num_hidden_layers;
+    s->kv_c = calloc((size_t)L, sizeof(float *));
+    s->kv_pe = calloc((size_t)L, sizeof(float *));
+    s->idx_k = calloc((size_t)L, sizeof(float *));
+    int ok = s->kv_c && s->kv_pe && s->idx_k;
+    for (int l = 0; ok && l < L; l++) {
+        s->kv_c[l] = malloc(sizeof(float) * (size_t)max_tokens * c->kv_lora_rank);
+        s->kv_pe[l] = malloc(sizeof(float) * (size_t)max_tokens * c->qk_rope_head_dim);
+        ok = s->kv_c[l] && s->kv_pe[l];
+        if (ok && c->layer_indexer_full[l]) ok = (s->idx_k[l] = malloc(sizeof(float) * (size_t)max_tokens * c->index_head_dim)) != NULL;
+    }
+    if (ok) {
+        s->ar.cap = scratch_bytes(c, (size_t)s->max_batch, (size_t)max_tokens);
+        ok = (s->ar.base = malloc(s->ar.cap)) != NULL;
+    }
+    if (!ok) {
+        petrel_session_free(s);
+        return pt_err(err, PETREL_ENOMEM, "out of memory for a session of %d tokens", max_tokens);
+    }
+    *out = s;
+    return 0;
+}
+
+void petrel_session_free(petrel_session *s) {
+    if (!s) return;
+    int L = s->eng->cfg.num_hidden_layers;
+    for (int l = 0; l < L; l++) {
+        if (s->kv_c) free(s->kv_c[l]);
+        if (s->kv_pe) free(s->kv_pe[l]);
+        if (s->idx_k) free(s->idx_k[l]);
+    }
+    free(s->kv_c);
+    free(s->kv_pe);
+    free(s->idx_k);
+    free(s->ar.base);
+    free(s);
+}
+
+int petrel_session_len(const petrel_session *s) { return s->len; }
+
+int petrel_session_truncate(petrel_session *s, int n_past, petrel_error *err) {
+    if (n_past < 0 || n_past > s->len) return pt_err(err, PETREL_EINVAL, "cannot truncate a %d-token session to %d", s->len, n_past);
+    s->len = n_past;
+    return 0;
+}
+
