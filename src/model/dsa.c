@@ -51,7 +51,7 @@ int dsa_select(petrel_session *s, int l, const layer_w *lw, const float *x, cons
             const float *kt = s->idx_k[l] + (size_t)t * Di;
             float acc = 0;
             for (int h = 0; h < Hi; h++) {
-                float d = op_dot(q + (size_t)h * Di, kt, Di);
+                float d = kn_dot(q + (size_t)h * Di, kt, Di);
                 if (d > 0) acc += w[h] * d;
             }
             score[t] = acc;

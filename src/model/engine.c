@@ -65,8 +65,9 @@ static size_t scratch_bytes(const petrel_config *c, size_t T, size_t N) {
     size_t f = 0;
     f += 4 * T * H + T * Rq + T * NH * Dqk + T * (Rkv + Dr) + T * NH * Dv + T * Dr + T * kmax + T;
     f += T * Hi * Di + T * Di + T * Hi + 2 * N;                                       /* indexer */
-    size_t abs_ = T * Dn + 2 * T * Rkv + Rkv, rec = N * (Dn + Dv);
-    f += N + T * Dv + (abs_ > rec ? abs_ : rec);                                      /* attention */
+    (void)Dn;
+    size_t attn = mla_scratch_bytes(c, (int)T, (int)N, kn_threads()) / 4 + 16;         /* attention */
+    f += attn;
     size_t dense = 2 * T * (size_t)c->intermediate_size;
     size_t moe = T * E + 2 * E + 2 * T * K + 2 * T + 2 * T * H + 2 * T * I;
     f += dense > moe ? dense : moe;                                                   /* MLP */

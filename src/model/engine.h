@@ -68,8 +68,9 @@ typedef struct rope_rows {
     float *cos_, *sin_;  /* [T][rope_dim/2] */
 } rope_rows;
 
-int mla_attention(petrel_session *s, int l, const layer_w *lw, const float *x, const float *qr, const float *q,
-                  int T, const int32_t *sel, const int *sel_n, int sel_stride, float *out, petrel_error *err);
+int mla_attention(petrel_session *s, int l, const layer_w *lw, const float *q, int T, const int32_t *sel, const int *sel_n,
+                  int sel_stride, float *out, petrel_error *err);
+size_t mla_scratch_bytes(const petrel_config *c, int T, int N, int n_threads);
 int dsa_select(petrel_session *s, int l, const layer_w *lw, const float *x, const float *qr, int T,
                const rope_rows *rope, int32_t *sel, int *sel_n, int sel_stride, petrel_error *err);
 int moe_forward(petrel_session *s, const layer_w *lw, const float *x, int T, float *out, petrel_error *err);

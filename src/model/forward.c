@@ -87,7 +87,7 @@ int fwd_batch(petrel_session *s, const int32_t *ids, int T, float *logits, int l
                         tr->topk[l][(size_t)r * tr->topk_stride + i] = i < sel_n[r] ? sel[(size_t)r * kmax + i] : -1;
         }
         LAP(FS_INDEXER);
-        PT_TRY(mla_attention(s, l, lw, x, qa, q, T, sel, sel_n, kmax, o, err));
+        PT_TRY(mla_attention(s, l, lw, q, T, sel, sel_n, kmax, o, err));
         kn_matmul(&lw->o_proj, o, T, y);
         for (int i = 0; i < T * H; i++) h[i] += y[i];
         for (int r = 0; r < T; r++) op_rmsnorm(x + (size_t)r * H, h + (size_t)r * H, lw->post_attention_layernorm, H, c->rms_norm_eps);

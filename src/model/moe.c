@@ -79,7 +79,7 @@ static int swiglu(petrel_session *s, const pt_wview *g, const pt_wview *u, const
     if (!gb || !ub) return pt_err(err, PETREL_ENOMEM, "MLP scratch exhausted");
     kn_matmul(g, x, T, gb);
     kn_matmul(u, x, T, ub);
-    op_silu_mul(gb, ub, (int64_t)T * g->rows);
+    kn_silu_mul(gb, gb, ub, (int64_t)T * g->rows);
     kn_matmul(d, gb, T, out);
     s->ar.used = mark;
     return 0;
@@ -122,7 +122,7 @@ int moe_forward(petrel_session *s, const layer_w *lw, const float *x, int T, flo
                 }
         if (!n) continue;
         PT_TRY(swiglu(s, &lw->exp_gate[e], &lw->exp_up[e], &lw->exp_down[e], xs, n, ys, err));
-        for (int i = 0; i < n; i++) op_axpy(out + (size_t)rows[i] * H, rw[i], ys + (size_t)i * H, H);
+        for (int i = 0; i < n; i++) kn_axpy(out + (size_t)rows[i] * H, rw[i], ys + (size_t)i * H, H);
     }
     t1 = pt_now_ns();
     ns[FS_EXPERTS] += t1 - t0;

@@ -41,30 +41,6 @@ void op_rope(float *x, const float *cos_, const float *sin_, int dim, int interl
     }
 }
 
-void op_softmax(float *x, int n) {
-    if (n <= 0) return;
-    float m = x[0];
-    for (int i = 1; i < n; i++) if (x[i] > m) m = x[i];
-    double s = 0;
-    for (int i = 0; i < n; i++) { x[i] = expf(x[i] - m); s += x[i]; }
-    float inv = (float)(1.0 / s);
-    for (int i = 0; i < n; i++) x[i] *= inv;
-}
-
-void op_silu_mul(float *g, const float *u, int64_t n) {
-    for (int64_t i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
-}
-
-float op_dot(const float *a, const float *b, int n) {
-    float s = 0;
-    for (int i = 0; i < n; i++) s += a[i] * b[i];
-    return s;
-}
-
-void op_axpy(float *y, float a, const float *x, int n) {
-    for (int i = 0; i < n; i++) y[i] += a * x[i];
-}
-
 /* "a ranks above b": larger value, then lower index. NaN ranks lowest. */
 static int above(const float *v, int32_t a, int32_t b) {
     float x = v[a], y = v[b];

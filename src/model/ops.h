@@ -1,5 +1,6 @@
-/* ops.h: the small per-row operations of the forward pass (norms, RoPE, softmax, SwiGLU,
- * top-k). Plain f32 loops with fixed accumulation order: cheap next to the matrix products, and
+/* ops.h: the small per-row operations of the forward pass that the kernel table does not
+ * cover (norms with double statistics, RoPE, selection top-k); dot/axpy/softmax/SwiGLU are
+ * kn_* kernels. Plain f32 loops with fixed accumulation order: cheap next to the matrix products, and
  * row-independent by construction. */
 #ifndef PETREL_MODEL_OPS_H
 #define PETREL_MODEL_OPS_H
@@ -14,13 +15,6 @@ void op_layernorm(float *y, const float *x, const float *w, const float *b, int 
 void op_rope(float *x, const float *cos_, const float *sin_, int dim, int interleave);
 /* cos/sin tables [dim/2] for one position, angle computed in double. */
 void op_rope_table(double theta, int dim, int64_t pos, float *cos_, float *sin_);
-/* In-place softmax over n values. */
-void op_softmax(float *x, int n);
-/* g[i] = silu(g[i]) * u[i] */
-void op_silu_mul(float *g, const float *u, int64_t n);
-float op_dot(const float *a, const float *b, int n);
-/* y += a * x */
-void op_axpy(float *y, float a, const float *x, int n);
 /* Indices of the k largest v[0..n) (ties: lower index wins), written to idx[0..k) in ascending
  * index order. tmp needs n entries. k <= n. */
 void op_topk(const float *v, int n, int k, int32_t *idx, int32_t *tmp);
