@@ -52,7 +52,7 @@ $(BUILD)/petrel-tests: $(TEST_OBJ) $(BUILD)/libpetrel.a
 	$(CC) $(CFLAGS_BASE) -o $@ $(TEST_OBJ) $(BUILD)/libpetrel.a $(LDLIBS)
 
 test: deps $(BUILD)/petrel $(BUILD)/petrel-tests
-	./$(BUILD)/petrel-tests $(TESTS)
+	PETREL_BIN=./$(BUILD)/petrel ./$(BUILD)/petrel-tests $(TESTS)
 
 asan:
 	$(MAKE) BUILD=build-asan OPT=-O1 SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" test

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "io/colibri.h"
 #include "model/engine.h"
 
 static const char *usage =
@@ -47,6 +48,10 @@ CLI_CMD(info) {
     printf("eos ids         ");
     for (int i = 0; i < c->n_eos; i++) printf(" %d", c->eos_token_id[i]);
     printf("\n");
+    if (eng->coli)
+        printf("format           colibri artifact: %d main + %d mtp + %d indexer shards; %d matrices zero-copy, %d converted\n", eng->coli->n_main,
+               eng->coli->n_mtp, eng->coli->n_idx, eng->coli->n_zero_copy, eng->coli->n_converted);
+    if (eng->no_indexer) printf("indexer weights  ABSENT: contexts are limited to index_topk = %d tokens\n", c->index_topk);
     if (c->fp8_block_rows) printf("quantization     fp8 e4m3, %dx%d block scales\n", c->fp8_block_rows, c->fp8_block_cols);
     printf("layers           (D = dense MLP, M = MoE; F = own indexer, s = shared selection)\n                 ");
     int nfull = 0, nmoe = 0;

@@ -17,6 +17,15 @@ int dsa_select(petrel_session *s, int l, const layer_w *lw, const float *x, cons
     const petrel_config *c = &s->eng->cfg;
     int Hi = c->index_n_heads, Di = c->index_head_dim, Dr = c->qk_rope_head_dim, H = c->hidden_size;
     int P = s->len, topk = c->index_topk;
+    if (!lw->has_indexer) { /* no indexer weights: exact only while every causal key fits */
+        for (int r = 0; r < T; r++) {
+            int n = P + r + 1;
+            if (n > topk) return pt_err(err, PETREL_EUNSUPPORTED, "layer %d has no DSA indexer weights: cannot select %d of %d keys", l, topk, n);
+            for (int t = 0; t < n; t++) sel[(size_t)r * sel_stride + t] = t;
+            sel_n[r] = n;
+        }
+        return 0;
+    }
     size_t mark = s->ar.used;
     float *qi = ar_alloc(&s->ar, sizeof(float) * (size_t)T * Hi * Di);
     float *ki = ar_alloc(&s->ar, sizeof(float) * (size_t)T * Di);

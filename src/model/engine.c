@@ -1,6 +1,6 @@
-/* engine.c: opening a model (Hugging Face checkpoint folder or file) into an immutable
- * petrel_engine, and sessions: the per-timeline latent KV cache and scratch arena, sized once
- * at create so the token loop never allocates. */
+/* engine.c: opening a model (Hugging Face checkpoint folder or file, colibri folder) into an
+ * immutable petrel_engine, and sessions: the per-timeline latent KV cache and scratch arena,
+ * sized once at create so the token loop never allocates. */
 #include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,8 +8,29 @@
 #include <sys/stat.h>
 
 #include "base/err.h"
+#include "io/colibri.h"
+#include "io/pack.h"
 #include "kernels/kernels.h"
 #include "model/engine.h"
+
+/* A colibri artifact: its own weight source. Without indexer weights the engine still opens
+ * (weights_bind sets no_indexer; forward then refuses contexts past index_topk). */
+static int open_colibri(petrel_engine *e, const char *dir, petrel_error *err) {
+    PT_TRY(colibri_open(dir, &e->cfg, &e->coli, err));
+    wsource ws;
+    colibri_wsource(e->coli, &ws);
+    return weights_bind(&e->w, &e->cfg, &ws, err);
+}
+
+/* A petrel pack: config and weights from the one file (resident path: expert views point into
+ * the pack's map). */
+static int open_pack(petrel_engine *e, const char *path, petrel_error *err) {
+    PT_TRY(pack_open(path, &e->pack, err));
+    PT_TRY(pack_load_config(e->pack, &e->cfg, err));
+    wsource ws;
+    wsource_pack(&ws, e->pack);
+    return weights_bind(&e->w, &e->cfg, &ws, err);
+}
 
 int petrel_engine_open(const char *path, const petrel_open_opts *opts, petrel_engine **out, petrel_error *err) {
     *out = NULL;
@@ -26,9 +47,14 @@ int petrel_engine_open(const char *path, const petrel_open_opts *opts, petrel_en
         snprintf(tmp, sizeof tmp, "%s", path);
         snprintf(dir, sizeof dir, "%s", dirname(tmp));
     }
-    int rc = config_load_dir(dir, &e->cfg, err);
-    if (rc == 0) rc = st_open(path, &e->src, err);
-    if (rc == 0) {
+    int is_pack = !S_ISDIR(st.st_mode) && pack_is_pack(path);
+    int rc = is_pack ? open_pack(e, path, err) : config_load_dir(dir, &e->cfg, err);
+    if (is_pack) {
+        if (rc < 0) pt_err_ctx(err, "%s", path);
+    } else if (rc == 0 && S_ISDIR(st.st_mode) && colibri_detect(path)) {
+        rc = open_colibri(e, path, err);
+        if (rc < 0) pt_err_ctx(err, "%s", path);
+    } else if (rc == 0 && (rc = st_open(path, &e->src, err)) == 0) {
         wsource ws;
         wsource_safetensors(&ws, &e->st_src, e->src, &e->cfg);
         rc = weights_bind(&e->w, &e->cfg, &ws, err);
@@ -38,6 +64,7 @@ int petrel_engine_open(const char *path, const petrel_open_opts *opts, petrel_en
         petrel_engine_close(e);
         return rc;
     }
+    e->no_indexer = e->w.no_indexer;
     kn_init(opts ? opts->n_threads : 0);
     *out = e;
     return 0;
@@ -47,6 +74,8 @@ void petrel_engine_close(petrel_engine *e) {
     if (!e) return;
     weights_deinit(&e->w, &e->cfg);
     st_close(e->src);
+    colibri_close(e->coli);
+    pack_close(e->pack);
     config_deinit(&e->cfg);
     free(e);
 }

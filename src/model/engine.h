@@ -18,6 +18,13 @@ struct petrel_engine {
     st_wsource st_src;  /* the weight source over src */
     model_w w;
     char path[4096];
+    /* colibri artifacts (src/io/colibri.h); src is NULL then. */
+    struct colibri *coli; /* owned, NULL unless the model is a colibri folder */
+    int no_indexer;       /* 1: full indexer layers have no DSA indexer weights (colibri build
+                             without out-idx shards): only contexts up to index_topk keys are
+                             exact; longer ones must fail (forward checks this) */
+    /* petrel packs (src/io/pack.h); src is NULL then. Weights are views into the pack's map. */
+    struct pack *pack;    /* owned, NULL unless the model is a pack file */
 };
 
 typedef enum { MLA_AUTO = 0, MLA_ABSORBED = 1, MLA_RECONSTRUCTED = 2 } mla_mode;

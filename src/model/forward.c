@@ -121,6 +121,11 @@ int petrel_session_forward(petrel_session *s, const int32_t *ids, int n, float *
     if (s->len + n > s->cap)
         return pt_err(err, PETREL_ERANGE, "context full: %d cached + %d new tokens exceed the session's %d", s->len, n, s->cap);
     if (s->trace && n > s->max_batch) return pt_err(err, PETREL_EINVAL, "traced forward must fit one batch");
+    if (s->eng->no_indexer && s->len + n > c->index_topk)
+        return pt_err(err, PETREL_EUNSUPPORTED,
+                      "a context of %d tokens needs the DSA indexer, but this model (%s) lacks its weights (a colibri artifact without "
+                      "out-idx-*.safetensors shards): only contexts up to index_topk = %d tokens are exact",
+                      s->len + n, s->eng->path, c->index_topk);
     int start = s->len;
     for (int done = 0; done < n;) {
         int T = n - done < s->max_batch ? n - done : s->max_batch;

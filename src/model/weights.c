@@ -34,8 +34,13 @@ static int keep(model_w *w, void *p, petrel_error *err) {
 
 uint64_t wview_bytes(const pt_wview *W) {
     uint64_t b = (uint64_t)W->rows * (uint64_t)W->row_bytes;
+    uint64_t es = W->scale_dtype == PT_F32 ? 4 : 2;
     if (W->qtype == PT_FP8_E4M3 && W->block_rows)
-        b += (uint64_t)((W->rows + W->block_rows - 1) / W->block_rows) * (uint64_t)W->scale_cols * 4;
+        b += (uint64_t)((W->rows + W->block_rows - 1) / W->block_rows) * (uint64_t)W->scale_cols * es;
+    else if (W->qtype == PT_Q8_ROW)
+        b += (uint64_t)W->rows * es;
+    else if (W->qtype == PT_Q8_G32 || W->qtype == PT_Q4_G64)
+        b += (uint64_t)W->rows * (uint64_t)W->scale_cols * es;
     return b;
 }
 
@@ -286,8 +291,17 @@ int weights_bind(model_w *w, const petrel_config *cfg, const wsource *src, petre
     if ((rc = bind_vector(&b, "model.norm.weight", H, &w->norm)) < 0) goto fail;
     w->layers = calloc((size_t)cfg->num_hidden_layers, sizeof(layer_w));
     if (!w->layers) { rc = pt_err(err, PETREL_ENOMEM, "out of memory"); goto fail; }
+    /* A source without any indexer weights (most colibri builds) still opens: it can run exact
+     * attention up to index_topk keys (forward refuses more). A partial set is an error. */
+    int any_idx = 0;
+    for (int l = 0; l < cfg->num_hidden_layers && !any_idx; l++) {
+        char n2[160];
+        snprintf(n2, sizeof n2, "model.layers.%d.self_attn.indexer.wk.weight", l);
+        any_idx = cfg->layer_indexer_full[l] && src->has(src->ctx, n2);
+    }
+    w->no_indexer = !any_idx;
     for (int l = 0; l < cfg->num_hidden_layers; l++)
-        if ((rc = bind_layer(&b, l, &w->layers[l], cfg->layer_is_moe[l], cfg->layer_indexer_full[l], 0)) < 0) goto fail;
+        if ((rc = bind_layer(&b, l, &w->layers[l], cfg->layer_is_moe[l], cfg->layer_indexer_full[l] && !w->no_indexer, 0)) < 0) goto fail;
     /* MTP: recognized when its tensors are present; validated in full then. */
     char n[256];
     snprintf(n, sizeof n, "model.layers.%d.eh_proj.weight", cfg->num_hidden_layers);

@@ -46,6 +46,7 @@ typedef struct model_w {
     /* MTP (layer index L in the checkpoint); has_mtp = 0 when absent. */
     int has_mtp;
     layer_w mtp;
+    int no_indexer;                  /* full layers exist but the source has no indexer weights */
     float *enorm, *hnorm, *shared_head_norm; /* owned [H] */
     pt_wview eh_proj;                /* [H, 2H] */
     /* Inventory: bytes and tensor count per kind, for `petrel info`. */

@@ -1,0 +1,126 @@
+/* test_cli.c: the command-line contracts of logits / generate / info, run as a subprocess
+ * ($PETREL_BIN, set by `make test`): outputs in the documented format and, on every failure, a
+ * non-zero exit with one line on stderr. Skipped (and reported) when PETREL_BIN is unset. */
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "io/safetensors.h"
+#include "test.h"
+
+/* Runs `cmd` through the shell; captures stdout and stderr (truncated to cap). Returns exit code. */
+static int sh(const char *cmd, char *out, size_t cap, char *errbuf, size_t ecap) {
+    char full[4096], ef[256];
+    snprintf(ef, sizeof ef, "%s/stderr.txt", test_tmpdir());
+    snprintf(full, sizeof full, "%s 2>%s", cmd, ef);
+    FILE *p = popen(full, "r");
+    if (!p) return -1;
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = 0;
+    int st = pclose(p);
+    FILE *f = fopen(ef, "r");
+    size_t m = f ? fread(errbuf, 1, ecap - 1, f) : 0;
+    errbuf[m] = 0;
+    if (f) fclose(f);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static const char *bin(void) {
+    const char *b = getenv("PETREL_BIN");
+    if (!b) fprintf(stderr, "note: PETREL_BIN unset, CLI tests skipped\n");
+    return b;
+}
+
+static int count_lines(const char *s) {
+    int n = 0;
+    for (; *s; s++) n += *s == '\n';
+    return n;
+}
+
+TEST(cli, generate_prints_ids) {
+    const char *b = bin();
+    if (!b) return;
+    char cmd[1024], out[4096], err[4096];
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --ids 5,17,300 -n 7", b, test_data("tiny"));
+    CHECK_EQ_INT(sh(cmd, out, sizeof out, err, sizeof err), 0);
+    int n = 0;
+    for (char *t = strtok(out, " \n"); t; t = strtok(NULL, " \n")) {
+        int v = atoi(t);
+        CHECK(v >= 0 && v < 1024);
+        n++;
+    }
+    CHECK_EQ_INT(n, 7);
+}
+
+TEST(cli, logits_file_matches_golden) {
+    const char *b = bin();
+    if (!b) return;
+    petrel_error e = {0};
+    st_set *g;
+    char p[600];
+    snprintf(p, sizeof p, "%s/golden.safetensors", test_data("tiny"));
+    if (st_open(p, &g, &e)) { test_fail(__FILE__, __LINE__, "%s", e.msg); return; }
+    const st_tensor *ids = st_find(g, "prompt_1.ids"), *ref = st_find(g, "prompt_1.logits");
+    CHECK(ids && ref);
+    if (!ids || !ref) { st_close(g); return; }
+    char idstr[1024] = "";
+    for (int i = 0; i < ids->shape[0]; i++) {
+        char t[16];
+        snprintf(t, sizeof t, i ? ",%d" : "%d", ((const int32_t *)ids->data)[i]);
+        strcat(idstr, t);
+    }
+    for (int dec = 0; dec < 2; dec++) {
+        char cmd[2048], out[256], err[4096], of[300];
+        snprintf(of, sizeof of, "%s/logits%d.bin", test_tmpdir(), dec);
+        snprintf(cmd, sizeof cmd, "%s logits --model %s --ids %s --out %s%s", b, test_data("tiny"), idstr, of, dec ? " --decode" : "");
+        CHECK_EQ_INT(sh(cmd, out, sizeof out, err, sizeof err), 0);
+        FILE *f = fopen(of, "rb");
+        CHECK(f != NULL);
+        if (!f) continue;
+        size_t n = (size_t)(ids->shape[0] * 1024);
+        float *lg = malloc(n * 4 + 4);
+        CHECK_EQ_INT(fread(lg, 4, n + 1, f), n);
+        fclose(f);
+        double num = 0, den = 0;
+        for (size_t i = 0; i < n; i++) {
+            double d = lg[i] - ((const float *)ref->data)[i];
+            num += d * d;
+            den += (double)((const float *)ref->data)[i] * ((const float *)ref->data)[i];
+        }
+        CHECK_MSG(sqrt(num / den) < 1e-4, "CLI logits rel err %.3g", sqrt(num / den));
+        free(lg);
+    }
+    st_close(g);
+}
+
+TEST(cli, info_reports) {
+    const char *b = bin();
+    if (!b) return;
+    char cmd[1024], out[16384], err[4096];
+    snprintf(cmd, sizeof cmd, "%s info --model %s", b, test_data("tiny-fp8"));
+    CHECK_EQ_INT(sh(cmd, out, sizeof out, err, sizeof err), 0);
+    CHECK(strstr(out, "routed experts") != NULL);
+    CHECK(strstr(out, "mtp              present") != NULL);
+    CHECK(strstr(out, "fp8") != NULL);
+}
+
+TEST(cli, failures_are_one_line) {
+    const char *b = bin();
+    if (!b) return;
+    const char *tiny = test_data("tiny");
+    char cases[][1024] = {"", "", "", "", "", "", ""};
+    snprintf(cases[0], 1024, "%s generate --model /nonexistent --ids 1 -n 2", b);
+    snprintf(cases[1], 1024, "%s generate --model %s --ids 1,99999 -n 2", b, tiny);
+    snprintf(cases[2], 1024, "%s generate --model %s --ids '' -n 2", b, tiny);
+    snprintf(cases[3], 1024, "%s generate --model %s --ids 1,x -n 2", b, tiny);
+    snprintf(cases[4], 1024, "%s logits --model %s --ids 1 --out /nonexistent/dir/x", b, tiny);
+    snprintf(cases[5], 1024, "%s info --model %s --bogus", b, tiny);
+    snprintf(cases[6], 1024, "%s frobnicate", b);
+    for (int i = 0; i < 7; i++) {
+        char out[4096], err[4096];
+        int rc = sh(cases[i], out, sizeof out, err, sizeof err);
+        CHECK_MSG(rc != 0, "case %d exited 0", i);
+        CHECK_MSG(count_lines(err) == 1, "case %d: stderr has %d lines: %s", i, count_lines(err), err);
+        CHECK_MSG(strncmp(err, "petrel", 6) == 0, "case %d: stderr \"%s\"", i, err);
+    }
+}
