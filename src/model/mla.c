@@ -1,14 +1,14 @@
 /* mla.c: Multi-head Latent Attention over the latent cache, in two forms that agree in exact
  * arithmetic (tests hold them to each other):
- *   reconstructed  per head, expand k_nope = W_UK c and v = W_UV c for the cached keys, then
- *                  ordinary attention. Cheap per key; pays one expansion per key and window.
- *   absorbed       q~ = W_UK^T q_nope (kv_lora_rank wide); score = q~ . c_t + q_pe . k_pe_t;
- *                  attend over latents and apply W_UV once. The form for one-token rows.
- * Both attend over the selected keys of each row (sel, ascending), scale 1/sqrt(qk_head_dim).
- * Heads run in parallel on the kernel pool; each head's work is done by one thread in a fixed
- * order, so results do not depend on thread count or batch composition.
- * Input q is [T][NH][nope + rope] with RoPE applied; the current rows' c / k_pe are already in
- * the cache. Output: [T][NH * v_head_dim]. */
+ *   reconstructed  per head, expand K = [W_UK c | k_pe] and V^T = W_UV C^T for the window's keys,
+ *                  then S = Q K^T, masked softmax, O = S V. The form for prefill windows.
+ *   absorbed       q~ = W_UK^T q_nope (kv_lora_rank wide); scores = q~ . c_t + q_pe . k_pe_t for
+ *                  all heads at once over the selected keys; lat = P C; o = W_UV lat. The form
+ *                  for one-token rows: the latent cache is read once for all 64 heads.
+ * Both attend over each row's selected keys (sel, ascending), scale 1/sqrt(qk_head_dim). The
+ * heavy products go through kn_matmul (SIMD, threaded) with f32 views of cache buffers as the
+ * "weight". Input q is [T][NH][nope + rope] with RoPE applied; the current rows' c / k_pe are
+ * already in the cache. Output: [T][NH * v_head_dim]. */
 #include <math.h>
 #include <string.h>
 
@@ -17,13 +17,15 @@
 #include "kernels/kernels.h"
 #include "model/engine.h"
 
-/* y[n][W.cols] = x[n][W.rows] . W  (the transposed product), reading each weight row once. */
-static void matmul_t(const pt_wview *W, const float *x, int n, float *y, float *rowbuf) {
-    memset(y, 0, sizeof(float) * (size_t)n * (size_t)W->cols);
-    for (int64_t r = 0; r < W->rows; r++) {
-        pt_dequant_row(W, r, rowbuf);
-        for (int i = 0; i < n; i++) kn_axpy(y + (size_t)i * W->cols, x[(size_t)i * W->rows + r], rowbuf, W->cols);
-    }
+static pt_wview f32_view(const float *data, int64_t rows, int64_t cols) {
+    pt_wview v;
+    memset(&v, 0, sizeof v);
+    v.qtype = PT_F32;
+    v.rows = rows;
+    v.cols = cols;
+    v.data = (const uint8_t *)data;
+    v.row_bytes = cols * 4;
+    return v;
 }
 
 static int use_absorbed(const petrel_session *s, int T, int N) {
@@ -34,85 +36,162 @@ static int use_absorbed(const petrel_session *s, int T, int N) {
     return T == 1 || N > 6 * T;
 }
 
-typedef struct {
-    const petrel_config *c;
-    const layer_w *lw;
-    const float *q, *cc, *pe;
-    const int32_t *sel;
-    const int *sel_n;
-    int sel_stride, T, N, absorbed;
-    float scale;
-    float *out;
-    uint8_t *scratch;       /* per-thread slices of scratch_per bytes */
-    size_t scratch_per;
-} mla_job;
+/* ---- absorbed ---- */
 
-static void head_task(void *ctx, int h, int thread) {
-    const mla_job *j = ctx;
-    const petrel_config *c = j->c;
-    int NH = c->num_attention_heads, Dn = c->qk_nope_head_dim, Dr = c->qk_rope_head_dim, Dv = c->v_head_dim;
-    int Rkv = c->kv_lora_rank, Dqk = c->qk_head_dim, T = j->T;
-    float *p = (float *)(j->scratch + (size_t)thread * j->scratch_per);
-    float *oh = p + (j->N + 15) / 16 * 16;
-    float *rest = oh + ((size_t)T * Dv + 15) / 16 * 16;
-    if (j->absorbed) {
-        float *qn = rest, *qt = qn + (size_t)T * Dn, *lat = qt + (size_t)T * Rkv, *rowbuf = lat + (size_t)T * Rkv;
-        for (int r = 0; r < T; r++) memcpy(qn + (size_t)r * Dn, j->q + ((size_t)r * NH + h) * Dqk, sizeof(float) * (size_t)Dn);
-        matmul_t(&j->lw->w_uk[h], qn, T, qt, rowbuf);
-        for (int r = 0; r < T; r++) {
-            const float *qpe = j->q + ((size_t)r * NH + h) * Dqk + Dn, *qtr = qt + (size_t)r * Rkv;
-            const int32_t *sr = j->sel + (size_t)r * j->sel_stride;
-            int n = j->sel_n[r];
-            for (int i = 0; i < n; i++) {
-                int t = sr[i];
-                p[i] = j->scale * (kn_dot(qtr, j->cc + (size_t)t * Rkv, Rkv) + kn_dot(qpe, j->pe + (size_t)t * Dr, Dr));
-            }
-            kn_softmax(p, n);
-            float *lr = lat + (size_t)r * Rkv;
-            memset(lr, 0, sizeof(float) * (size_t)Rkv);
-            for (int i = 0; i < n; i++) kn_axpy(lr, p[i], j->cc + (size_t)sr[i] * Rkv, Rkv);
-        }
-        kn_matmul(&j->lw->w_uv[h], lat, T, oh);
-    } else {
-        float *kh = rest, *vh = kh + (size_t)j->N * Dn;
-        kn_matmul(&j->lw->w_uk[h], j->cc, j->N, kh);
-        kn_matmul(&j->lw->w_uv[h], j->cc, j->N, vh);
-        for (int r = 0; r < T; r++) {
-            const float *qh = j->q + ((size_t)r * NH + h) * Dqk;
-            const int32_t *sr = j->sel + (size_t)r * j->sel_stride;
-            int n = j->sel_n[r];
-            for (int i = 0; i < n; i++) {
-                int t = sr[i];
-                p[i] = j->scale * (kn_dot(qh, kh + (size_t)t * Dn, Dn) + kn_dot(qh + Dn, j->pe + (size_t)t * Dr, Dr));
-            }
-            kn_softmax(p, n);
-            float *o = oh + (size_t)r * Dv;
-            memset(o, 0, sizeof(float) * (size_t)Dv);
-            for (int i = 0; i < n; i++) kn_axpy(o, p[i], vh + (size_t)sr[i] * Dv, Dv);
-        }
+typedef struct {
+    const layer_w *lw;
+    const float *q;       /* [NH][Dqk] of one row */
+    float *qt;            /* [NH][Rkv] out */
+    float *rowbuf;        /* [threads][Rkv] */
+    int Dn, Dqk, Rkv;
+} uk_job;
+
+/* q~[h] = W_UK[h]^T q_nope[h]: one pass over the head's rows, axpy per row. */
+static void uk_task(void *ctx, int h, int thread) {
+    const uk_job *j = ctx;
+    const pt_wview *W = &j->lw->w_uk[h];
+    float *y = j->qt + (size_t)h * j->Rkv, *row = j->rowbuf + (size_t)thread * j->Rkv;
+    const float *x = j->q + (size_t)h * j->Dqk;
+    memset(y, 0, sizeof(float) * (size_t)j->Rkv);
+    for (int64_t r = 0; r < W->rows; r++) {
+        pt_dequant_row(W, r, row);
+        kn_axpy(y, x[r], row, j->Rkv);
     }
-    for (int r = 0; r < T; r++) memcpy(j->out + ((size_t)r * NH + h) * Dv, oh + (size_t)r * Dv, sizeof(float) * (size_t)Dv);
+}
+
+typedef struct {
+    const layer_w *lw;
+    const float *lat;     /* [NH][Rkv] */
+    float *out;           /* [NH][Dv] */
+    int Rkv, Dv;
+} uv_job;
+
+static void uv_task(void *ctx, int h, int thread) {
+    (void)thread;
+    const uv_job *j = ctx;
+    kn_matmul(&j->lw->w_uv[h], j->lat + (size_t)h * j->Rkv, 1, j->out + (size_t)h * j->Dv);
+}
+
+static int absorbed(petrel_session *s, int l, const layer_w *lw, const float *q, int T, const int32_t *sel, const int *sel_n,
+                    int sel_stride, float *out, petrel_error *err) {
+    const petrel_config *c = &s->eng->cfg;
+    int NH = c->num_attention_heads, Dn = c->qk_nope_head_dim, Dr = c->qk_rope_head_dim, Dv = c->v_head_dim;
+    int Rkv = c->kv_lora_rank, Dqk = c->qk_head_dim, nt = kn_threads();
+    int N = s->len + T, maxn = 0;
+    for (int r = 0; r < T; r++) if (sel_n[r] > maxn) maxn = sel_n[r];
+    const float scale = (float)(1.0 / sqrt((double)Dqk));
+    float *qt = ar_alloc(&s->ar, sizeof(float) * (size_t)NH * Rkv);
+    float *qpe = ar_alloc(&s->ar, sizeof(float) * (size_t)NH * Dr);
+    float *rowbuf = ar_alloc(&s->ar, sizeof(float) * (size_t)nt * Rkv);
+    float *cg = ar_alloc(&s->ar, sizeof(float) * (size_t)maxn * Rkv);
+    float *pg = ar_alloc(&s->ar, sizeof(float) * (size_t)maxn * Dr);
+    float *cgt = ar_alloc(&s->ar, sizeof(float) * (size_t)maxn * Rkv);
+    float *sc = ar_alloc(&s->ar, sizeof(float) * (size_t)NH * maxn);
+    float *sp = ar_alloc(&s->ar, sizeof(float) * (size_t)NH * maxn);
+    float *lat = ar_alloc(&s->ar, sizeof(float) * (size_t)NH * Rkv);
+    if (!qt || !qpe || !rowbuf || !cg || !pg || !cgt || !sc || !sp || !lat) return pt_err(err, PETREL_ENOMEM, "attention scratch exhausted (layer %d)", l);
+    (void)N;
+    for (int r = 0; r < T; r++) {
+        const float *qr = q + (size_t)r * NH * Dqk;
+        const int32_t *sr = sel + (size_t)r * sel_stride;
+        int n = sel_n[r];
+        uk_job uj = {lw, qr, qt, rowbuf, Dn, Dqk, Rkv};
+        pool_run(kn_pool(), NH, uk_task, &uj);
+        for (int h = 0; h < NH; h++) memcpy(qpe + (size_t)h * Dr, qr + (size_t)h * Dqk + Dn, sizeof(float) * (size_t)Dr);
+        /* the selected keys, contiguous (a view when the selection is 0..n-1) */
+        const float *C = s->kv_c[l], *PE = s->kv_pe[l];
+        if (!(n > 0 && sr[0] == 0 && sr[n - 1] == n - 1)) {
+            for (int i = 0; i < n; i++) {
+                memcpy(cg + (size_t)i * Rkv, s->kv_c[l] + (size_t)sr[i] * Rkv, sizeof(float) * (size_t)Rkv);
+                memcpy(pg + (size_t)i * Dr, s->kv_pe[l] + (size_t)sr[i] * Dr, sizeof(float) * (size_t)Dr);
+            }
+            C = cg;
+            PE = pg;
+        }
+        pt_wview vc = f32_view(C, n, Rkv), vp = f32_view(PE, n, Dr);
+        kn_matmul(&vc, qt, NH, sc);   /* sc[h][i] = q~_h . c_i */
+        kn_matmul(&vp, qpe, NH, sp);  /* sp[h][i] = q_pe_h . k_pe_i */
+        for (int h = 0; h < NH; h++) {
+            float *row = sc + (size_t)h * n;
+            const float *rp = sp + (size_t)h * n;
+            for (int i = 0; i < n; i++) row[i] = scale * (row[i] + rp[i]);
+            kn_softmax(row, n);
+        }
+        /* lat[h] = sum_i p[h][i] c_i  ==  sc (NH x n) times C (n x Rkv): matmul with C^T as W */
+        for (int i = 0; i < n; i++)
+            for (int k = 0; k < Rkv; k++) cgt[(size_t)k * n + i] = C[(size_t)i * Rkv + k];
+        pt_wview vct = f32_view(cgt, Rkv, n);
+        kn_matmul(&vct, sc, NH, lat);
+        uv_job vj = {lw, lat, out + (size_t)r * NH * Dv, Rkv, Dv};
+        pool_run(kn_pool(), NH, uv_task, &vj);
+    }
+    return 0;
+}
+
+/* ---- reconstructed ---- */
+
+static int reconstructed(petrel_session *s, int l, const layer_w *lw, const float *q, int T, const int32_t *sel, const int *sel_n,
+                         int sel_stride, float *out, petrel_error *err) {
+    const petrel_config *c = &s->eng->cfg;
+    int NH = c->num_attention_heads, Dn = c->qk_nope_head_dim, Dr = c->qk_rope_head_dim, Dv = c->v_head_dim;
+    int Rkv = c->kv_lora_rank, Dqk = c->qk_head_dim, P = s->len, N = P + T;
+    const float scale = (float)(1.0 / sqrt((double)Dqk));
+    float *kn = ar_alloc(&s->ar, sizeof(float) * (size_t)N * Dn);
+    float *kh = ar_alloc(&s->ar, sizeof(float) * (size_t)N * Dqk);
+    float *vt = ar_alloc(&s->ar, sizeof(float) * (size_t)Dv * N);
+    float *wuv = ar_alloc(&s->ar, sizeof(float) * (size_t)Dv * Rkv);
+    float *qh = ar_alloc(&s->ar, sizeof(float) * (size_t)T * Dqk);
+    float *S = ar_alloc(&s->ar, sizeof(float) * (size_t)T * N);
+    float *oh = ar_alloc(&s->ar, sizeof(float) * (size_t)T * Dv);
+    uint8_t *keep = ar_alloc(&s->ar, (size_t)N);
+    if (!kn || !kh || !vt || !wuv || !qh || !S || !oh || !keep) return pt_err(err, PETREL_ENOMEM, "attention scratch exhausted (layer %d)", l);
+    const float *C = s->kv_c[l], *PE = s->kv_pe[l];
+    pt_wview vc = f32_view(C, N, Rkv);
+    for (int h = 0; h < NH; h++) {
+        kn_matmul(&lw->w_uk[h], C, N, kn); /* k_nope [N][Dn] */
+        for (int t = 0; t < N; t++) {
+            memcpy(kh + (size_t)t * Dqk, kn + (size_t)t * Dn, sizeof(float) * (size_t)Dn);
+            memcpy(kh + (size_t)t * Dqk + Dn, PE + (size_t)t * Dr, sizeof(float) * (size_t)Dr);
+        }
+        for (int d = 0; d < Dv; d++) pt_dequant_row(&lw->w_uv[h], d, wuv + (size_t)d * Rkv);
+        kn_matmul(&vc, wuv, Dv, vt); /* V^T [Dv][N] = W_UV C^T */
+        for (int r = 0; r < T; r++) memcpy(qh + (size_t)r * Dqk, q + ((size_t)r * NH + h) * Dqk, sizeof(float) * (size_t)Dqk);
+        pt_wview vk = f32_view(kh, N, Dqk);
+        kn_matmul(&vk, qh, T, S); /* S [T][N] */
+        for (int r = 0; r < T; r++) {
+            float *row = S + (size_t)r * N;
+            const int32_t *sr = sel + (size_t)r * sel_stride;
+            int n = sel_n[r];
+            if (n == P + r + 1) { /* every causal key */
+                for (int t = 0; t < n; t++) row[t] *= scale;
+                for (int t = n; t < N; t++) row[t] = -INFINITY;
+            } else {
+                memset(keep, 0, (size_t)N);
+                for (int i = 0; i < n; i++) keep[sr[i]] = 1;
+                for (int t = 0; t < N; t++) row[t] = keep[t] ? row[t] * scale : -INFINITY;
+            }
+            kn_softmax(row, N);
+        }
+        pt_wview vv = f32_view(vt, Dv, N);
+        kn_matmul(&vv, S, T, oh); /* O [T][Dv] */
+        for (int r = 0; r < T; r++) memcpy(out + ((size_t)r * NH + h) * Dv, oh + (size_t)r * Dv, sizeof(float) * (size_t)Dv);
+    }
+    return 0;
 }
 
 size_t mla_scratch_bytes(const petrel_config *c, int T, int N, int n_threads) {
-    size_t Dn = c->qk_nope_head_dim, Dv = c->v_head_dim, Rkv = c->kv_lora_rank;
-    size_t abs_ = (size_t)T * Dn + 2 * (size_t)T * Rkv + Rkv, rec = (size_t)N * (Dn + Dv);
-    size_t per = ((size_t)N + 16) + ((size_t)T * Dv + 16) + (abs_ > rec ? abs_ : rec);
-    return (per * 4 + 64) * (size_t)n_threads + 64;
+    size_t NH = c->num_attention_heads, Dn = c->qk_nope_head_dim, Dr = c->qk_rope_head_dim, Dv = c->v_head_dim;
+    size_t Rkv = c->kv_lora_rank, Dqk = c->qk_head_dim, n = (size_t)N, t = (size_t)T;
+    size_t abs_ = NH * Rkv * 2 + NH * Dr + (size_t)n_threads * Rkv + n * Rkv * 2 + n * Dr + 2 * NH * n;
+    size_t rec = n * Dn + n * Dqk + Dv * n + Dv * Rkv + t * Dqk + t * n + t * Dv + n / 4 + 1;
+    return (abs_ > rec ? abs_ : rec) * 4 + 64 * 16;
 }
 
 int mla_attention(petrel_session *s, int l, const layer_w *lw, const float *q, int T, const int32_t *sel, const int *sel_n,
                   int sel_stride, float *out, petrel_error *err) {
-    const petrel_config *c = &s->eng->cfg;
-    int N = s->len + T, nt = kn_threads();
-    mla_job j = {c, lw, q, s->kv_c[l], s->kv_pe[l], sel, sel_n, sel_stride, T, N, use_absorbed(s, T, N),
-                 (float)(1.0 / sqrt((double)c->qk_head_dim)), out, NULL, 0};
-    size_t total = mla_scratch_bytes(c, T, N, nt);
-    j.scratch_per = ((total - 64) / (size_t)nt) & ~(size_t)63;
     size_t mark = s->ar.used;
-    j.scratch = ar_alloc(&s->ar, total);
-    if (!j.scratch) return pt_err(err, PETREL_ENOMEM, "attention scratch exhausted (layer %d)", l);
-    pool_run(kn_pool(), c->num_attention_heads, head_task, &j);
+    int rc = use_absorbed(s, T, s->len + T) ? absorbed(s, l, lw, q, T, sel, sel_n, sel_stride, out, err)
+                                            : reconstructed(s, l, lw, q, T, sel, sel_n, sel_stride, out, err);
     s->ar.used = mark;
-    return 0;
+    return rc;
 }
