@@ -38,4 +38,39 @@ int cli_model_opt(int argc, char **argv, int *i, cli_model_opts *mo);
 CLI_CMD(info);
 CLI_CMD(logits);
 CLI_CMD(generate);
+CLI_CMD(tokenize); CLI_CMD(detokenize);
+CLI_CMD(template);
+CLI_CMD(run); CLI_CMD(chat);
+CLI_CMD(convert); CLI_CMD(synth); CLI_CMD(bench);
+
+/* Quant options of convert and synth (--quant, --experts, --attention, --dense, --embed, --mtp)
+ * into a convert_opts (src/io/convert.h): 1 consumed, 0 not one, -1 bad value (printed). */
+struct convert_opts;
+int cli_quant_opt(int argc, char **argv, int *i, struct convert_opts *o);
+
+/* Sampling options shared by run and chat (cli/cmd_run.c). If argv[*i] is one (--temp, --top-k,
+ * --top-p, --min-p, --repeat-penalty, --presence-penalty, --frequency-penalty, --repeat-last-n,
+ * --seed), consumes it and its value and returns 1 (*seed_set = 1 for --seed); 0 if not one;
+ * -1 on a bad value (message printed). */
+struct sampler_params;
+int cli_sampling_opt(const char *cmd, int argc, char **argv, int *i, struct sampler_params *sp,
+                     int *seed_set);
+/* A seed from the clock and the pid, for runs without --seed. */
+uint64_t cli_random_seed(void);
+/* The tokenizer.json to use: --tokenizer FILE if given, else MODEL/tokenizer.json when the model
+ * is a folder; NULL (message printed) when there is none. buf holds the result. */
+const char *cli_tokenizer_path(const char *cmd, const char *tok_opt, const char *model, char *buf,
+                               size_t bufsz);
+#define CLI_SAMPLING_OPTS_HELP                                                                   \
+    "  --temp T             temperature; 0 = greedy (default 0.8)\n"                             \
+    "  --top-k K            keep the K most likely tokens; 0 = off (default 40)\n"               \
+    "  --top-p P            keep the smallest set with mass >= P; 1 = off (default 0.95)\n"      \
+    "  --min-p M            drop tokens below M x the top probability; 0 = off (default 0.05)\n" \
+    "  --repeat-penalty R   divide positive / multiply negative logits of recent tokens by R;\n" \
+    "                       1 = off (default 1)\n"                                             \
+    "  --presence-penalty X subtract X from the logit of every recent token (default 0)\n"      \
+    "  --frequency-penalty F subtract F x its count from each recent token's logit (default 0)\n" \
+    "  --repeat-last-n N    the penalties' window of recent tokens, prompt included (default 64)\n" \
+    "  --seed S             PRNG seed: the same seed gives the same text (default: random)\n"   \
+    "  Order: penalties, temperature, top-k, top-p, min-p, draw.\n"
 #endif

@@ -9,6 +9,14 @@ static const command commands[] = {
     {"info", cmd_info, "print a model's config, tensor inventory and memory"},
     {"logits", cmd_logits, "write float32 logits for every position of a prompt"},
     {"generate", cmd_generate, "greedy-generate token ids from token ids"},
+    {"tokenize", cmd_tokenize, "encode text to token ids with a tokenizer.json"},
+    {"detokenize", cmd_detokenize, "decode token ids to text with a tokenizer.json"},
+    {"template", cmd_template, "render a chat template (Jinja) over a request's messages"},
+    {"run", cmd_run, "generate text after a prompt (streamed to stdout)"},
+    {"convert", cmd_convert, "write a petrel pack (quantized) from a Hugging Face checkpoint"},
+    {"synth", cmd_synth, "write a GLM-5.2-shaped pack with random weights (benchmarks)"},
+    {"bench", cmd_bench, "measure decode/prefill speed against the memory-bandwidth floor"},
+    {"chat", cmd_chat, "interactive chat through the model's chat template"},
 };
 #define N_COMMANDS (sizeof commands / sizeof commands[0])
 

@@ -66,12 +66,17 @@ int petrel_engine_open(const char *path, const petrel_open_opts *opts, petrel_en
     }
     e->no_indexer = e->w.no_indexer;
     kn_init(opts ? opts->n_threads : 0);
+    if ((rc = stream_open(e, opts, err)) < 0) {
+        petrel_engine_close(e);
+        return rc;
+    }
     *out = e;
     return 0;
 }
 
 void petrel_engine_close(petrel_engine *e) {
     if (!e) return;
+    stream_close(e);
     weights_deinit(&e->w, &e->cfg);
     st_close(e->src);
     colibri_close(e->coli);
@@ -102,6 +107,10 @@ static size_t scratch_bytes(const petrel_config *c, size_t T, size_t N) {
     f += dense > moe ? dense : moe;                                                   /* MLP */
     f += T * H;                                                                       /* final norm */
     return f * 4 + 64 * 64 + 4096;
+}
+
+size_t session_scratch_estimate(const petrel_config *c, int ctx) {
+    return scratch_bytes(c, (size_t)(ctx < 256 ? ctx : 256), (size_t)ctx);
 }
 
 int petrel_session_create(petrel_engine *e, int max_tokens, petrel_session **out, petrel_error *err) {

@@ -25,7 +25,18 @@ struct petrel_engine {
                              exact; longer ones must fail (forward checks this) */
     /* petrel packs (src/io/pack.h); src is NULL then. Weights are views into the pack's map. */
     struct pack *pack;    /* owned, NULL unless the model is a pack file */
+    /* Expert streaming (src/model/stream.c): with a budget, routed experts come from the store
+     * instead of the map. moe_index[l] is layer l's MoE index (store layer) or -1. */
+    struct xs_store *xs;  /* owned, NULL when every expert is resident */
+    int *moe_index;       /* owned [L + 1] (the MTP layer last) */
+    char plan_text[1024]; /* the memory plan, printed at open when verbose */
 };
+
+/* Expert streaming glue (stream.c). */
+int stream_open(petrel_engine *e, const petrel_open_opts *opts, petrel_error *err);
+void stream_close(petrel_engine *e);
+/* Arena bytes a session of ctx tokens takes (for memory plans). */
+size_t session_scratch_estimate(const petrel_config *c, int ctx);
 
 typedef enum { MLA_AUTO = 0, MLA_ABSORBED = 1, MLA_RECONSTRUCTED = 2 } mla_mode;
 
@@ -42,6 +53,7 @@ extern const char *const fwd_part_names[FS_COUNT];
 typedef struct fwd_stats {
     uint64_t ns[FS_COUNT];
     uint64_t rows;      /* rows (tokens) run */
+    uint64_t io_ns;     /* part of FS_EXPERTS spent waiting for expert reads */
 } fwd_stats;
 uint64_t pt_now_ns(void);
 
@@ -63,6 +75,10 @@ struct petrel_session {
     int dsa_always_score; /* test hook: score and top-k even when every causal key fits */
     fwd_trace *trace;   /* test hook */
     fwd_stats stats;    /* accumulated timings; reset by the caller */
+    /* Routing observer (trace recording): called per MoE layer with idx [T][K] for positions
+     * pos..pos+T-1. NULL = off. */
+    void (*route_log)(void *ctx, int layer, int pos, const int32_t *idx, int T, int K);
+    void *route_log_ctx;
 };
 
 void *ar_alloc(arena *a, size_t bytes);
@@ -80,7 +96,9 @@ int mla_attention(petrel_session *s, int l, const layer_w *lw, const float *q, i
 size_t mla_scratch_bytes(const petrel_config *c, int T, int N, int n_threads);
 int dsa_select(petrel_session *s, int l, const layer_w *lw, const float *x, const float *qr, int T,
                const rope_rows *rope, int32_t *sel, int *sel_n, int sel_stride, petrel_error *err);
-int moe_forward(petrel_session *s, const layer_w *lw, const float *x, int T, float *out, petrel_error *err);
+/* next_lw: the next MoE layer (its router predicts experts to prefetch), or NULL. */
+int moe_forward(petrel_session *s, int l, const layer_w *lw, const layer_w *next_lw, int next_l, const float *x, int T,
+                float *out, petrel_error *err);
 int mlp_dense(petrel_session *s, const layer_w *lw, const float *x, int T, float *out, petrel_error *err);
 /* Routing for one row (exposed for tests): writes K expert ids (ascending selection order not
  * guaranteed) and their final weights. scratch needs 2 * E floats. */

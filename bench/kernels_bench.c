@@ -1,0 +1,156 @@
+/* kernels_bench.c: standalone timing of kn_matmul against the machine's memory-read floor.
+ * Not part of `make`; build by hand after `make BUILD=build-kern`:
+ *   gcc -std=c11 -O2 -D_GNU_SOURCE -Iinclude -Isrc -mavx512f -pthread \
+ *       bench/kernels_bench.c build-kern/libpetrel.a -lm -o build-kern/kernels_bench
+ *   ./build-kern/kernels_bench [threads] [lm_head_rows]
+ * Decode (n=1): GB/s of weight bytes (+ scales) streamed, cycling through enough copies of each
+ * matrix (>= 768 MB in total) that nothing is served from cache, like a forward pass over many
+ * layers. Floor: summing a 1 GB buffer with AVX-512 on the same threads (pool).
+ * Prefill (n=512): GFLOP/s (2 * rows * cols * n per call). */
+#include <immintrin.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/pool.h"
+#include "kernels/kernels.h"
+#include "quant/quant.h"
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static uint64_t rs = 88172645463325252ull;
+static uint32_t rnd(void) { rs ^= rs << 13; rs ^= rs >> 7; rs ^= rs << 17; return (uint32_t)(rs >> 32); }
+
+/* ---- memory floor ---- */
+typedef struct { const float *buf; size_t n; int tasks; double sum[64]; } sum_ctx;
+__attribute__((target("avx512f"))) static void sum_task(void *c_, int task, int thread) {
+    (void)thread;
+    sum_ctx *c = c_;
+    size_t per = c->n / (size_t)c->tasks, i0 = per * (size_t)task, i1 = i0 + per;
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (size_t i = i0; i < i1; i += 64) {
+        a0 = _mm512_add_ps(a0, _mm512_load_ps(c->buf + i));
+        a1 = _mm512_add_ps(a1, _mm512_load_ps(c->buf + i + 16));
+        a2 = _mm512_add_ps(a2, _mm512_load_ps(c->buf + i + 32));
+        a3 = _mm512_add_ps(a3, _mm512_load_ps(c->buf + i + 48));
+    }
+    c->sum[task] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+}
+
+static double mem_floor(void) {
+    size_t bytes = 1ull << 30, n = bytes / 4;
+    float *b = aligned_alloc(64, bytes);
+    for (size_t i = 0; i < n; i++) b[i] = (float)(i & 7);
+    sum_ctx c = {b, n, 2 * kn_threads(), {0}};
+    double best = 0;
+    for (int rep = 0; rep < 5; rep++) {
+        double t0 = now();
+        pool_run(kn_pool(), c.tasks, sum_task, &c);
+        double gbs = (double)bytes / (now() - t0) / 1e9;
+        if (gbs > best) best = gbs;
+    }
+    free(b);
+    return best;
+}
+
+/* ---- weights ---- */
+typedef struct { pt_wview v; void *data, *scale; size_t bytes; } mat;
+
+static mat make_mat(pt_qtype q, int64_t rows, int64_t cols) {
+    mat m;
+    memset(&m, 0, sizeof m);
+    int64_t rb = pt_qtype_row_bytes(q, cols), spr = pt_qtype_scales_per_row(q, cols);
+    m.data = aligned_alloc(64, (size_t)((rb * rows + 63) / 64 * 64));
+    uint8_t *d = m.data;
+    for (int64_t i = 0; i < rb * rows; i += 4) { uint32_t r = rnd(); memcpy(d + i, &r, rb * rows - i < 4 ? (size_t)(rb * rows - i) : 4); }
+    if (q == PT_BF16) for (int64_t i = 0; i < rows * cols; i++) ((uint16_t *)d)[i] = (uint16_t)(0x3c00 + (rnd() & 0x1ff) - 0x100 + ((rnd() & 1) << 15));
+    if (q == PT_FP8_E4M3) for (int64_t i = 0; i < rb * rows; i++) if ((d[i] & 0x7f) == 0x7f) d[i] = 0;
+    if (q == PT_FP8_E4M3) {
+        int64_t sr = (rows + 127) / 128, sc = (cols + 127) / 128;
+        m.scale = malloc((size_t)(sr * sc) * 4);
+        for (int64_t i = 0; i < sr * sc; i++) ((float *)m.scale)[i] = 1e-3f;
+        m.v.qtype = q; m.v.rows = rows; m.v.cols = cols; m.v.data = d; m.v.row_bytes = rb;
+        m.v.scale = m.scale; m.v.scale_dtype = PT_F32; m.v.block_rows = 128; m.v.block_cols = 128;
+        m.v.scale_cols = sc;
+        m.bytes = (size_t)(rb * rows + sr * sc * 4);
+    } else {
+        if (spr) {
+            m.scale = malloc((size_t)(spr * rows) * 2);
+            for (int64_t i = 0; i < spr * rows; i++) ((uint16_t *)m.scale)[i] = pt_f32_to_bf16(0.01f);
+        }
+        m.v = pt_wview_make(q, rows, cols, d, m.scale, PT_BF16);
+        m.bytes = (size_t)(rb * rows + spr * rows * 2);
+    }
+    return m;
+}
+
+static void bench_decode(pt_qtype q, int64_t rows, int64_t cols, double floor_gbs) {
+    mat probe = make_mat(q, rows, cols);
+    int copies = (int)((768ull << 20) / probe.bytes) + 1;
+    if (copies > 64) copies = 64;
+    mat *ms = malloc(sizeof(mat) * (size_t)copies);
+    ms[0] = probe;
+    for (int i = 1; i < copies; i++) ms[i] = make_mat(q, rows, cols);
+    float *x = malloc((size_t)cols * 4), *y = malloc((size_t)rows * 4);
+    for (int64_t j = 0; j < cols; j++) x[j] = (float)(rnd() % 1000) / 1000.f - 0.5f;
+    for (int i = 0; i < copies; i++) kn_matmul(&ms[i].v, x, 1, y); /* warm-up, page-in */
+    double best = 0;
+    for (int rep = 0; rep < 5; rep++) {
+        int calls = 0;
+        double t0 = now(), t;
+        do {
+            for (int i = 0; i < copies; i++) kn_matmul(&ms[i].v, x, 1, y);
+            calls += copies;
+        } while ((t = now() - t0) < 0.3);
+        double gbs = (double)probe.bytes * calls / t / 1e9;
+        if (gbs > best) best = gbs;
+    }
+    printf("decode  %-9s [%6lld x %5lld] %7.1f MB x%-3d  %6.2f GB/s  %5.1f us/call  %.2fx floor\n",
+           pt_qtype_name(q), (long long)rows, (long long)cols, probe.bytes / 1e6, copies, best,
+           probe.bytes / best / 1e3, floor_gbs / best);
+    for (int i = 0; i < copies; i++) { free(ms[i].data); free(ms[i].scale); }
+    free(ms); free(x); free(y);
+}
+
+static void bench_prefill(pt_qtype q, int64_t rows, int64_t cols, int n) {
+    mat m = make_mat(q, rows, cols);
+    float *x = malloc((size_t)(cols * n) * 4), *y = malloc((size_t)(rows * n) * 4);
+    for (int64_t j = 0; j < cols * n; j++) x[j] = (float)(rnd() % 1000) / 1000.f - 0.5f;
+    kn_matmul(&m.v, x, n, y);
+    double best = 1e30;
+    for (int rep = 0; rep < 3; rep++) {
+        double t0 = now();
+        kn_matmul(&m.v, x, n, y);
+        double t = now() - t0;
+        if (t < best) best = t;
+    }
+    printf("prefill %-9s [%6lld x %5lld] n=%d  %7.1f GFLOP/s  (%.1f ms)\n", pt_qtype_name(q),
+           (long long)rows, (long long)cols, n, 2.0 * rows * cols * n / best / 1e9, best * 1e3);
+    free(m.data); free(m.scale); free(x); free(y);
+}
+
+int main(int argc, char **argv) {
+    int threads = argc > 1 ? atoi(argv[1]) : 0;
+    int64_t head_rows = argc > 2 ? atoll(argv[2]) : 40960;
+    const char *only = getenv("BENCH_ONLY"); /* "decode" or "prefill" */
+    kn_init(threads);
+    if (getenv("BENCH_ISA")) kn_force_isa(getenv("BENCH_ISA"));
+    printf("isa %s, %d threads\n", kn_isa_name(), kn_threads());
+    double fl = mem_floor();
+    printf("memory floor (AVX-512 sum of 1 GB): %.2f GB/s\n", fl);
+    const pt_qtype Q[] = {PT_BF16, PT_FP8_E4M3, PT_Q8_ROW, PT_Q8_G32, PT_Q4_G64};
+    if (!only || !strcmp(only, "decode"))
+        for (int qi = 0; qi < 5; qi++) {
+            bench_decode(Q[qi], 6144, 2048, fl);
+            bench_decode(Q[qi], 2048, 6144, fl);
+            bench_decode(Q[qi], head_rows, 6144, fl);
+        }
+    if (!only || !strcmp(only, "prefill"))
+        for (int qi = 0; qi < 5; qi++) bench_prefill(Q[qi], 6144, 2048, 512);
+    return 0;
+}

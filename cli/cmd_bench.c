@@ -1,0 +1,275 @@
+/* cmd_bench.c: `petrel bench` measures decode and prefill speed of a model and compares decode
+ * with its floor: the weight bytes one decode token reads divided by the machine's memory read
+ * bandwidth, measured in the same run (decode_floor_ratio = decode time / floor; 1.0 = bound by
+ * memory). Bytes per token are counted from the views a decode step uses: every resident
+ * non-expert matrix of every layer, num_experts_per_tok routed experts per MoE layer, the shared
+ * expert, lm_head, one embedding row and the norm vectors; the MTP layer is not run and not
+ * counted. The pack's map is touched once before timing so that page faults are not measured.
+ * With --json the last stdout line is one JSON object. */
+#include <inttypes.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "io/pack.h"
+#include "io/safetensors.h"
+#include "kernels/kernels.h"
+#include "model/engine.h"
+
+static const char *usage =
+    "usage: petrel bench --model PACK|DIR [--json] [--ctx N] [--prompt N] [--steps N] [--threads N]\n"
+    "Prefills a random prompt, then times decode steps; prints ms/token, prefill tok/s, a breakdown\n"
+    "per part, bytes of weights read per token, measured memory bandwidth and the floor ratio.\n"
+    "  --prompt N       prompt length for prefill (default 512)\n"
+    "  --ctx N          context at which decode is timed (default = prompt; at least the prompt)\n"
+    "  --steps N        timed decode steps (default 24)\n"
+    "  --bw-mib N       size of the bandwidth probe buffer in MiB (default 1024)\n"
+    "  --json           print the result as one JSON object on the last line\n"
+    "  --golden FILE    quality instead of speed: run every prompt_N.ids of a golden.safetensors and\n"
+    "                   compare with its prompt_N.logits (relative L2 error, top-1 agreement, KL)\n" CLI_MODEL_OPTS_HELP;
+
+/* Quality against reference logits: rel L2 over all positions, top-1 agreement, mean KL(ref||model). */
+static int bench_golden(petrel_engine *eng, const char *path, int json) {
+    st_set *g;
+    petrel_error err = {0};
+    if (st_open(path, &g, &err)) return cli_fail_err("bench", &err);
+    int V = eng->cfg.vocab_size, rc = 0;
+    double num = 0, den = 0, kl = 0;
+    long pos = 0, agree = 0;
+    for (int pi = 0; !rc; pi++) {
+        char n[64];
+        snprintf(n, sizeof n, "prompt_%d.ids", pi);
+        const st_tensor *ids = st_find(g, n);
+        snprintf(n, sizeof n, "prompt_%d.logits", pi);
+        const st_tensor *ref = st_find(g, n);
+        if (!ids || !ref) break;
+        int T = (int)ids->shape[0];
+        float *lg = malloc(sizeof(float) * (size_t)T * V);
+        petrel_session *s;
+        if (!lg || petrel_session_create(eng, T, &s, &err)) { free(lg); rc = cli_fail_err("bench", &err); break; }
+        if (petrel_session_forward(s, (const int32_t *)ids->data, T, lg, 1, &err)) rc = cli_fail_err("bench", &err);
+        for (int t = 0; !rc && t < T; t++) {
+            const float *a = lg + (size_t)t * V, *r = (const float *)ref->data + (size_t)t * V;
+            int ba = 0, br = 0;
+            double ma = a[0], mr = r[0];
+            for (int v = 0; v < V; v++) {
+                double d = (double)a[v] - r[v];
+                num += d * d;
+                den += (double)r[v] * r[v];
+                if (a[v] > a[ba]) ba = v;
+                if (r[v] > r[br]) br = v;
+                if (a[v] > ma) ma = a[v];
+                if (r[v] > mr) mr = r[v];
+            }
+            double za = 0, zr = 0;
+            for (int v = 0; v < V; v++) { za += exp(a[v] - ma); zr += exp(r[v] - mr); }
+            double k = 0;
+            for (int v = 0; v < V; v++) {
+                double lr = r[v] - mr - log(zr), la = a[v] - ma - log(za);
+                k += exp(lr) * (lr - la);
+            }
+            kl += k;
+            agree += ba == br;
+            pos++;
+        }
+        petrel_session_free(s);
+        free(lg);
+    }
+    st_close(g);
+    if (rc) return rc;
+    if (!pos) return cli_fail("bench: %s holds no prompt_N.ids / prompt_N.logits", path);
+    double rel = den > 0 ? sqrt(num / den) : 0;
+    printf("quality vs %s: %ld positions, logits rel L2 error %.3g, top-1 agreement %.1f%%, mean KL %.3g nats\n", path, pos, rel,
+           100.0 * (double)agree / (double)pos, kl / (double)pos);
+    if (json) printf("{\"positions\": %ld, \"rel_l2\": %.6g, \"top1_agreement\": %.6f, \"kl_mean\": %.6g}\n", pos, rel, (double)agree / (double)pos, kl / (double)pos);
+    return 0;
+}
+
+/* ---- memory bandwidth ---- */
+typedef struct { const uint64_t *p; size_t n; uint64_t sum; } bwjob;
+static void *bw_thread(void *a) {
+    bwjob *j = a;
+    uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    for (size_t i = 0; i + 4 <= j->n; i += 4) { s0 += j->p[i]; s1 += j->p[i + 1]; s2 += j->p[i + 2]; s3 += j->p[i + 3]; }
+    j->sum = s0 + s1 + s2 + s3;
+    return NULL;
+}
+/* Best of 5 multi-threaded streaming reads of a buffer of `bytes`; GB/s. */
+static double measure_bw(size_t bytes, int threads) {
+    size_t n = bytes / 8;
+    uint64_t *buf = malloc(n * 8);
+    if (!buf) return 0;
+    for (size_t i = 0; i < n; i++) buf[i] = i * 2654435761u;
+    double best = 0;
+    volatile uint64_t sink = 0;
+    for (int rep = 0; rep < 5; rep++) {
+        pthread_t th[64];
+        bwjob jobs[64];
+        if (threads > 64) threads = 64;
+        size_t per = n / (size_t)threads;
+        uint64_t t0 = pt_now_ns();
+        for (int t = 0; t < threads; t++) {
+            jobs[t] = (bwjob){buf + (size_t)t * per, per, 0};
+            if (t) pthread_create(&th[t], NULL, bw_thread, &jobs[t]);
+        }
+        bw_thread(&jobs[0]);
+        for (int t = 1; t < threads; t++) pthread_join(th[t], NULL);
+        uint64_t dt = pt_now_ns() - t0;
+        for (int t = 0; t < threads; t++) sink += jobs[t].sum;
+        double gbs = (double)(per * (size_t)threads * 8) / (double)dt;
+        if (gbs > best) best = gbs;
+    }
+    (void)sink;
+    free(buf);
+    return best;
+}
+
+static void cpu_model(char *out, size_t n) {
+    snprintf(out, n, "unknown");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f) return;
+    char line[512];
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, "model name", 10)) {
+            char *c = strchr(line, ':');
+            if (c) {
+                c++;
+                while (*c == ' ') c++;
+                c[strcspn(c, "\n")] = 0;
+                snprintf(out, n, "%s", c);
+            }
+            break;
+        }
+    fclose(f);
+}
+
+/* ---- bytes per decode token ---- */
+static uint64_t layer_bytes(const petrel_config *c, const layer_w *lw, uint64_t *experts) {
+    uint64_t b = wview_bytes(&lw->q_a_proj) + wview_bytes(&lw->q_b_proj) + wview_bytes(&lw->kv_a_proj_with_mqa) +
+                 wview_bytes(&lw->kv_b_proj) + wview_bytes(&lw->o_proj);
+    b += 4ull * (2 * (uint64_t)c->hidden_size + (uint64_t)c->q_lora_rank + (uint64_t)c->kv_lora_rank);
+    if (lw->has_indexer) b += wview_bytes(&lw->idx_wq_b) + wview_bytes(&lw->idx_wk) + wview_bytes(&lw->idx_weights_proj) + 8ull * (uint64_t)c->index_head_dim;
+    if (!lw->is_moe) return b + wview_bytes(&lw->gate_proj) + wview_bytes(&lw->up_proj) + wview_bytes(&lw->down_proj);
+    b += wview_bytes(&lw->router) + 4ull * (uint64_t)c->n_routed_experts;
+    if (lw->has_shared) b += wview_bytes(&lw->sh_gate) + wview_bytes(&lw->sh_up) + wview_bytes(&lw->sh_down);
+    /* all routed experts of a layer share one format and shape */
+    uint64_t e1 = wview_bytes(&lw->exp_gate[0]) + wview_bytes(&lw->exp_up[0]) + wview_bytes(&lw->exp_down[0]);
+    *experts += e1 * (uint64_t)c->num_experts_per_tok;
+    return b;
+}
+
+CLI_CMD(bench) {
+    cli_model_opts mo = {0};
+    int json = 0;
+    const char *golden = NULL;
+    long ctx = 0, prompt = 512, steps = 24, bw_mib = 1024;
+    for (int i = 1; i < argc; i++) {
+        int r = cli_model_opt(argc, argv, &i, &mo);
+        if (r < 0) return 1;
+        if (r) continue;
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { fputs(usage, stdout); return 0; }
+        else if (!strcmp(argv[i], "--json")) json = 1;
+        else if (!strcmp(argv[i], "--golden") && i + 1 < argc) golden = argv[++i];
+        else if (!strcmp(argv[i], "--ctx") && i + 1 < argc) { if (cli_parse_int(argv[++i], 1, 1 << 24, &ctx)) return cli_fail("bench: bad --ctx"); }
+        else if (!strcmp(argv[i], "--prompt") && i + 1 < argc) { if (cli_parse_int(argv[++i], 1, 1 << 24, &prompt)) return cli_fail("bench: bad --prompt"); }
+        else if (!strcmp(argv[i], "--steps") && i + 1 < argc) { if (cli_parse_int(argv[++i], 1, 1 << 20, &steps)) return cli_fail("bench: bad --steps"); }
+        else if (!strcmp(argv[i], "--bw-mib") && i + 1 < argc) { if (cli_parse_int(argv[++i], 16, 1 << 20, &bw_mib)) return cli_fail("bench: bad --bw-mib"); }
+        else return cli_fail("bench: unknown or incomplete option \"%s\" (petrel bench --help)", argv[i]);
+    }
+    if (!mo.model) return cli_fail("bench: --model is required");
+    if (ctx < prompt) ctx = prompt;
+    petrel_error err = {0};
+    petrel_engine *eng;
+    if (petrel_engine_open(mo.model, &mo.open, &eng, &err)) return cli_fail_err("bench", &err);
+    if (golden) {
+        int grc = bench_golden(eng, golden, json);
+        petrel_engine_close(eng);
+        return grc;
+    }
+    const petrel_config *c = &eng->cfg;
+    int threads = kn_threads();
+    char cpu[256];
+    cpu_model(cpu, sizeof cpu);
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    printf("machine: %s, %ld cores online, kernels %s, %d threads\n", cpu, cores, kn_isa_name(), threads);
+    printf("model: %s (%d layers, hidden %d, %d experts top-%d)\n", mo.model, c->num_hidden_layers, c->hidden_size, c->n_routed_experts,
+           c->num_experts_per_tok);
+    fflush(stdout);
+
+    /* bytes per decode token */
+    const model_w *w = &eng->w;
+    uint64_t resident = 0, experts = 0;
+    for (int l = 0; l < c->num_hidden_layers; l++) resident += layer_bytes(c, &w->layers[l], &experts);
+    uint64_t head = wview_bytes(&w->lm_head) + (uint64_t)w->embed_tokens.row_bytes + 4ull * (uint64_t)c->hidden_size;
+    uint64_t bytes_tok = resident + experts + head;
+
+    /* warm the map so page faults are not timed */
+    if (eng->pack) {
+        volatile uint8_t s = 0;
+        for (uint64_t o = 0; o < eng->pack->file_size; o += 4096) s ^= eng->pack->map[o];
+        (void)s;
+    }
+    double bw = measure_bw((size_t)bw_mib << 20, threads);
+
+    petrel_session *s;
+    int rc = 0;
+    if (petrel_session_create(eng, (int)(ctx + steps + 2), &s, &err)) { petrel_engine_close(eng); return cli_fail_err("bench", &err); }
+    int V = c->vocab_size;
+    float *lg = malloc(sizeof(float) * (size_t)V);
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)ctx);
+    uint64_t x = 88172645463325252ull;
+    for (long i = 0; i < ctx; i++) {
+        x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+        ids[i] = (int32_t)(x % (uint64_t)V);
+    }
+    memset(&s->stats, 0, sizeof s->stats);
+    uint64_t t0 = pt_now_ns();
+    if (petrel_session_forward(s, ids, (int)prompt, lg, 0, &err)) rc = cli_fail_err("bench", &err);
+    double prefill_s = (double)(pt_now_ns() - t0) / 1e9;
+    fwd_stats pst = s->stats;
+    if (!rc) {
+        printf("prefill: %ld tokens in %.2f s = %.1f tok/s\n", prompt, prefill_s, (double)prompt / prefill_s);
+        fflush(stdout);
+    }
+    if (!rc && ctx > prompt && petrel_session_forward(s, ids + prompt, (int)(ctx - prompt), lg, 0, &err)) rc = cli_fail_err("bench", &err);
+    /* two untimed steps, then the timed ones */
+    int32_t tok = ids[ctx - 1];
+    for (int k = 0; !rc && k < 2 + steps; k++) { /* ctx + 2 + steps tokens in all */
+        if (k == 2) { memset(&s->stats, 0, sizeof s->stats); t0 = pt_now_ns(); }
+        if (petrel_session_forward(s, &tok, 1, lg, 0, &err)) { rc = cli_fail_err("bench", &err); break; }
+        int32_t best = 0;
+        for (int v = 1; v < V; v++) if (lg[v] > lg[best]) best = v;
+        tok = best;
+    }
+    if (!rc) {
+        double dec_s = (double)(pt_now_ns() - t0) / 1e9;
+        double dms = dec_s * 1e3 / (double)steps;
+        double floor_ms = (double)bytes_tok / (bw * 1e9) * 1e3;
+        double ratio = dms / floor_ms, pf = (double)prompt / prefill_s;
+        printf("memory read bandwidth: %.1f GB/s (%d threads, %ld MiB buffer)\n", bw, threads, bw_mib);
+        printf("bytes per decode token: %.1f MB (resident %.1f MB + routed experts %.1f MB + head %.1f MB)\n", bytes_tok / 1e6, resident / 1e6,
+               experts / 1e6, head / 1e6);
+        printf("decode at context %ld: %.2f ms/token = %.2f tok/s; floor %.2f ms; decode_floor_ratio %.2f\n", ctx, dms, 1e3 / dms, floor_ms, ratio);
+        printf("%-16s %12s %12s\n", "part", "decode ms/tok", "prefill ms");
+        for (int p = 0; p < FS_COUNT; p++)
+            printf("%-16s %12.3f %12.1f\n", fwd_part_names[p], (double)s->stats.ns[p] / 1e6 / (double)steps, (double)pst.ns[p] / 1e6);
+        if (json) {
+            printf("{\"decode_ms\": %.4f, \"decode_tok_s\": %.4f, \"prefill_tok_s\": %.3f, \"bytes_per_token\": %" PRIu64
+                   ", \"mem_bw_gbs\": %.3f, \"decode_floor_ratio\": %.4f, \"floor_ms\": %.4f, \"ctx\": %ld, \"prompt\": %ld, \"steps\": %ld, "
+                   "\"threads\": %d, \"isa\": \"%s\", \"cpu\": \"%s\", \"cores\": %ld, \"decode_breakdown_ms\": {",
+                   dms, 1e3 / dms, pf, bytes_tok, bw, ratio, floor_ms, ctx, prompt, steps, threads, kn_isa_name(), cpu, cores);
+            for (int p = 0; p < FS_COUNT; p++) printf("%s\"%s\": %.4f", p ? ", " : "", fwd_part_names[p], (double)s->stats.ns[p] / 1e6 / (double)steps);
+            printf("}, \"prefill_breakdown_ms\": {");
+            for (int p = 0; p < FS_COUNT; p++) printf("%s\"%s\": %.3f", p ? ", " : "", fwd_part_names[p], (double)pst.ns[p] / 1e6);
+            printf("}}\n");
+        }
+    }
+    free(lg);
+    free(ids);
+    petrel_session_free(s);
+    petrel_engine_close(eng);
+    return rc;
+}

@@ -1,0 +1,269 @@
+/* cmd_chat.c: `petrel chat` is an interactive chat through the model's chat template. Each
+ * stdin line is a user turn (a pipe works too; EOF ends). Every turn renders the whole
+ * conversation with add_generation_prompt=true and feeds only what the KV cache does not hold
+ * yet (common-prefix reuse, see runtime/generate.h). Thinking (between <think> and </think>) is
+ * shown apart from the answer; the reply joins the conversation as
+ * {role: assistant, content, reasoning_content}. */
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "base/err.h"
+#include "cli.h"
+#include "model/config.h"
+#include "runtime/chat.h"
+#include "runtime/generate.h"
+#include "runtime/sampler.h"
+#include "text/jinja.h"
+#include "text/tokenizer.h"
+
+static const char *usage =
+    "usage: petrel chat --model DIR [--system TEXT] [--no-think] [sampling options]\n"
+    "Interactive chat: each line read from stdin is one user message (pipes work: one turn per\n"
+    "line, EOF ends). The conversation is rendered through the model's chat template with\n"
+    "add_generation_prompt=true each turn; only tokens not already in the KV cache are run.\n"
+    "Replies stream to stdout, one per turn, ending with a newline. Thinking (text between <think>\n"
+    "and </think>) is shown dimmed on a terminal; when stdout is not a terminal it goes to stderr,\n"
+    "prefixed \"[thinking] \", so stdout holds only the answers. A reply ends at an eos id of the\n"
+    "model or at <|user|>, <|observation|> or <|endoftext|>. When the context is full the reply\n"
+    "is cut (said on stderr); when the conversation no longer fits, the oldest messages are dropped\n"
+    "(said on stderr).\n"
+    "  --system TEXT        a system message at the start of the conversation\n"
+    "  --no-think           render with enable_thinking=false (no thinking)\n"
+    "  --hide-thinking      do not show the thinking at all\n"
+    "  -n N                 most tokens per reply (default -1: until eos or the context is full)\n"
+    "  --ctx N              context size in tokens (default 4096, capped at max_position_embeddings)\n"
+    "  --template FILE      the Jinja chat template (default: the model folder's\n"
+    "                       chat_template.jinja or tokenizer_config.json chat_template)\n"
+    "  --tokenizer FILE     tokenizer.json (default: DIR/tokenizer.json)\n"
+    "  -v, --verbose        per-turn token counts, cache reuse and speed on stderr\n" CLI_SAMPLING_OPTS_HELP
+    CLI_MODEL_OPTS_HELP
+    "The bundled tests/data/tiny model has random weights: its replies are gibberish by design.\n";
+
+typedef struct { char *p; size_t n, cap; int oom; } sbuf;
+static void sb_add(sbuf *b, const char *s, size_t n) {
+    if (b->oom) return;
+    if (b->n + n + 1 > b->cap) {
+        size_t c = b->cap ? b->cap : 256;
+        while (c < b->n + n + 1) c *= 2;
+        char *q = realloc(b->p, c);
+        if (!q) { b->oom = 1; return; }
+        b->p = q;
+        b->cap = c;
+    }
+    memcpy(b->p + b->n, s, n);
+    b->n += n;
+    b->p[b->n] = 0;
+}
+
+typedef struct {
+    int tty;            /* stdout is a terminal: thinking dimmed on stdout */
+    int hide_think;
+    int think_open;     /* a thinking segment is being shown */
+    int write_failed;
+    sbuf content, reasoning;
+    chat_split cs;
+} turn_out;
+
+static void close_think(turn_out *o) {
+    if (!o->think_open) return;
+    if (o->tty) fputs("\033[0m\n", stdout);
+    else fputc('\n', stderr);
+    o->think_open = 0;
+}
+
+static void on_split(void *user, int thinking, const char *b, size_t n) {
+    turn_out *o = user;
+    sb_add(thinking ? &o->reasoning : &o->content, b, n);
+    if (thinking) {
+        if (o->hide_think) return;
+        FILE *f = o->tty ? stdout : stderr;
+        if (!o->think_open) {
+            fputs(o->tty ? "\033[2m" : "[thinking] ", f);
+            o->think_open = 1;
+        }
+        fwrite(b, 1, n, f);
+        fflush(f);
+        return;
+    }
+    close_think(o);
+    if (fwrite(b, 1, n, stdout) != n) o->write_failed = 1;
+}
+
+static int on_piece(void *user, int32_t id, const char *b, size_t n) {
+    turn_out *o = user;
+    chat_split_piece(&o->cs, id, b, n, on_split, o);
+    if (fflush(stdout) != 0) o->write_failed = 1;
+    return o->write_failed;
+}
+
+static char *slurp(const char *path, size_t *len, petrel_error *err) {
+    char *s = NULL;
+    return pt_read_file(path, 64u << 20, &s, len, err) < 0 ? NULL : s;
+}
+
+/* Renders the conversation and encodes it, dropping the oldest non-system messages while it
+ * does not fit in ctx - 1 tokens (room for at least one reply token). */
+static int build_prompt(const jinja_template *t, const tokenizer *tok, cJSON *msgs, int think, int ctx,
+                        int32_t **ids, size_t *n, int *in_think, petrel_error *err) {
+    int dropped = 0;
+    for (;;) {
+        char *text = NULL;
+        size_t tl = 0;
+        int rc = chat_render(t, msgs, 1, think, &text, &tl, err);
+        if (rc < 0) return rc;
+        *in_think = chat_ends_in_think(text, tl);
+        rc = tok_encode(tok, text, tl, ids, n, err);
+        free(text);
+        if (rc < 0) return rc;
+        if (*n < (size_t)ctx) break;
+        /* too long: drop the first message that is not a system message, unless it is the last */
+        int sz = cJSON_GetArraySize(msgs), k = 0;
+        while (k < sz) {
+            const cJSON *r = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(msgs, k), "role");
+            if (!cJSON_IsString(r) || strcmp(r->valuestring, "system")) break;
+            k++;
+        }
+        if (k >= sz - 1) {
+            size_t have = *n;
+            free(*ids);
+            *ids = NULL;
+            return pt_err(err, PETREL_ERANGE, "context full: the message needs %zu tokens but the context holds %d (raise --ctx)", have, ctx);
+        }
+        free(*ids);
+        *ids = NULL;
+        cJSON_DeleteItemFromArray(msgs, k);
+        dropped++;
+    }
+    if (dropped) fprintf(stderr, "petrel chat: context full: dropped the %d oldest message%s\n", dropped, dropped > 1 ? "s" : "");
+    return 0;
+}
+
+CLI_CMD(chat) {
+    cli_model_opts mo = {0};
+    sampler_params sp;
+    sampler_params_default(&sp);
+    const char *tok_opt = NULL, *tmpl_path = NULL, *system = NULL;
+    long ngen = -1, ctx_opt = 4096;
+    int think = 1, hide = 0, verbose = 0, seed_set = 0;
+    for (int i = 1; i < argc; i++) {
+        int r = cli_model_opt(argc, argv, &i, &mo);
+        if (r == 0) r = cli_sampling_opt("chat", argc, argv, &i, &sp, &seed_set);
+        if (r < 0) return 1;
+        if (r) continue;
+        const char *a = argv[i];
+        int has = i + 1 < argc;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { fputs(usage, stdout); return 0; }
+        else if (!strcmp(a, "--no-think")) think = 0;
+        else if (!strcmp(a, "--hide-thinking")) hide = 1;
+        else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) verbose = 1;
+        else if (!strcmp(a, "--tokenizer") && has) tok_opt = argv[++i];
+        else if (!strcmp(a, "--template") && has) tmpl_path = argv[++i];
+        else if (!strcmp(a, "--system") && has) system = argv[++i];
+        else if ((!strcmp(a, "-n") || !strcmp(a, "--n") || !strcmp(a, "--max-tokens")) && has) {
+            if (cli_parse_int(argv[++i], -1, 1 << 30, &ngen)) return cli_fail("chat: -n: \"%s\" is not a count (or -1)", argv[i]);
+        } else if ((!strcmp(a, "--ctx") || !strcmp(a, "-c")) && has) {
+            if (cli_parse_int(argv[++i], 2, 1 << 30, &ctx_opt)) return cli_fail("chat: --ctx: \"%s\" is not a size >= 2", argv[i]);
+        } else return cli_fail("chat: unknown or incomplete option \"%s\" (petrel chat --help)", a);
+    }
+    if (!mo.model) return cli_fail("chat: --model is required");
+    if (!seed_set) sp.seed = cli_random_seed();
+    char tbuf[4096];
+    const char *tok_path = cli_tokenizer_path("chat", tok_opt, mo.model, tbuf, sizeof tbuf);
+    if (!tok_path) return 1;
+    struct stat stt;
+    if (!tmpl_path && (stat(mo.model, &stt) || !S_ISDIR(stt.st_mode)))
+        return cli_fail("chat: %s is not a model folder: give the chat template with --template FILE", mo.model);
+
+    petrel_error err = {0};
+    tokenizer *tok = NULL;
+    jinja_template *tmpl = NULL;
+    petrel_engine *eng = NULL;
+    cJSON *msgs = NULL;
+    gen_ctx g;
+    int have_gen = 0, rc = 0;
+    char *src = NULL, *line = NULL;
+    size_t sl = 0, lcap = 0;
+    turn_out o = {0};
+    if (tok_load(tok_path, &tok, &err) < 0) { rc = cli_fail_err("chat", &err); goto done; }
+    if (tmpl_path) src = slurp(tmpl_path, &sl, &err);
+    else if (jinja_load_chat_template(mo.model, &src, &sl, &err) < 0) src = NULL;
+    if (!src) { rc = cli_fail_err("chat", &err); goto done; }
+    if (jinja_compile(src, sl, &tmpl, &err) < 0) { rc = cli_fail_err("chat: chat template", &err); goto done; }
+    if (petrel_engine_open(mo.model, &mo.open, &eng, &err) < 0) { rc = cli_fail_err("chat", &err); goto done; }
+    int maxpos = petrel_engine_config(eng)->max_position_embeddings;
+    int ctx = ctx_opt < maxpos ? (int)ctx_opt : maxpos;
+    if (gen_init(&g, eng, tok, ctx, &sp, &err) < 0) { rc = cli_fail_err("chat", &err); goto done; }
+    have_gen = 1;
+    int32_t stops[3];
+    int n_stop = 0;
+    static const char *const stop_names[] = {"<|user|>", "<|observation|>", "<|endoftext|>"};
+    for (int k = 0; k < 3; k++) {
+        int32_t id = tok_token_to_id(tok, stop_names[k]);
+        if (id >= 0) stops[n_stop++] = id;
+    }
+    gen_opts go = {.max_tokens = (int)ngen, .stop_ids = stops, .n_stop = n_stop};
+    msgs = cJSON_CreateArray();
+    if (!msgs || (system && chat_add_message(msgs, "system", system, NULL, &err) < 0)) { rc = cli_fail("chat: out of memory"); goto done; }
+    int interactive = isatty(STDIN_FILENO);
+    o.tty = isatty(STDOUT_FILENO);
+    o.hide_think = hide;
+    if (verbose) fprintf(stderr, "petrel chat: context %d tokens, seed %llu\n", ctx, (unsigned long long)sp.seed);
+    for (;;) {
+        if (interactive) { fputs("> ", stderr); fflush(stderr); }
+        ssize_t ll = getline(&line, &lcap, stdin);
+        if (ll < 0) break;
+        while (ll > 0 && (line[ll - 1] == '\n' || line[ll - 1] == '\r')) line[--ll] = 0;
+        if (ll == 0) continue;
+        char *user_text = chat_utf8_clean(line, (size_t)ll);
+        if (!user_text) { rc = cli_fail("chat: out of memory"); break; }
+        int arc = chat_add_message(msgs, "user", user_text, NULL, &err);
+        free(user_text);
+        if (arc < 0) { rc = cli_fail_err("chat", &err); break; }
+        int32_t *ids = NULL;
+        size_t n = 0;
+        int in_think = 0;
+        if (build_prompt(tmpl, tok, msgs, think, ctx, &ids, &n, &in_think, &err) < 0) { rc = cli_fail_err("chat", &err); break; }
+        gen_stats st = {0};
+        int grc = gen_prompt(&g, ids, (int)n, &st, &err);
+        free(ids);
+        if (grc < 0) { rc = cli_fail_err("chat", &err); break; }
+        o.content.n = o.reasoning.n = 0;
+        if (o.content.p) o.content.p[0] = 0;
+        if (o.reasoning.p) o.reasoning.p[0] = 0;
+        o.think_open = 0;
+        chat_split_init(&o.cs, tok, in_think);
+        if (gen_generate(&g, &go, on_piece, &o, &st, &err) < 0) { close_think(&o); fputc('\n', stdout); rc = cli_fail_err("chat", &err); break; }
+        close_think(&o);
+        fputc('\n', stdout);
+        if (fflush(stdout) != 0 || o.write_failed) { rc = cli_fail("chat: writing to stdout failed"); break; }
+        if (o.content.oom || o.reasoning.oom) { rc = cli_fail("chat: out of memory"); break; }
+        if (st.stop == GEN_STOP_CONTEXT)
+            fprintf(stderr, "petrel chat: context full (%d tokens): the reply was cut off (raise --ctx)\n", ctx);
+        if (verbose)
+            fprintf(stderr, "petrel chat: prompt %d tokens (%d cached) in %.3f s; reply %d tokens in %.3f s (%.2f tok/s); stop: %s\n",
+                    st.n_prompt, st.n_reused, st.prompt_s, st.n_gen, st.gen_s, st.gen_s > 0 ? st.n_gen / st.gen_s : 0.0,
+                    gen_stop_name(st.stop));
+        /* the reply as text (stray bytes become U+FFFD so the next render still encodes) */
+        char *content = chat_utf8_clean(o.content.p ? o.content.p : "", o.content.n);
+        char *reasoning = chat_utf8_clean(o.reasoning.p ? o.reasoning.p : "", o.reasoning.n);
+        arc = content && reasoning ? chat_add_message(msgs, "assistant", content, o.reasoning.n || in_think ? reasoning : NULL, &err)
+                                   : pt_err(&err, PETREL_ENOMEM, "out of memory");
+        free(content);
+        free(reasoning);
+        if (arc < 0) { rc = cli_fail_err("chat", &err); break; }
+    }
+    if (!rc && ferror(stdin)) rc = cli_fail("chat: reading stdin failed");
+done:
+    free(line);
+    free(src);
+    free(o.content.p);
+    free(o.reasoning.p);
+    cJSON_Delete(msgs);
+    if (have_gen) gen_free(&g);
+    petrel_engine_close(eng);
+    jinja_free(tmpl);
+    tok_free(tok);
+    return rc;
+}

@@ -1,0 +1,259 @@
+/* cmd_run.c: `petrel run` generates text after a prompt and streams it to stdout as it is
+ * produced (whole UTF-8 characters only). The prompt is raw completion text by default; --chat
+ * wraps it as one user message through the model's chat template. Also holds the sampling-option
+ * parser and tokenizer lookup shared with `petrel chat`. */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "base/err.h"
+#include "cli.h"
+#include "model/config.h"
+#include "runtime/chat.h"
+#include "runtime/generate.h"
+#include "runtime/sampler.h"
+#include "text/jinja.h"
+#include "text/tokenizer.h"
+
+static const char *usage =
+    "usage: petrel run --model DIR -p TEXT [-n N] [sampling options] [--chat] [-v]\n"
+    "Streams the text generated after TEXT to stdout as it is produced. stdout holds exactly the\n"
+    "generated text (a newline is added at the end only when stdout is a terminal); the prompt is\n"
+    "not echoed. Generation stops at the model's eos ids (config.json + generation_config.json),\n"
+    "after N tokens, or when the model's max_position_embeddings is reached.\n"
+    "By default TEXT is a raw completion prompt: it is tokenized as is (special tokens such as\n"
+    "<|user|> written in it are recognized; nothing is added). With --chat, TEXT becomes one user\n"
+    "message rendered through the model's chat template (add_generation_prompt=true).\n"
+    "  -p, --prompt TEXT    the prompt ('-' reads it from stdin)\n"
+    "  -n N                 most tokens to generate (default 128; -1 = until eos or full context)\n"
+    "  --raw                use TEXT as is, no chat template (the default; cancels --chat)\n"
+    "  --chat               wrap TEXT as a user message through the chat template\n"
+    "  --system TEXT        with --chat: a system message before it\n"
+    "  --no-think           with --chat: render with enable_thinking=false\n"
+    "  --template FILE      with --chat: the Jinja chat template (default: the model folder's\n"
+    "                       chat_template.jinja or tokenizer_config.json chat_template)\n"
+    "  --tokenizer FILE     tokenizer.json (default: DIR/tokenizer.json)\n"
+    "  -v, --verbose        prompt size, seed, speed and stop reason on stderr\n" CLI_SAMPLING_OPTS_HELP
+    CLI_MODEL_OPTS_HELP
+    "The bundled tests/data/tiny model has random weights: its text is gibberish by design.\n";
+
+/* ---- shared with cmd_chat.c ---- */
+
+static int parse_float(const char *s, double lo, double hi, float *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || *end || errno || !isfinite(v) || v < lo || v > hi) return -1;
+    *out = (float)v;
+    return 0;
+}
+
+int cli_sampling_opt(const char *cmd, int argc, char **argv, int *i, struct sampler_params *sp,
+                     int *seed_set) {
+    const char *a = argv[*i];
+    static const char *const names[] = {"--temp", "--temperature", "--top-k", "--top-p", "--min-p",
+                                        "--repeat-penalty", "--presence-penalty", "--frequency-penalty",
+                                        "--repeat-last-n", "--seed"};
+    int k = -1;
+    for (int j = 0; j < (int)(sizeof names / sizeof names[0]); j++)
+        if (!strcmp(a, names[j])) k = j;
+    if (k < 0) return 0;
+    if (*i + 1 >= argc) { cli_fail("%s: %s needs a value", cmd, a); return -1; }
+    const char *v = argv[++*i];
+    long n = 0;
+    int bad = 0;
+    switch (k) {
+    case 0: case 1: bad = parse_float(v, 0, 1e6, &sp->temperature); break;
+    case 2: bad = cli_parse_int(v, 0, 1L << 30, &n); sp->top_k = (int)n; break;
+    case 3: bad = parse_float(v, 0, 1, &sp->top_p); if (!bad && sp->top_p <= 0) bad = 1; break;
+    case 4: bad = parse_float(v, 0, 1, &sp->min_p); break;
+    case 5: bad = parse_float(v, 1e-6, 1e6, &sp->repeat_penalty); break;
+    case 6: bad = parse_float(v, -1e6, 1e6, &sp->presence_penalty); break;
+    case 7: bad = parse_float(v, -1e6, 1e6, &sp->frequency_penalty); break;
+    case 8: bad = cli_parse_int(v, 0, 1 << 24, &n); sp->penalty_last_n = (int)n; break;
+    case 9: {
+        char *end;
+        errno = 0;
+        unsigned long long s = strtoull(v, &end, 0);
+        bad = end == v || *end || errno || v[0] == '-';
+        sp->seed = s;
+        if (seed_set) *seed_set = 1;
+        break;
+    }
+    }
+    if (bad) {
+        static const char *const want[] = {"a number >= 0", "a number >= 0", "an integer >= 0", "a number in (0, 1]",
+                                           "a number in [0, 1]", "a number > 0", "a number", "a number",
+                                           "an integer >= 0", "an unsigned integer"};
+        cli_fail("%s: %s: \"%s\" is not %s", cmd, a, v, want[k]);
+        return -1;
+    }
+    return 1;
+}
+
+uint64_t cli_random_seed(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t x = (uint64_t)ts.tv_sec * 1000000007ULL ^ (uint64_t)ts.tv_nsec ^ ((uint64_t)getpid() << 32);
+    x ^= x >> 31;
+    x *= 0x9e3779b97f4a7c15ULL;
+    return x ^ (x >> 29);
+}
+
+const char *cli_tokenizer_path(const char *cmd, const char *tok_opt, const char *model, char *buf,
+                               size_t bufsz) {
+    struct stat st;
+    if (tok_opt) {
+        if (stat(tok_opt, &st) || !S_ISREG(st.st_mode)) {
+            cli_fail("%s: --tokenizer %s: no such file", cmd, tok_opt);
+            return NULL;
+        }
+        return tok_opt;
+    }
+    if (stat(model, &st) || !S_ISDIR(st.st_mode)) {
+        cli_fail("%s: %s is not a model folder: give the tokenizer with --tokenizer FILE", cmd, model);
+        return NULL;
+    }
+    snprintf(buf, bufsz, "%s/tokenizer.json", model);
+    if (stat(buf, &st) || !S_ISREG(st.st_mode)) {
+        cli_fail("%s: no tokenizer: %s does not exist (give one with --tokenizer FILE)", cmd, buf);
+        return NULL;
+    }
+    return buf;
+}
+
+/* ---- run ---- */
+
+typedef struct { int write_failed; } run_out;
+
+static int on_piece(void *user, int32_t id, const char *b, size_t n) {
+    (void)id;
+    run_out *o = user;
+    if (n && fwrite(b, 1, n, stdout) != n) o->write_failed = 1;
+    if (fflush(stdout) != 0) o->write_failed = 1;
+    return o->write_failed;
+}
+
+static char *read_stdin(size_t *len) {
+    size_t cap = 4096, n = 0;
+    char *b = malloc(cap + 1);
+    while (b) {
+        if (n == cap) {
+            char *nb = realloc(b, cap * 2 + 1);
+            if (!nb) { free(b); return NULL; }
+            b = nb;
+            cap *= 2;
+        }
+        size_t k = fread(b + n, 1, cap - n, stdin);
+        n += k;
+        if (k == 0) break;
+    }
+    if (!b || ferror(stdin)) { free(b); return NULL; }
+    b[n] = 0;
+    *len = n;
+    return b;
+}
+
+/* Renders TEXT as one user message (after an optional system message) through the template. */
+static int chat_wrap(const char *tmpl_path, const char *model, const char *system, const char *text,
+                     int think, char **out, size_t *out_len, petrel_error *err) {
+    char *src = NULL;
+    size_t sl = 0;
+    int rc;
+    if (tmpl_path) rc = pt_read_file(tmpl_path, 64u << 20, &src, &sl, err);
+    else rc = jinja_load_chat_template(model, &src, &sl, err);
+    if (rc < 0) return rc;
+    jinja_template *t = NULL;
+    rc = jinja_compile(src, sl, &t, err);
+    free(src);
+    if (rc < 0) return rc;
+    cJSON *msgs = cJSON_CreateArray();
+    rc = msgs ? 0 : pt_err(err, PETREL_ENOMEM, "out of memory");
+    if (!rc && system) rc = chat_add_message(msgs, "system", system, NULL, err);
+    if (!rc) rc = chat_add_message(msgs, "user", text, NULL, err);
+    if (!rc) rc = chat_render(t, msgs, 1, think, out, out_len, err);
+    cJSON_Delete(msgs);
+    jinja_free(t);
+    return rc;
+}
+
+CLI_CMD(run) {
+    cli_model_opts mo = {0};
+    sampler_params sp;
+    sampler_params_default(&sp);
+    const char *prompt = NULL, *tok_opt = NULL, *tmpl_path = NULL, *system = NULL;
+    long ngen = 128;
+    int chat = 0, think = 1, verbose = 0, seed_set = 0;
+    for (int i = 1; i < argc; i++) {
+        int r = cli_model_opt(argc, argv, &i, &mo);
+        if (r == 0) r = cli_sampling_opt("run", argc, argv, &i, &sp, &seed_set);
+        if (r < 0) return 1;
+        if (r) continue;
+        const char *a = argv[i];
+        int has = i + 1 < argc;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { fputs(usage, stdout); return 0; }
+        else if (!strcmp(a, "--raw")) chat = 0;
+        else if (!strcmp(a, "--chat")) chat = 1;
+        else if (!strcmp(a, "--no-think")) think = 0;
+        else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) verbose = 1;
+        else if ((!strcmp(a, "-p") || !strcmp(a, "--prompt")) && has) prompt = argv[++i];
+        else if (!strcmp(a, "--tokenizer") && has) tok_opt = argv[++i];
+        else if (!strcmp(a, "--template") && has) tmpl_path = argv[++i];
+        else if (!strcmp(a, "--system") && has) system = argv[++i];
+        else if ((!strcmp(a, "-n") || !strcmp(a, "--n") || !strcmp(a, "--max-tokens")) && has) {
+            if (cli_parse_int(argv[++i], -1, 1 << 30, &ngen)) return cli_fail("run: -n: \"%s\" is not a count (or -1)", argv[i]);
+        } else return cli_fail("run: unknown or incomplete option \"%s\" (petrel run --help)", a);
+    }
+    if (!mo.model) return cli_fail("run: --model is required");
+    if (!prompt) return cli_fail("run: -p TEXT is required (the prompt)");
+    if (!seed_set) sp.seed = cli_random_seed();
+    char tbuf[4096];
+    const char *tok_path = cli_tokenizer_path("run", tok_opt, mo.model, tbuf, sizeof tbuf);
+    if (!tok_path) return 1;
+
+    petrel_error err = {0};
+    char *stdin_text = NULL, *rendered = NULL;
+    size_t plen = 0;
+    if (!strcmp(prompt, "-")) {
+        stdin_text = read_stdin(&plen);
+        if (!stdin_text) return cli_fail("run: reading the prompt from stdin failed");
+        prompt = stdin_text;
+    } else plen = strlen(prompt);
+    tokenizer *tok = NULL;
+    petrel_engine *eng = NULL;
+    int rc = 0;
+    if (tok_load(tok_path, &tok, &err) < 0) rc = cli_fail_err("run", &err);
+    if (!rc && chat) {
+        if (chat_wrap(tmpl_path, mo.model, system, prompt, think, &rendered, &plen, &err) < 0) rc = cli_fail_err("run", &err);
+        else prompt = rendered;
+    }
+    if (!rc && petrel_engine_open(mo.model, &mo.open, &eng, &err) < 0) rc = cli_fail_err("run", &err);
+    if (!rc) {
+        if (verbose) fprintf(stderr, "petrel run: seed %llu\n", (unsigned long long)sp.seed);
+        gen_opts go = {.max_tokens = (int)ngen};
+        gen_stats st = {0};
+        run_out o = {0};
+        if (generate_text(eng, tok, prompt, plen, &sp, &go, on_piece, &o, &st, &err) < 0) rc = cli_fail_err("run", &err);
+        else if (o.write_failed) rc = cli_fail("run: writing to stdout failed");
+        else {
+            if (isatty(STDOUT_FILENO)) fputc('\n', stdout);
+            fflush(stdout);
+            if (st.stop == GEN_STOP_CONTEXT)
+                fprintf(stderr, "petrel run: stopped: the context is full (%d prompt + %d generated tokens)\n", st.n_prompt, st.n_gen);
+            if (verbose) {
+                fprintf(stderr, "petrel run: prompt %d tokens in %.3f s (%.1f tok/s); generated %d tokens in %.3f s (%.2f tok/s); stop: %s\n",
+                        st.n_prompt, st.prompt_s, st.prompt_s > 0 ? st.n_prompt / st.prompt_s : 0.0, st.n_gen, st.gen_s,
+                        st.gen_s > 0 ? st.n_gen / st.gen_s : 0.0, gen_stop_name(st.stop));
+            }
+        }
+    }
+    petrel_engine_close(eng);
+    tok_free(tok);
+    free(rendered);
+    free(stdin_text);
+    return rc;
+}

@@ -1,0 +1,281 @@
+/* io.c: the expert store's I/O pool. One thread drives an io_uring (queue depth 64) or, where
+ * io_uring cannot be set up, 1-2 threads issue pread. O_DIRECT is used when the file system
+ * accepts it (probed at open with one aligned read), else the page cache is used.
+ *
+ * The fault seam: every completed read attempt, from either backend, goes through
+ * read_finished(), which consults xs_io_fault_hook (tests inject errors, short reads, delays).
+ * A failed or short attempt is retried up to `retries` times, then the request fails with
+ * "expert L/E ..." in its msg. Every successful read is checked with XXH64 (unless verify is
+ * off); a mismatch fails the request as "expert L/E checksum mismatch" (not retried: the bytes
+ * on disk are wrong). done() is called exactly once per request. */
+#include "experts/xs_io.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <liburing.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "base/err.h"
+
+xs_fault_fn xs_io_fault_hook;
+void *xs_io_fault_ctx;
+
+#define QD 64
+
+struct xs_io {
+    int fd, own_fd, direct, uring;
+    int retries, verify;
+    xs_io_done_fn done;
+    void *ctx;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    xs_ioreq *head, *tail;   /* pending, FIFO */
+    int stop;
+    int n_threads;
+    pthread_t th[2];
+    struct io_uring ring;
+};
+
+int xs_io_direct(const xs_io *io) { return io->direct; }
+int xs_io_uring(const xs_io *io) { return io->uring; }
+
+/* 1: retry the request; 0: finished (done() called). */
+static int read_finished(xs_io *io, xs_ioreq *r, int64_t res) {
+    xs_fault f = {0};
+    if (xs_io_fault_hook) xs_io_fault_hook(xs_io_fault_ctx, r->layer, r->expert, r->attempt, &f);
+    if (f.delay_ns) {
+        struct timespec ts = {(time_t)(f.delay_ns / 1000000000u), (long)(f.delay_ns % 1000000000u)};
+        while (nanosleep(&ts, &ts) && errno == EINTR) {}
+    }
+    if (f.kind == XS_FAULT_ERROR) res = -(f.err_no ? f.err_no : EIO);
+    else if (f.kind == XS_FAULT_SHORT && res > (int64_t)f.short_bytes) res = (int64_t)f.short_bytes;
+    if (res < 0 || (uint64_t)res < r->bytes) {
+        if (r->attempt < io->retries) {
+            r->attempt++;
+            return 1;
+        }
+        r->status = PETREL_EIO;
+        if (res < 0)
+            snprintf(r->msg, sizeof r->msg, "expert %d/%d read failed at offset %llu (%llu bytes, %d attempts): %s",
+                     r->layer, r->expert, (unsigned long long)r->off, (unsigned long long)r->bytes, r->attempt + 1,
+                     strerror((int)-res));
+        else
+            snprintf(r->msg, sizeof r->msg, "expert %d/%d short read at offset %llu: %lld of %llu bytes (%d attempts)",
+                     r->layer, r->expert, (unsigned long long)r->off, (long long)res, (unsigned long long)r->bytes,
+                     r->attempt + 1);
+    } else if (io->verify && XXH64(r->buf, (size_t)r->bytes, 0) != r->xxh) {
+        r->status = PETREL_EFORMAT;
+        r->checksum_bad = 1;
+        snprintf(r->msg, sizeof r->msg, "expert %d/%d checksum mismatch (offset %llu, %llu bytes): the file is corrupt",
+                 r->layer, r->expert, (unsigned long long)r->off, (unsigned long long)r->bytes);
+    } else {
+        r->status = 0;
+    }
+    io->done(io->ctx, r);
+    return 0;
+}
+
+/* pread until len bytes, EOF or an error (a pread may legally return less than asked). */
+static int64_t pread_all(int fd, uint8_t *buf, uint64_t len, uint64_t off) {
+    uint64_t got = 0;
+    while (got < len) {
+        ssize_t n = pread(fd, buf + got, (size_t)(len - got), (off_t)(off + got));
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            return -errno;
+        }
+        if (n == 0) break;
+        got += (uint64_t)n;
+    }
+    return (int64_t)got;
+}
+
+static xs_ioreq *pop_locked(xs_io *io) {
+    xs_ioreq *r = io->head;
+    if (r) {
+        io->head = r->next;
+        if (!io->head) io->tail = NULL;
+        r->next = NULL;
+    }
+    return r;
+}
+
+static void *pread_thread(void *arg) {
+    xs_io *io = arg;
+    for (;;) {
+        pthread_mutex_lock(&io->mu);
+        while (!io->head && !io->stop) pthread_cond_wait(&io->cv, &io->mu);
+        xs_ioreq *r = pop_locked(io);
+        pthread_mutex_unlock(&io->mu);
+        if (!r) return NULL; /* stop with an empty queue */
+        while (read_finished(io, r, pread_all(io->fd, r->buf, r->len, r->off))) {}
+    }
+}
+
+static void *uring_thread(void *arg) {
+    xs_io *io = arg;
+    xs_ioreq *local = NULL, *ltail = NULL; /* taken from the queue, not yet submitted (or retries) */
+    int inflight = 0;
+    for (;;) {
+        pthread_mutex_lock(&io->mu);
+        while (!io->head && !local && !inflight && !io->stop) pthread_cond_wait(&io->cv, &io->mu);
+        if (io->stop && !io->head && !local && !inflight) {
+            pthread_mutex_unlock(&io->mu);
+            return NULL;
+        }
+        if (io->head) { /* take everything pending */
+            if (ltail) ltail->next = io->head;
+            else local = io->head;
+            ltail = io->tail;
+            io->head = io->tail = NULL;
+        }
+        pthread_mutex_unlock(&io->mu);
+        int queued = 0;
+        while (local && inflight < QD) {
+            struct io_uring_sqe *sqe = io_uring_get_sqe(&io->ring);
+            if (!sqe) break;
+            xs_ioreq *r = local;
+            local = r->next;
+            if (!local) ltail = NULL;
+            r->next = NULL;
+            io_uring_prep_read(sqe, io->fd, r->buf, (unsigned)r->len, r->off);
+            io_uring_sqe_set_data(sqe, r);
+            inflight++;
+            queued++;
+        }
+        /* a failed submit (EAGAIN/EBUSY) leaves the SQEs queued; the next submit retries them */
+        if (queued) (void)io_uring_submit(&io->ring);
+        if (!inflight) continue;
+        /* Wait briefly so new requests queued meanwhile are picked up soon. */
+        struct io_uring_cqe *cqe;
+        struct __kernel_timespec ts = {0, 100000};
+        int rc = io_uring_wait_cqe_timeout(&io->ring, &cqe, &ts);
+        if (rc < 0 && rc != -ETIME && rc != -EINTR) continue;
+        unsigned head, n = 0;
+        io_uring_for_each_cqe(&io->ring, head, cqe) {
+            xs_ioreq *r = io_uring_cqe_get_data(cqe);
+            int64_t res = cqe->res;
+            n++;
+            inflight--;
+            /* a short read of a regular file before EOF: finish it with pread (rare) */
+            if (res >= 0 && (uint64_t)res < r->len && (uint64_t)res < r->bytes) {
+                int64_t more = pread_all(io->fd, r->buf + res, r->len - (uint64_t)res, r->off + (uint64_t)res);
+                res = more < 0 ? more : res + more;
+            }
+            if (read_finished(io, r, res)) { /* retry: back to the local queue's front */
+                r->next = local;
+                local = r;
+                if (!ltail) ltail = r;
+            }
+        }
+        io_uring_cq_advance(&io->ring, n);
+    }
+}
+
+/* O_DIRECT works if the open and one aligned read succeed. */
+static int probe_direct(const char *path) {
+    int fd = open(path, O_RDONLY | O_DIRECT | O_CLOEXEC);
+    if (fd < 0) return -1;
+    void *buf = NULL;
+    if (posix_memalign(&buf, XS_ALIGN, XS_ALIGN)) {
+        close(fd);
+        return -1;
+    }
+    ssize_t n = pread(fd, buf, XS_ALIGN, 0);
+    free(buf);
+    if (n < 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+int xs_io_open(xs_io **out, const char *path, int fd, int mode, int backend, int threads, int retries, int verify,
+               xs_io_done_fn done, void *ctx, petrel_error *err) {
+    *out = NULL;
+    xs_io *io = calloc(1, sizeof *io);
+    if (!io) return pt_err(err, PETREL_ENOMEM, "expert I/O: out of memory");
+    io->retries = retries < 0 ? 0 : retries;
+    io->verify = verify;
+    io->done = done;
+    io->ctx = ctx;
+    io->fd = -1;
+    if (path) {
+        if (mode != XS_IO_BUFFERED) {
+            io->fd = probe_direct(path);
+            if (io->fd >= 0) io->direct = 1;
+            else if (mode == XS_IO_DIRECT) {
+                free(io);
+                return pt_err(err, PETREL_EUNSUPPORTED, "expert file %s: O_DIRECT not supported here: %s", path,
+                              strerror(errno));
+            }
+        }
+        if (io->fd < 0) io->fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (io->fd < 0) {
+            int e = errno;
+            free(io);
+            return pt_err(err, PETREL_EIO, "cannot open expert file %s: %s", path, strerror(e));
+        }
+        io->own_fd = 1;
+    } else {
+        if (mode == XS_IO_DIRECT) {
+            free(io);
+            return pt_err(err, PETREL_EINVAL, "expert I/O: O_DIRECT needs a path (the store opens its own fd)");
+        }
+        io->fd = fd;
+    }
+    pthread_mutex_init(&io->mu, NULL);
+    pthread_cond_init(&io->cv, NULL);
+    if (backend != XS_BACKEND_PREAD && io_uring_queue_init(QD, &io->ring, 0) == 0) io->uring = 1;
+    else if (backend == XS_BACKEND_URING) {
+        xs_io_close(io);
+        return pt_err(err, PETREL_EUNSUPPORTED, "expert I/O: io_uring could not be set up");
+    }
+    io->n_threads = io->uring ? 1 : (threads == 2 ? 2 : 1);
+    for (int i = 0; i < io->n_threads; i++)
+        if (pthread_create(&io->th[i], NULL, io->uring ? uring_thread : pread_thread, io)) {
+            io->n_threads = i;
+            xs_io_close(io);
+            return pt_err(err, PETREL_ENOMEM, "expert I/O: cannot start a thread");
+        }
+    *out = io;
+    return 0;
+}
+
+void xs_io_submit(xs_io *io, xs_ioreq **reqs, int n) {
+    if (n <= 0) return;
+    pthread_mutex_lock(&io->mu);
+    for (int i = 0; i < n; i++) {
+        xs_ioreq *r = reqs[i];
+        r->next = NULL;
+        r->attempt = 0;
+        r->status = 0;
+        r->checksum_bad = 0;
+        r->msg[0] = 0;
+        if (io->tail) io->tail->next = r;
+        else io->head = r;
+        io->tail = r;
+    }
+    pthread_cond_broadcast(&io->cv);
+    pthread_mutex_unlock(&io->mu);
+}
+
+void xs_io_close(xs_io *io) {
+    if (!io) return;
+    pthread_mutex_lock(&io->mu);
+    io->stop = 1;
+    pthread_cond_broadcast(&io->cv);
+    pthread_mutex_unlock(&io->mu);
+    for (int i = 0; i < io->n_threads; i++) pthread_join(io->th[i], NULL);
+    if (io->uring) io_uring_queue_exit(&io->ring);
+    if (io->own_fd) close(io->fd);
+    pthread_mutex_destroy(&io->mu);
+    pthread_cond_destroy(&io->cv);
+    free(io);
+}

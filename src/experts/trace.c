@@ -1,0 +1,277 @@
+/* trace.c: expert-routing traces and offline policy replay.
+ * Format (text, same as /work/shared/traces): a header
+ *   # petrel-trace v1 layers=L experts=E topk=K tokens=T [other key=value ...]
+ * then one line per (token, layer): `token layer e1 ... ek`, ids ascending and distinct.
+ * Invariants: ids[] holds n_tokens * n_layers * topk entries, -1 where a (token, layer) has no
+ * line. Replay is cold-start, demand-filled (every requested expert ends up resident), and never
+ * evicts one of the current token's experts, for the policy, for LRU and for Belady alike, so
+ * the three hit counts are comparable; Belady/MIN (evict the expert whose next use is farthest)
+ * is the optimum for that model. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/err.h"
+#include "experts/xs.h"
+
+int xs_trace_init(xs_trace *t, int n_layers, int n_experts, int topk) {
+    memset(t, 0, sizeof *t);
+    if (n_layers <= 0 || n_experts <= 0 || n_experts > 32767 || topk <= 0 || topk > n_experts) return PETREL_EINVAL;
+    t->n_layers = n_layers;
+    t->n_experts = n_experts;
+    t->topk = topk;
+    return 0;
+}
+
+void xs_trace_deinit(xs_trace *t) {
+    free(t->ids);
+    memset(t, 0, sizeof *t);
+}
+
+static int reserve(xs_trace *t, int tokens, petrel_error *err) {
+    if (tokens <= t->cap_tokens) return 0;
+    int cap = t->cap_tokens ? t->cap_tokens : 256;
+    while (cap < tokens) cap *= 2;
+    size_t per = (size_t)t->n_layers * (size_t)t->topk;
+    int16_t *n = realloc(t->ids, sizeof(int16_t) * per * (size_t)cap);
+    if (!n) return pt_err(err, PETREL_ENOMEM, "trace: out of memory for %d tokens", cap);
+    for (size_t i = per * (size_t)t->cap_tokens; i < per * (size_t)cap; i++) n[i] = -1;
+    t->ids = n;
+    t->cap_tokens = cap;
+    return 0;
+}
+
+int xs_trace_add(xs_trace *t, int token, int layer, const int32_t *ids, int k, petrel_error *err) {
+    if (token < 0 || token > t->n_tokens || (token < t->n_tokens - 1))
+        return pt_err(err, PETREL_EINVAL, "trace: token %d out of order (have %d)", token, t->n_tokens);
+    if (layer < 0 || layer >= t->n_layers || k <= 0 || k > t->topk)
+        return pt_err(err, PETREL_EINVAL, "trace: layer %d / k %d out of range", layer, k);
+    PT_TRY(reserve(t, token + 1, err));
+    if (token == t->n_tokens) t->n_tokens++;
+    int16_t *d = t->ids + ((size_t)token * t->n_layers + layer) * t->topk;
+    for (int i = 0; i < t->topk; i++) d[i] = -1;
+    /* stored ascending (insertion sort of k <= topk ids) */
+    for (int i = 0; i < k; i++) {
+        if (ids[i] < 0 || ids[i] >= t->n_experts) return pt_err(err, PETREL_EINVAL, "trace: expert %d out of range", ids[i]);
+        int j = i;
+        while (j > 0 && d[j - 1] > ids[i]) { d[j] = d[j - 1]; j--; }
+        d[j] = (int16_t)ids[i];
+    }
+    return 0;
+}
+
+int xs_trace_write(const xs_trace *t, const char *path, petrel_error *err) {
+    FILE *f = fopen(path, "w");
+    if (!f) return pt_err(err, PETREL_EIO, "trace: cannot create %s: %s", path, strerror(errno));
+    fprintf(f, "# petrel-trace v1 layers=%d experts=%d topk=%d tokens=%d\n", t->n_layers, t->n_experts, t->topk,
+            t->n_tokens);
+    for (int tok = 0; tok < t->n_tokens; tok++)
+        for (int l = 0; l < t->n_layers; l++) {
+            const int16_t *d = t->ids + ((size_t)tok * t->n_layers + l) * t->topk;
+            if (d[0] < 0) continue;
+            fprintf(f, "%d %d", tok, l);
+            for (int k = 0; k < t->topk && d[k] >= 0; k++) fprintf(f, " %d", d[k]);
+            fputc('\n', f);
+        }
+    int bad = ferror(f);
+    if (fclose(f) || bad) return pt_err(err, PETREL_EIO, "trace: write error on %s", path);
+    return 0;
+}
+
+static int header_int(const char *line, const char *key, int *out) {
+    const char *p = strstr(line, key);
+    if (!p) return -1;
+    char *end;
+    long v = strtol(p + strlen(key), &end, 10);
+    if (end == p + strlen(key) || v <= 0 || v > 100000000) return -1;
+    *out = (int)v;
+    return 0;
+}
+
+int xs_trace_read(xs_trace *t, const char *path, petrel_error *err) {
+    memset(t, 0, sizeof *t);
+    FILE *f = fopen(path, "r");
+    if (!f) return pt_err(err, PETREL_EIO, "trace: cannot open %s: %s", path, strerror(errno));
+    char line[4096];
+    int L, E, K, T, rc = 0;
+    long ln = 1;
+    if (!fgets(line, sizeof line, f) || strncmp(line, "# petrel-trace v1", 17) || header_int(line, " layers=", &L) ||
+        header_int(line, " experts=", &E) || header_int(line, " topk=", &K) || header_int(line, " tokens=", &T)) {
+        fclose(f);
+        return pt_err(err, PETREL_EFORMAT,
+                      "trace %s: line 1 is not a '# petrel-trace v1 layers= experts= topk= tokens=' header%s", path,
+                      (unsigned char)line[0] == 0x1f ? " (gzip data: gunzip it first)" : "");
+    }
+    if (xs_trace_init(t, L, E, K)) {
+        fclose(f);
+        return pt_err(err, PETREL_EFORMAT, "trace %s: bad dimensions layers=%d experts=%d topk=%d", path, L, E, K);
+    }
+    if ((rc = reserve(t, T, err))) goto fail;
+    t->n_tokens = T;
+    while (fgets(line, sizeof line, f)) {
+        ln++;
+        if (line[0] == '#' || line[0] == '\n') continue;
+        char *p = line, *end;
+        long v[2 + 64];
+        int n = 0;
+        for (;;) {
+            long x = strtol(p, &end, 10);
+            if (end == p) break;
+            if (n >= 2 + K) { n = -1; break; }
+            v[n++] = x;
+            p = end;
+        }
+        while (*p == ' ' || *p == '\t' || *p == '\r' || *p == '\n') p++;
+        if (n < 3 || *p || v[0] < 0 || v[0] >= T || v[1] < 0 || v[1] >= L) {
+            rc = pt_err(err, PETREL_EFORMAT, "trace %s:%ld: expected 'token layer e1..e%d' within tokens=%d layers=%d",
+                        path, ln, K, T, L);
+            goto fail;
+        }
+        int16_t *d = t->ids + ((size_t)v[0] * L + v[1]) * K;
+        for (int i = 0; i < n - 2; i++) {
+            if (v[2 + i] < 0 || v[2 + i] >= E) {
+                rc = pt_err(err, PETREL_EFORMAT, "trace %s:%ld: expert %ld out of range", path, ln, v[2 + i]);
+                goto fail;
+            }
+            for (int j = 0; j < i; j++)
+                if (d[j] == v[2 + i]) {
+                    rc = pt_err(err, PETREL_EFORMAT, "trace %s:%ld: expert %ld repeated", path, ln, v[2 + i]);
+                    goto fail;
+                }
+            d[i] = (int16_t)v[2 + i];
+        }
+    }
+    fclose(f);
+    return 0;
+fail:
+    fclose(f);
+    xs_trace_deinit(t);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- replay */
+
+/* One layer through an xs_pol: returns hits. res/inres/cur are scratch [cap], [E], [E]. */
+static uint64_t replay_pol(const xs_trace *t, int layer, xs_pol *pol, int cap, int *res, uint8_t *inres,
+                           uint8_t *cur) {
+    int n_res = 0, K = t->topk;
+    uint64_t hits = 0;
+    memset(inres, 0, (size_t)t->n_experts);
+    for (int tok = 0; tok < t->n_tokens; tok++) {
+        const int16_t *d = t->ids + ((size_t)tok * t->n_layers + layer) * K;
+        if (d[0] < 0) continue;
+        xs_pol_begin(pol);
+        for (int k = 0; k < K && d[k] >= 0; k++) {
+            cur[d[k]] = 1;
+            xs_pol_use(pol, d[k]);
+        }
+        for (int k = 0; k < K && d[k] >= 0; k++) {
+            int e = d[k];
+            if (inres[e]) { hits++; continue; }
+            if (n_res < cap) {
+                res[n_res++] = e;
+                inres[e] = 1;
+                continue;
+            }
+            int vi = -1;
+            for (int i = 0; i < n_res; i++)
+                if (!cur[res[i]] && (vi < 0 || xs_pol_evict_before(pol, res[i], res[vi]))) vi = i;
+            inres[res[vi]] = 0;
+            res[vi] = e;
+            inres[e] = 1;
+        }
+        for (int k = 0; k < K && d[k] >= 0; k++) cur[d[k]] = 0;
+    }
+    return hits;
+}
+
+/* Belady/MIN for one layer. nextu: scratch [n_tokens * K] (next token using the same expert). */
+static uint64_t replay_belady(const xs_trace *t, int layer, int cap, int *res, uint8_t *inres, uint8_t *cur,
+                              int *nextpos, int *nextu, int *nu) {
+    int K = t->topk, E = t->n_experts, T = t->n_tokens, INF = 0x7fffffff;
+    for (int e = 0; e < E; e++) nextpos[e] = INF;
+    for (int tok = T - 1; tok >= 0; tok--) {
+        const int16_t *d = t->ids + ((size_t)tok * t->n_layers + layer) * K;
+        for (int k = 0; k < K && d[k] >= 0; k++) {
+            nextu[(size_t)tok * K + k] = nextpos[d[k]];
+            nextpos[d[k]] = tok;
+        }
+    }
+    memset(inres, 0, (size_t)E);
+    int n_res = 0;
+    uint64_t hits = 0;
+    for (int tok = 0; tok < T; tok++) {
+        const int16_t *d = t->ids + ((size_t)tok * t->n_layers + layer) * K;
+        if (d[0] < 0) continue;
+        for (int k = 0; k < K && d[k] >= 0; k++) cur[d[k]] = 1;
+        for (int k = 0; k < K && d[k] >= 0; k++) {
+            int e = d[k];
+            if (inres[e]) hits++;
+            else if (n_res < cap) {
+                res[n_res++] = e;
+                inres[e] = 1;
+            } else {
+                int vi = -1;
+                for (int i = 0; i < n_res; i++)
+                    if (!cur[res[i]] && (vi < 0 || nu[res[i]] > nu[res[vi]])) vi = i;
+                inres[res[vi]] = 0;
+                res[vi] = e;
+                inres[e] = 1;
+            }
+            nu[e] = nextu[(size_t)tok * K + k];
+        }
+        for (int k = 0; k < K && d[k] >= 0; k++) cur[d[k]] = 0;
+    }
+    return hits;
+}
+
+int xs_trace_replay(const xs_trace *t, const xs_policy_params *prm, int capacity, xs_replay_stats *st,
+                    petrel_error *err) {
+    memset(st, 0, sizeof *st);
+    st->capacity = capacity;
+    if (capacity < t->topk || capacity > t->n_experts)
+        return pt_err(err, PETREL_EINVAL, "replay: capacity %d must be in [topk %d, experts %d]", capacity, t->topk,
+                      t->n_experts);
+    int E = t->n_experts, K = t->topk;
+    int *res = malloc(sizeof(int) * (size_t)capacity);
+    uint8_t *inres = malloc((size_t)E), *cur = calloc((size_t)E, 1);
+    int *nextpos = malloc(sizeof(int) * (size_t)E), *nu = malloc(sizeof(int) * (size_t)E);
+    int *nextu = malloc(sizeof(int) * (size_t)(t->n_tokens ? t->n_tokens : 1) * (size_t)K);
+    int rc = 0;
+    if (!res || !inres || !cur || !nextpos || !nu || !nextu) {
+        rc = pt_err(err, PETREL_ENOMEM, "replay: out of memory");
+        goto out;
+    }
+    xs_policy_params lru;
+    xs_policy_defaults(&lru);
+    lru.kind = XS_POL_LRU;
+    lru.pin_frac = 0;
+    for (int l = 0; l < t->n_layers; l++) {
+        for (int tok = 0; tok < t->n_tokens; tok++) {
+            const int16_t *d = t->ids + ((size_t)tok * t->n_layers + l) * K;
+            for (int k = 0; k < K && d[k] >= 0; k++) st->accesses++;
+        }
+        xs_pol p;
+        if (xs_pol_init(&p, E, capacity, prm)) { rc = pt_err(err, PETREL_ENOMEM, "replay: out of memory"); goto out; }
+        st->policy_hits += replay_pol(t, l, &p, capacity, res, inres, cur);
+        xs_pol_deinit(&p);
+        if (xs_pol_init(&p, E, capacity, &lru)) { rc = pt_err(err, PETREL_ENOMEM, "replay: out of memory"); goto out; }
+        st->lru_hits += replay_pol(t, l, &p, capacity, res, inres, cur);
+        xs_pol_deinit(&p);
+        st->belady_hits += replay_belady(t, l, capacity, res, inres, cur, nextpos, nextu, nu);
+    }
+    double a = st->accesses ? (double)st->accesses : 1.0;
+    st->policy_rate = st->policy_hits / a;
+    st->lru_rate = st->lru_hits / a;
+    st->belady_rate = st->belady_hits / a;
+    st->policy_vs_belady = st->belady_hits ? (double)st->policy_hits / (double)st->belady_hits : 1.0;
+out:
+    free(res);
+    free(inres);
+    free(cur);
+    free(nextpos);
+    free(nu);
+    free(nextu);
+    return rc;
+}

@@ -1,0 +1,219 @@
+/* xs.h: the expert store ("xs_"). Routed experts live on disk as one contiguous, 4 KiB-aligned
+ * record per (MoE layer, expert) with an xxh64 checksum; the store keeps a fixed number of them
+ * in RAM slots per layer and reads the rest on demand.
+ *
+ *   plan     budget arithmetic: resident + KV + scratch + layers x slots x slot_bytes <= budget
+ *   source   where records are (file + per-record offset/bytes/checksum + a views callback); the
+ *            store knows nothing about pack formats, so it is tested with synthetic files
+ *   store    per-layer slot banks, expert -> slot map, policy (decayed-frequency/LRU + pins
+ *            learned from usage history), acquire/release with refcounts, prefetch hints,
+ *            statistics; all slot memory allocated once at create (4096-aligned, O_DIRECT-able)
+ *   io       one I/O thread on io_uring (or pread threads), O_DIRECT when the file system
+ *            allows it, one read per expert, checksum on every read, and one fault seam
+ *            (xs_io_fault_hook) that every completed read passes through
+ *   trace    routing traces (text, `# petrel-trace v1 ...`), replay of a policy against the
+ *            offline optimum (Belady/MIN) at equal capacity
+ *
+ * Layer indices here are MoE-layer indices 0..n_layers-1 (the caller maps model layers).
+ * Threading: one compute thread drives acquire/release/prefetch (calls are serialised by the
+ * store's mutex anyway); the I/O threads only fill slots and signal completions. */
+#ifndef PETREL_EXPERTS_XS_H
+#define PETREL_EXPERTS_XS_H
+#include <stddef.h>
+#include <stdint.h>
+
+#include "petrel.h"
+#include "quant/qtypes.h"
+
+#define XS_ALIGN 4096u
+
+/* ---------------------------------------------------------------- plan */
+typedef struct xs_plan_in {
+    uint64_t budget;          /* whole-process bytes; 0 = unlimited */
+    int expert_slots;         /* explicit slots per layer; 0 = derive from the budget */
+    uint64_t resident_bytes;  /* non-expert weights kept in RAM */
+    uint64_t kv_bytes;        /* KV caches at their planned size */
+    uint64_t scratch_bytes;   /* activations, arenas, I/O queues, everything else */
+    uint64_t record_bytes;    /* the largest expert record (slot size before rounding) */
+    int n_layers;             /* MoE layers */
+    int n_experts;            /* routed experts per layer */
+    int min_slots;            /* fewest slots per layer that can run (top-k); 0 means 1 */
+} xs_plan_in;
+
+typedef struct xs_plan {
+    xs_plan_in in;
+    uint64_t slot_bytes;      /* record_bytes rounded up to XS_ALIGN */
+    int slots_per_layer;      /* in [max(1,min_slots), n_experts] */
+    uint64_t expert_bytes;    /* n_layers * slots_per_layer * slot_bytes */
+    uint64_t total_bytes;     /* resident + kv + scratch + expert_bytes */
+    int all_resident;         /* slots_per_layer == n_experts: no eviction ever */
+} xs_plan;
+
+/* Computes the slots per layer. With a budget and no explicit slots: as many as fit (capped at
+ * n_experts). With explicit slots: checks them against the budget (if any). Refuses with
+ * PETREL_ENOMEM and a message naming the shortfall when resident + KV + scratch alone exceed
+ * the budget or fewer than min_slots per layer fit. */
+int xs_plan_make(const xs_plan_in *in, xs_plan *out, petrel_error *err);
+/* Printable plan, one item per line ("resident weights   9.81 GiB\n..."); returns length. */
+int xs_plan_format(const xs_plan *p, char *buf, size_t n);
+
+/* ---------------------------------------------------------------- source */
+typedef struct xs_source {
+    void *ctx;                /* borrowed, passed to the callbacks */
+    const char *path;         /* the record file: the store opens it itself (O_DIRECT probe);
+                                 NULL: use fd as is (buffered) */
+    int fd;                   /* borrowed; used only when path is NULL */
+    int n_layers, n_experts;
+    /* Where record (layer, expert) lies; offset must be XS_ALIGN-aligned for O_DIRECT. */
+    int (*record)(void *ctx, int layer, int expert, uint64_t *offset, uint64_t *bytes,
+                  uint64_t *xxh64, petrel_error *err);
+    /* Views of gate/up/down inside a loaded record (rec: the slot, XS_ALIGN-aligned). May be
+     * NULL (views are then zeroed; tests use the raw bytes). */
+    int (*views)(void *ctx, int layer, int expert, const uint8_t *rec, pt_wview *gate,
+                 pt_wview *up, pt_wview *down, petrel_error *err);
+} xs_source;
+
+/* ---------------------------------------------------------------- policy */
+enum { XS_POL_LRU = 0, XS_POL_FREQ = 1 };
+typedef struct xs_policy_params {
+    int kind;                 /* XS_POL_FREQ (default): evict the lowest decayed use count,
+                                 ties to the least recent; XS_POL_LRU: least recent */
+    double halflife;          /* XS_POL_FREQ: uses halve in weight after this many accesses of
+                                 the layer (acquire calls); default 128 */
+    double pin_frac;          /* fraction of slots pinned to the most used experts (history
+                                 counts); default 0.25 */
+    int repin_every;          /* recompute pins every N accesses of a layer; default 64 */
+} xs_policy_params;
+void xs_policy_defaults(xs_policy_params *p);
+
+/* Per-layer policy state, shared by the store and the replay (no I/O). */
+typedef struct xs_pol {
+    xs_policy_params prm;
+    int n_experts, cap, n_pins;
+    double *score;            /* owned [E]: decayed use count (in units of the growing inc) */
+    uint64_t *uses;           /* owned [E]: lifetime use count (history + this run) */
+    uint64_t *last;           /* owned [E]: clock of the last use, 0 = never */
+    uint8_t *pinned;          /* owned [E] */
+    uint64_t clock;           /* accesses of this layer so far */
+    double inc;               /* current weight of one use (grows instead of decaying all) */
+    int since_repin;
+} xs_pol;
+int xs_pol_init(xs_pol *p, int n_experts, int cap, const xs_policy_params *prm);
+void xs_pol_deinit(xs_pol *p);
+void xs_pol_begin(xs_pol *p);        /* one access of the layer begins (a token / a batch) */
+void xs_pol_use(xs_pol *p, int e);   /* expert e is used in this access */
+/* 1 if a should be evicted before b (both resident, neither in use). */
+int xs_pol_evict_before(const xs_pol *p, int a, int b);
+void xs_pol_repin(xs_pol *p);        /* pins the n_pins most used experts */
+
+/* ---------------------------------------------------------------- store */
+typedef struct xs_expert_ref {
+    int expert, slot;
+    const uint8_t *data;      /* view: the record in its slot, valid until released */
+    uint64_t bytes;
+    pt_wview gate, up, down;  /* views into data (from the source's views callback) */
+} xs_expert_ref;
+
+typedef struct xs_stats {
+    uint64_t accesses;        /* experts requested through acquire */
+    uint64_t hits, misses;    /* hits include experts loaded by a prefetch (ready or in flight) */
+    uint64_t prefetch_issued, prefetch_used, prefetch_wasted; /* wasted: evicted unused */
+    uint64_t reads, bytes_read, read_retries, read_failures, checksum_failures;
+    uint64_t io_wait_ns;      /* time acquire waited for reads */
+    uint64_t evictions;
+    uint64_t tokens;          /* advanced by xs_store_note_tokens, for per-token figures */
+} xs_stats;
+
+enum { XS_IO_AUTO = 0, XS_IO_DIRECT = 1, XS_IO_BUFFERED = 2 };
+enum { XS_BACKEND_AUTO = 0, XS_BACKEND_URING = 1, XS_BACKEND_PREAD = 2 };
+typedef struct xs_store_opts {
+    int io_mode;              /* XS_IO_AUTO: O_DIRECT if the probe works, else buffered */
+    int backend;              /* XS_BACKEND_AUTO: io_uring if it initialises, else pread */
+    int io_threads;           /* pread backend threads (1-2); uring uses one; 0 = default */
+    int retries;              /* extra attempts after a failed or short read; default 1 */
+    int verify;               /* checksum every read (default 1; -1 = off) */
+    xs_policy_params policy;  /* zero = defaults */
+} xs_store_opts;
+
+typedef struct xs_store xs_store;
+/* Allocates every slot (one aligned block), opens the file, starts the I/O thread(s). */
+int xs_store_create(const xs_source *src, const xs_plan *plan, const xs_store_opts *opts,
+                    xs_store **out, petrel_error *err);
+void xs_store_free(xs_store *s);
+/* Ensures experts[0..n) (distinct ids) of `layer` are in slots, reading every miss at once and
+ * waiting; fills out[n] and takes one reference per expert (slots with references are never
+ * evicted). n must not exceed the slots the layer has free or evictable (else PETREL_ERANGE;
+ * the caller acquires in chunks of at most xs_store_slots()). On any failure nothing stays
+ * referenced, the failed slots go back to the free list, and the store remains usable. */
+int xs_acquire(xs_store *s, int layer, const int32_t *experts, int n, xs_expert_ref *out,
+               petrel_error *err);
+/* Drops the references taken by one acquire (same refs, same n). */
+void xs_release(xs_store *s, int layer, const xs_expert_ref *refs, int n);
+/* Asynchronous hint: starts reading the experts not resident, evicting only what the policy
+ * would; never waits, never fails (a failed prefetch just frees its slot). Returns reads issued. */
+int xs_prefetch(xs_store *s, int layer, const int32_t *experts, int n);
+/* Waits for every read in flight (tests, shutdown, timing). */
+void xs_store_drain(xs_store *s);
+int xs_store_slots(const xs_store *s);
+int xs_store_direct(const xs_store *s);   /* 1 if reads use O_DIRECT */
+int xs_store_uring(const xs_store *s);    /* 1 if reads use io_uring */
+/* Reads every pinned expert not yet resident (warm start after xs_usage_load). */
+int xs_store_warm_pins(xs_store *s, petrel_error *err);
+void xs_store_stats(const xs_store *s, xs_stats *out);
+void xs_store_note_tokens(xs_store *s, uint64_t n);
+/* One line: hit rate, per-token misses/bytes/wait, prefetch use. Returns length. */
+int xs_stats_format(const xs_stats *st, char *buf, size_t n);
+/* Test/introspection: slot holding (layer, expert) or -1; whether it is pinned. */
+int xs_store_slot_of(const xs_store *s, int layer, int expert);
+int xs_store_pinned(const xs_store *s, int layer, int expert);
+xs_pol *xs_store_policy(xs_store *s, int layer);
+
+/* Usage history: `<model>.petrel-usage`, text:
+ *   # petrel-usage v1 layers=L experts=E
+ *   <layer> <count e0> ... <count e(E-1)>      (one line per layer)
+ * Load adds the counts to the policy's history and re-pins; a missing file is not an error
+ * (returns 0, *loaded = 0); a malformed or mismatched one is PETREL_EFORMAT (caller may ignore). */
+void xs_usage_path(const char *model_path, char *buf, size_t n);
+int xs_usage_save(const xs_store *s, const char *path, petrel_error *err);
+int xs_usage_load(xs_store *s, const char *path, int *loaded, petrel_error *err);
+
+/* ---------------------------------------------------------------- I/O fault seam */
+enum { XS_FAULT_NONE = 0, XS_FAULT_ERROR = 1, XS_FAULT_SHORT = 2 };
+typedef struct xs_fault {
+    int kind;                 /* XS_FAULT_* */
+    int err_no;               /* for XS_FAULT_ERROR (default EIO) */
+    uint64_t short_bytes;     /* for XS_FAULT_SHORT: the read returns this many bytes */
+    uint64_t delay_ns;        /* added before the read completes (any kind) */
+} xs_fault;
+/* Called for every completed read attempt (io_uring and pread alike) from the I/O thread;
+ * attempt counts from 0. Fill *f to inject; NULL = no injection. Tests only. */
+typedef void (*xs_fault_fn)(void *ctx, int layer, int expert, int attempt, xs_fault *f);
+extern xs_fault_fn xs_io_fault_hook;
+extern void *xs_io_fault_ctx;
+
+/* ---------------------------------------------------------------- traces */
+typedef struct xs_trace {
+    int n_layers, n_experts, topk, n_tokens;
+    int16_t *ids;             /* owned [n_tokens][n_layers][topk]; -1 = unused */
+    int cap_tokens;
+} xs_trace;
+int xs_trace_init(xs_trace *t, int n_layers, int n_experts, int topk);
+void xs_trace_deinit(xs_trace *t);
+/* Records the experts of (token, layer); tokens must arrive in order (token <= n_tokens). */
+int xs_trace_add(xs_trace *t, int token, int layer, const int32_t *ids, int k, petrel_error *err);
+int xs_trace_write(const xs_trace *t, const char *path, petrel_error *err);
+/* Reads the text format (plain; gunzip .gz first). */
+int xs_trace_read(xs_trace *t, const char *path, petrel_error *err);
+
+typedef struct xs_replay_stats {
+    int capacity;
+    uint64_t accesses;
+    uint64_t policy_hits, lru_hits, belady_hits;
+    double policy_rate, lru_rate, belady_rate;
+    double policy_vs_belady;  /* policy_hits / belady_hits */
+} xs_replay_stats;
+/* Replays the trace through the policy (and plain LRU, and Belady/MIN) with `capacity` slots
+ * per layer, demand-filled, the token's own experts never evicted. Cold start. */
+int xs_trace_replay(const xs_trace *t, const xs_policy_params *prm, int capacity,
+                    xs_replay_stats *st, petrel_error *err);
+#endif

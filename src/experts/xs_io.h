@@ -1,0 +1,33 @@
+/* xs_io.h: the expert store's I/O pool (internal). One request = one whole expert record read
+ * into its slot, checked against its xxh64. Requests are owned by the caller (embedded in slots)
+ * and must stay alive until `done` is called for them; done runs on an I/O thread with no I/O
+ * lock held and is called exactly once per submitted request. */
+#ifndef PETREL_EXPERTS_XS_IO_H
+#define PETREL_EXPERTS_XS_IO_H
+#include "experts/xs.h"
+
+typedef struct xs_ioreq {
+    struct xs_ioreq *next;   /* queue link (I/O internal) */
+    int layer, expert;
+    uint8_t *buf;            /* view: the slot, XS_ALIGN-aligned, >= len bytes */
+    uint64_t off, bytes, len;/* file offset, record bytes, bytes to read (aligned for O_DIRECT) */
+    uint64_t xxh;            /* expected checksum */
+    int attempt;             /* 0 for the first read */
+    int status;              /* 0 ok, PETREL_EIO / PETREL_EFORMAT (checksum) on failure */
+    int checksum_bad;
+    char msg[256];           /* the failure, one line */
+    void *user;              /* caller's (the slot) */
+} xs_ioreq;
+
+typedef struct xs_io xs_io;
+typedef void (*xs_io_done_fn)(void *ctx, xs_ioreq *r);
+
+/* path: opened here (O_DIRECT probed per mode); path NULL: fd borrowed as is. */
+int xs_io_open(xs_io **out, const char *path, int fd, int mode, int backend, int threads, int retries,
+               int verify, xs_io_done_fn done, void *ctx, petrel_error *err);
+void xs_io_close(xs_io *io);
+/* Queues n requests (any order of completion). Never blocks on I/O. */
+void xs_io_submit(xs_io *io, xs_ioreq **reqs, int n);
+int xs_io_direct(const xs_io *io);
+int xs_io_uring(const xs_io *io);
+#endif

@@ -1,0 +1,138 @@
+/* pack.h: petrel's own model file ("pack"), reader side. Written by src/io/convert.c.
+ *
+ * Layout (all integers little-endian):
+ *   [0, 64)        prefix: "PETRELPK" | u32 version (1) | u32 flags (0) | u64 header_len |
+ *                  u64 file_size | u64 xxh64(header JSON) | 24 reserved zero bytes
+ *   [64, 64+hl)    header: one JSON object (UTF-8, not NUL-terminated)
+ *                    "format": "petrel-pack", "version": 1,
+ *                    "config": the model's config.json text, verbatim (a JSON string),
+ *                    "generation_config": generation_config.json text or null,
+ *                    "tensors": [ {name, qtype, rows, cols, offset, bytes, scale_offset,
+ *                                  scale_bytes, scale_dtype, group, block_rows, block_cols,
+ *                                  vector, xxh64} ... ]   resident tensors (absolute offsets)
+ *                    "experts": [ {layer, n_experts, first_offset, record_bytes,
+ *                                  parts: [gate, up, down] (same fields, offsets RELATIVE to the
+ *                                  record start), xxh64: [hex per expert]} ... ]
+ *   then, 4096-aligned: the resident region (every payload and scale array 64-byte aligned),
+ *   then, 4096-aligned: the expert region. Record (layer, e) is the byte range
+ *   [first_offset + e * record_bytes, + record_bytes): gate payload, gate scales, up payload,
+ *   up scales, down payload, down scales (each 64-aligned), zero padding to a multiple of 4096.
+ *   Offsets and lengths of records are multiples of 4096, so one O_DIRECT read fetches an expert.
+ *
+ * Checksums are XXH64 with seed 0, written as 16 lowercase hex digits: a resident tensor's over
+ * its payload bytes followed by its scale bytes; a record's over all record_bytes (padding
+ * included); the header's over the JSON text.
+ *
+ * Vectors (norms, biases, e_score_correction_bias) are stored as f32 [cols] with rows = 1 and
+ * "vector": true. Matrices use pt_qtype layouts (src/quant/quant.h); FP8 keeps its checkpoint
+ * block scales (block_rows x block_cols, scale rows = ceil(rows / block_rows)).
+ *
+ * The MTP layer (checkpoint index num_hidden_layers) is stored like any MoE layer: its routed
+ * experts are records with layer = num_hidden_layers, everything else is resident.
+ *
+ * Invariants checked at open (the header is untrusted input): magic, version, header length and
+ * checksum, file size equal to the prefix's file_size, every range inside the file, byte counts
+ * equal to what qtype x shape implies, record sizes and alignment. Data checksums are checked on
+ * demand (pack_read_expert, pack_check_expert) or in full by pack_verify. */
+#ifndef PETREL_IO_PACK_H
+#define PETREL_IO_PACK_H
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/config.h"
+#include "model/weights.h"
+#include "petrel.h"
+#include "quant/qtypes.h"
+
+#define PACK_MAGIC "PETRELPK"
+#define PACK_VERSION 1u
+#define PACK_PREFIX 64
+#define PACK_ALIGN 4096
+#define PACK_TALIGN 64
+
+typedef struct pack_tensor {
+    char *name;                 /* owned HF name (NULL for expert parts) */
+    int vector;                 /* 1: f32 [cols], rows == 1 */
+    pt_qtype qtype;
+    int64_t rows, cols;
+    uint64_t offset, bytes;     /* payload (absolute; relative to the record for parts) */
+    uint64_t scale_offset, scale_bytes; /* 0, 0 when unscaled */
+    int scale_dtype;            /* PT_F32 / PT_BF16 / PT_F16 (meaningful when scale_bytes) */
+    int64_t group;              /* grouped formats: columns per scale; Q8_ROW: cols */
+    int block_rows, block_cols; /* FP8 only */
+    uint64_t xxh64;             /* resident tensors only */
+} pack_tensor;
+
+typedef struct pack_expert_layer {
+    int layer;                  /* checkpoint layer index (num_hidden_layers = the MTP layer) */
+    int n_experts;
+    uint64_t first_offset;      /* record e at first_offset + e * record_bytes */
+    uint64_t record_bytes;      /* multiple of PACK_ALIGN */
+    pack_tensor part[3];        /* gate, up, down; offsets relative to the record start */
+    uint64_t *xxh64;            /* owned [n_experts] */
+} pack_expert_layer;
+
+typedef struct pack {
+    char path[4096];
+    int fd;                     /* owned, -1 when parsed from memory */
+    const uint8_t *map;         /* owned read-only mmap of the whole file (NULL when parsed) */
+    uint64_t file_size;
+    uint32_t version;
+    uint64_t header_len;
+    char *config_json;          /* owned, NUL-terminated */
+    char *generation_config_json; /* owned or NULL */
+    int n_tensors;
+    pack_tensor *tensors;       /* owned, sorted by name */
+    int n_elayers;
+    pack_expert_layer *elayers; /* owned, ascending layer */
+    int n_layer_index;
+    int *layer_index;           /* owned [n_layer_index]: layer -> elayers index or -1 */
+    uint64_t data_start;        /* first byte after the header region */
+} pack;
+
+/* 1 if the file at path starts with PACK_MAGIC. */
+int pack_is_pack(const char *path);
+/* Opens and validates a pack; maps it read-only. */
+int pack_open(const char *path, pack **out, petrel_error *err);
+void pack_close(pack *p);
+/* Parses a pack header from memory: buf[0, len) holds at least the prefix and the JSON header;
+ * ranges are validated against file_size. Fills *p (no fd, no map); free with pack_deinit.
+ * Used by pack_open and by the fuzz target. */
+int pack_parse(const uint8_t *buf, size_t len, uint64_t file_size, const char *where, pack *p, petrel_error *err);
+void pack_deinit(pack *p);
+
+int pack_fd(const pack *p);
+const char *pack_path(const pack *p);
+const pack_tensor *pack_find(const pack *p, const char *name);
+/* The parsed config (config.json plus generation_config.json's eos ids). */
+int pack_load_config(const pack *p, petrel_config *cfg, petrel_error *err);
+
+/* Expert records, for the expert store.
+ * pack_expert_record: where record (layer, expert) lies in the file and its checksum. Returns 0,
+ * or PETREL_EINVAL if the pack holds no such record.
+ * pack_expert_views: views of gate/up/down into record_buf, a buffer holding that layer's record
+ * (any expert; all records of a layer share one layout). Returns 0 or PETREL_EINVAL. */
+int pack_expert_record(const pack *p, int layer, int expert, uint64_t *offset, uint64_t *bytes, uint64_t *xxh64);
+int pack_expert_views(const pack *p, int layer, const uint8_t *record_buf, pt_wview *gate, pt_wview *up, pt_wview *down);
+/* Checks a record held in buf (record_bytes long) against its checksum: 0 or PETREL_EFORMAT. */
+int pack_check_expert(const pack *p, int layer, int expert, const uint8_t *buf, petrel_error *err);
+/* Reads record (layer, expert) with pread into buf (record_bytes; 4096-aligned for O_DIRECT
+ * users, any alignment here) and checks its checksum. */
+int pack_read_expert(const pack *p, int layer, int expert, uint8_t *buf, petrel_error *err);
+/* Full check: every resident tensor and every record against its checksum. */
+int pack_verify(const pack *p, petrel_error *err);
+
+/* A view of a tensor whose bytes start at base (the map for resident tensors, a record buffer
+ * for parts). */
+void pack_tensor_view(const pack_tensor *t, const uint8_t *base, pt_wview *out);
+/* Byte counts a tensor of this type and shape must have (payload; scales). 0 on success. */
+int pack_tensor_sizes(pt_qtype q, int64_t rows, int64_t cols, int scale_dtype, int block_rows, int block_cols,
+                      uint64_t *bytes, uint64_t *scale_bytes);
+
+/* The weight source over an open pack: resident tensors are views into the map; routed-expert
+ * matrices are views into the map at their record (the fully resident path). ctx = p. */
+void wsource_pack(wsource *ws, const pack *p);
+
+const char *pack_qtype_key(pt_qtype q);     /* "f32", "bf16", "f16", "fp8_e4m3", "q8_row", "q8_g32", "q4_g64" */
+int pack_qtype_from_key(const char *s);     /* -1 if unknown */
+#endif

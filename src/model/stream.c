@@ -1,0 +1,96 @@
+/* stream.c: glue between the engine and the expert store (src/experts). With --mem-budget or
+ * --expert-slots on a petrel pack, routed experts are not read from the map: each MoE layer
+ * acquires the experts its rows chose from per-layer slot banks filled by one aligned read per
+ * expert (io_uring / O_DIRECT where possible). The plan (resident weights, KV, scratch, slots)
+ * is computed against the budget at open and refused when it cannot be met.
+ * Store layers are MoE-layer indices; moe_index maps checkpoint layers to them. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/err.h"
+#include "experts/xs.h"
+#include "io/pack.h"
+#include "model/engine.h"
+
+
+
+static int rec_cb(void *ctx, int layer, int expert, uint64_t *off, uint64_t *bytes, uint64_t *xxh, petrel_error *err) {
+    const petrel_engine *e = ctx;
+    int L = -1;
+    for (int l = 0; l <= e->cfg.num_hidden_layers; l++)
+        if (e->moe_index[l] == layer) L = l;
+    if (L < 0 || pack_expert_record(e->pack, L, expert, off, bytes, xxh))
+        return pt_err(err, PETREL_EINVAL, "pack has no expert record for MoE layer %d expert %d", layer, expert);
+    return 0;
+}
+
+static int views_cb(void *ctx, int layer, int expert, const uint8_t *rec, pt_wview *g, pt_wview *u, pt_wview *d, petrel_error *err) {
+    (void)expert;
+    const petrel_engine *e = ctx;
+    for (int l = 0; l <= e->cfg.num_hidden_layers; l++)
+        if (e->moe_index[l] == layer) {
+            if (pack_expert_views(e->pack, l, rec, g, u, d)) break;
+            return 0;
+        }
+    return pt_err(err, PETREL_EINVAL, "pack has no expert layout for MoE layer %d", layer);
+}
+
+int stream_open(petrel_engine *e, const petrel_open_opts *o, petrel_error *err) {
+    if (!o || (!o->mem_budget && !o->expert_slots)) return 0;
+    if (!e->pack)
+        return pt_err(err, PETREL_EUNSUPPORTED,
+                      "--mem-budget / --expert-slots stream experts from a petrel pack; convert this model first (petrel convert --in %s --out model.pack)",
+                      e->path);
+    const petrel_config *c = &e->cfg;
+    int L = c->num_hidden_layers, nm = 0;
+    e->moe_index = malloc(sizeof(int) * (size_t)(L + 1));
+    if (!e->moe_index) return pt_err(err, PETREL_ENOMEM, "out of memory");
+    uint64_t rec_max = 0;
+    for (int l = 0; l <= L; l++) {
+        uint64_t off, bytes, x;
+        int is_moe = l < L ? c->layer_is_moe[l] : e->w.has_mtp;
+        e->moe_index[l] = -1;
+        if (is_moe && pack_expert_record(e->pack, l, 0, &off, &bytes, &x) == 0) {
+            e->moe_index[l] = nm++;
+            if (bytes > rec_max) rec_max = bytes;
+        }
+    }
+    if (!nm) return 0;
+    int ctx = o->plan_context > 0 ? o->plan_context : 4096;
+    if (ctx > c->max_position_embeddings) ctx = c->max_position_embeddings;
+    uint64_t resident = 0, kv = 0;
+    for (int k = 0; k < WK_COUNT; k++)
+        if (k != WK_EXPERTS) resident += e->w.kind_bytes[k];
+    for (int l = 0; l < L; l++)
+        kv += (uint64_t)ctx * 4 * (uint64_t)(c->kv_lora_rank + c->qk_rope_head_dim + (c->layer_indexer_full[l] ? c->index_head_dim : 0));
+    xs_plan_in in = {.budget = o->mem_budget, .expert_slots = o->expert_slots, .resident_bytes = resident, .kv_bytes = kv,
+                     .scratch_bytes = session_scratch_estimate(c, ctx) + (64u << 20), /* + code, allocator, I/O queues */
+                     .record_bytes = rec_max, .n_layers = nm, .n_experts = c->n_routed_experts, .min_slots = 1}; /* fewer slots than top-k work: experts then run in chunks */
+    xs_plan plan;
+    PT_TRY(xs_plan_make(&in, &plan, err));
+    xs_plan_format(&plan, e->plan_text, sizeof e->plan_text);
+    if (o->verbose) fprintf(stderr, "petrel: memory plan (%d MoE layers, KV for %d tokens):\n%s", nm, ctx, e->plan_text);
+    xs_source src = {.ctx = e, .path = pack_path(e->pack), .fd = -1, .n_layers = nm, .n_experts = c->n_routed_experts,
+                     .record = rec_cb, .views = views_cb};
+    PT_TRY(xs_store_create(&src, &plan, NULL, &e->xs, err));
+    char up[4200];
+    int loaded = 0;
+    xs_usage_path(e->path, up, sizeof up);
+    petrel_error ignore = {0};
+    xs_usage_load(e->xs, up, &loaded, &ignore); /* history is optional */
+    return 0;
+}
+
+void stream_close(petrel_engine *e) {
+    if (e->xs) {
+        char up[4200];
+        petrel_error ignore = {0};
+        xs_usage_path(e->path, up, sizeof up);
+        xs_usage_save(e->xs, up, &ignore); /* best effort: a read-only folder just loses history */
+        xs_store_free(e->xs);
+        e->xs = NULL;
+    }
+    free(e->moe_index);
+    e->moe_index = NULL;
+}

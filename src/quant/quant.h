@@ -1,0 +1,52 @@
+/* quant.h: quantizing f32 weights into petrel's storage formats, and their byte layouts.
+ *
+ * Layouts (row r of a [rows][cols] weight starts at data + r * pt_qtype_row_bytes(q, cols)):
+ *   PT_F32, PT_BF16, PT_F16  plain little-endian values, 4/2/2 bytes each.
+ *   PT_FP8_E4M3  one e4m3fn byte per value; 2-D block scales come from the checkpoint
+ *                (passthrough: petrel never quantizes to FP8, see qtypes.h).
+ *   PT_Q8_ROW    int8 per value, one scale per row:            w = q * s[r]
+ *   PT_Q8_G32    int8 per value, one scale per 32 columns:     w = q * s[r][j / 32]
+ *   PT_Q4_G64    int4 per value stored as nibble q + 8 (0..15), two per byte, the EVEN column in
+ *                the LOW nibble; a row takes ceil(cols / 2) bytes (an odd row's last high nibble
+ *                is 8, i.e. q = 0); one scale per 64 columns:  w = (nib - 8) * s[r][j / 64]
+ * Scales are row-major [row][group] (the last group of a row may be partial), stored as f32,
+ * bf16 or f16 (scale_dtype = PT_F32 / PT_BF16 / PT_F16).
+ *
+ * Quantization math (symmetric, per row or group g):
+ *   int8: s = max|w_g| / 127, q = clamp(round_half_even(w / s), -128, 127)
+ *   int4: s = max|w_g| / 7,   q = clamp(round_half_even(w / s), -8, 7)
+ *   s is floored at 1e-8 (an all-zero group gets q = 0), then rounded to scale_dtype, and q is
+ *   computed from the ROUNDED scale, so dequantization uses exactly the s the quantizer divided
+ *   by (a bf16 scale may round down so |w/s| can exceed 7 or 127 slightly: the clamp handles it).
+ *   Error bound per value: |w - q*s| <= s/2 (+ the clamp excess, at most the scale rounding,
+ *   2^-9 relative for bf16 scales, times 7 or 127). */
+#ifndef PETREL_QUANT_QUANT_H
+#define PETREL_QUANT_QUANT_H
+#include <stdint.h>
+
+#include "quant/qtypes.h"
+
+/* Bytes of one row of cols values (scales excluded). */
+int64_t pt_qtype_row_bytes(pt_qtype q, int64_t cols);
+/* Columns per scale group: cols for PT_Q8_ROW, 32 / 64 for grouped, 0 for unscaled formats. */
+int64_t pt_qtype_group(pt_qtype q, int64_t cols);
+/* Scales per row: 1 for PT_Q8_ROW, ceil(cols / group) for grouped, 0 for f32/bf16/f16/fp8. */
+int64_t pt_qtype_scales_per_row(pt_qtype q, int64_t cols);
+/* Bytes of one scale of dtype PT_F32 / PT_BF16 / PT_F16 (0 otherwise). */
+int pt_scale_dtype_bytes(int scale_dtype);
+
+/* Quantizes w[cols] into out (pt_qtype_row_bytes bytes) and scales (pt_qtype_scales_per_row
+ * values of scale_dtype; may be NULL for unscaled formats). Returns 0, or -1 for PT_FP8_E4M3
+ * (passthrough only) or a bad qtype / scale_dtype. */
+int pt_quant_row(pt_qtype q, const float *w, int64_t cols, uint8_t *out, void *scales,
+                 int scale_dtype);
+
+/* Fills a view for row-major data written by pt_quant_row (not for FP8: its block scales come
+ * from the checkpoint and the caller fills those fields). */
+pt_wview pt_wview_make(pt_qtype q, int64_t rows, int64_t cols, const void *data,
+                       const void *scales, int scale_dtype);
+
+/* Scalar e4m3fn encoder (round half even, saturating to +-448, NaN -> 0x7f); for tests and
+ * tools. */
+uint8_t pt_f32_to_fp8e4m3(float f);
+#endif

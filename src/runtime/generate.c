@@ -1,0 +1,188 @@
+/* generate.c: the generation loop (see generate.h): prompt-prefix reuse over one session,
+ * sampling, stop ids, streaming detokenization to a callback. Allocates only at gen_init and
+ * once per gen_generate (the detokenizer's buffer); the per-token path does not allocate. */
+#include "runtime/generate.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/err.h"
+#include "model/config.h"
+
+const char *gen_stop_name(gen_stop s) {
+    switch (s) {
+    case GEN_STOP_EOS: return "eos";
+    case GEN_STOP_LENGTH: return "length";
+    case GEN_STOP_CONTEXT: return "context full";
+    case GEN_STOP_CALLBACK: return "stopped by caller";
+    default: return "none";
+    }
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+int gen_init(gen_ctx *g, petrel_engine *eng, const tokenizer *tok, int ctx, const sampler_params *sp,
+             petrel_error *err) {
+    memset(g, 0, sizeof *g);
+    if (ctx <= 0) return pt_err(err, PETREL_EINVAL, "context size %d must be positive", ctx);
+    g->eng = eng;
+    g->tok = tok;
+    g->ctx = ctx;
+    g->vocab = petrel_engine_vocab_size(eng);
+    int rc = sampler_init(&g->smp, sp, g->vocab, err);
+    if (rc < 0) return rc;
+    g->logits = malloc(sizeof(float) * (size_t)g->vocab);
+    g->ids = malloc(sizeof(int32_t) * (size_t)ctx);
+    if (!g->logits || !g->ids) {
+        gen_free(g);
+        return pt_err(err, PETREL_ENOMEM, "out of memory for a %d-token context", ctx);
+    }
+    /* Ids the tokenizer cannot write out are never sampled. */
+    int nm = 0;
+    for (int32_t id = 0; id < g->vocab; id++)
+        if (!tok_id_to_bytes(tok, id, &(size_t){0})) nm++;
+    if (nm) {
+        g->masked = malloc(sizeof(int32_t) * (size_t)nm);
+        if (!g->masked) {
+            gen_free(g);
+            return pt_err(err, PETREL_ENOMEM, "out of memory");
+        }
+        for (int32_t id = 0; id < g->vocab; id++)
+            if (!tok_id_to_bytes(tok, id, &(size_t){0})) g->masked[g->n_masked++] = id;
+    }
+    rc = petrel_session_create(eng, ctx, &g->s, err);
+    if (rc < 0) {
+        gen_free(g);
+        return rc;
+    }
+    return 0;
+}
+
+void gen_free(gen_ctx *g) {
+    petrel_session_free(g->s);
+    sampler_free(&g->smp);
+    free(g->logits);
+    free(g->ids);
+    free(g->masked);
+    memset(g, 0, sizeof *g);
+}
+
+int gen_prompt(gen_ctx *g, const int32_t *ids, int n, gen_stats *st, petrel_error *err) {
+    if (n <= 0) return pt_err(err, PETREL_EINVAL, "empty prompt: it encodes to no tokens");
+    if (n > g->ctx)
+        return pt_err(err, PETREL_ERANGE, "context full: the prompt is %d tokens but the context holds %d", n, g->ctx);
+    double t0 = now_s();
+    int p = 0;
+    while (p < g->n_ids && p < n && g->ids[p] == ids[p]) p++;
+    if (p == n && !(g->have_logits && p == g->n_ids)) p = n - 1; /* rerun the last for its logits */
+    int rc;
+    if (p < n) {
+        g->have_logits = 0;
+        if ((rc = petrel_session_truncate(g->s, p, err)) < 0) return rc;
+        g->n_ids = p;
+        if ((rc = petrel_session_forward(g->s, ids + p, n - p, g->logits, 0, err)) < 0) {
+            g->n_ids = petrel_session_len(g->s);
+            return rc;
+        }
+        memcpy(g->ids + p, ids + p, sizeof(int32_t) * (size_t)(n - p));
+        g->n_ids = n;
+        g->have_logits = 1;
+    }
+    sampler_clear_history(&g->smp);
+    int W = g->smp.p.penalty_last_n;
+    for (int i = n > W ? n - W : 0; i < n; i++) sampler_accept(&g->smp, ids[i]);
+    if (st) {
+        st->n_prompt = n;
+        st->n_reused = p;
+        st->prompt_s = now_s() - t0;
+    }
+    return 0;
+}
+
+static int is_stop(const petrel_config *cfg, const gen_opts *o, int32_t id) {
+    if (config_is_eos(cfg, id)) return 1;
+    for (int i = 0; o && i < o->n_stop; i++)
+        if (o->stop_ids[i] == id) return 1;
+    return 0;
+}
+
+int gen_generate(gen_ctx *g, const gen_opts *o, gen_piece_fn fn, void *user, gen_stats *st,
+                 petrel_error *err) {
+    gen_stats local;
+    if (!st) st = &local;
+    st->n_gen = 0;
+    st->stop = GEN_STOP_NONE;
+    st->stop_id = -1;
+    st->gen_s = 0;
+    if (!g->have_logits) return pt_err(err, PETREL_EINVAL, "generate: no prompt has been fed");
+    const petrel_config *cfg = petrel_engine_config(g->eng);
+    int max = o ? o->max_tokens : -1;
+    double t0 = now_s();
+    tok_stream ts;
+    tok_stream_init(&ts, g->tok);
+    const char *b;
+    size_t bl;
+    int rc = 0;
+    for (;;) {
+        if (max >= 0 && st->n_gen >= max) { st->stop = GEN_STOP_LENGTH; break; }
+        for (int i = 0; i < g->n_masked; i++) g->logits[g->masked[i]] = -INFINITY;
+        int32_t id = sampler_sample(&g->smp, g->logits, g->vocab);
+        g->have_logits = 0;
+        if (is_stop(cfg, o, id)) {
+            st->stop = GEN_STOP_EOS;
+            st->stop_id = id;
+            break;
+        }
+        sampler_accept(&g->smp, id);
+        st->n_gen++;
+        if ((rc = tok_stream_push(&ts, id, &b, &bl, err)) < 0) break;
+        if (fn && fn(user, id, b, bl)) { st->stop = GEN_STOP_CALLBACK; break; }
+        if (max >= 0 && st->n_gen >= max) { st->stop = GEN_STOP_LENGTH; break; }
+        if (g->n_ids >= g->ctx) { st->stop = GEN_STOP_CONTEXT; break; }
+        if ((rc = petrel_session_forward(g->s, &id, 1, g->logits, 0, err)) < 0) break;
+        g->ids[g->n_ids++] = id;
+        g->have_logits = 1;
+    }
+    if (rc >= 0 && tok_stream_flush(&ts, &b, &bl, err) >= 0 && bl && fn) fn(user, -1, b, bl);
+    tok_stream_free(&ts);
+    st->gen_s = now_s() - t0;
+    return rc < 0 ? rc : 0;
+}
+
+int generate_text(petrel_engine *eng, const tokenizer *tok, const char *prompt, size_t prompt_len,
+                  const sampler_params *sp, const gen_opts *o, gen_piece_fn fn, void *user,
+                  gen_stats *st, petrel_error *err) {
+    int32_t *ids = NULL;
+    size_t n = 0;
+    int rc = tok_encode(tok, prompt, prompt_len, &ids, &n, err);
+    if (rc < 0) return rc;
+    int maxpos = petrel_engine_config(eng)->max_position_embeddings;
+    if (n == 0) {
+        free(ids);
+        return pt_err(err, PETREL_EINVAL, "empty prompt: it encodes to no tokens");
+    }
+    if (n > (size_t)maxpos) {
+        free(ids);
+        return pt_err(err, PETREL_ERANGE, "the prompt is %zu tokens, more than the model's %d positions", n, maxpos);
+    }
+    int max = o ? o->max_tokens : -1;
+    long ctx = max < 0 ? maxpos : (long)n + max;
+    if (ctx > maxpos) ctx = maxpos;
+    gen_ctx g;
+    rc = gen_init(&g, eng, tok, (int)ctx, sp, err);
+    if (rc < 0) {
+        free(ids);
+        return rc;
+    }
+    rc = gen_prompt(&g, ids, (int)n, st, err);
+    free(ids);
+    if (rc >= 0) rc = gen_generate(&g, o, fn, user, st, err);
+    gen_free(&g);
+    return rc;
+}

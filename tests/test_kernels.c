@@ -1,0 +1,361 @@
+/* test_kernels.c: every kernel against its scalar reference, at every ISA level this machine
+ * has, on fresh random inputs: odd sizes and tails, NaN-poisoned outputs, unaligned pointers,
+ * batches n in {1,2,3,5,8,17}, bitwise row independence (batch and thread count), the thread
+ * pool, and the vector helpers. Seeds come from the clock and are printed on failure. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/pool.h"
+#include "kernels/kernels.h"
+#include "quant/quant.h"
+#include "test.h"
+
+static uint64_t rng_state;
+static uint64_t rng_seed(void) {
+    rng_state = ((uint64_t)time(NULL) ^ (uint64_t)clock() << 20) * 0x9E3779B97F4A7C15ull | 1;
+    return rng_state;
+}
+static uint32_t rnd(void) {
+    rng_state ^= rng_state << 13; rng_state ^= rng_state >> 7; rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 32);
+}
+static float frand(void) { return (float)rnd() / 4294967296.0f * 2.f - 1.f; }
+
+static const char *ISAS[] = {"scalar", "avx2", "avx512"};
+#define NISA 3
+
+/* A random weight in some format, held in malloc'd buffers at deliberately odd offsets. */
+typedef struct {
+    pt_wview v;
+    void *data_alloc, *scale_alloc;
+} tw;
+
+static void tw_free(tw *t) { free(t->data_alloc); free(t->scale_alloc); }
+
+static tw tw_make(pt_qtype q, int64_t rows, int64_t cols, int scale_dt, int fp8_br, int fp8_bc) {
+    tw t;
+    memset(&t, 0, sizeof t);
+    int64_t rb = pt_qtype_row_bytes(q, cols);
+    /* misalign: by one element (4 bytes for f32, 2 for 16-bit, 1 for byte formats) */
+    int64_t off = q == PT_F32 ? 4 : (q == PT_BF16 || q == PT_F16) ? 2 : 1;
+    t.data_alloc = malloc((size_t)(rb * rows + off + 64));
+    uint8_t *d = (uint8_t *)t.data_alloc + off;
+    int sdt_bytes = scale_dt == PT_F32 ? 4 : 2;
+    float *wrow = malloc((size_t)(cols > 0 ? cols : 1) * 4);
+    if (q == PT_FP8_E4M3) {
+        for (int64_t i = 0; i < rb * rows; i++) {
+            uint8_t b = (uint8_t)rnd();
+            if ((b & 0x7f) == 0x7f) b = 0x10; /* the NaN pattern decodes differently (doc'd) */
+            d[i] = b;
+        }
+        int64_t sr = (rows + fp8_br - 1) / fp8_br, scols = (cols + fp8_bc - 1) / fp8_bc;
+        t.scale_alloc = malloc((size_t)(sr * scols + 1) * (size_t)sdt_bytes);
+        for (int64_t i = 0; i < sr * scols; i++) {
+            float s = (0.5f + frand() * 0.4f) * 0.01f;
+            if (scale_dt == PT_BF16) ((uint16_t *)t.scale_alloc)[i + 1] = pt_f32_to_bf16(s);
+            else ((float *)t.scale_alloc)[i + 1] = s;
+        }
+        t.v.qtype = q; t.v.rows = rows; t.v.cols = cols; t.v.data = d; t.v.row_bytes = rb;
+        t.v.scale = (uint8_t *)t.scale_alloc + sdt_bytes;
+        t.v.scale_dtype = scale_dt;
+        t.v.block_rows = fp8_br; t.v.block_cols = fp8_bc; t.v.scale_cols = scols;
+    } else {
+        int64_t spr = pt_qtype_scales_per_row(q, cols);
+        t.scale_alloc = malloc((size_t)(spr * rows + 1) * (size_t)sdt_bytes);
+        void *sc = (uint8_t *)t.scale_alloc + sdt_bytes;
+        for (int64_t r = 0; r < rows; r++) {
+            float amp = 0.2f + (float)(rnd() % 8);
+            for (int64_t j = 0; j < cols; j++) wrow[j] = frand() * amp;
+            pt_quant_row(q, wrow, cols, d + r * rb,
+                         spr ? (uint8_t *)sc + r * spr * sdt_bytes : NULL, scale_dt);
+        }
+        t.v = pt_wview_make(q, rows, cols, d, spr ? sc : NULL, scale_dt);
+    }
+    free(wrow);
+    return t;
+}
+
+/* x[n][cols] at an odd float offset. */
+static float *xalloc(int n, int64_t cols, float **base) {
+    *base = malloc((size_t)(n * cols + 3) * 4);
+    float *x = *base + 1;
+    for (int64_t i = 0; i < n * cols; i++) x[i] = frand() * 2.f;
+    return x;
+}
+static float *yalloc(int n, int64_t rows, float **base) {
+    *base = malloc((size_t)(n * rows + 3) * 4);
+    float *y = *base + 3;
+    for (int64_t i = 0; i < n * rows; i++) y[i] = NAN; /* poison */
+    return y;
+}
+
+/* Compares kn_matmul at the current ISA to the reference: |y - ref| <= 1e-5 * sum_j |w_j x_j|
+ * (+ 1e-6 |ref|): reordering a sum of m terms in f32 moves it by a few ulps of the sum of
+ * magnitudes. Returns the number of bad elements. */
+static int compare_mm(const pt_wview *W, const float *x, int n, const float *y) {
+    float *yr = malloc((size_t)(n * W->rows) * 4), *row = malloc((size_t)(W->cols + 1) * 4);
+    kn_ref_matmul(W, x, n, yr);
+    int bad = 0;
+    for (int64_t r = 0; r < W->rows; r++) {
+        pt_dequant_row(W, r, row);
+        for (int i = 0; i < n; i++) {
+            double mag = 0;
+            for (int64_t j = 0; j < W->cols; j++) mag += fabs((double)row[j] * x[i * W->cols + j]);
+            float a = y[i * W->rows + r], b = yr[i * W->rows + r];
+            double tol = 1e-5 * mag + 1e-6 * fabs(b) + 1e-30;
+            if (!(fabs((double)a - b) <= tol)) {
+                if (bad < 3)
+                    fprintf(stderr, "  %s r=%lld i=%d: %.9g vs ref %.9g (tol %g)\n",
+                            pt_qtype_name(W->qtype), (long long)r, i, a, b, tol);
+                bad++;
+            }
+        }
+    }
+    free(yr); free(row);
+    return bad;
+}
+
+typedef struct { pt_qtype q; int sdt, br, bc; } fmt_case;
+static const fmt_case FMTS[] = {
+    {PT_F32, 0, 0, 0},          {PT_BF16, 0, 0, 0},          {PT_F16, 0, 0, 0},
+    {PT_FP8_E4M3, PT_F32, 128, 128}, {PT_FP8_E4M3, PT_BF16, 3, 32},
+    {PT_Q8_ROW, PT_F32, 0, 0},  {PT_Q8_ROW, PT_BF16, 0, 0},
+    {PT_Q8_G32, PT_BF16, 0, 0}, {PT_Q8_G32, PT_F16, 0, 0},
+    {PT_Q4_G64, PT_BF16, 0, 0}, {PT_Q4_G64, PT_F32, 0, 0},  {PT_Q4_G64, PT_F16, 0, 0},
+};
+#define NFMT (int)(sizeof FMTS / sizeof FMTS[0])
+static const int64_t COLS[] = {1, 7, 31, 33, 63, 65, 127, 129, 1000, 6144};
+static const int64_t ROWS[] = {1, 3, 17, 256};
+static const int NS[] = {1, 2, 3, 5, 8, 17};
+
+TEST(kernels, force_isa) {
+    CHECK(kn_force_isa("scalar") == 0);
+    CHECK(!strcmp(kn_isa_name(), "scalar"));
+    CHECK(kn_force_isa("bogus") < 0);
+    CHECK(kn_force_isa("amx") < 0); /* not implemented */
+    int have512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+    CHECK((kn_force_isa("avx512") == 0) == have512);
+    CHECK(kn_force_isa("auto") == 0);
+    CHECK(kn_threads() >= 1);
+}
+
+TEST(kernels, matmul_vs_ref) {
+    uint64_t seed = rng_seed();
+    int k = 0;
+    for (int isa = 0; isa < NISA; isa++) {
+        if (kn_force_isa(ISAS[isa]) != 0) continue;
+        for (int f = 0; f < NFMT; f++)
+            for (int ci = 0; ci < 10; ci++)
+                for (int ri = 0; ri < 4; ri++, k++) {
+                    int64_t cols = COLS[ci], rows = ROWS[ri];
+                    int n = NS[k % 6];
+                    while (n > 1 && rows * cols * n > 300000) n = n > 2 ? 2 : 1; /* keep it quick */
+                    if (rows * cols > 300000) rows = 17;
+                    tw t = tw_make(FMTS[f].q, rows, cols, FMTS[f].sdt ? FMTS[f].sdt : PT_F32,
+                                   FMTS[f].br, FMTS[f].bc);
+                    float *xb, *yb, *x = xalloc(n, cols, &xb), *y = yalloc(n, rows, &yb);
+                    kn_matmul(&t.v, x, n, y);
+                    int bad = compare_mm(&t.v, x, n, y);
+                    CHECK_MSG(bad == 0, "%s %s sdt %d rows %lld cols %lld n %d: %d bad (seed %llu)",
+                              ISAS[isa], pt_qtype_name(FMTS[f].q), FMTS[f].sdt, (long long)rows,
+                              (long long)cols, n, bad, (unsigned long long)seed);
+                    free(xb); free(yb); tw_free(&t);
+                }
+    }
+    kn_force_isa("auto");
+}
+
+/* Row i of a batch of 17 equals the same row computed alone, bitwise; and the thread count
+ * does not change anything either. */
+TEST(kernels, row_independence) {
+    uint64_t seed = rng_seed();
+    const int64_t shapes[][2] = {{37, 1000}, {40, 129}, {5, 6144}};
+    for (int isa = 0; isa < NISA; isa++) {
+        if (kn_force_isa(ISAS[isa]) != 0) continue;
+        for (int f = 0; f < NFMT; f++)
+            for (int si = 0; si < 3; si++) {
+                int64_t rows = shapes[si][0], cols = shapes[si][1];
+                const int n = 17;
+                tw t = tw_make(FMTS[f].q, rows, cols, FMTS[f].sdt ? FMTS[f].sdt : PT_F32,
+                               FMTS[f].br, FMTS[f].bc);
+                float *xb, *yb, *y1b, *x = xalloc(n, cols, &xb), *y = yalloc(n, rows, &yb);
+                float *y1 = yalloc(1, rows, &y1b);
+                kn_matmul(&t.v, x, n, y);
+                int bad = 0;
+                for (int i = 0; i < n; i += 3) {
+                    kn_matmul(&t.v, x + i * cols, 1, y1);
+                    bad += memcmp(y1, y + i * rows, (size_t)rows * 4) != 0;
+                    if (i == 6) { /* batch of 2 starting mid-way */
+                        float *y2b, *y2 = yalloc(2, rows, &y2b);
+                        kn_matmul(&t.v, x + i * cols, 2, y2);
+                        bad += memcmp(y2, y + i * rows, (size_t)rows * 8) != 0;
+                        free(y2b);
+                    }
+                }
+                CHECK_MSG(bad == 0, "%s %s rows %lld cols %lld: %d rows differ (seed %llu)",
+                          ISAS[isa], pt_qtype_name(FMTS[f].q), (long long)rows, (long long)cols,
+                          bad, (unsigned long long)seed);
+                free(xb); free(yb); free(y1b); tw_free(&t);
+            }
+    }
+    /* thread count: 1 vs 3 threads, a shape with many tasks */
+    tw t = tw_make(PT_Q4_G64, 515, 1000, PT_BF16, 0, 0);
+    float *xb, *yb, *y3b, *x = xalloc(5, 1000, &xb), *y = yalloc(5, 515, &yb),
+          *y3 = yalloc(5, 515, &y3b);
+    kn_force_isa("auto");
+    int before = kn_threads();
+    kn_init(1);
+    kn_matmul(&t.v, x, 5, y);
+    kn_init(3);
+    kn_matmul(&t.v, x, 5, y3);
+    CHECK(memcmp(y, y3, 515 * 5 * 4) == 0);
+    kn_init(before);
+    free(xb); free(yb); free(y3b); tw_free(&t);
+}
+
+/* ---- thread pool ---- */
+typedef struct { _Atomic int *hits; int n_threads; _Atomic int bad; pt_pool *p; } pool_ctx;
+static void pool_fn(void *c, int task, int thread) {
+    pool_ctx *pc = c;
+    if (thread < 0 || thread >= pc->n_threads) atomic_fetch_add(&pc->bad, 1);
+    atomic_fetch_add(&pc->hits[task], 1);
+}
+static void nested_fn(void *c, int task, int thread) {
+    pool_ctx *pc = c;
+    (void)thread;
+    if (task == 0) { /* a nested run goes inline */
+        _Atomic int h[4] = {0, 0, 0, 0};
+        pool_ctx inner = {h, pc->n_threads, 0, pc->p};
+        pool_run(pc->p, 4, pool_fn, &inner);
+        for (int i = 0; i < 4; i++) if (h[i] != 1) atomic_fetch_add(&pc->bad, 1);
+    }
+    atomic_fetch_add(&pc->hits[task], 1);
+}
+static void *pool_thread(void *arg) {
+    pool_ctx *pc = arg;
+    for (int rep = 0; rep < 200; rep++) {
+        _Atomic int h[7] = {0};
+        pool_ctx c = {h, pc->n_threads, 0, pc->p};
+        pool_run(pc->p, 7, pool_fn, &c);
+        for (int i = 0; i < 7; i++) if (h[i] != 1) atomic_fetch_add(&pc->bad, 1);
+        if (c.bad) atomic_fetch_add(&pc->bad, 1);
+    }
+    return NULL;
+}
+
+TEST(kernels, pool) {
+    for (int nt = 1; nt <= 4; nt++) {
+        pt_pool *p = pool_create(nt);
+        CHECK(p != NULL);
+        CHECK_EQ_INT(pool_threads(p), nt);
+        _Atomic int hits[1000];
+        for (int rep = 0; rep < 300; rep++) {
+            int nt_tasks = 1 + rep % 37 + (rep == 7 ? 900 : 0);
+            for (int i = 0; i < nt_tasks; i++) hits[i] = 0;
+            pool_ctx c = {hits, nt, 0, p};
+            pool_run(p, nt_tasks, pool_fn, &c);
+            int bad = c.bad;
+            for (int i = 0; i < nt_tasks; i++) bad += hits[i] != 1;
+            CHECK_EQ_INT(bad, 0);
+        }
+        _Atomic int h2[8] = {0};
+        pool_ctx c2 = {h2, nt, 0, p};
+        pool_run(p, 8, nested_fn, &c2);
+        CHECK_EQ_INT(c2.bad, 0);
+        for (int i = 0; i < 8; i++) CHECK_EQ_INT(h2[i], 1);
+        /* two application threads sharing the pool */
+        pool_ctx shared = {NULL, nt, 0, p};
+        pthread_t th;
+        pthread_create(&th, NULL, pool_thread, &shared);
+        pool_thread(&shared);
+        pthread_join(th, NULL);
+        CHECK_EQ_INT(shared.bad, 0);
+        pool_destroy(p);
+    }
+    pool_run(NULL, 3, pool_fn, &(pool_ctx){(_Atomic int[3]){0, 0, 0}, 1, 0, NULL});
+}
+
+/* ---- vector helpers ---- */
+static const int64_t HN[] = {1, 7, 15, 16, 17, 31, 33, 100, 1000, 6144};
+
+TEST(kernels, helpers_vs_ref) {
+    uint64_t seed = rng_seed();
+    for (int isa = 0; isa < NISA; isa++) {
+        if (kn_force_isa(ISAS[isa]) != 0) continue;
+        for (int hi = 0; hi < 10; hi++) {
+            int64_t n = HN[hi];
+            float *ab = malloc((size_t)(n + 2) * 4), *bb = malloc((size_t)(n + 2) * 4);
+            float *cb = malloc((size_t)(n + 2) * 4), *db = malloc((size_t)(n + 2) * 4);
+            float *a = ab + 1, *b = bb + 1, *c = cb + 1, *d = db + 1;
+            double mag = 0;
+            for (int64_t j = 0; j < n; j++) {
+                a[j] = frand() * 4; b[j] = frand() * 4;
+                mag += fabs((double)a[j] * b[j]);
+            }
+            CHECK_NEAR(kn_dot(a, b, n), kn_ref_dot(a, b, n), 1e-5 * mag + 1e-30);
+            memcpy(c, b, (size_t)n * 4); memcpy(d, b, (size_t)n * 4);
+            kn_axpy(c, 0.37f, a, n); kn_ref_axpy(d, 0.37f, a, n);
+            for (int64_t j = 0; j < n; j++) CHECK_NEAR(c[j], d[j], 1e-6 * (fabs(d[j]) + 1));
+            for (int wi = 0; wi < 2; wi++) {
+                for (int64_t j = 0; j < n; j++) c[j] = NAN;
+                kn_rmsnorm(c, a, wi ? b : NULL, n, 1e-6f);
+                kn_ref_rmsnorm(d, a, wi ? b : NULL, n, 1e-6f);
+                for (int64_t j = 0; j < n; j++) CHECK_NEAR(c[j], d[j], 1e-5 * (fabs(d[j]) + 1e-3));
+            }
+            memcpy(c, a, (size_t)n * 4); memcpy(d, a, (size_t)n * 4);
+            c[n / 2] = d[n / 2] = -INFINITY;
+            if (n > 1) { kn_softmax(c, n); kn_ref_softmax(d, n); }
+            for (int64_t j = 0; j < n && n > 1; j++) CHECK_NEAR(c[j], d[j], 1e-6 * fabs(d[j]) + 1e-9);
+            for (int64_t j = 0; j < n; j++) c[j] = NAN;
+            kn_silu_mul(c, a, b, n); kn_ref_silu_mul(d, a, b, n);
+            for (int64_t j = 0; j < n; j++) CHECK_NEAR(c[j], d[j], 1e-5 * (fabs(d[j]) + 1e-3));
+            free(ab); free(bb); free(cb); free(db);
+        }
+    }
+    (void)seed;
+    float all_inf[3] = {-INFINITY, -INFINITY, -INFINITY};
+    kn_softmax(all_inf, 3);
+    CHECK(all_inf[0] == 0.f && all_inf[2] == 0.f);
+    float one = 5.f;
+    kn_softmax(&one, 1);
+    CHECK(one == 1.f);
+    kn_force_isa("auto");
+}
+
+TEST(kernels, topk) {
+    rng_seed();
+    for (int rep = 0; rep < 50; rep++) {
+        int n = 1 + (int)(rnd() % 300), k = (int)(rnd() % (n + 3));
+        float *v = malloc((size_t)n * 4);
+        for (int i = 0; i < n; i++) v[i] = (float)(rnd() % 20) - 10.f; /* many ties */
+        if (rep % 5 == 0) v[rnd() % n] = NAN;
+        int32_t *idx = malloc((size_t)(n + 3) * 4);
+        int got = kn_topk(v, n, k, idx);
+        CHECK_EQ_INT(got, k < n ? k : n);
+        /* naive: repeatedly take the best remaining (largest value, then lowest index) */
+        char *used = calloc((size_t)n, 1);
+        for (int t = 0; t < got; t++) {
+            int best = -1;
+            for (int i = 0; i < n; i++) {
+                if (used[i]) continue;
+                if (best < 0) { best = i; continue; }
+                int bn = isnan(v[best]), in = isnan(v[i]);
+                if (bn && !in) best = i;
+                else if (!bn && !in && v[i] > v[best]) best = i;
+            }
+            used[best] = 1;
+            CHECK_EQ_INT(idx[t], best);
+        }
+        free(v); free(idx); free(used);
+    }
+    float v[5] = {1, 3, 3, 2, 3};
+    int32_t idx[5];
+    CHECK_EQ_INT(kn_topk(v, 5, 2, idx), 2);
+    CHECK_EQ_INT(idx[0], 1);
+    CHECK_EQ_INT(idx[1], 2);
+    CHECK_EQ_INT(kn_topk(v, 5, 0, idx), 0);
+}

@@ -1,0 +1,185 @@
+/* test_stream.c: expert streaming through the engine. A pack of each fixture is opened fully
+ * resident and with a tiny slot budget (--expert-slots 1..K); logits must be bitwise equal in
+ * prefill and decode. Faults injected at the I/O seam fail that request with a clear error and
+ * leave the engine usable; a corrupted expert record is detected. A budget that cannot be met is
+ * refused at open. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "experts/xs.h"
+#include "io/convert.h"
+#include "io/pack.h"
+#include "io/safetensors.h"
+#include "model/engine.h"
+#include "test.h"
+
+static const char *make_pack(const char *fixture, int quant) {
+    static char path[8][512];
+    static int slot;
+    char *p = path[slot++ & 7];
+    snprintf(p, 512, "%s/%s-%d.pack", test_tmpdir(), fixture, quant);
+    convert_opts o;
+    memset(&o, 0, sizeof o);
+    o.quant = quant;
+    convert_result res;
+    petrel_error err = {0};
+    if (convert_hf(test_data(fixture), p, &o, &res, &err)) test_fail(__FILE__, __LINE__, "convert %s: %s", fixture, err.msg);
+    return p;
+}
+
+static float *logits_of(petrel_engine *e, const int32_t *ids, int T, int decode, int *rc_out, petrel_error *err) {
+    int V = e->cfg.vocab_size;
+    float *lg = malloc(sizeof(float) * (size_t)T * V);
+    petrel_session *s;
+    int rc = petrel_session_create(e, T, &s, err);
+    if (rc == 0) {
+        if (decode)
+            for (int t = 0; t < T && rc == 0; t++) rc = petrel_session_forward(s, ids + t, 1, lg + (size_t)t * V, 0, err);
+        else rc = petrel_session_forward(s, ids, T, lg, 1, err);
+        petrel_session_free(s);
+    }
+    *rc_out = rc;
+    return lg;
+}
+
+static void check_bitwise(const char *fixture, int quant) {
+    const char *pk = make_pack(fixture, quant);
+    petrel_error err = {0};
+    petrel_engine *res = NULL, *str = NULL;
+    petrel_open_opts o1 = {0}, o2 = {0};
+    o2.expert_slots = 1;
+    CHECK(petrel_engine_open(pk, &o1, &res, &err) == 0);
+    CHECK_MSG(petrel_engine_open(pk, &o2, &str, &err) == 0, "%s", err.msg);
+    if (!res || !str) { petrel_engine_close(res); petrel_engine_close(str); return; }
+    CHECK(res->xs == NULL);
+    CHECK(str->xs != NULL);
+    /* slots are at least top-k; with one requested, the plan raises it to the minimum */
+    CHECK_EQ_INT(xs_store_slots(str->xs), 1);
+    char p[600];
+    snprintf(p, sizeof p, "%s/golden.safetensors", test_data(fixture));
+    st_set *g;
+    CHECK(st_open(p, &g, &err) == 0);
+    for (int pi = 0;; pi++) {
+        char n[64];
+        snprintf(n, sizeof n, "prompt_%d.ids", pi);
+        const st_tensor *ids = st_find(g, n);
+        if (!ids) break;
+        int T = (int)ids->shape[0], V = res->cfg.vocab_size;
+        for (int dec = 0; dec < 2; dec++) {
+            int rc1, rc2;
+            float *a = logits_of(res, (const int32_t *)ids->data, T, dec, &rc1, &err);
+            float *b = logits_of(str, (const int32_t *)ids->data, T, dec, &rc2, &err);
+            CHECK(rc1 == 0 && rc2 == 0);
+            CHECK_MSG(!memcmp(a, b, sizeof(float) * (size_t)T * V), "%s prompt %d %s: streamed logits differ from resident", fixture, pi,
+                      dec ? "decode" : "prefill");
+            free(a);
+            free(b);
+        }
+    }
+    xs_stats st;
+    xs_store_stats(str->xs, &st);
+    CHECK(st.misses > 0 && st.evictions > 0); /* the test really streamed */
+    st_close(g);
+    petrel_engine_close(res);
+    petrel_engine_close(str);
+}
+
+TEST(stream, bitwise_tiny_bf16) { check_bitwise("tiny", CVQ_BF16); }
+TEST(stream, bitwise_fp8_q4) { check_bitwise("tiny-fp8", CVQ_Q4); }
+
+static int fault_mode;
+static void fault_hook(void *ctx, int layer, int expert, int attempt, xs_fault *f) {
+    (void)ctx;
+    (void)layer;
+    (void)expert;
+    (void)attempt;
+    if (fault_mode == 1) f->kind = XS_FAULT_ERROR;
+    if (fault_mode == 2) { f->kind = XS_FAULT_SHORT; f->short_bytes = 100; }
+}
+
+TEST(stream, faults_fail_cleanly) {
+    const char *pk = make_pack("tiny", CVQ_BF16);
+    petrel_error err = {0};
+    petrel_engine *e = NULL;
+    petrel_open_opts o = {0};
+    o.expert_slots = 4;
+    CHECK(petrel_engine_open(pk, &o, &e, &err) == 0);
+    if (!e) return;
+    int32_t ids[12] = {5, 17, 300, 42, 7, 9, 11, 500, 600, 700, 800, 900};
+    int rc;
+    float *good = logits_of(e, ids, 12, 0, &rc, &err);
+    CHECK(rc == 0);
+    for (int mode = 1; mode <= 2; mode++) {
+        xs_io_fault_hook = fault_hook;
+        fault_mode = mode;
+        /* a fresh session: its first tokens need experts not all resident (4 slots of 16) */
+        int32_t other[12] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+        float *bad = logits_of(e, other, 12, 0, &rc, &err);
+        CHECK_MSG(rc < 0, "mode %d: injected fault not reported", mode);
+        CHECK_MSG(strstr(err.msg, "expert") != NULL, "mode %d: message \"%s\"", mode, err.msg);
+        free(bad);
+        xs_io_fault_hook = NULL;
+        fault_mode = 0;
+        float *again = logits_of(e, ids, 12, 0, &rc, &err); /* usable afterwards, same answer */
+        CHECK(rc == 0);
+        CHECK(!memcmp(again, good, sizeof(float) * 12 * 1024));
+        free(again);
+    }
+    free(good);
+    petrel_engine_close(e);
+}
+
+TEST(stream, corrupt_record_detected) {
+    const char *pk = make_pack("tiny", CVQ_Q8);
+    petrel_error err = {0};
+    petrel_engine *e = NULL;
+    CHECK(petrel_engine_open(pk, NULL, &e, &err) == 0);
+    if (!e) return;
+    uint64_t off, bytes, x;
+    CHECK(pack_expert_record(e->pack, 3, 5, &off, &bytes, &x) == 0);
+    petrel_engine_close(e);
+    FILE *f = fopen(pk, "r+b");
+    CHECK(f != NULL);
+    if (!f) return;
+    fseek(f, (long)(off + 17), SEEK_SET);
+    int ch = fgetc(f);
+    fseek(f, (long)(off + 17), SEEK_SET);
+    fputc(ch ^ 0x40, f);
+    fclose(f);
+    petrel_open_opts o = {0};
+    o.expert_slots = 16; /* all experts fit: a full pass reads every expert once */
+    CHECK(petrel_engine_open(pk, &o, &e, &err) == 0);
+    if (!e) return;
+    int32_t ids[64];
+    for (int i = 0; i < 64; i++) ids[i] = (i * 37 + 11) % 1024;
+    int rc, hit = 0;
+    for (int trial = 0; trial < 8 && !hit; trial++) {
+        for (int i = 0; i < 64; i++) ids[i] = (ids[i] * 13 + trial) % 1024;
+        float *lg = logits_of(e, ids, 64, 0, &rc, &err);
+        free(lg);
+        if (rc < 0) {
+            CHECK_MSG(strstr(err.msg, "checksum") != NULL, "message \"%s\"", err.msg);
+            hit = 1;
+        }
+    }
+    CHECK_MSG(hit, "the corrupted expert 3/5 was never reported");
+    petrel_engine_close(e);
+}
+
+TEST(stream, budget_refused) {
+    const char *pk = make_pack("tiny", CVQ_BF16);
+    petrel_error err = {0};
+    petrel_engine *e = NULL;
+    petrel_open_opts o = {0};
+    o.mem_budget = 100000; /* 100 KB: not even the resident weights */
+    CHECK(petrel_engine_open(pk, &o, &e, &err) == PETREL_ENOMEM);
+    CHECK(e == NULL);
+    CHECK_MSG(strstr(err.msg, "budget") != NULL, "message \"%s\"", err.msg);
+    o.mem_budget = 1ull << 30; /* plenty: every expert fits */
+    CHECK(petrel_engine_open(pk, &o, &e, &err) == 0);
+    if (e) CHECK_EQ_INT(xs_store_slots(e->xs), 16);
+    petrel_engine_close(e);
+    o.mem_budget = 0;
+    o.expert_slots = 2;
+    CHECK(petrel_engine_open(test_data("tiny"), &o, &e, &err) == PETREL_EUNSUPPORTED); /* HF folder: needs a pack */
+}
