@@ -32,7 +32,9 @@ int cli_model_opt(int argc, char **argv, int *i, cli_model_opts *mo);
     "  --model DIR|FILE     Hugging Face folder, petrel pack or colibri folder\n"  \
     "  --threads N          compute threads (default: all cores)\n"                \
     "  --mem-budget SIZE    whole-process memory budget, e.g. 4G (default: none)\n" \
-    "  --expert-slots N     routed-expert slots per layer (default: from budget)\n"
+    "  --expert-slots N     routed-expert slots per layer (default: all resident, or from budget)\n" \
+    "  --trace-out FILE     record the routing (token, MoE layer, expert ids) to FILE\n"  \
+    "  -v, --verbose        print the memory plan and progress on stderr\n"
 
 #define CLI_CMD(name) int cmd_##name(int argc, char **argv)
 CLI_CMD(info);

@@ -85,11 +85,15 @@ int cli_model_opt(int argc, char **argv, int *i, cli_model_opts *mo) {
     int is_thr = !strcmp(a, "--threads") || !strcmp(a, "-t");
     int is_bud = !strcmp(a, "--mem-budget");
     int is_slots = !strcmp(a, "--expert-slots");
-    if (!is_model && !is_thr && !is_bud && !is_slots) return 0;
+    int is_trace = !strcmp(a, "--trace-out");
+    int is_verbose = !strcmp(a, "--verbose") || !strcmp(a, "-v");
+    if (is_verbose) { mo->open.verbose = 1; return 1; }
+    if (!is_model && !is_thr && !is_bud && !is_slots && !is_trace) return 0;
     if (*i + 1 >= argc) { cli_fail("%s needs a value", a); return -1; }
     const char *v = argv[++*i];
     long n;
     if (is_model) mo->model = v;
+    else if (is_trace) mo->open.trace_out = v;
     else if (is_thr) {
         if (cli_parse_int(v, 0, 1024, &n)) { cli_fail("--threads: \"%s\" is not a number in 0..1024", v); return -1; }
         mo->open.n_threads = (int)n;

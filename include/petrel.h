@@ -44,6 +44,7 @@ typedef struct petrel_open_opts {
     uint64_t mem_budget;    /* whole-process budget in bytes; 0 = unlimited */
     int expert_slots;       /* per-layer expert slots; 0 = derive from the budget / resident */
     int plan_context;       /* tokens of KV the memory plan reserves; 0 = 4096 */
+    const char *trace_out;  /* write the routing trace (layer, token, expert ids) here at close */
 } petrel_open_opts;
 
 /* Opens a model folder (Hugging Face checkpoint) or file. */

@@ -183,3 +183,33 @@ TEST(stream, budget_refused) {
     o.expert_slots = 2;
     CHECK(petrel_engine_open(test_data("tiny"), &o, &e, &err) == PETREL_EUNSUPPORTED); /* HF folder: needs a pack */
 }
+
+/* --trace-out: the engine records every token's experts per MoE layer, in token order, and the
+ * file reads back with the same routing the forward used. */
+TEST(stream, trace_out_roundtrip) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/route.trace", test_tmpdir());
+    petrel_error err = {0};
+    petrel_engine *e = NULL;
+    petrel_open_opts o = {0};
+    o.trace_out = path;
+    CHECK(petrel_engine_open(test_data("tiny"), &o, &e, &err) == 0);
+    if (!e) return;
+    int32_t ids[10] = {5, 17, 300, 42, 7, 9, 11, 500, 600, 700};
+    int rc;
+    free(logits_of(e, ids, 7, 0, &rc, &err)); /* a 7-row batch */
+    CHECK(rc == 0);
+    free(logits_of(e, ids, 3, 1, &rc, &err)); /* then 3 single rows (new session) */
+    CHECK(rc == 0);
+    int n_moe = e->n_moe, K = e->cfg.num_experts_per_tok;
+    petrel_engine_close(e); /* writes the file */
+    xs_trace t;
+    CHECK(xs_trace_read(&t, path, &err) == 0);
+    CHECK_EQ_INT(t.n_tokens, 10);
+    CHECK_EQ_INT(t.n_layers, n_moe);
+    CHECK_EQ_INT(t.topk, K);
+    /* token 7 (first row of the second session) routes like token 0: same id, same position */
+    CHECK(!memcmp(t.ids + (size_t)7 * n_moe * K, t.ids, sizeof(int16_t) * (size_t)n_moe * K));
+    for (int i = 0; i < t.n_tokens * n_moe * K; i++) CHECK(t.ids[i] >= 0 && t.ids[i] < 16);
+    xs_trace_deinit(&t);
+}

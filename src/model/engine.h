@@ -30,11 +30,20 @@ struct petrel_engine {
     struct xs_store *xs;  /* owned, NULL when every expert is resident */
     int *moe_index;       /* owned [L + 1] (the MTP layer last) */
     char plan_text[1024]; /* the memory plan, printed at open when verbose */
+    int n_moe;            /* MoE layers with routed experts (store / trace layers) */
+    /* Routing trace recording (--trace-out): rows of one forward batch are buffered
+     * [row][moe layer][K] and appended in token order when the batch ends. */
+    struct xs_trace *trace;  /* owned, NULL when not recording */
+    int32_t *trace_buf;      /* owned [256][n_moe][K] */
+    char trace_out[4096];
 };
 
 /* Expert streaming glue (stream.c). */
 int stream_open(petrel_engine *e, const petrel_open_opts *opts, petrel_error *err);
 void stream_close(petrel_engine *e);
+/* Trace recording: note one MoE layer's routing of a batch; flush the batch in token order. */
+void stream_trace_note(petrel_engine *e, int layer, const int32_t *idx, int T, int K);
+int stream_trace_flush(petrel_engine *e, int T, petrel_error *err);
 /* Arena bytes a session of ctx tokens takes (for memory plans). */
 size_t session_scratch_estimate(const petrel_config *c, int ctx);
 
@@ -75,10 +84,7 @@ struct petrel_session {
     int dsa_always_score; /* test hook: score and top-k even when every causal key fits */
     fwd_trace *trace;   /* test hook */
     fwd_stats stats;    /* accumulated timings; reset by the caller */
-    /* Routing observer (trace recording): called per MoE layer with idx [T][K] for positions
-     * pos..pos+T-1. NULL = off. */
-    void (*route_log)(void *ctx, int layer, int pos, const int32_t *idx, int T, int K);
-    void *route_log_ctx;
+
 };
 
 void *ar_alloc(arena *a, size_t bytes);

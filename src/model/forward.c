@@ -112,6 +112,7 @@ int fwd_batch(petrel_session *s, const int32_t *ids, int T, float *logits, int l
     LAP(FS_HEAD);
 #undef LAP
     s->stats.rows += (uint64_t)T;
+    if (e->trace) PT_TRY(stream_trace_flush((petrel_engine *)e, T, err));
     s->len = P + T;
     return 0;
 }

@@ -144,7 +144,7 @@ int moe_forward(petrel_session *s, int l, const layer_w *lw, const layer_w *next
     int U = 0;
     for (int e = 0; e < E; e++)
         if (chosen[e]) uniq[U++] = e;
-    if (s->route_log) s->route_log(s->route_log_ctx, l, s->len, idx, T, K);
+    if (eng->trace) stream_trace_note((petrel_engine *)eng, l, idx, T, K);
     /* Lookahead: the next MoE layer's router applied to this layer's input predicts the experts
      * it will want; their reads start now and overlap this layer's compute. */
     xs_store *xst = eng->xs;

@@ -18,7 +18,7 @@
 static int rec_cb(void *ctx, int layer, int expert, uint64_t *off, uint64_t *bytes, uint64_t *xxh, petrel_error *err) {
     const petrel_engine *e = ctx;
     int L = -1;
-    for (int l = 0; l <= e->cfg.num_hidden_layers; l++)
+    for (int l = 0; l < e->cfg.num_hidden_layers; l++)
         if (e->moe_index[l] == layer) L = l;
     if (L < 0 || pack_expert_record(e->pack, L, expert, off, bytes, xxh))
         return pt_err(err, PETREL_EINVAL, "pack has no expert record for MoE layer %d expert %d", layer, expert);
@@ -28,7 +28,7 @@ static int rec_cb(void *ctx, int layer, int expert, uint64_t *off, uint64_t *byt
 static int views_cb(void *ctx, int layer, int expert, const uint8_t *rec, pt_wview *g, pt_wview *u, pt_wview *d, petrel_error *err) {
     (void)expert;
     const petrel_engine *e = ctx;
-    for (int l = 0; l <= e->cfg.num_hidden_layers; l++)
+    for (int l = 0; l < e->cfg.num_hidden_layers; l++)
         if (e->moe_index[l] == layer) {
             if (pack_expert_views(e->pack, l, rec, g, u, d)) break;
             return 0;
@@ -37,24 +37,31 @@ static int views_cb(void *ctx, int layer, int expert, const uint8_t *rec, pt_wvi
 }
 
 int stream_open(petrel_engine *e, const petrel_open_opts *o, petrel_error *err) {
+    const petrel_config *c = &e->cfg;
+    int L = c->num_hidden_layers, nm = 0;
+    e->moe_index = malloc(sizeof(int) * (size_t)(L + 1));
+    if (!e->moe_index) return pt_err(err, PETREL_ENOMEM, "out of memory");
+    for (int l = 0; l <= L; l++) e->moe_index[l] = l < L && c->layer_is_moe[l] ? nm++ : -1;
+    e->n_moe = nm;
+    if (o && o->trace_out && nm) {
+        e->trace = calloc(1, sizeof(xs_trace));
+        e->trace_buf = malloc(sizeof(int32_t) * 256 * (size_t)nm * (size_t)c->num_experts_per_tok);
+        if (!e->trace || !e->trace_buf || xs_trace_init(e->trace, nm, c->n_routed_experts, c->num_experts_per_tok))
+            return pt_err(err, PETREL_ENOMEM, "out of memory for the routing trace");
+        snprintf(e->trace_out, sizeof e->trace_out, "%s", o->trace_out);
+    }
     if (!o || (!o->mem_budget && !o->expert_slots)) return 0;
     if (!e->pack)
         return pt_err(err, PETREL_EUNSUPPORTED,
                       "--mem-budget / --expert-slots stream experts from a petrel pack; convert this model first (petrel convert --in %s --out model.pack)",
                       e->path);
-    const petrel_config *c = &e->cfg;
-    int L = c->num_hidden_layers, nm = 0;
-    e->moe_index = malloc(sizeof(int) * (size_t)(L + 1));
-    if (!e->moe_index) return pt_err(err, PETREL_ENOMEM, "out of memory");
     uint64_t rec_max = 0;
-    for (int l = 0; l <= L; l++) {
+    for (int l = 0; l < L; l++) {
         uint64_t off, bytes, x;
-        int is_moe = l < L ? c->layer_is_moe[l] : e->w.has_mtp;
-        e->moe_index[l] = -1;
-        if (is_moe && pack_expert_record(e->pack, l, 0, &off, &bytes, &x) == 0) {
-            e->moe_index[l] = nm++;
-            if (bytes > rec_max) rec_max = bytes;
-        }
+        if (e->moe_index[l] < 0) continue;
+        if (pack_expert_record(e->pack, l, 0, &off, &bytes, &x))
+            return pt_err(err, PETREL_EFORMAT, "%s: no expert records for MoE layer %d", e->path, l);
+        if (bytes > rec_max) rec_max = bytes;
     }
     if (!nm) return 0;
     int ctx = o->plan_context > 0 ? o->plan_context : 4096;
@@ -82,7 +89,33 @@ int stream_open(petrel_engine *e, const petrel_open_opts *o, petrel_error *err) 
     return 0;
 }
 
+void stream_trace_note(petrel_engine *e, int layer, const int32_t *idx, int T, int K) {
+    int ml = e->moe_index[layer];
+    if (ml < 0) return;
+    for (int r = 0; r < T && r < 256; r++)
+        memcpy(e->trace_buf + ((size_t)r * e->n_moe + ml) * K, idx + (size_t)r * K, sizeof(int32_t) * (size_t)K);
+}
+
+int stream_trace_flush(petrel_engine *e, int T, petrel_error *err) {
+    int K = e->cfg.num_experts_per_tok;
+    for (int r = 0; r < T && r < 256; r++) {
+        int tok = e->trace->n_tokens;
+        for (int ml = 0; ml < e->n_moe; ml++) PT_TRY(xs_trace_add(e->trace, tok, ml, e->trace_buf + ((size_t)r * e->n_moe + ml) * K, K, err));
+    }
+    return 0;
+}
+
 void stream_close(petrel_engine *e) {
+    if (e->trace) {
+        petrel_error ignore = {0};
+        if (e->trace->n_tokens && xs_trace_write(e->trace, e->trace_out, &ignore))
+            fprintf(stderr, "petrel: %s\n", ignore.msg); /* close cannot fail; say it */
+        xs_trace_deinit(e->trace);
+        free(e->trace);
+        e->trace = NULL;
+    }
+    free(e->trace_buf);
+    e->trace_buf = NULL;
     if (e->xs) {
         char up[4200];
         petrel_error ignore = {0};
