@@ -1,7 +1,7 @@
 /* cmd_bench.c: `petrel bench` measures decode and prefill speed of a model and compares decode
  * with its floor: the weight bytes one decode token reads divided by the machine's memory read
- * bandwidth, measured in the same run (decode_floor_ratio = decode time / floor; 1.0 = bound by
- * memory). Bytes per token are counted from the views a decode step uses: every resident
+ * bandwidth, measured in the same run (decode_floor_ratio = median decode step / floor; 1.0 = bound
+ * by memory). Bytes per token are counted from the views a decode step uses: every resident
  * non-expert matrix of every layer, num_experts_per_tok routed experts per MoE layer, the shared
  * expert, lm_head, one embedding row and the norm vectors; the MTP layer is not run and not
  * counted. The pack's map is touched once before timing so that page faults are not measured.
@@ -88,6 +88,11 @@ static int bench_golden(petrel_engine *eng, const char *path, int json) {
     return 0;
 }
 
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
 /* ---- memory bandwidth ---- */
 typedef struct { const uint64_t *p; size_t n; uint64_t sum; } bwjob;
 static void *bw_thread(void *a) {
@@ -147,16 +152,26 @@ static void cpu_model(char *out, size_t n) {
 }
 
 /* ---- bytes per decode token ---- */
+/* Payload plus scales of a view (wview_bytes counts scales of FP8 only). */
+static uint64_t vbytes(const pt_wview *W) {
+    uint64_t b = (uint64_t)W->rows * (uint64_t)W->row_bytes;
+    int es = W->scale_dtype == PT_F32 ? 4 : 2;
+    switch (W->qtype) {
+    case PT_Q8_ROW: return b + (uint64_t)W->rows * 4;
+    case PT_Q8_G32: case PT_Q4_G64: return b + (uint64_t)W->rows * (uint64_t)W->scale_cols * (uint64_t)es;
+    default: return wview_bytes(W);
+    }
+}
 static uint64_t layer_bytes(const petrel_config *c, const layer_w *lw, uint64_t *experts) {
-    uint64_t b = wview_bytes(&lw->q_a_proj) + wview_bytes(&lw->q_b_proj) + wview_bytes(&lw->kv_a_proj_with_mqa) +
-                 wview_bytes(&lw->kv_b_proj) + wview_bytes(&lw->o_proj);
+    uint64_t b = vbytes(&lw->q_a_proj) + vbytes(&lw->q_b_proj) + vbytes(&lw->kv_a_proj_with_mqa) +
+                 vbytes(&lw->kv_b_proj) + vbytes(&lw->o_proj);
     b += 4ull * (2 * (uint64_t)c->hidden_size + (uint64_t)c->q_lora_rank + (uint64_t)c->kv_lora_rank);
-    if (lw->has_indexer) b += wview_bytes(&lw->idx_wq_b) + wview_bytes(&lw->idx_wk) + wview_bytes(&lw->idx_weights_proj) + 8ull * (uint64_t)c->index_head_dim;
-    if (!lw->is_moe) return b + wview_bytes(&lw->gate_proj) + wview_bytes(&lw->up_proj) + wview_bytes(&lw->down_proj);
-    b += wview_bytes(&lw->router) + 4ull * (uint64_t)c->n_routed_experts;
-    if (lw->has_shared) b += wview_bytes(&lw->sh_gate) + wview_bytes(&lw->sh_up) + wview_bytes(&lw->sh_down);
+    if (lw->has_indexer) b += vbytes(&lw->idx_wq_b) + vbytes(&lw->idx_wk) + vbytes(&lw->idx_weights_proj) + 8ull * (uint64_t)c->index_head_dim;
+    if (!lw->is_moe) return b + vbytes(&lw->gate_proj) + vbytes(&lw->up_proj) + vbytes(&lw->down_proj);
+    b += vbytes(&lw->router) + 4ull * (uint64_t)c->n_routed_experts;
+    if (lw->has_shared) b += vbytes(&lw->sh_gate) + vbytes(&lw->sh_up) + vbytes(&lw->sh_down);
     /* all routed experts of a layer share one format and shape */
-    uint64_t e1 = wview_bytes(&lw->exp_gate[0]) + wview_bytes(&lw->exp_up[0]) + wview_bytes(&lw->exp_down[0]);
+    uint64_t e1 = vbytes(&lw->exp_gate[0]) + vbytes(&lw->exp_up[0]) + vbytes(&lw->exp_down[0]);
     *experts += e1 * (uint64_t)c->num_experts_per_tok;
     return b;
 }
@@ -203,7 +218,7 @@ CLI_CMD(bench) {
     const model_w *w = &eng->w;
     uint64_t resident = 0, experts = 0;
     for (int l = 0; l < c->num_hidden_layers; l++) resident += layer_bytes(c, &w->layers[l], &experts);
-    uint64_t head = wview_bytes(&w->lm_head) + (uint64_t)w->embed_tokens.row_bytes + 4ull * (uint64_t)c->hidden_size;
+    uint64_t head = vbytes(&w->lm_head) + (uint64_t)w->embed_tokens.row_bytes + 4ull * (uint64_t)c->hidden_size;
     uint64_t bytes_tok = resident + experts + head;
 
     /* warm the map so page faults are not timed */
@@ -212,7 +227,6 @@ CLI_CMD(bench) {
         for (uint64_t o = 0; o < eng->pack->file_size; o += 4096) s ^= eng->pack->map[o];
         (void)s;
     }
-    double bw = measure_bw((size_t)bw_mib << 20, threads);
 
     petrel_session *s;
     int rc = 0;
@@ -237,16 +251,28 @@ CLI_CMD(bench) {
     if (!rc && ctx > prompt && petrel_session_forward(s, ids + prompt, (int)(ctx - prompt), lg, 0, &err)) rc = cli_fail_err("bench", &err);
     /* two untimed steps, then the timed ones */
     int32_t tok = ids[ctx - 1];
+    /* bandwidth is measured right before and right after the timed decode (the machine may be
+     * shared: both halves of the ratio should see the same conditions) */
+    double bw0 = rc ? 0 : measure_bw((size_t)bw_mib << 20, threads);
+    double *step_ms = calloc((size_t)steps, sizeof(double));
+    if (!step_ms) rc = cli_fail("bench: out of memory");
     for (int k = 0; !rc && k < 2 + steps; k++) { /* ctx + 2 + steps tokens in all */
         if (k == 2) { memset(&s->stats, 0, sizeof s->stats); t0 = pt_now_ns(); }
+        uint64_t ts = pt_now_ns();
         if (petrel_session_forward(s, &tok, 1, lg, 0, &err)) { rc = cli_fail_err("bench", &err); break; }
+        if (k >= 2) step_ms[k - 2] = (double)(pt_now_ns() - ts) / 1e6;
         int32_t best = 0;
         for (int v = 1; v < V; v++) if (lg[v] > lg[best]) best = v;
         tok = best;
     }
     if (!rc) {
         double dec_s = (double)(pt_now_ns() - t0) / 1e9;
-        double dms = dec_s * 1e3 / (double)steps;
+        double bw1 = measure_bw((size_t)bw_mib << 20, threads), bw = (bw0 + bw1) / 2;
+        double mean_ms = dec_s * 1e3 / (double)steps;
+        qsort(step_ms, (size_t)steps, sizeof(double), cmp_double);
+        double dms = step_ms[steps / 2], min_ms = step_ms[0]; /* median: robust to a shared machine */
+        printf("decode steps: median %.2f ms, mean %.2f ms, min %.2f ms, max %.2f ms; bandwidth before %.1f / after %.1f GB/s\n", dms,
+               mean_ms, min_ms, step_ms[steps - 1], bw0, bw1);
         double floor_ms = (double)bytes_tok / (bw * 1e9) * 1e3;
         double ratio = dms / floor_ms, pf = (double)prompt / prefill_s;
         printf("memory read bandwidth: %.1f GB/s (%d threads, %ld MiB buffer)\n", bw, threads, bw_mib);
@@ -259,14 +285,15 @@ CLI_CMD(bench) {
         if (json) {
             printf("{\"decode_ms\": %.4f, \"decode_tok_s\": %.4f, \"prefill_tok_s\": %.3f, \"bytes_per_token\": %" PRIu64
                    ", \"mem_bw_gbs\": %.3f, \"decode_floor_ratio\": %.4f, \"floor_ms\": %.4f, \"ctx\": %ld, \"prompt\": %ld, \"steps\": %ld, "
-                   "\"threads\": %d, \"isa\": \"%s\", \"cpu\": \"%s\", \"cores\": %ld, \"decode_breakdown_ms\": {",
-                   dms, 1e3 / dms, pf, bytes_tok, bw, ratio, floor_ms, ctx, prompt, steps, threads, kn_isa_name(), cpu, cores);
+                   "\"decode_mean_ms\": %.4f, \"decode_min_ms\": %.4f, \"threads\": %d, \"isa\": \"%s\", \"cpu\": \"%s\", \"cores\": %ld, \"decode_breakdown_ms\": {",
+                   dms, 1e3 / dms, pf, bytes_tok, bw, ratio, floor_ms, ctx, prompt, steps, mean_ms, min_ms, threads, kn_isa_name(), cpu, cores);
             for (int p = 0; p < FS_COUNT; p++) printf("%s\"%s\": %.4f", p ? ", " : "", fwd_part_names[p], (double)s->stats.ns[p] / 1e6 / (double)steps);
             printf("}, \"prefill_breakdown_ms\": {");
             for (int p = 0; p < FS_COUNT; p++) printf("%s\"%s\": %.3f", p ? ", " : "", fwd_part_names[p], (double)pst.ns[p] / 1e6);
             printf("}}\n");
         }
     }
+    free(step_ms);
     free(lg);
     free(ids);
     petrel_session_free(s);

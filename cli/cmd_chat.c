@@ -37,7 +37,7 @@ static const char *usage =
     "  --template FILE      the Jinja chat template (default: the model folder's\n"
     "                       chat_template.jinja or tokenizer_config.json chat_template)\n"
     "  --tokenizer FILE     tokenizer.json (default: DIR/tokenizer.json)\n"
-    "  -v, --verbose        per-turn token counts, cache reuse and speed on stderr\n" CLI_SAMPLING_OPTS_HELP
+    "With -v, stderr also gets per-turn token counts, cache reuse and speed.\n" CLI_SAMPLING_OPTS_HELP
     CLI_MODEL_OPTS_HELP
     "The bundled tests/data/tiny model has random weights: its replies are gibberish by design.\n";
 
@@ -167,6 +167,7 @@ CLI_CMD(chat) {
             if (cli_parse_int(argv[++i], 2, 1 << 30, &ctx_opt)) return cli_fail("chat: --ctx: \"%s\" is not a size >= 2", argv[i]);
         } else return cli_fail("chat: unknown or incomplete option \"%s\" (petrel chat --help)", a);
     }
+    if (mo.open.verbose) verbose = 1; /* cli_model_opt takes -v / --verbose (engine load plan too) */
     if (!mo.model) return cli_fail("chat: --model is required");
     if (!seed_set) sp.seed = cli_random_seed();
     char tbuf[4096];

@@ -27,7 +27,8 @@ static const char *usage =
     "after N tokens, or when the model's max_position_embeddings is reached.\n"
     "By default TEXT is a raw completion prompt: it is tokenized as is (special tokens such as\n"
     "<|user|> written in it are recognized; nothing is added). With --chat, TEXT becomes one user\n"
-    "message rendered through the model's chat template (add_generation_prompt=true).\n"
+    "message rendered through the model's chat template (add_generation_prompt=true), and\n"
+    "<|user|>, <|observation|> and <|endoftext|> also end the reply.\n"
     "  -p, --prompt TEXT    the prompt ('-' reads it from stdin)\n"
     "  -n N                 most tokens to generate (default 128; -1 = until eos or full context)\n"
     "  --raw                use TEXT as is, no chat template (the default; cancels --chat)\n"
@@ -37,7 +38,7 @@ static const char *usage =
     "  --template FILE      with --chat: the Jinja chat template (default: the model folder's\n"
     "                       chat_template.jinja or tokenizer_config.json chat_template)\n"
     "  --tokenizer FILE     tokenizer.json (default: DIR/tokenizer.json)\n"
-    "  -v, --verbose        prompt size, seed, speed and stop reason on stderr\n" CLI_SAMPLING_OPTS_HELP
+    "With -v, stderr also gets the seed, prompt size, speed and stop reason.\n" CLI_SAMPLING_OPTS_HELP
     CLI_MODEL_OPTS_HELP
     "The bundled tests/data/tiny model has random weights: its text is gibberish by design.\n";
 
@@ -114,7 +115,11 @@ const char *cli_tokenizer_path(const char *cmd, const char *tok_opt, const char 
         }
         return tok_opt;
     }
-    if (stat(model, &st) || !S_ISDIR(st.st_mode)) {
+    if (stat(model, &st)) {
+        cli_fail("%s: --model %s: no such folder or file", cmd, model);
+        return NULL;
+    }
+    if (!S_ISDIR(st.st_mode)) {
         cli_fail("%s: %s is not a model folder: give the tokenizer with --tokenizer FILE", cmd, model);
         return NULL;
     }
@@ -208,6 +213,7 @@ CLI_CMD(run) {
             if (cli_parse_int(argv[++i], -1, 1 << 30, &ngen)) return cli_fail("run: -n: \"%s\" is not a count (or -1)", argv[i]);
         } else return cli_fail("run: unknown or incomplete option \"%s\" (petrel run --help)", a);
     }
+    if (mo.open.verbose) verbose = 1; /* cli_model_opt takes -v / --verbose (engine load plan too) */
     if (!mo.model) return cli_fail("run: --model is required");
     if (!prompt) return cli_fail("run: -p TEXT is required (the prompt)");
     if (!seed_set) sp.seed = cli_random_seed();
@@ -234,7 +240,13 @@ CLI_CMD(run) {
     if (!rc && petrel_engine_open(mo.model, &mo.open, &eng, &err) < 0) rc = cli_fail_err("run", &err);
     if (!rc) {
         if (verbose) fprintf(stderr, "petrel run: seed %llu\n", (unsigned long long)sp.seed);
-        gen_opts go = {.max_tokens = (int)ngen};
+        /* with --chat, GLM's turn markers end the reply too (they are eos in GLM-5 configs) */
+        int32_t stops[3];
+        int n_stop = 0;
+        static const char *const stop_names[] = {"<|user|>", "<|observation|>", "<|endoftext|>"};
+        for (int k = 0; chat && k < 3; k++)
+            if ((stops[n_stop] = tok_token_to_id(tok, stop_names[k])) >= 0) n_stop++;
+        gen_opts go = {.max_tokens = (int)ngen, .stop_ids = stops, .n_stop = n_stop};
         gen_stats st = {0};
         run_out o = {0};
         if (generate_text(eng, tok, prompt, plen, &sp, &go, on_piece, &o, &st, &err) < 0) rc = cli_fail_err("run", &err);

@@ -359,3 +359,25 @@ TEST(kernels, topk) {
     CHECK_EQ_INT(idx[1], 2);
     CHECK_EQ_INT(kn_topk(v, 5, 0, idx), 0);
 }
+
+/* kn_matmul from a short-lived thread (its activation buffer is freed at thread exit: LSan). */
+static void *mm_thread(void *arg) {
+    tw *t = arg;
+    float *xb, *yb, *x = xalloc(2, t->v.cols, &xb), *y = yalloc(2, t->v.rows, &yb);
+    kn_matmul(&t->v, x, 2, y);
+    int bad = compare_mm(&t->v, x, 2, y);
+    free(xb); free(yb);
+    return (void *)(intptr_t)bad;
+}
+TEST(kernels, matmul_from_threads) {
+    rng_seed();
+    tw t = tw_make(PT_BF16, 33, 129, PT_F32, 0, 0);
+    pthread_t th[3];
+    for (int i = 0; i < 3; i++) pthread_create(&th[i], NULL, mm_thread, &t);
+    for (int i = 0; i < 3; i++) {
+        void *ret;
+        pthread_join(th[i], &ret);
+        CHECK_EQ_INT((intptr_t)ret, 0);
+    }
+    tw_free(&t);
+}

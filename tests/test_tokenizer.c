@@ -10,6 +10,7 @@
 #include <utf8proc.h>
 
 #include "test.h"
+#include "text/tok_internal.h" /* tok_normalize */
 #include "text/tokenizer.h"
 
 static char *slurp(const char *path, size_t *n) {
@@ -319,4 +320,48 @@ TEST(tokenizer, split_behaviors) {
         free(ids);
         tok_free(t);
     }
+}
+
+/* The NFC normalizer only runs utf8proc on stretches that can change: it must agree with a
+ * whole-string NFC on random mixes of starters, marks, Hangul jamo and precomposed letters. */
+TEST(tokenizer, nfc_chunked_matches_full) {
+    static const char *json =
+        "{\"normalizer\":{\"type\":\"NFC\"},\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]},"
+        "\"pre_tokenizer\":{\"type\":\"ByteLevel\",\"add_prefix_space\":false}}";
+    static const char *pool[] = {"a", "e", " ", "\xcc\x81" /* U+0301 */, "\xcc\x88", "\xcc\xa3" /* U+0323 */,
+                                 "\xc3\xa9", "\xe1\x84\x80" /* U+1100 L */, "\xe1\x85\xa1" /* U+1161 V */,
+                                 "\xe1\x86\xa8" /* U+11A8 T */, "\xea\xb0\x80" /* U+AC00 */, "\xe4\xb8\xad",
+                                 "\xe3\x81\x8b" /* ka */, "\xe3\x82\x99" /* U+3099 */, "\xe2\x84\xab" /* U+212B */,
+                                 "\xef\xac\x81", "\xe0\xa4\x95", "\xe0\xa4\xbc" /* U+093C */, "\xf0\x9f\x99\x82",
+                                 "\xe0\xbd\xb1" /* U+0F71 */, "\xe0\xbe\x80"};
+    tokenizer *t;
+    petrel_error err = {0};
+    int rc = tok_load_json(json, strlen(json), "nfc.json", &t, &err);
+    CHECK_MSG(rc == 0, "%s", err.msg);
+    if (rc) return;
+    unsigned seed = 7;
+    char buf[256];
+    for (int it = 0; it < 3000; it++) {
+        size_t n = 0;
+        seed = seed * 1103515245u + 12345u;
+        int k = 1 + (int)((seed >> 16) % 24);
+        for (int j = 0; j < k; j++) {
+            seed = seed * 1103515245u + 12345u;
+            const char *p = pool[(seed >> 16) % (sizeof pool / sizeof pool[0])];
+            memcpy(buf + n, p, strlen(p));
+            n += strlen(p);
+        }
+        buf[n] = 0;
+        char *o;
+        size_t on;
+        int owned;
+        CHECK(tok_normalize(t, buf, n, &o, &on, &owned, &err) == 0);
+        utf8proc_uint8_t *d = NULL;
+        utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)buf, (utf8proc_ssize_t)n, &d,
+                                          UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+        CHECK_MSG(r >= 0 && (size_t)r == on && !memcmp(d, o, on), "NFC differs on case %d", it);
+        free(d);
+        if (owned) free(o);
+    }
+    tok_free(t);
 }

@@ -87,13 +87,18 @@ static const kn_mm_isa *mm_isa(void) {
  * megabytes, and a fresh malloc (mmap + page faults) per matmul would cost more than the copy. */
 static _Thread_local float *xp_buf;
 static _Thread_local size_t xp_cap;
+static pthread_key_t xp_key; /* frees a thread's buffer when the thread exits */
+static pthread_once_t xp_key_once = PTHREAD_ONCE_INIT;
+static void xp_key_init(void) { pthread_key_create(&xp_key, free); }
 
 static float *xp_get(size_t floats) {
     if (floats > xp_cap) {
+        pthread_once(&xp_key_once, xp_key_init);
         free(xp_buf);
         size_t cap = floats + floats / 4;
         xp_buf = aligned_alloc(64, (cap * sizeof(float) + 63) & ~(size_t)63);
         xp_cap = xp_buf ? cap : 0;
+        pthread_setspecific(xp_key, xp_buf);
     }
     return xp_buf;
 }

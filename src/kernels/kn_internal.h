@@ -38,8 +38,8 @@ static inline int kn_mm_layout_ok(const pt_wview *W) {
     switch (W->qtype) {
     case PT_F32: case PT_BF16: case PT_F16: return 1;
     case PT_FP8_E4M3:
-        /* block width a power of two >= 16: a step's block is s >> log2(block_cols / 16) */
-        return W->scale && W->block_rows > 0 && W->block_cols >= 16 &&
+        /* block width a power of two >= 32: a step's block is s >> log2(block_cols / step) */
+        return W->scale && W->block_rows > 0 && W->block_cols >= 32 &&
                (W->block_cols & (W->block_cols - 1)) == 0 &&
                (W->cols + W->block_cols - 1) / W->block_cols <= KN_MAX_SCALES;
     case PT_Q8_ROW: return W->scale != 0;

@@ -115,26 +115,32 @@ AI float hsum(__m256 v) {
 
 AI void tile(const int F, const int R, const int B, const pt_wview *W, int64_t r,
              const float *xp, int64_t xs, int i0, float *y) {
-    float sc[R][KN_MAX_SCALES];
-    rowst st[R];
+    float sc[4][KN_MAX_SCALES]; /* fixed sizes, not [R]: a VLA would never live in registers */
+    rowst st[4];
 #pragma GCC unroll 4
     for (int a = 0; a < R; a++) {
         sc[a][0] = 0.f; /* formats without scales never read it; keeps -Wmaybe-uninitialized quiet */
         row_scales(F, W, r + a, &st[a], sc[a]);
     }
-    __m256 acc[R][B];
+    __m256 acc[4][2];
 #pragma GCC unroll 4
     for (int a = 0; a < R; a++)
 #pragma GCC unroll 4
         for (int b = 0; b < B; b++) acc[a][b] = _mm256_setzero_ps();
     const int64_t cols = W->cols, nstep = cols / STEP(F);
     const float *xb = xp + (int64_t)i0 * xs;
+    /* bytes of one row per step; prefetch runs one tile ahead in lockstep: the stream of row a
+     * continues R rows later, where the next tile starts. Short rows (2048 columns) otherwise
+     * restart the hardware prefetcher every few KB. Prefetches never fault past the end. */
+    const int64_t sb = W->row_bytes * STEP(F) / (cols > 0 ? cols : 1), pf = R * W->row_bytes;
     for (int64_t s = 0; s < nstep; s++) {
+        _Pragma("GCC unroll 4") for (int a = 0; a < R; a++)
+            _mm_prefetch((const char *)st[a].p + pf + s * sb, _MM_HINT_T1);
         /* the vectors of one step, spelled out: a runtime u loop keeps accumulators in memory,
          * and gcc 12 rejects an unroll pragma on a loop it already folded (NVEC == 1) */
 #define STEP_U(u)                                                                  \
         if ((u) < NVEC(F)) {                                                        \
-            __m256 w[R];                                                           \
+            __m256 w[4];                                                             \
             _Pragma("GCC unroll 4") for (int a = 0; a < R; a++)                    \
                 w[a] = wvec(F, &st[a], sc[a], s, (u));                             \
             _Pragma("GCC unroll 4") for (int b = 0; b < B; b++) {                  \
@@ -148,7 +154,7 @@ AI void tile(const int F, const int R, const int B, const pt_wview *W, int64_t r
 #undef STEP_U
     }
     if (cols % STEP(F)) {
-        float wt[R][64] __attribute__((aligned(32)));
+        float wt[4][64] __attribute__((aligned(32)));
         for (int a = 0; a < R; a++) wtail(F, &st[a], sc[a], cols, wt[a]);
         for (int u = 0; u < NVEC(F); u++)
             for (int b = 0; b < B; b++) {

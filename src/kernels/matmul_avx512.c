@@ -5,8 +5,10 @@
  * Shape of the work: a tile is R weight rows (4 or 1) times B activation rows (1..4). Each step
  * of the column loop converts a few 16-wide weight vectors once and feeds them to all B
  * activations, so a weight row is read from memory once per block of 4 activations (decode, n=1,
- * is pure streaming: 4 rows in flight). Rows are processed in L2-sized chunks so prefill re-reads
- * a chunk from cache, not from memory, for every block of activations.
+ * is pure streaming: 4 rows in flight, each with a software prefetch one tile ahead). Rows are
+ * processed in L2-sized chunks so prefill re-reads a chunk from cache, not from memory, for every
+ * block of activations. Accumulator and weight arrays have fixed sizes ([4][4]), never [R][B]:
+ * a variable-length array is kept on the stack, which made the kernel 2-3x slower.
  *
  * Determinism: every (row, activation) dot uses ONE 16-lane accumulator, steps in ascending
  * column order, the weight vector values w = q * s computed exactly as pt_dequant_row does
@@ -17,7 +19,7 @@
  * Per-format conversion (exact unless noted):
  *   bf16  zero-extend to 32 bits, shift left 16.
  *   f16   vcvtph2ps.
- *   fp8   e4m3fn bits re-placed as an f16 of value fp8 * 2^-8 (sign-extend byte to 16 bits, shift
+ *   fp8   (32 per step) e4m3fn bits re-placed as an f16 of value fp8 * 2^-8 (sign-extend byte to 16 bits, shift
  *         left 7, keep sign + 7 low bits; e4m3 subnormals land on f16 subnormals), vcvtph2ps, then
  *         times k = block_scale * 2^8: one rounding of the same exact product as the reference.
  *         The e4m3fn NaN pattern (0x7f/0xff) decodes as +-480 * scale here (checkpoints have none).
@@ -36,7 +38,7 @@
 enum { F_F32, F_BF16, F_F16, F_FP8, F_Q8R, F_Q8G, F_Q4 };
 
 /* Columns per step and 16-wide vectors per step. */
-#define STEP(F) ((F) == F_Q4 ? 64 : (F) == F_Q8G ? 32 : 16)
+#define STEP(F) ((F) == F_Q4 ? 64 : ((F) == F_Q8G || (F) == F_FP8) ? 32 : 16)
 #define NVEC(F) (STEP(F) / 16)
 
 /* Per-row state: data pointer; the row's scales are decoded to f32 into a separate array sc (one
@@ -44,7 +46,7 @@ enum { F_F32, F_BF16, F_F16, F_FP8, F_Q8R, F_Q8G, F_Q4 };
 typedef struct {
     const uint8_t *p;
     float rs;          /* q8_row scale */
-    int sh;            /* fp8: step s uses sc[s >> sh] (block_cols = 16 << sh) */
+    int sh;            /* fp8: step s uses sc[s >> sh] (block_cols = 32 << sh) */
 } rowst;
 
 /* Weight vector u of step s of a row. */
@@ -56,10 +58,11 @@ AI __m512 wvec(const int F, const rowst *st, const float *sc, int64_t s, int u) 
         return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
     }
     case F_F16: return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(st->p + s * 32)));
-    case F_FP8: {
-        __m256i b = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(st->p + s * 16)));
-        b = _mm256_and_si256(_mm256_slli_epi16(b, 7), _mm256_set1_epi16((short)0xBF80));
-        return _mm512_mul_ps(_mm512_cvtph_ps(b), _mm512_set1_ps(sc[s >> st->sh]));
+    case F_FP8: { /* 32 bytes at once (one widening, shift, and); u picks the half */
+        __m512i b = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(st->p + s * 32)));
+        b = _mm512_and_si512(_mm512_slli_epi16(b, 7), _mm512_set1_epi16((short)0xBF80));
+        __m256i h = u ? _mm512_extracti64x4_epi64(b, 1) : _mm512_castsi512_si256(b);
+        return _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(sc[s >> st->sh]));
     }
     case F_Q8R:
         return _mm512_cvtepi32_ps(
@@ -86,7 +89,7 @@ static float wscalar(int F, const rowst *st, const float *sc, int64_t j) {
     case F_F32: return ((const float *)st->p)[j];
     case F_BF16: return pt_bf16_to_f32(((const uint16_t *)st->p)[j]);
     case F_F16: return pt_f16_to_f32(((const uint16_t *)st->p)[j]);
-    case F_FP8: return pt_fp8e4m3_to_f32(st->p[j]) * (sc[(j / 16) >> st->sh] * (1.0f / 256.f));
+    case F_FP8: return pt_fp8e4m3_to_f32(st->p[j]) * (sc[(j / 32) >> st->sh] * (1.0f / 256.f));
     case F_Q8R: return (float)(int8_t)st->p[j];
     case F_Q8G: return (float)(int8_t)st->p[j] * sc[j / 32];
     default: return (float)(((st->p[j >> 1] >> ((j & 1) * 4)) & 15) - 8) * sc[j / 64];
@@ -140,7 +143,7 @@ static void row_scales(int F, const pt_wview *W, int64_t r, rowst *st, float *sc
         int64_t g = F == F_Q8G ? 32 : 64;
         decode_scales(W->scale_dtype, W->scale, r * W->scale_cols, (W->cols + g - 1) / g, 1.f, sc);
     } else if (F == F_FP8) {
-        while ((16 << st->sh) < W->block_cols) st->sh++;
+        while ((32 << st->sh) < W->block_cols) st->sh++;
         decode_scales(W->scale_dtype, W->scale, (r / W->block_rows) * W->scale_cols,
                       (W->cols + W->block_cols - 1) / W->block_cols, 256.f, sc);
     }
@@ -148,26 +151,32 @@ static void row_scales(int F, const pt_wview *W, int64_t r, rowst *st, float *sc
 
 AI void tile(const int F, const int R, const int B, const pt_wview *W, int64_t r,
              const float *xp, int64_t xs, int i0, float *y) {
-    float sc[R][KN_MAX_SCALES];
-    rowst st[R];
+    float sc[4][KN_MAX_SCALES]; /* fixed sizes, not [R]: a VLA would never live in registers */
+    rowst st[4];
 #pragma GCC unroll 4
     for (int a = 0; a < R; a++) {
         sc[a][0] = 0.f; /* formats without scales never read it; keeps -Wmaybe-uninitialized quiet */
         row_scales(F, W, r + a, &st[a], sc[a]);
     }
-    __m512 acc[R][B];
+    __m512 acc[4][4];
 #pragma GCC unroll 4
     for (int a = 0; a < R; a++)
 #pragma GCC unroll 4
         for (int b = 0; b < B; b++) acc[a][b] = _mm512_setzero_ps();
     const int64_t cols = W->cols, nstep = cols / STEP(F);
     const float *xb = xp + (int64_t)i0 * xs;
+    /* bytes of one row per step; prefetch runs one tile ahead in lockstep: the stream of row a
+     * continues R rows later, where the next tile starts. Short rows (2048 columns) otherwise
+     * restart the hardware prefetcher every few KB. Prefetches never fault past the end. */
+    const int64_t sb = W->row_bytes * STEP(F) / (cols > 0 ? cols : 1), pf = R * W->row_bytes;
     for (int64_t s = 0; s < nstep; s++) {
+        _Pragma("GCC unroll 4") for (int a = 0; a < R; a++)
+            _mm_prefetch((const char *)st[a].p + pf + s * sb, _MM_HINT_T1);
         /* the vectors of one step, spelled out: a runtime u loop keeps accumulators in memory,
          * and gcc 12 rejects an unroll pragma on a loop it already folded (NVEC == 1) */
 #define STEP_U(u)                                                                  \
         if ((u) < NVEC(F)) {                                                        \
-            __m512 w[R];                                                           \
+            __m512 w[4];                                                             \
             _Pragma("GCC unroll 4") for (int a = 0; a < R; a++)                    \
                 w[a] = wvec(F, &st[a], sc[a], s, (u));                             \
             _Pragma("GCC unroll 4") for (int b = 0; b < B; b++) {                  \
@@ -180,7 +189,7 @@ AI void tile(const int F, const int R, const int B, const pt_wview *W, int64_t r
 #undef STEP_U
     }
     if (cols % STEP(F)) {
-        float wt[R][64] __attribute__((aligned(64)));
+        float wt[4][64] __attribute__((aligned(64)));
         for (int a = 0; a < R; a++) wtail(F, &st[a], sc[a], cols, wt[a]);
         for (int u = 0; u < NVEC(F); u++)
             for (int b = 0; b < B; b++) {

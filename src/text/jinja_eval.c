@@ -101,6 +101,13 @@ static jv buf_str(R *r, jbuf *b) {
     return v;
 }
 static void bufinit(R *r, jbuf *b) { jbuf_init(b, &r->a, &r->f, r->lim.max_output); }
+/* double -> long without undefined behaviour (NaN -> 0, clamped to +-2^53). */
+static long clamp_l(double d) {
+    if (isnan(d)) return 0;
+    if (d > 9007199254740992.0) return 9007199254740992L;
+    if (d < -9007199254740992.0) return -9007199254740992L;
+    return (long)d;
+}
 static int is_num(jv v) { return v.t == JV_INT || v.t == JV_FLOAT; }
 static int is_numlike(jv v) { return is_num(v) || v.t == JV_BOOL; }
 static double numval(jv v) { return v.t == JV_BOOL ? v.u.b : v.u.n; }
@@ -132,19 +139,23 @@ static void set_var(R *r, scope *s, const char *name, jv v) {
     s->n++;
 }
 
+static jstr LOOP_KEYS[9] = {{5, "index"}, {6, "index0"}, {8, "revindex"}, {9, "revindex0"}, {5, "first"},
+                            {4, "last"}, {6, "length"}, {8, "previtem"}, {8, "nextitem"}};
+
 static jv make_loop(R *r, scope *s) {
     jv o = jv_object(&r->a, &r->f, 0);
     jobj *ob = o.u.o;
     long i = s->li, n = s->ln;
-    jobj_set(&r->a, &r->f, ob, "index", 5, jv_num((double)(i + 1), 1));
-    jobj_set(&r->a, &r->f, ob, "index0", 6, jv_num((double)i, 1));
-    jobj_set(&r->a, &r->f, ob, "revindex", 8, jv_num((double)(n - i), 1));
-    jobj_set(&r->a, &r->f, ob, "revindex0", 9, jv_num((double)(n - i - 1), 1));
-    jobj_set(&r->a, &r->f, ob, "first", 5, jv_bool(i == 0));
-    jobj_set(&r->a, &r->f, ob, "last", 4, jv_bool(i == n - 1));
-    jobj_set(&r->a, &r->f, ob, "length", 6, jv_num((double)n, 1));
-    jobj_set(&r->a, &r->f, ob, "previtem", 8, s->lprev);
-    jobj_set(&r->a, &r->f, ob, "nextitem", 8, s->lnext);
+    jv vals[9] = {jv_num((double)(i + 1), 1), jv_num((double)i, 1), jv_num((double)(n - i), 1),
+                  jv_num((double)(n - i - 1), 1), jv_bool(i == 0), jv_bool(i == n - 1), jv_num((double)n, 1),
+                  s->lprev, s->lnext};
+    ob->k = jalloc(&r->a, &r->f, 9 * sizeof(jstr *));
+    ob->v = jalloc(&r->a, &r->f, 9 * sizeof(jv));
+    ob->cap = ob->n = 9;
+    for (int k = 0; k < 9; k++) {
+        ob->k[k] = &LOOP_KEYS[k];
+        ob->v[k] = vals[k];
+    }
     return o;
 }
 
@@ -393,7 +404,7 @@ static const char *mem_find(const char *h, size_t hl, const char *n, size_t nl) 
 static jv str_replace(R *r, const jstr *s, const jstr *old, const jstr *new, double count) {
     jbuf b;
     bufinit(r, &b);
-    long remaining = count < 0 || isnan(count) ? -1 : (long)count;
+    long remaining = count < 0 || isnan(count) ? -1 : clamp_l(count);
     if (remaining == 0) return mkstr(r, s->s, s->len);
     if (old->len == 0) {
         size_t cl;
@@ -948,13 +959,10 @@ static jv eval(R *r, const jnode *x, scope *s) {
     enter(r, x->line);
     jv v = UNDEF;
     switch (x->kind) {
-    case E_STR: {
+    case E_STR:
         v.t = JV_STR;
-        v.u.s = jalloc(&r->a, &r->f, sizeof(jstr));
-        v.u.s->s = x->s;
-        v.u.s->len = x->slen;
+        v.u.s = x->str;
         break;
-    }
     case E_INT: v = jv_num(x->num, 1); break;
     case E_FLOAT: v = jv_num(x->num, 0); break;
     case E_NAME: v = lookup(r, s, x->s); break;
@@ -966,9 +974,7 @@ static jv eval(R *r, const jnode *x, scope *s) {
         else {
             prop.t = JV_STR;
             prop.tuple = 0;
-            prop.u.s = jalloc(&r->a, &r->f, sizeof(jstr));
-            prop.u.s->s = x->s;
-            prop.u.s->len = x->slen;
+            prop.u.s = x->str;
         }
         v = get_member(r, obj, prop, x->line);
         break;
@@ -1363,7 +1369,7 @@ static jv f_tojson(R *r, jv v, jargs *a, int line) {
     o.ensure_ascii = arg_bool(a, 0, "ensure_ascii", 0);
     if (arg(a, 1, "indent", &x) && x.t != JV_NULL && x.t != JV_UNDEF) {
         if (x.t != JV_INT) rt_err(r, line, "tojson: indent must be an integer");
-        o.indent = x.u.n > 64 ? 64 : (int)x.u.n;
+        o.indent = x.u.n > 64 ? 64 : x.u.n < 0 ? 0 : (int)x.u.n;
     }
     if (arg(a, 2, "separators", &x) && x.t != JV_NULL && x.t != JV_UNDEF) {
         if (x.t != JV_ARRAY || x.u.a->n != 2 || x.u.a->v[0].t != JV_STR || x.u.a->v[1].t != JV_STR)
@@ -1724,7 +1730,7 @@ static jv str_format(R *r, const jstr *f, jargs *a, int line) {
         if (fe == fs) {
             if (!arg(a, auto_i++, NULL, &v)) rt_err(r, line, "format: not enough arguments");
         } else if (f->s[fs] >= '0' && f->s[fs] <= '9') {
-            if (!arg(a, atoi(f->s + fs), NULL, &v)) rt_err(r, line, "format: argument index out of range");
+            if (!arg(a, (int)clamp_l(strtod(f->s + fs, NULL) > 1e6 ? 1e6 : strtod(f->s + fs, NULL)), NULL, &v)) rt_err(r, line, "format: argument index out of range");
         } else {
             char nm[64];
             size_t n = fe - fs < 63 ? fe - fs : 63;
@@ -1792,7 +1798,7 @@ static jv call_method(R *r, jfunc *fn, jargs *a, int line) {
             const jstr *sep = arg_str(r, a, 0, "sep", m, line);
             double maxsplit = arg_num(r, a, 1, "maxsplit", -1, m, line);
             if (sep && !sep->len) rt_err(r, line, "%s(): empty separator", m);
-            return str_split(r, s, sep, (long)maxsplit, m[0] == 'r');
+            return str_split(r, s, sep, clamp_l(maxsplit), m[0] == 'r');
         }
         if (!strcmp(m, "replace")) {
             const jstr *o = arg_str(r, a, 0, "old", m, line), *n = arg_str(r, a, 1, "new", m, line);
@@ -1915,7 +1921,7 @@ static jv call_method(R *r, jfunc *fn, jargs *a, int line) {
         if (!strcmp(m, "pop")) {
             if (!l->n) rt_err(r, line, "pop from an empty list");
             double i = arg_num(r, a, 0, "index", -1, "pop", line);
-            long k = (long)i;
+            long k = clamp_l(i);
             if (k < 0) k += (long)l->n;
             if (k < 0 || k >= (long)l->n) rt_err(r, line, "pop index out of range");
             jv out = l->v[k];
@@ -1926,7 +1932,7 @@ static jv call_method(R *r, jfunc *fn, jargs *a, int line) {
         if (!strcmp(m, "insert")) {
             double i = arg_num(r, a, 0, "index", 0, "insert", line);
             if (!arg(a, 1, NULL, &x)) rt_err(r, line, "insert() needs an index and a value");
-            long k = (long)i, n = (long)l->n;
+            long k = clamp_l(i), n = (long)l->n;
             if (k < 0) k += n;
             if (k < 0) k = 0;
             if (k > n) k = n;

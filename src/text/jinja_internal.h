@@ -30,7 +30,10 @@ void jarena_init(jarena *a, size_t cap);
 void jarena_free(jarena *a);
 /* Returns NULL when the budget is exceeded or malloc fails. Zeroed memory. */
 void *jarena_alloc(jarena *a, size_t n);
-/* Grows p (from jarena_alloc, old size old) to n bytes; in place when it was the last block. */
+/* The same without zeroing (for bytes about to be overwritten). */
+void *jarena_alloc_raw(jarena *a, size_t n);
+/* Grows p (from jarena_alloc, old size old) to n bytes, keeping its content (the new tail is
+ * not zeroed); in place when it was the last block. */
 void *jarena_grow(jarena *a, void *p, size_t old, size_t n);
 
 /* ---- values ---- */
@@ -103,6 +106,7 @@ struct jnode {
     jnode *a, *b, *c, *d;
     jnode **list;  int nlist;  /* body, args, items, dict keys */
     jnode **list2; int nlist2; /* else body, dict values */
+    struct jstr *str; /* E_STR and E_MEMBER: s as a ready string value */
 };
 
 /* Parses tokens into a program (N_* list); throws on a syntax error. */
@@ -131,6 +135,8 @@ jv jv_object(jarena *a, jfail *f, int ns);
 void jarr_push(jarena *a, jfail *f, jarr *arr, jv v);
 jv *jobj_get(const jobj *o, const char *k, size_t klen);
 void jobj_set(jarena *a, jfail *f, jobj *o, const char *k, size_t klen, jv v);
+/* The same with a key string that outlives the object (not copied). */
+void jobj_set_key(jarena *a, jfail *f, jobj *o, const char *k, size_t klen, jstr *key, jv v);
 
 /* JavaScript Number.prototype.toString of d into buf (>= 32 bytes). */
 void js_num_str(double d, char *buf);

@@ -73,6 +73,13 @@ static jnode *mk(P *p, int kind, int line) {
     return x;
 }
 
+/* The node's text as a string value shared by every render. */
+static void lit_str(P *p, jnode *x) {
+    x->str = jalloc(p->a, p->f, sizeof(jstr));
+    x->str->s = x->s;
+    x->str->len = x->slen;
+}
+
 static void enter(P *p) {
     if (++p->depth > MAX_PARSE_DEPTH)
         jfail_throw(p->f, PETREL_ERANGE, cur(p)->line, "template nested too deeply (limit %d)", MAX_PARSE_DEPTH);
@@ -183,6 +190,7 @@ static jnode *parse_postfix(P *p, jnode *x) {
             m->slen = t->len;
             m->flag = 0;
             if (t->type == TK_NUM) { m->num = strtod(t->s, NULL); m->op = 1; }
+            else lit_str(p, m);
             x = m;
         } else if (is(p, TK_LBRACKET)) {
             p->i++;
@@ -443,6 +451,7 @@ static jnode *parse_primary(P *p) {
         if (!is(p, TK_STR)) {
             x->s = t->s;
             x->slen = t->len;
+            lit_str(p, x);
             break;
         }
         jbuf b;
@@ -454,6 +463,7 @@ static jnode *parse_primary(P *p) {
         }
         x->s = b.p ? b.p : "";
         x->slen = b.len;
+        lit_str(p, x);
         break;
     }
     case TK_IDENT:

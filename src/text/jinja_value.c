@@ -34,7 +34,11 @@ void jarena_free(jarena *a) {
     a->last = NULL;
 }
 
-void *jarena_alloc(jarena *a, size_t n) {
+static void *arena_get(jarena *a, size_t n, int zero);
+void *jarena_alloc(jarena *a, size_t n) { return arena_get(a, n, 1); }
+void *jarena_alloc_raw(jarena *a, size_t n) { return arena_get(a, n, 0); }
+
+static void *arena_get(jarena *a, size_t n, int zero) {
     if (n > ((size_t)1 << 40)) return NULL;
     size_t need = (n + 15) & ~(size_t)15;
     if (need == 0) need = 16;
@@ -57,7 +61,7 @@ void *jarena_alloc(jarena *a, size_t n) {
     }
     void *p = c->data + c->used;
     c->used += need;
-    memset(p, 0, n);
+    if (zero) memset(p, 0, n);
     a->last = p;
     a->last_size = need;
     return p;
@@ -70,13 +74,12 @@ void *jarena_grow(jarena *a, void *p, size_t old, size_t n) {
         size_t need = (n + 15) & ~(size_t)15;
         size_t start = (size_t)((unsigned char *)p - c->data);
         if (start + need <= c->size) {
-            memset((unsigned char *)p + old, 0, n - old);
             c->used = start + need;
             a->last_size = need;
             return p;
         }
     }
-    void *q = jarena_alloc(a, n);
+    void *q = jarena_alloc_raw(a, n);
     if (!q) return NULL;
     if (p && old) memcpy(q, p, old);
     return q;
@@ -134,7 +137,8 @@ void jbuf_putc(jbuf *b, char c) { jbuf_put(b, &c, 1); }
 
 /* ---------------- values ---------------- */
 jstr *jstr_new(jarena *a, jfail *f, const char *s, size_t n) {
-    jstr *r = jalloc(a, f, sizeof(jstr) + n + 1);
+    jstr *r = jarena_alloc_raw(a, sizeof(jstr) + n + 1);
+    if (!r) jfail_throw(f, PETREL_ENOMEM, 0, "out of memory (template working-memory budget exceeded)");
     char *d = (char *)(r + 1);
     r->len = n;
     if (n) memcpy(d, s, n);
@@ -194,7 +198,9 @@ jv *jobj_get(const jobj *o, const char *k, size_t klen) {
     return NULL;
 }
 
-void jobj_set(jarena *a, jfail *f, jobj *o, const char *k, size_t klen, jv v) {
+void jobj_set(jarena *a, jfail *f, jobj *o, const char *k, size_t klen, jv v) { jobj_set_key(a, f, o, k, klen, NULL, v); }
+
+void jobj_set_key(jarena *a, jfail *f, jobj *o, const char *k, size_t klen, jstr *key, jv v) {
     jv *p = jobj_get(o, k, klen);
     if (p) {
         *p = v;
@@ -209,7 +215,7 @@ void jobj_set(jarena *a, jfail *f, jobj *o, const char *k, size_t klen, jv v) {
         o->v = nv;
         o->cap = nc;
     }
-    o->k[o->n] = jstr_new(a, f, k, klen);
+    o->k[o->n] = key ? key : jstr_new(a, f, k, klen);
     o->v[o->n] = v;
     o->n++;
 }

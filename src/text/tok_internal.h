@@ -30,6 +30,7 @@ typedef struct tok_pre {
     int behavior;
     int invert;
     int add_prefix_space; /* PRE_BYTELEVEL */
+    int jit;            /* re was JIT-compiled: match with pcre2_jit_match */
 } tok_pre;
 
 typedef struct tok_added {

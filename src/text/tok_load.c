@@ -590,6 +590,11 @@ static int load_json(loader *L, const cJSON *root) {
     PT_TRY(parse_pre(L, pre, "pre_tokenizer", 0));
     int has_bl = 0;
     for (int i = 0; i < t->n_pre; i++) has_bl |= t->pre[i].kind == PRE_BYTELEVEL;
+    for (int i = 0; i < t->n_pre; i++) {
+        size_t jsz = 0;
+        if (t->pre[i].re && pcre2_pattern_info(t->pre[i].re, PCRE2_INFO_JITSIZE, &jsz) == 0)
+            t->pre[i].jit = jsz > 0;
+    }
     if (!has_bl)
         return lerr(L, PETREL_EUNSUPPORTED, "field \"pre_tokenizer\" has no ByteLevel step: only byte-level BPE is supported%s%s", "", "");
     PT_TRY(check_decoder(L, cJSON_GetObjectItemCaseSensitive(root, "decoder"), "decoder", 0));

@@ -531,10 +531,12 @@ static int bpe_uncached(enc *E, const unsigned char *s, size_t n) {
 /* ---- pre-tokenization ------------------------------------------------------------------- */
 
 /* Next regex match in s[0..n) at or after off; returns 1 with [*ms, *me), 0 if none, <0 error. */
-static int re_next(enc *E, const pcre2_code *re, const char *s, size_t n, size_t off,
+static int re_next(enc *E, const tok_pre *p, const char *s, size_t n, size_t off,
                    size_t *ms, size_t *me) {
     for (;;) {
-        int r = pcre2_match(re, (PCRE2_SPTR)s, n, off, PCRE2_NO_UTF_CHECK, E->md, E->mctx);
+        /* the text is valid UTF-8 (checked once in tok_encode), so skip PCRE2's checks */
+        int r = p->jit ? pcre2_jit_match(p->re, (PCRE2_SPTR)s, n, off, 0, E->md, E->mctx)
+                       : pcre2_match(p->re, (PCRE2_SPTR)s, n, off, PCRE2_NO_UTF_CHECK, E->md, E->mctx);
         if (r == PCRE2_ERROR_NOMATCH) return 0;
         if (r == PCRE2_ERROR_JIT_STACKLIMIT && !E->jstack) {
             E->jstack = pcre2_jit_stack_create(64 * 1024, 64 * 1024 * 1024, NULL);
@@ -567,7 +569,7 @@ static int split_step(enc *E, int k, const char *s, size_t n) {
         int keep_gap = p->behavior == SPLIT_ISOLATED || !p->invert;
         int keep_match = p->behavior == SPLIT_ISOLATED || p->invert;
         while (off <= n) {
-            int r = re_next(E, p->re, s, n, off, &ms, &me);
+            int r = re_next(E, p, s, n, off, &ms, &me);
             if (r < 0) return r;
             if (!r) break;
             if (ms > prev && keep_gap) PT_TRY(pre_step(E, k + 1, s + prev, ms - prev));
@@ -592,7 +594,7 @@ static int split_step(enc *E, int k, const char *s, size_t n) {
         E->lv[k][cnt].a = (A); E->lv[k][cnt].b = (B); E->lv[k][cnt].m = (M); cnt++;         \
     } while (0)
     while (off <= n) {
-        int r = re_next(E, p->re, s, n, off, &ms, &me);
+        int r = re_next(E, p, s, n, off, &ms, &me);
         if (r < 0) return r;
         if (!r) break;
         if (ms > prev) LV_PUSH(prev, ms, p->invert);
@@ -717,9 +719,11 @@ int tok_encode(const tokenizer *t, const char *text, size_t len, int32_t **ids, 
     enc E = {.t = t, .err = err};
     E.md = pcre2_match_data_create(1, NULL);
     if (!E.md) return pt_err(err, PETREL_ENOMEM, "out of memory");
-    if (len >= 4096) { /* long text: words repeat, remember their BPE */
-        E.wc = calloc(WC_SLOTS, sizeof *E.wc);
-        E.wc_mask = WC_SLOTS - 1;
+    if (len >= 256) { /* words repeat: remember their BPE; table sized to the text */
+        uint32_t slots = 64;
+        while (slots < WC_SLOTS && slots < len / 4) slots *= 2;
+        E.wc = calloc(slots, sizeof *E.wc);
+        E.wc_mask = slots - 1;
     }
     int rc = len ? split_added(&E, &t->set_raw, text, len, gap_raw) : 0;
     pcre2_match_data_free(E.md);

@@ -8,7 +8,10 @@
  *   model          BPE (vocab, merges as "a b" or ["a","b"], ignore_merges, unk_token)
  *   decoder        null, ByteLevel, Sequence of ByteLevel
  *   added_tokens   matched in the text before normalization (normalized=false) or after it
- *                  (normalized=true), leftmost-longest; honours single_word, lstrip, rstrip
+ *                  (normalized=true), leftmost-longest; honours single_word, lstrip, rstrip.
+ *                  Ids as Hugging Face assigns them: the vocabulary's id when the content is a
+ *                  model.vocab key, else the next id after the vocabulary / earlier added tokens
+ *                  (for real tokenizer.json files this is the "id" field)
  * Split regexes run on PCRE2 (UTF + UCP, JIT when available). The post_processor is ignored:
  * encoding never adds BOS/EOS.
  *
