@@ -72,7 +72,11 @@ bench: all
 	./$(BUILD)/petrel bench --model $(BUILD)/glm52-slice.pack
 
 run-tiny: all
+	@echo "--- greedy token ids from the bundled tiny model (random weights) ---"
 	./$(BUILD)/petrel generate --model tests/data/tiny --ids 5,17,300,42,7 -n 16
+	@echo "--- text in, text out (random weights: the text is gibberish by design) ---"
+	./$(BUILD)/petrel run --model tests/data/tiny -p "Once upon a time" -n 32 --seed 1
+	@echo
 
 clean:
 	rm -rf build build-asan build-fuzz
