@@ -13,7 +13,11 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+
 #include "cli.h"
+#include "experts/xs.h"
 #include "io/pack.h"
 #include "io/safetensors.h"
 #include "kernels/kernels.h"
@@ -28,6 +32,13 @@ static const char *usage =
     "  --steps N        timed decode steps (default 24)\n"
     "  --bw-mib N       size of the bandwidth probe buffer in MiB (default 1024)\n"
     "  --json           print the result as one JSON object on the last line\n"
+    "  --trace FILE     no model needed: replay a routing trace (.txt or .gz) through the expert\n"
+    "                   cache policy at --expert-slots N slots per layer (default: 16..192) and\n"
+    "                   report its hit rate beside LRU and the offline optimum (Belady)\n"
+    "  With --mem-budget / --expert-slots (a pack): experts stream from the SSD; the report adds\n"
+    "  hit rate, misses and bytes read per token, I/O wait, the SSD read bandwidth measured in\n"
+    "  the same run (O_DIRECT), and decode_floor_ratio = decode time / max(miss bytes per token\n"
+    "  / SSD bandwidth, bytes per token / memory bandwidth).\n"
     "  --golden FILE    quality instead of speed: run every prompt_N.ids of a golden.safetensors and\n"
     "                   compare with its prompt_N.logits (relative L2 error, top-1 agreement, KL)\n" CLI_MODEL_OPTS_HELP;
 
@@ -176,10 +187,93 @@ static uint64_t layer_bytes(const petrel_config *c, const layer_w *lw, uint64_t 
     return b;
 }
 
+/* ---- routing-trace replay (--trace): the policy against LRU and Belady at equal capacity ---- */
+static int bench_trace(const char *path, int slots, int json) {
+    char tmp[512];
+    const char *file = path;
+    size_t n = strlen(path);
+    if (n > 3 && !strcmp(path + n - 3, ".gz")) {
+        snprintf(tmp, sizeof tmp, "/tmp/petrel-trace-%d.txt", (int)getpid());
+        char cmd[1200];
+        snprintf(cmd, sizeof cmd, "gzip -dc '%s' > '%s'", path, tmp);
+        if (system(cmd) != 0) { unlink(tmp); return cli_fail("bench: cannot decompress %s (gzip -dc failed)", path); }
+        file = tmp;
+    }
+    xs_trace t;
+    petrel_error err = {0};
+    int rc = xs_trace_read(&t, file, &err);
+    if (file == tmp) unlink(tmp);
+    if (rc) return cli_fail_err("bench", &err);
+    printf("trace: %s: %d tokens x %d MoE layers, %d experts, top-%d\n", path, t.n_tokens, t.n_layers, t.n_experts, t.topk);
+    printf("%-10s %10s %10s %10s %16s\n", "slots", "policy", "LRU", "Belady", "policy/Belady");
+    int caps_default[] = {16, 32, 64, 96, 128, 192}, ncap = slots ? 1 : 6;
+    xs_policy_params prm;
+    xs_policy_defaults(&prm);
+    char js[2048];
+    size_t jo = (size_t)snprintf(js, sizeof js, "{\"trace\": \"%s\", \"tokens\": %d, \"results\": [", path, t.n_tokens);
+    for (int i = 0; i < ncap && !rc; i++) {
+        int cap = slots ? slots : caps_default[i];
+        if (cap > t.n_experts) continue;
+        xs_replay_stats st;
+        if ((rc = xs_trace_replay(&t, &prm, cap, &st, &err))) { cli_fail_err("bench", &err); break; }
+        printf("%-10d %9.1f%% %9.1f%% %9.1f%% %15.3f\n", cap, 100 * st.policy_rate, 100 * st.lru_rate, 100 * st.belady_rate, st.policy_vs_belady);
+        if (jo < sizeof js)
+            jo += (size_t)snprintf(js + jo, sizeof js - jo, "%s{\"slots\": %d, \"hit_rate\": %.5f, \"lru_hit_rate\": %.5f, \"belady_hit_rate\": %.5f, \"vs_belady\": %.5f}",
+                                   i ? ", " : "", cap, st.policy_rate, st.lru_rate, st.belady_rate, st.policy_vs_belady);
+    }
+    if (!rc && json) printf("%s]}\n", js);
+    xs_trace_deinit(&t);
+    return rc ? 1 : 0;
+}
+
+/* ---- SSD read bandwidth: whole expert records at random, O_DIRECT (no page cache) ---- */
+typedef struct { const char *path; const pack *pk; int layer; int n_experts; uint64_t bytes; int seed; uint64_t rec; } ssdjob;
+static void *ssd_thread(void *a) {
+    ssdjob *j = a;
+    int fd = open(j->path, O_RDONLY | O_DIRECT);
+    if (fd < 0) return NULL;
+    void *buf = NULL;
+    if (posix_memalign(&buf, 4096, (size_t)j->rec)) { close(fd); return NULL; }
+    uint64_t x = 0x9E3779B97F4A7C15ull * (uint64_t)(j->seed + 1), done = 0;
+    for (int k = 0; k < 64 && done < j->bytes; k++) {
+        x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+        uint64_t off, bytes, h;
+        if (pack_expert_record(j->pk, j->layer, (int)(x % (uint64_t)j->n_experts), &off, &bytes, &h)) break;
+        ssize_t got = pread(fd, buf, (size_t)bytes, (off_t)off);
+        if (got <= 0) break;
+        done += (uint64_t)got;
+    }
+    j->bytes = done;
+    free(buf);
+    close(fd);
+    return NULL;
+}
+/* GB/s reading random expert records with O_DIRECT on `threads` threads (~limit bytes). */
+static double measure_ssd(const petrel_engine *eng, int threads, uint64_t limit) {
+    const pack *pk = eng->pack;
+    int layer = -1;
+    for (int l = 0; l < eng->cfg.num_hidden_layers && layer < 0; l++)
+        if (eng->moe_index[l] >= 0) layer = l;
+    uint64_t off, rec, h;
+    if (!pk || layer < 0 || pack_expert_record(pk, layer, 0, &off, &rec, &h)) return 0;
+    pthread_t th[8];
+    ssdjob jobs[8];
+    if (threads > 8) threads = 8;
+    uint64_t t0 = pt_now_ns();
+    for (int t = 0; t < threads; t++) {
+        jobs[t] = (ssdjob){pack_path(pk), pk, layer, eng->cfg.n_routed_experts, limit / (uint64_t)threads, t, rec};
+        pthread_create(&th[t], NULL, ssd_thread, &jobs[t]);
+    }
+    uint64_t total = 0;
+    for (int t = 0; t < threads; t++) { pthread_join(th[t], NULL); total += jobs[t].bytes; }
+    uint64_t dt = pt_now_ns() - t0;
+    return dt ? (double)total / (double)dt : 0;
+}
+
 CLI_CMD(bench) {
     cli_model_opts mo = {0};
     int json = 0;
-    const char *golden = NULL;
+    const char *golden = NULL, *trace = NULL;
     long ctx = 0, prompt = 512, steps = 24, bw_mib = 1024;
     for (int i = 1; i < argc; i++) {
         int r = cli_model_opt(argc, argv, &i, &mo);
@@ -188,13 +282,16 @@ CLI_CMD(bench) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { fputs(usage, stdout); return 0; }
         else if (!strcmp(argv[i], "--json")) json = 1;
         else if (!strcmp(argv[i], "--golden") && i + 1 < argc) golden = argv[++i];
+        else if (!strcmp(argv[i], "--trace") && i + 1 < argc) trace = argv[++i];
         else if (!strcmp(argv[i], "--ctx") && i + 1 < argc) { if (cli_parse_int(argv[++i], 1, 1 << 24, &ctx)) return cli_fail("bench: bad --ctx"); }
         else if (!strcmp(argv[i], "--prompt") && i + 1 < argc) { if (cli_parse_int(argv[++i], 1, 1 << 24, &prompt)) return cli_fail("bench: bad --prompt"); }
         else if (!strcmp(argv[i], "--steps") && i + 1 < argc) { if (cli_parse_int(argv[++i], 1, 1 << 20, &steps)) return cli_fail("bench: bad --steps"); }
         else if (!strcmp(argv[i], "--bw-mib") && i + 1 < argc) { if (cli_parse_int(argv[++i], 16, 1 << 20, &bw_mib)) return cli_fail("bench: bad --bw-mib"); }
         else return cli_fail("bench: unknown or incomplete option \"%s\" (petrel bench --help)", argv[i]);
     }
+    if (trace) return bench_trace(trace, mo.open.expert_slots, json);
     if (!mo.model) return cli_fail("bench: --model is required");
+    if (mo.open.mem_budget && bw_mib > 128) bw_mib = 128; /* the probe buffer counts against the budget */
     if (ctx < prompt) ctx = prompt;
     petrel_error err = {0};
     petrel_engine *eng;
@@ -221,12 +318,18 @@ CLI_CMD(bench) {
     uint64_t head = vbytes(&w->lm_head) + (uint64_t)w->embed_tokens.row_bytes + 4ull * (uint64_t)c->hidden_size;
     uint64_t bytes_tok = resident + experts + head;
 
-    /* warm the map so page faults are not timed */
+    /* warm the map so page faults are not timed (when streaming: the resident tensors only) */
     if (eng->pack) {
         volatile uint8_t s = 0;
-        for (uint64_t o = 0; o < eng->pack->file_size; o += 4096) s ^= eng->pack->map[o];
+        if (!eng->xs)
+            for (uint64_t o = 0; o < eng->pack->file_size; o += 4096) s ^= eng->pack->map[o];
+        else
+            for (int t = 0; t < eng->pack->n_tensors; t++)
+                for (uint64_t o = 0; o < eng->pack->tensors[t].bytes + eng->pack->tensors[t].scale_bytes; o += 4096)
+                    s ^= eng->pack->map[eng->pack->tensors[t].offset + (o < eng->pack->tensors[t].bytes ? o : 0)];
         (void)s;
     }
+    double ssd_gbs = eng->xs ? measure_ssd(eng, 2, 2ull << 30) : 0;
 
     petrel_session *s;
     int rc = 0;
@@ -256,8 +359,13 @@ CLI_CMD(bench) {
     double bw0 = rc ? 0 : measure_bw((size_t)bw_mib << 20, threads);
     double *step_ms = calloc((size_t)steps, sizeof(double));
     if (!step_ms) rc = cli_fail("bench: out of memory");
+    xs_stats xs0 = {0}, xs1 = {0};
     for (int k = 0; !rc && k < 2 + steps; k++) { /* ctx + 2 + steps tokens in all */
-        if (k == 2) { memset(&s->stats, 0, sizeof s->stats); t0 = pt_now_ns(); }
+        if (k == 2) {
+            memset(&s->stats, 0, sizeof s->stats);
+            if (eng->xs) xs_store_stats(eng->xs, &xs0);
+            t0 = pt_now_ns();
+        }
         uint64_t ts = pt_now_ns();
         if (petrel_session_forward(s, &tok, 1, lg, 0, &err)) { rc = cli_fail_err("bench", &err); break; }
         if (k >= 2) step_ms[k - 2] = (double)(pt_now_ns() - ts) / 1e6;
@@ -274,6 +382,23 @@ CLI_CMD(bench) {
         printf("decode steps: median %.2f ms, mean %.2f ms, min %.2f ms, max %.2f ms; bandwidth before %.1f / after %.1f GB/s\n", dms,
                mean_ms, min_ms, step_ms[steps - 1], bw0, bw1);
         double floor_ms = (double)bytes_tok / (bw * 1e9) * 1e3;
+        double hit_rate = 1, miss_bytes_tok = 0;
+        if (eng->xs) {
+            xs_store_stats(eng->xs, &xs1);
+            uint64_t acc = xs1.accesses - xs0.accesses, hits = xs1.hits - xs0.hits;
+            hit_rate = acc ? (double)hits / (double)acc : 1;
+            miss_bytes_tok = (double)(xs1.bytes_read - xs0.bytes_read) / (double)steps;
+            double ssd_ms = ssd_gbs > 0 ? miss_bytes_tok / (ssd_gbs * 1e9) * 1e3 : 0;
+            if (ssd_ms > floor_ms) floor_ms = ssd_ms;
+            printf("expert store: %d slots/layer, %s%s; hit rate %.1f%%, misses %.1f/token, %.1f MB read/token, I/O wait %.2f ms/token, "
+                   "prefetch %" PRIu64 " issued / %" PRIu64 " used / %" PRIu64 " wasted\n",
+                   xs_store_slots(eng->xs), xs_store_uring(eng->xs) ? "io_uring" : "pread", xs_store_direct(eng->xs) ? " + O_DIRECT" : "",
+                   100 * hit_rate, (double)(xs1.misses - xs0.misses) / (double)steps, miss_bytes_tok / 1e6,
+                   (double)(xs1.io_wait_ns - xs0.io_wait_ns) / 1e6 / (double)steps, xs1.prefetch_issued - xs0.prefetch_issued,
+                   xs1.prefetch_used - xs0.prefetch_used, xs1.prefetch_wasted - xs0.prefetch_wasted);
+            printf("ssd read bandwidth: %.2f GB/s (O_DIRECT, whole expert records at random, 2 threads); floor = max(%.2f ms SSD, %.2f ms memory)\n",
+                   ssd_gbs, ssd_ms, (double)bytes_tok / (bw * 1e9) * 1e3);
+        }
         double ratio = dms / floor_ms, pf = (double)prompt / prefill_s;
         printf("memory read bandwidth: %.1f GB/s (%d threads, %ld MiB buffer)\n", bw, threads, bw_mib);
         printf("bytes per decode token: %.1f MB (resident %.1f MB + routed experts %.1f MB + head %.1f MB)\n", bytes_tok / 1e6, resident / 1e6,
@@ -285,8 +410,10 @@ CLI_CMD(bench) {
         if (json) {
             printf("{\"decode_ms\": %.4f, \"decode_tok_s\": %.4f, \"prefill_tok_s\": %.3f, \"bytes_per_token\": %" PRIu64
                    ", \"mem_bw_gbs\": %.3f, \"decode_floor_ratio\": %.4f, \"floor_ms\": %.4f, \"ctx\": %ld, \"prompt\": %ld, \"steps\": %ld, "
-                   "\"decode_mean_ms\": %.4f, \"decode_min_ms\": %.4f, \"threads\": %d, \"isa\": \"%s\", \"cpu\": \"%s\", \"cores\": %ld, \"decode_breakdown_ms\": {",
-                   dms, 1e3 / dms, pf, bytes_tok, bw, ratio, floor_ms, ctx, prompt, steps, mean_ms, min_ms, threads, kn_isa_name(), cpu, cores);
+                   "\"decode_mean_ms\": %.4f, \"decode_min_ms\": %.4f, \"threads\": %d, \"isa\": \"%s\", \"cpu\": \"%s\", \"cores\": %ld, "
+                   "\"expert_hit_rate\": %.5f, \"ssd_bw_gbs\": %.3f, \"miss_bytes_per_token\": %.0f, \"decode_breakdown_ms\": {",
+                   dms, 1e3 / dms, pf, bytes_tok, bw, ratio, floor_ms, ctx, prompt, steps, mean_ms, min_ms, threads, kn_isa_name(), cpu, cores,
+                   hit_rate, ssd_gbs, miss_bytes_tok);
             for (int p = 0; p < FS_COUNT; p++) printf("%s\"%s\": %.4f", p ? ", " : "", fwd_part_names[p], (double)s->stats.ns[p] / 1e6 / (double)steps);
             printf("}, \"prefill_breakdown_ms\": {");
             for (int p = 0; p < FS_COUNT; p++) printf("%s\"%s\": %.3f", p ? ", " : "", fwd_part_names[p], (double)pst.ns[p] / 1e6);

@@ -105,6 +105,7 @@ int dsa_select(petrel_session *s, int l, const layer_w *lw, const float *x, cons
 /* next_lw: the next MoE layer (its router predicts experts to prefetch), or NULL. */
 int moe_forward(petrel_session *s, int l, const layer_w *lw, const layer_w *next_lw, int next_l, const float *x, int T,
                 float *out, petrel_error *err);
+void moe_prefetch_next(petrel_session *s, const layer_w *next_lw, int next_l, const float *x, int T);
 int mlp_dense(petrel_session *s, const layer_w *lw, const float *x, int T, float *out, petrel_error *err);
 /* Routing for one row (exposed for tests): writes K expert ids (ascending selection order not
  * guaranteed) and their final weights. scratch needs 2 * E floats. */

@@ -92,12 +92,11 @@ int fwd_batch(petrel_session *s, const int32_t *ids, int T, float *logits, int l
         for (int i = 0; i < T * H; i++) h[i] += y[i];
         for (int r = 0; r < T; r++) op_rmsnorm(x + (size_t)r * H, h + (size_t)r * H, lw->post_attention_layernorm, H, c->rms_norm_eps);
         LAP(FS_ATTN);
-        if (lw->is_moe) { /* times its own parts */
-            int nl = l + 1;
-            while (nl < L && !c->layer_is_moe[nl]) nl++;
-            PT_TRY(moe_forward(s, l, lw, nl < L ? &w->layers[nl] : NULL, nl, x, T, y, err));
-        }
+        int nl = l + 1; /* the next MoE layer, whose experts a streaming store can start reading */
+        while (nl < L && !c->layer_is_moe[nl]) nl++;
+        if (lw->is_moe) PT_TRY(moe_forward(s, l, lw, nl < L ? &w->layers[nl] : NULL, nl, x, T, y, err)); /* times its own parts */
         else {
+            if (e->xs && nl < L) moe_prefetch_next(s, &w->layers[nl], nl, x, T);
             PT_TRY(mlp_dense(s, lw, x, T, y, err));
             LAP(FS_DENSE);
         }

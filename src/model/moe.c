@@ -90,12 +90,12 @@ int mlp_dense(petrel_session *s, const layer_w *lw, const float *x, int T, float
     return swiglu(s, &lw->gate_proj, &lw->up_proj, &lw->down_proj, x, T, out, err);
 }
 
-/* Runs the experts chosen by the rows (idx/wts [T][K]) for experts ids[0..n), whose views are
- * g/u/d[i], accumulating into out. Per row, experts are added in ascending id order. */
 typedef struct { const pt_wview *g, *u, *d; } expert_views;
 
-static int run_experts(petrel_session *s, const int32_t *ids, int n, const expert_views *v, const int32_t *idx, const float *wts,
-                       const float *x, int T, float *out, float *xs, float *ys, int32_t *rows, float *rw, petrel_error *err) {
+/* Runs experts ids[0..n) (views v[i]) over the rows that chose them; row r's output from its
+ * k-th choice lands unscaled in yk[r][k]. */
+static int run_experts(petrel_session *s, const int32_t *ids, int n, const expert_views *v, const int32_t *idx, const float *x,
+                       int T, float *yk, float *xs, float *ys, int32_t *slot, petrel_error *err) {
     const petrel_config *c = &s->eng->cfg;
     int K = c->num_experts_per_tok, H = c->hidden_size;
     for (int i = 0; i < n; i++) {
@@ -103,16 +103,44 @@ static int run_experts(petrel_session *s, const int32_t *ids, int n, const exper
         for (int r = 0; r < T; r++)
             for (int k = 0; k < K; k++)
                 if (idx[(size_t)r * K + k] == e) {
-                    rows[m] = r;
-                    rw[m] = wts[(size_t)r * K + k];
+                    slot[m] = r * K + k;
                     memcpy(xs + (size_t)m * H, x + (size_t)r * H, sizeof(float) * (size_t)H);
                     m++;
                 }
         if (!m) continue;
         PT_TRY(swiglu(s, v[i].g, v[i].u, v[i].d, xs, m, ys, err));
-        for (int j = 0; j < m; j++) kn_axpy(out + (size_t)rows[j] * H, rw[j], ys + (size_t)j * H, H);
+        for (int j = 0; j < m; j++) memcpy(yk + (size_t)slot[j] * H, ys + (size_t)j * H, sizeof(float) * (size_t)H);
     }
     return 0;
+}
+
+/* Lookahead for streaming: applies the next MoE layer's router to x (this layer's normed input)
+ * and starts reading the experts it predicts, so their reads overlap this layer's compute. */
+void moe_prefetch_next(petrel_session *s, const layer_w *next_lw, int next_l, const float *x, int T) {
+    const petrel_engine *eng = s->eng;
+    const petrel_config *c = &eng->cfg;
+    int E = c->n_routed_experts, K = c->num_experts_per_tok;
+    if (!eng->xs || !next_lw || eng->moe_index[next_l] < 0 || K > 64) return;
+    size_t mark = s->ar.used;
+    float *lg = ar_alloc(&s->ar, sizeof(float) * (size_t)T * E);
+    float *scratch = ar_alloc(&s->ar, sizeof(float) * 2 * (size_t)E);
+    int32_t *pids = ar_alloc(&s->ar, sizeof(int32_t) * (size_t)E);
+    uint8_t *chosen = ar_alloc(&s->ar, (size_t)E);
+    if (lg && scratch && pids && chosen) {
+        kn_matmul(&next_lw->router, x, T, lg);
+        memset(chosen, 0, (size_t)E);
+        int32_t pid[64];
+        float pw[64];
+        for (int r = 0; r < T; r++) {
+            moe_route(c, lg + (size_t)r * E, next_lw->e_score_correction_bias, pid, pw, scratch);
+            for (int k = 0; k < K; k++) chosen[pid[k]] = 1;
+        }
+        int np = 0;
+        for (int e = 0; e < E; e++)
+            if (chosen[e]) pids[np++] = e;
+        xs_prefetch(eng->xs, eng->moe_index[next_l], pids, np);
+    }
+    s->ar.used = mark; /* a hint: without scratch it is simply skipped */
 }
 
 int moe_forward(petrel_session *s, int l, const layer_w *lw, const layer_w *next_lw, int next_l, const float *x, int T,
@@ -125,15 +153,15 @@ int moe_forward(petrel_session *s, int l, const layer_w *lw, const layer_w *next
     float *scratch = ar_alloc(&s->ar, sizeof(float) * 2 * (size_t)E);
     int32_t *idx = ar_alloc(&s->ar, sizeof(int32_t) * (size_t)T * K);
     float *wts = ar_alloc(&s->ar, sizeof(float) * (size_t)T * K);
-    int32_t *rows = ar_alloc(&s->ar, sizeof(int32_t) * (size_t)T);
-    float *rw = ar_alloc(&s->ar, sizeof(float) * (size_t)T);
+    int32_t *slot = ar_alloc(&s->ar, sizeof(int32_t) * (size_t)T * K);
     float *xs = ar_alloc(&s->ar, sizeof(float) * (size_t)T * H);
     float *ys = ar_alloc(&s->ar, sizeof(float) * (size_t)T * H);
-    int32_t *uniq = ar_alloc(&s->ar, sizeof(int32_t) * (size_t)E);
+    float *yk = ar_alloc(&s->ar, sizeof(float) * (size_t)T * K * H);
+    int32_t *order = ar_alloc(&s->ar, sizeof(int32_t) * (size_t)E);
     expert_views *ev = ar_alloc(&s->ar, sizeof(expert_views) * (size_t)E);
     xs_expert_ref *refs = ar_alloc(&s->ar, sizeof(xs_expert_ref) * (size_t)E);
     uint8_t *chosen = ar_alloc(&s->ar, (size_t)E);
-    if (!logits || !scratch || !idx || !wts || !rows || !rw || !xs || !ys || !uniq || !ev || !refs || !chosen)
+    if (!logits || !scratch || !idx || !wts || !slot || !xs || !ys || !yk || !order || !ev || !refs || !chosen)
         return pt_err(err, PETREL_ENOMEM, "MoE scratch exhausted");
     uint64_t *ns = s->stats.ns, t0 = pt_now_ns(), t1;
     kn_matmul(&lw->router, x, T, logits);
@@ -141,50 +169,52 @@ int moe_forward(petrel_session *s, int l, const layer_w *lw, const layer_w *next
         moe_route(c, logits + (size_t)r * E, lw->e_score_correction_bias, idx + (size_t)r * K, wts + (size_t)r * K, scratch);
     memset(chosen, 0, (size_t)E);
     for (int i = 0; i < T * K; i++) chosen[idx[i]] = 1;
-    int U = 0;
-    for (int e = 0; e < E; e++)
-        if (chosen[e]) uniq[U++] = e;
     if (eng->trace) stream_trace_note((petrel_engine *)eng, l, idx, T, K);
-    /* Lookahead: the next MoE layer's router applied to this layer's input predicts the experts
-     * it will want; their reads start now and overlap this layer's compute. */
     xs_store *xst = eng->xs;
     int ml = xst ? eng->moe_index[l] : -1;
-    if (xst && next_lw && eng->moe_index[next_l] >= 0) {
-        float *nl = logits; /* this layer's logits are no longer needed */
-        kn_matmul(&next_lw->router, x, T, nl);
-        memset(chosen, 0, (size_t)E);
-        int32_t pid[64];
-        float pw[64];
-        for (int r = 0; r < T && K <= 64; r++) {
-            moe_route(c, nl + (size_t)r * E, next_lw->e_score_correction_bias, pid, pw, scratch);
-            for (int k = 0; k < K; k++) chosen[pid[k]] = 1;
-        }
-        int32_t *pids = (int32_t *)scratch; /* E floats of room, free after routing */
-        int np = 0;
+    /* Run order: experts already in a slot first, then the misses, whose reads start as soon as
+     * the first chunk is acquired and overlap the compute of the resident ones. */
+    int U = 0;
+    for (int pass = 0; pass < 2; pass++)
         for (int e = 0; e < E; e++)
-            if (chosen[e]) pids[np++] = e;
-        xs_prefetch(xst, eng->moe_index[next_l], pids, np);
-    }
+            if (chosen[e] && (ml < 0 ? pass == 0 : (xs_store_slot_of(xst, ml, e) >= 0) == (pass == 0))) order[U++] = e;
     t1 = pt_now_ns();
     ns[FS_ROUTER] += t1 - t0;
     t0 = t1;
-    memset(out, 0, sizeof(float) * (size_t)T * H);
     if (ml < 0) {
-        for (int i = 0; i < U; i++) ev[i] = (expert_views){&lw->exp_gate[uniq[i]], &lw->exp_up[uniq[i]], &lw->exp_down[uniq[i]]};
-        PT_TRY(run_experts(s, uniq, U, ev, idx, wts, x, T, out, xs, ys, rows, rw, err));
+        for (int i = 0; i < U; i++) ev[i] = (expert_views){&lw->exp_gate[order[i]], &lw->exp_up[order[i]], &lw->exp_down[order[i]]};
+        PT_TRY(run_experts(s, order, U, ev, idx, x, T, yk, xs, ys, slot, err));
     } else {
         int S = xs_store_slots(xst);
-        for (int c0 = 0; c0 < U; c0 += S) {
+        for (int c0 = 0; c0 < U;) {
             int n = U - c0 < S ? U - c0 : S;
             uint64_t w0 = pt_now_ns();
-            PT_TRY(xs_acquire(xst, ml, uniq + c0, n, refs, err));
+            PT_TRY(xs_acquire(xst, ml, order + c0, n, refs, err));
             s->stats.io_ns += pt_now_ns() - w0;
+            if (c0 == 0) {
+                xs_prefetch(xst, ml, order + n, U - n);           /* this layer's remaining misses */
+                moe_prefetch_next(s, next_lw, next_l, x, T);     /* then the next layer's guesses */
+            }
             for (int i = 0; i < n; i++) ev[i] = (expert_views){&refs[i].gate, &refs[i].up, &refs[i].down};
-            int rc = run_experts(s, uniq + c0, n, ev, idx, wts, x, T, out, xs, ys, rows, rw, err);
+            int rc = run_experts(s, order + c0, n, ev, idx, x, T, yk, xs, ys, slot, err);
             xs_release(xst, ml, refs, n);
             if (rc < 0) return rc;
+            c0 += n;
         }
-        xs_store_note_tokens(xst, 0);
+    }
+    /* Sum per row in ascending expert id: the same order whatever order experts ran in, so
+     * streamed and resident results are bitwise equal. */
+    for (int r = 0; r < T; r++) {
+        float *o = out + (size_t)r * H;
+        const int32_t *ir = idx + (size_t)r * K;
+        memset(o, 0, sizeof(float) * (size_t)H);
+        for (int done = 0, prev = -1; done < K; done++) {
+            int best = -1;
+            for (int k = 0; k < K; k++)
+                if (ir[k] > prev && (best < 0 || ir[k] < ir[best])) best = k;
+            kn_axpy(o, wts[(size_t)r * K + best], yk + ((size_t)r * K + best) * H, H);
+            prev = ir[best];
+        }
     }
     t1 = pt_now_ns();
     ns[FS_EXPERTS] += t1 - t0;
