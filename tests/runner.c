@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define MAX_TESTS 4096
@@ -64,6 +65,39 @@ const char *test_tmpdir(void) {
         atexit(rm_tmpdir);
     }
     return tmpdir;
+}
+
+double test_rel_l2(const float *a, const float *ref, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)a[i] - ref[i];
+        num += d * d;
+        den += (double)ref[i] * ref[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+int test_sh(const char *cmd, char *out, size_t cap, char *errbuf, size_t ecap) {
+    char full[8192], ef[300];
+    snprintf(ef, sizeof ef, "%s/sh_stderr.txt", test_tmpdir());
+    snprintf(full, sizeof full, "%s 2>%s", cmd, ef);
+    FILE *p = popen(full, "r");
+    if (!p) return -1;
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = 0;
+    while (fgetc(p) != EOF) {} /* drain what did not fit */
+    int st = pclose(p);
+    FILE *f = fopen(ef, "r");
+    size_t m = f ? fread(errbuf, 1, ecap - 1, f) : 0;
+    errbuf[m] = 0;
+    if (f) fclose(f);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+int test_count_lines(const char *s) {
+    int n = 0;
+    for (; *s; s++) n += *s == '\n';
+    return n;
 }
 
 static int selected(int i, int argc, char **argv) {

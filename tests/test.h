@@ -15,6 +15,13 @@ void test_fail(const char *file, int line, const char *fmt, ...)
 const char *test_data(const char *rel);
 /* A fresh temporary directory for this test run (created once, removed at exit). */
 const char *test_tmpdir(void);
+/* Relative L2 error ||a - ref|| / ||ref|| over n floats (in double). */
+double test_rel_l2(const float *a, const float *ref, size_t n);
+/* Runs cmd through the shell, capturing stdout into out and stderr into err (both truncated to
+ * their capacity, NUL-terminated); returns the exit status (-1 if it did not exit). */
+int test_sh(const char *cmd, char *out, size_t cap, char *err, size_t ecap);
+/* Number of '\n' in s. */
+int test_count_lines(const char *s);
 
 #define TEST(group, name)                                                        \
     static void test_##group##_##name(void);                                     \

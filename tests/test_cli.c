@@ -8,41 +8,19 @@
 #include "io/safetensors.h"
 #include "test.h"
 
-/* Runs `cmd` through the shell; captures stdout and stderr (truncated to cap). Returns exit code. */
-static int sh(const char *cmd, char *out, size_t cap, char *errbuf, size_t ecap) {
-    char full[4096], ef[256];
-    snprintf(ef, sizeof ef, "%s/stderr.txt", test_tmpdir());
-    snprintf(full, sizeof full, "%s 2>%s", cmd, ef);
-    FILE *p = popen(full, "r");
-    if (!p) return -1;
-    size_t n = fread(out, 1, cap - 1, p);
-    out[n] = 0;
-    int st = pclose(p);
-    FILE *f = fopen(ef, "r");
-    size_t m = f ? fread(errbuf, 1, ecap - 1, f) : 0;
-    errbuf[m] = 0;
-    if (f) fclose(f);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 static const char *bin(void) {
     const char *b = getenv("PETREL_BIN");
     if (!b) fprintf(stderr, "note: PETREL_BIN unset, CLI tests skipped\n");
     return b;
 }
 
-static int count_lines(const char *s) {
-    int n = 0;
-    for (; *s; s++) n += *s == '\n';
-    return n;
-}
 
 TEST(cli, generate_prints_ids) {
     const char *b = bin();
     if (!b) return;
     char cmd[1024], out[4096], err[4096];
     snprintf(cmd, sizeof cmd, "%s generate --model %s --ids 5,17,300 -n 7", b, test_data("tiny"));
-    CHECK_EQ_INT(sh(cmd, out, sizeof out, err, sizeof err), 0);
+    CHECK_EQ_INT(test_sh(cmd, out, sizeof out, err, sizeof err), 0);
     int n = 0;
     for (char *t = strtok(out, " \n"); t; t = strtok(NULL, " \n")) {
         int v = atoi(t);
@@ -73,7 +51,7 @@ TEST(cli, logits_file_matches_golden) {
         char cmd[2048], out[256], err[4096], of[300];
         snprintf(of, sizeof of, "%s/logits%d.bin", test_tmpdir(), dec);
         snprintf(cmd, sizeof cmd, "%s logits --model %s --ids %s --out %s%s", b, test_data("tiny"), idstr, of, dec ? " --decode" : "");
-        CHECK_EQ_INT(sh(cmd, out, sizeof out, err, sizeof err), 0);
+        CHECK_EQ_INT(test_sh(cmd, out, sizeof out, err, sizeof err), 0);
         FILE *f = fopen(of, "rb");
         CHECK(f != NULL);
         if (!f) continue;
@@ -98,7 +76,7 @@ TEST(cli, info_reports) {
     if (!b) return;
     char cmd[1024], out[16384], err[4096];
     snprintf(cmd, sizeof cmd, "%s info --model %s", b, test_data("tiny-fp8"));
-    CHECK_EQ_INT(sh(cmd, out, sizeof out, err, sizeof err), 0);
+    CHECK_EQ_INT(test_sh(cmd, out, sizeof out, err, sizeof err), 0);
     CHECK(strstr(out, "routed experts") != NULL);
     CHECK(strstr(out, "mtp              present") != NULL);
     CHECK(strstr(out, "fp8") != NULL);
@@ -118,9 +96,9 @@ TEST(cli, failures_are_one_line) {
     snprintf(cases[6], 1024, "%s frobnicate", b);
     for (int i = 0; i < 7; i++) {
         char out[4096], err[4096];
-        int rc = sh(cases[i], out, sizeof out, err, sizeof err);
+        int rc = test_sh(cases[i], out, sizeof out, err, sizeof err);
         CHECK_MSG(rc != 0, "case %d exited 0", i);
-        CHECK_MSG(count_lines(err) == 1, "case %d: stderr has %d lines: %s", i, count_lines(err), err);
+        CHECK_MSG(test_count_lines(err) == 1, "case %d: stderr has %d lines: %s", i, test_count_lines(err), err);
         CHECK_MSG(strncmp(err, "petrel", 6) == 0, "case %d: stderr \"%s\"", i, err);
     }
 }

@@ -329,15 +329,6 @@ static int artifacts(void) {
     return 0;
 }
 
-static double rel_l2(const float *a, const float *ref, size_t n) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = (double)a[i] - ref[i];
-        num += d * d;
-        den += (double)ref[i] * ref[i];
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
 
 static petrel_engine *open_eng(const char *path) {
     petrel_engine *e = NULL;
@@ -581,7 +572,7 @@ TEST(colibri, logits_golden) {
         CHECK_MSG(lg != NULL, "%s", err.msg);
         if (!lg) continue;
         np++;
-        double r = rel_l2(lg, (const float *)ref->data, (size_t)T * V);
+        double r = test_rel_l2(lg, (const float *)ref->data, (size_t)T * V);
         int agree = 0;
         for (int t = 0; t < T; t++) {
             const float *x = lg + (size_t)t * V, *y = (const float *)ref->data + (size_t)t * V;
@@ -625,7 +616,7 @@ TEST(colibri, logits_exact) {
         CHECK(la && lb);
         if (la && lb) {
             np++;
-            double r = rel_l2(la, lb, (size_t)T * V), mx = 0;
+            double r = test_rel_l2(la, lb, (size_t)T * V), mx = 0;
             for (size_t i = 0; i < (size_t)T * V; i++) mx = fmax(mx, fabs((double)la[i] - lb[i]));
             CHECK_MSG(r < 1e-5, "prompt %d: colibri vs dequantized F32 checkpoint: rel L2 %.3g (max abs %.3g)", pi, r, mx);
             if (getenv("PETREL_TEST_VERBOSE")) fprintf(stderr, "  colibri prompt %d T=%d: rel L2 vs dequantized F32 %.3g, max abs %.3g\n", pi, T, r, mx);
@@ -688,7 +679,7 @@ TEST(colibri, convert) {
     float *la = a ? run(a, ids, 12, &err) : NULL, *lb = b ? run(b, ids, 12, &err) : NULL;
     CHECK(la && lb);
     if (la && lb) {
-        double r = rel_l2(lb, la, (size_t)12 * a->cfg.vocab_size);
+        double r = test_rel_l2(lb, la, (size_t)12 * a->cfg.vocab_size);
         CHECK_MSG(r < 1e-5, "pack from colibri vs colibri: rel L2 %.3g", r);
     }
     free(la);

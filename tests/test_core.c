@@ -22,11 +22,6 @@ static uint32_t rnd(void) {
 }
 static float rndf(void) { return (float)rnd() / 2147483648.0f - 1.0f; }
 
-static double rel_l2(const float *a, const float *b, size_t n) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) { double d = (double)a[i] - b[i]; num += d * d; den += (double)b[i] * b[i]; }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
 
 static petrel_engine *open_tiny(const char *name) {
     petrel_engine *e = NULL;
@@ -59,7 +54,7 @@ TEST(core, absorbed_equals_reconstructed) {
         int32_t ids[37];
         for (int i = 0; i < T; i++) ids[i] = (int32_t)(rnd() % (uint32_t)V);
         float *a = run(e, ids, T, MLA_ABSORBED, 0, 0), *b = run(e, ids, T, MLA_RECONSTRUCTED, 0, 0);
-        double err = rel_l2(a, b, (size_t)T * V);
+        double err = test_rel_l2(a, b, (size_t)T * V);
         CHECK_MSG(err < 1e-5, "%s: absorbed vs reconstructed rel err %.3g", names[f], err);
         free(a);
         free(b);
@@ -74,7 +69,7 @@ TEST(core, prefill_equals_decode_random) {
     int32_t ids[50];
     for (int i = 0; i < T; i++) ids[i] = (int32_t)(rnd() % (uint32_t)V);
     float *a = run(e, ids, T, MLA_AUTO, 0, 0), *b = run(e, ids, T, MLA_AUTO, 0, 1);
-    double err = rel_l2(a, b, (size_t)T * V);
+    double err = test_rel_l2(a, b, (size_t)T * V);
     CHECK_MSG(err < 1e-5, "prefill vs decode rel err %.3g", err);
     free(a);
     free(b);
@@ -91,12 +86,12 @@ TEST(core, dsa_large_topk_is_dense) {
     int32_t ids[30];
     for (int i = 0; i < T; i++) ids[i] = (int32_t)(rnd() % (uint32_t)V);
     float *dense = run(e, ids, T, MLA_RECONSTRUCTED, 0, 0), *scored = run(e, ids, T, MLA_RECONSTRUCTED, 1, 0);
-    double err = rel_l2(scored, dense, (size_t)T * V);
+    double err = test_rel_l2(scored, dense, (size_t)T * V);
     CHECK_MSG(err < 1e-6, "scored selection vs dense rel err %.3g", err);
     /* and a small index_topk really changes the result (the test can fail) */
     e->cfg.index_topk = 4;
     float *sparse = run(e, ids, T, MLA_RECONSTRUCTED, 0, 0);
-    CHECK(rel_l2(sparse, dense, (size_t)T * V) > 1e-3);
+    CHECK(test_rel_l2(sparse, dense, (size_t)T * V) > 1e-3);
     free(dense);
     free(scored);
     free(sparse);
@@ -406,7 +401,7 @@ TEST(core, truncate_then_continue) {
     CHECK(petrel_session_forward(s, junk, 3, NULL, 0, &err) == 0);
     CHECK(petrel_session_truncate(s, 12, &err) == 0);
     CHECK(petrel_session_forward(s, ids + 12, 8, b, 0, &err) == 0);
-    CHECK(rel_l2(b, a, (size_t)V) < 1e-6);
+    CHECK(test_rel_l2(b, a, (size_t)V) < 1e-6);
     petrel_session_free(s);
     free(a);
     free(b);

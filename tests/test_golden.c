@@ -8,15 +8,6 @@
 #include "model/engine.h"
 #include "test.h"
 
-static double rel_l2(const float *a, const float *ref, size_t n) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = (double)a[i] - ref[i];
-        num += d * d;
-        den += (double)ref[i] * ref[i];
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
 
 typedef struct { petrel_engine *eng; st_set *gold; } fixture;
 
@@ -54,7 +45,7 @@ static void check_logits(const char *name, int decode) {
         if (decode) {
             for (int t = 0; t < T; t++) CHECK(petrel_session_forward(s, (const int32_t *)ids->data + t, 1, lg + (size_t)t * V, 0, &err) == 0);
         } else CHECK(petrel_session_forward(s, (const int32_t *)ids->data, T, lg, 1, &err) == 0);
-        double e = rel_l2(lg, (const float *)ref->data, (size_t)T * V);
+        double e = test_rel_l2(lg, (const float *)ref->data, (size_t)T * V);
         CHECK_MSG(e < 1e-4, "%s prompt %d (%s): logits rel L2 error %.3g", name, pi, decode ? "decode" : "prefill", e);
         if (getenv("PETREL_TEST_VERBOSE")) fprintf(stderr, "  %s prompt %d T=%d %s rel err %.3g\n", name, pi, T, decode ? "decode" : "prefill", e);
         petrel_session_free(s);
@@ -125,7 +116,7 @@ static void check_hidden_topk(const char *name) {
     s->trace = &tr;
     CHECK(petrel_session_forward(s, (const int32_t *)ids->data, T, NULL, 0, &err) == 0);
     for (int l = 0; l <= L; l++) {
-        double e = rel_l2(tr.hidden + (size_t)l * T * H, (const float *)hid->data + (size_t)l * T * H, (size_t)T * H);
+        double e = test_rel_l2(tr.hidden + (size_t)l * T * H, (const float *)hid->data + (size_t)l * T * H, (size_t)T * H);
         CHECK_MSG(e < 1e-4, "%s hidden state %d: rel L2 error %.3g", name, l, e);
     }
     int nsel = 0;

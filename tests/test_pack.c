@@ -20,15 +20,6 @@
 #include "quant/quant.h"
 #include "test.h"
 
-static double rel_l2(const float *a, const float *ref, size_t n) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = (double)a[i] - ref[i];
-        num += d * d;
-        den += (double)ref[i] * ref[i];
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
 
 static const char *tmp(const char *name) {
     static char buf[4][512];
@@ -93,7 +84,7 @@ static void check_bf16(const char *fixture) {
         int T = (int)ids->shape[0];
         float *a = run_logits(pk, (const int32_t *)ids->data, T), *b = run_logits(src, (const int32_t *)ids->data, T);
         if (a && b) {
-            double e = rel_l2(a, (const float *)ref->data, (size_t)T * V);
+            double e = test_rel_l2(a, (const float *)ref->data, (size_t)T * V);
             CHECK_MSG(e < 1e-4, "%s bf16 pack prompt %d: rel L2 %.3g vs golden", fixture, pi, e);
             CHECK_MSG(!memcmp(a, b, sizeof(float) * (size_t)T * V), "%s bf16 pack prompt %d: logits differ from the source's", fixture, pi);
         }

@@ -649,26 +649,6 @@ TEST(chat, render_tiny_template) {
 
 /* ---- `petrel run` / `petrel chat` as subprocesses ($PETREL_BIN; skipped when unset) ---- */
 
-static int sh2(const char *cmd, char *out, size_t cap, char *errbuf, size_t ecap) {
-    char full[4096], ef[256];
-    snprintf(ef, sizeof ef, "%s/run_stderr.txt", test_tmpdir());
-    snprintf(full, sizeof full, "%s 2>%s", cmd, ef);
-    FILE *p = popen(full, "r");
-    if (!p) return -1;
-    size_t n = fread(out, 1, cap - 1, p);
-    out[n] = 0;
-    int st = pclose(p);
-    FILE *f = fopen(ef, "r");
-    size_t m = f ? fread(errbuf, 1, ecap - 1, f) : 0;
-    errbuf[m] = 0;
-    if (f) fclose(f);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-static int n_lines(const char *s) {
-    int n = 0;
-    for (; *s; s++) n += *s == '\n';
-    return n;
-}
 
 TEST(cli_run, run_and_chat_contracts) {
     const char *b = getenv("PETREL_BIN");
@@ -677,14 +657,14 @@ TEST(cli_run, run_and_chat_contracts) {
     const char *m = test_data("tiny");
     /* seeded sampling repeats; stdout holds only the text, stderr stays empty without -v */
     snprintf(cmd, sizeof cmd, "%s run --model %s -p 'Hello there' -n 24 --seed 11 --temp 1", b, m);
-    CHECK_EQ_INT(sh2(cmd, o1, sizeof o1, e, sizeof e), 0);
+    CHECK_EQ_INT(test_sh(cmd, o1, sizeof o1, e, sizeof e), 0);
     CHECK(o1[0] != 0);
     CHECK_MSG(e[0] == 0, "stderr: %s", e);
-    CHECK_EQ_INT(sh2(cmd, o2, sizeof o2, e, sizeof e), 0);
+    CHECK_EQ_INT(test_sh(cmd, o2, sizeof o2, e, sizeof e), 0);
     CHECK(!strcmp(o1, o2));
     /* -v: stats on stderr, same stdout */
     snprintf(cmd, sizeof cmd, "%s run --model %s -p 'Hello there' -n 24 --seed 11 --temp 1 -v", b, m);
-    CHECK_EQ_INT(sh2(cmd, o2, sizeof o2, e, sizeof e), 0);
+    CHECK_EQ_INT(test_sh(cmd, o2, sizeof o2, e, sizeof e), 0);
     CHECK(!strcmp(o1, o2));
     CHECK(strstr(e, "tok/s") != NULL);
     /* failures: non-zero and one line on stderr */
@@ -694,18 +674,18 @@ TEST(cli_run, run_and_chat_contracts) {
         char c2[1024];
         snprintf(c2, sizeof c2, bad[i], m);
         snprintf(cmd, sizeof cmd, "%s %s </dev/null", b, c2);
-        int rc = sh2(cmd, o2, sizeof o2, e, sizeof e);
+        int rc = test_sh(cmd, o2, sizeof o2, e, sizeof e);
         CHECK_MSG(rc != 0, "%s: exit 0", c2);
-        CHECK_MSG(n_lines(e) == 1, "%s: stderr has %d lines: %s", c2, n_lines(e), e);
+        CHECK_MSG(test_count_lines(e) == 1, "%s: stderr has %d lines: %s", c2, test_count_lines(e), e);
         CHECK_MSG(o2[0] == 0, "%s: wrote to stdout", c2);
     }
     snprintf(cmd, sizeof cmd, "%s run --help", b);
-    CHECK_EQ_INT(sh2(cmd, o2, sizeof o2, e, sizeof e), 0);
+    CHECK_EQ_INT(test_sh(cmd, o2, sizeof o2, e, sizeof e), 0);
     CHECK(strstr(o2, "--seed") && strstr(o2, "--chat"));
     /* chat over a pipe: one reply per line, EOF ends, exit 0 */
     snprintf(cmd, sizeof cmd, "printf 'hello\\nagain\\n' | %s chat --model %s -n 6 --seed 3 --no-think", b, m);
-    CHECK_EQ_INT(sh2(cmd, o1, sizeof o1, e, sizeof e), 0);
-    CHECK(n_lines(o1) >= 2);
-    CHECK_EQ_INT(sh2(cmd, o2, sizeof o2, e, sizeof e), 0);
+    CHECK_EQ_INT(test_sh(cmd, o1, sizeof o1, e, sizeof e), 0);
+    CHECK(test_count_lines(o1) >= 2);
+    CHECK_EQ_INT(test_sh(cmd, o2, sizeof o2, e, sizeof e), 0);
     CHECK(!strcmp(o1, o2));
 }
