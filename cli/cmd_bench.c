@@ -187,6 +187,52 @@ static uint64_t layer_bytes(const petrel_config *c, const layer_w *lw, uint64_t 
     return b;
 }
 
+/* ---- arithmetic peak: f32 FMA throughput of this machine (AVX-512 when present) ---- */
+#if defined(__x86_64__)
+#include <immintrin.h>
+__attribute__((target("avx512f"))) static double fma_loop_avx512(long iters) {
+    __m512 a[12], b = _mm512_set1_ps(1.0000001f), c = _mm512_set1_ps(1e-7f);
+    for (int i = 0; i < 12; i++) a[i] = _mm512_set1_ps((float)i);
+    for (long k = 0; k < iters; k++)
+        for (int i = 0; i < 12; i++) a[i] = _mm512_fmadd_ps(a[i], b, c);
+    float out[16];
+    __m512 sum = a[0];
+    for (int i = 1; i < 12; i++) sum = _mm512_add_ps(sum, a[i]);
+    _mm512_storeu_ps(out, sum);
+    return out[0];
+}
+#endif
+typedef struct { long iters; double sink; } peakjob;
+static void *peak_thread(void *a) {
+    peakjob *j = a;
+#if defined(__x86_64__)
+    j->sink = fma_loop_avx512(j->iters);
+#endif
+    return NULL;
+}
+/* GFLOP/s of f32 FMAs on `threads` threads (0 if the CPU lacks AVX-512). */
+static double measure_peak_gflops(int threads) {
+#if defined(__x86_64__)
+    if (!__builtin_cpu_supports("avx512f")) return 0;
+    long iters = 20000000;
+    pthread_t th[64];
+    peakjob jobs[64];
+    if (threads > 64) threads = 64;
+    uint64_t t0 = pt_now_ns();
+    for (int t = 0; t < threads; t++) {
+        jobs[t] = (peakjob){iters, 0};
+        if (t) pthread_create(&th[t], NULL, peak_thread, &jobs[t]);
+    }
+    peak_thread(&jobs[0]);
+    for (int t = 1; t < threads; t++) pthread_join(th[t], NULL);
+    double dt = (double)(pt_now_ns() - t0) / 1e9;
+    return (double)iters * 12 * 16 * 2 * threads / dt / 1e9;
+#else
+    (void)threads;
+    return 0;
+#endif
+}
+
 /* ---- routing-trace replay (--trace): the policy against LRU and Belady at equal capacity ---- */
 static int bench_trace(const char *path, int slots, int json) {
     char tmp[512];
@@ -347,8 +393,18 @@ CLI_CMD(bench) {
     if (petrel_session_forward(s, ids, (int)prompt, lg, 0, &err)) rc = cli_fail_err("bench", &err);
     double prefill_s = (double)(pt_now_ns() - t0) / 1e9;
     fwd_stats pst = s->stats;
+    double peak = 0, expert_gflops = 0;
     if (!rc) {
         printf("prefill: %ld tokens in %.2f s = %.1f tok/s\n", prompt, prefill_s, (double)prompt / prefill_s);
+        /* the routed-expert products of the prefill against the machine's f32 FMA peak */
+        int n_moe = 0;
+        for (int l = 0; l < c->num_hidden_layers; l++) n_moe += c->layer_is_moe[l];
+        double ex_flop = 2.0 * (double)prompt * c->num_experts_per_tok * 3.0 * c->hidden_size * (double)c->moe_intermediate_size * n_moe;
+        double ex_s = (double)pst.ns[FS_EXPERTS] / 1e9;
+        peak = measure_peak_gflops(threads);
+        expert_gflops = ex_s > 0 ? ex_flop / ex_s / 1e9 : 0;
+        printf("prefill routed experts: %.1f GFLOP/s = %.1f%% of the measured f32 FMA peak (%.0f GFLOP/s, %d threads; no AMX on this CPU)\n",
+               expert_gflops, peak > 0 ? 100 * expert_gflops / peak : 0, peak, threads);
         fflush(stdout);
     }
     if (!rc && ctx > prompt && petrel_session_forward(s, ids + prompt, (int)(ctx - prompt), lg, 0, &err)) rc = cli_fail_err("bench", &err);
@@ -385,17 +441,24 @@ CLI_CMD(bench) {
         double hit_rate = 1, miss_bytes_tok = 0;
         if (eng->xs) {
             xs_store_stats(eng->xs, &xs1);
-            uint64_t acc = xs1.accesses - xs0.accesses, hits = xs1.hits - xs0.hits;
-            hit_rate = acc ? (double)hits / (double)acc : 1;
-            miss_bytes_tok = (double)(xs1.bytes_read - xs0.bytes_read) / (double)steps;
+            /* a hit is an expert that needed no read for this token (a prefetch that was used
+             * still cost a read: it counts with the misses here) */
+            uint64_t acc = xs1.accesses - xs0.accesses, reads = (xs1.misses - xs0.misses) + (xs1.prefetch_used - xs0.prefetch_used);
+            hit_rate = acc ? 1.0 - (double)reads / (double)acc : 1;
+            /* SSD bytes the token needed: demand misses plus prefetches that were used (wasted
+             * prefetch reads are overhead, not floor) */
+            uint64_t roff = 0, rec = 0, rh;
+            for (int l = 0; l < c->num_hidden_layers && !rec; l++)
+                if (eng->moe_index[l] >= 0) pack_expert_record(eng->pack, l, 0, &roff, &rec, &rh);
+            miss_bytes_tok = (double)((xs1.misses - xs0.misses) + (xs1.prefetch_used - xs0.prefetch_used)) * (double)rec / (double)steps;
             double ssd_ms = ssd_gbs > 0 ? miss_bytes_tok / (ssd_gbs * 1e9) * 1e3 : 0;
             if (ssd_ms > floor_ms) floor_ms = ssd_ms;
-            printf("expert store: %d slots/layer, %s%s; hit rate %.1f%%, misses %.1f/token, %.1f MB read/token, I/O wait %.2f ms/token, "
-                   "prefetch %" PRIu64 " issued / %" PRIu64 " used / %" PRIu64 " wasted\n",
+            printf("expert store: %d slots/layer, %s%s; hit rate %.1f%%, misses %.1f/token, %.1f MB needed from SSD/token, I/O wait %.2f ms/token, "
+                   "prefetch %" PRIu64 " issued / %" PRIu64 " used / %" PRIu64 " wasted; lookahead precision %.2f\n",
                    xs_store_slots(eng->xs), xs_store_uring(eng->xs) ? "io_uring" : "pread", xs_store_direct(eng->xs) ? " + O_DIRECT" : "",
                    100 * hit_rate, (double)(xs1.misses - xs0.misses) / (double)steps, miss_bytes_tok / 1e6,
                    (double)(xs1.io_wait_ns - xs0.io_wait_ns) / 1e6 / (double)steps, xs1.prefetch_issued - xs0.prefetch_issued,
-                   xs1.prefetch_used - xs0.prefetch_used, xs1.prefetch_wasted - xs0.prefetch_wasted);
+                   xs1.prefetch_used - xs0.prefetch_used, xs1.prefetch_wasted - xs0.prefetch_wasted, eng->la_precision);
             printf("ssd read bandwidth: %.2f GB/s (O_DIRECT, whole expert records at random, 2 threads); floor = max(%.2f ms SSD, %.2f ms memory)\n",
                    ssd_gbs, ssd_ms, (double)bytes_tok / (bw * 1e9) * 1e3);
         }
@@ -411,9 +474,9 @@ CLI_CMD(bench) {
             printf("{\"decode_ms\": %.4f, \"decode_tok_s\": %.4f, \"prefill_tok_s\": %.3f, \"bytes_per_token\": %" PRIu64
                    ", \"mem_bw_gbs\": %.3f, \"decode_floor_ratio\": %.4f, \"floor_ms\": %.4f, \"ctx\": %ld, \"prompt\": %ld, \"steps\": %ld, "
                    "\"decode_mean_ms\": %.4f, \"decode_min_ms\": %.4f, \"threads\": %d, \"isa\": \"%s\", \"cpu\": \"%s\", \"cores\": %ld, "
-                   "\"expert_hit_rate\": %.5f, \"ssd_bw_gbs\": %.3f, \"miss_bytes_per_token\": %.0f, \"decode_breakdown_ms\": {",
+                   "\"expert_hit_rate\": %.5f, \"ssd_bw_gbs\": %.3f, \"miss_bytes_per_token\": %.0f, \"prefill_expert_gflops\": %.2f, \"fma_peak_gflops\": %.1f, \"decode_breakdown_ms\": {",
                    dms, 1e3 / dms, pf, bytes_tok, bw, ratio, floor_ms, ctx, prompt, steps, mean_ms, min_ms, threads, kn_isa_name(), cpu, cores,
-                   hit_rate, ssd_gbs, miss_bytes_tok);
+                   hit_rate, ssd_gbs, miss_bytes_tok, expert_gflops, peak);
             for (int p = 0; p < FS_COUNT; p++) printf("%s\"%s\": %.4f", p ? ", " : "", fwd_part_names[p], (double)s->stats.ns[p] / 1e6 / (double)steps);
             printf("}, \"prefill_breakdown_ms\": {");
             for (int p = 0; p < FS_COUNT; p++) printf("%s\"%s\": %.3f", p ? ", " : "", fwd_part_names[p], (double)pst.ns[p] / 1e6);

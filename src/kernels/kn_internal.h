@@ -49,6 +49,55 @@ static inline int kn_mm_layout_ok(const pt_wview *W) {
     }
 }
 
+/* ---- int8-activation path (AVX-512 VNNI; actq_avx512.c) ----
+ * Formats: PT_Q4_G64 (activation groups of 64 columns, one step = 128 columns = 64 weight bytes)
+ * and PT_Q8_G32 / PT_Q8_ROW (groups of 32 columns, one step = 64 columns = 64 weight bytes).
+ * Each x row is quantized per group: d = amax / 127, q = clamp(rint(x * (127 / amax)), +-127)
+ * (amax = 0: d = 0, q = 0). The prepared row is a sequence of step records:
+ *   q8: [q: 64 x i8][bias: 16 x i32][dexp: 16 x f32]                  (192 bytes)
+ *   q4: [q even cols: 64 x i8][q odd cols: 64 x i8][bias][dexp]        (256 bytes)
+ * Lanes 0-7 of a step belong to its first group, lanes 8-15 to its second (vpdpbusd sums 4
+ * consecutive bytes into one int32 lane). Weights enter vpdpbusd as unsigned bytes u = w + off
+ * (q4: the stored nibble, off 8; q8: w ^ 0x80, off 128); bias lane 0 / 8 holds -off * sum(q) of
+ * the group, so the integer lane sums add up to exactly sum((u - off) q) per group. dexp repeats
+ * each group's d over its 8 lanes. Padding past cols: q = 0, bias 0, d = 0. */
+#define KN_ACTQ_NONE 0
+#define KN_ACTQ_Q8 1
+#define KN_ACTQ_Q4 2
+static inline int kn_actq_kind(const pt_wview *W) {
+    switch (W->qtype) {
+    case PT_Q8_ROW: return W->scale ? KN_ACTQ_Q8 : 0;
+    case PT_Q8_G32: return W->scale && (W->cols + 31) / 32 <= KN_MAX_SCALES ? KN_ACTQ_Q8 : 0;
+    case PT_Q4_G64: return W->scale && (W->cols + 63) / 64 <= KN_MAX_SCALES ? KN_ACTQ_Q4 : 0;
+    default: return 0;
+    }
+}
+static inline int64_t kn_actq_step_cols(int kind) { return kind == KN_ACTQ_Q4 ? 128 : 64; }
+static inline int64_t kn_actq_rec_bytes(int kind) { return kind == KN_ACTQ_Q4 ? 256 : 192; }
+static inline int64_t kn_actq_row_bytes(int kind, int64_t cols) {
+    int64_t sc = kn_actq_step_cols(kind);
+    return (cols + sc - 1) / sc * kn_actq_rec_bytes(kind);
+}
+/* Quantizes one x row per group of g columns (ref.c): q[cols] natural order, d[ceil(cols/g)]. */
+void kn_actq_quant_row(const float *x, int64_t cols, int g, int8_t *q, float *d);
+/* Fills prepared rows (stride kn_actq_row_bytes) for n rows of x (ref.c, plain C). */
+void kn_actq_prep(int kind, const float *x, int n, int64_t cols, uint8_t *xq);
+/* Rows [r0, r1) of y from prepared activations (AVX-512 VNNI). */
+void kn_actq_rows_avx512(const pt_wview *W, int64_t r0, int64_t r1, const uint8_t *xq,
+                         int64_t xs, int n, float *y);
+
+/* ---- transposed product (matmul_t) and helpers, per ISA ---- */
+/* y[i][c] for c in [c0, c1), every i < n: y[i][c] = sum_r x[i][r] W[r][c], r ascending. */
+void kn_ref_matmul_t_cols(const pt_wview *W, int64_t c0, int64_t c1, const float *x, int n,
+                          float *y);
+void kn_matmul_t_cols_avx512(const pt_wview *W, int64_t c0, int64_t c1, const float *x, int n,
+                             float *y);
+float kn_dot_avx512(const float *a, const float *b, int64_t n);
+void kn_axpy_avx512(float *y, float a, const float *x, int64_t n);
+void kn_rmsnorm_avx512(float *out, const float *x, const float *w, int64_t n, float eps);
+void kn_softmax_avx512(float *x, int64_t n);
+void kn_silu_mul_avx512(float *out, const float *gate, const float *up, int64_t n);
+
 /* Scale i of W as f32 (dtype from the view). */
 static inline float kn_scale_at(const pt_wview *W, int64_t i) {
     switch (W->scale_dtype) {

@@ -33,6 +33,131 @@ void kn_ref_matmul(const pt_wview *W, const float *x, int n, float *y) {
     kn_ref_matmul_rows(W, 0, W->rows, x, n, y);
 }
 
+/* ---- int8 activations (kn_internal.h) ---- */
+void kn_actq_quant_row(const float *x, int64_t cols, int g, int8_t *q, float *d) {
+    for (int64_t j0 = 0, gi = 0; j0 < cols; j0 += g, gi++) {
+        int64_t j1 = j0 + g < cols ? j0 + g : cols;
+        float amax = 0.f, probe = 0.f;
+        for (int64_t j = j0; j < j1; j++) {
+            amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;
+            probe += x[j] - x[j]; /* NaN if any x is NaN or inf */
+        }
+        /* NaN / inf activations: their group gets a NaN scale, so the result is NaN like the f32
+         * path, never a silently finite number */
+        float id = amax > 0.f && amax < INFINITY ? 127.f / amax : 0.f;
+        d[gi] = amax / 127.f + probe;
+        for (int64_t j = j0; j < j1; j++) {
+            float v = rintf(x[j] * id);
+            v = v > 127.f ? 127.f : v < -127.f ? -127.f : v;
+            q[j] = (int8_t)(v == v ? v : 0.f);
+        }
+    }
+}
+
+void kn_actq_prep(int kind, const float *x, int n, int64_t cols, uint8_t *xq) {
+    const int g = kind == KN_ACTQ_Q4 ? 64 : 32, off = kind == KN_ACTQ_Q4 ? 8 : 128;
+    const int64_t sc = kn_actq_step_cols(kind), rec = kn_actq_rec_bytes(kind);
+    const int64_t nsteps = (cols + sc - 1) / sc, qb = kind == KN_ACTQ_Q4 ? 128 : 64;
+    int8_t qstack[8192];
+    float dstack[256];
+    int8_t *q = cols <= 8192 ? qstack : malloc((size_t)cols);
+    float *d = cols <= 8192 ? dstack : malloc((size_t)((cols + g - 1) / g) * sizeof(float));
+    if (!q || !d) { /* out of memory: NaN scales make the outputs NaN */
+        memset(xq, 0, (size_t)(nsteps * rec * n));
+        for (int i = 0; i < n; i++)
+            for (int64_t s = 0; s < nsteps; s++)
+                for (int l = 0; l < 16; l++) {
+                    float nan = NAN;
+                    memcpy(xq + (i * nsteps + s) * rec + qb + 64 + l * 4, &nan, 4);
+                }
+        if (q != qstack) free(q);
+        if (d != dstack) free(d);
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        kn_actq_quant_row(x + (int64_t)i * cols, cols, g, q, d);
+        for (int64_t s = 0; s < nsteps; s++) {
+            uint8_t *r = xq + ((int64_t)i * nsteps + s) * rec;
+            int8_t *rq = (int8_t *)r;
+            int32_t bias[16] = {0};
+            float dexp[16] = {0};
+            memset(r, 0, (size_t)qb);
+            for (int h = 0; h < 2; h++) {
+                int64_t gi = s * 2 + h, j0 = gi * g;
+                if (j0 >= cols) break;
+                int64_t j1 = j0 + g < cols ? j0 + g : cols;
+                int32_t sum = 0;
+                for (int64_t j = j0; j < j1; j++) {
+                    int64_t k = j - s * sc; /* column within the step */
+                    if (kind == KN_ACTQ_Q4) rq[(k & 1) * 64 + (k >> 1)] = q[j];
+                    else rq[k] = q[j];
+                    sum += q[j];
+                }
+                bias[h * 8] = -off * sum;
+                for (int l = 0; l < 8; l++) dexp[h * 8 + l] = d[gi];
+            }
+            memcpy(r + qb, bias, 64);
+            memcpy(r + qb + 64, dexp, 64);
+        }
+    }
+    if (q != qstack) free(q);
+    if (d != dstack) free(d);
+}
+
+void kn_ref_matmul_actq(const pt_wview *W, const float *x, int n, float *y) {
+    int kind = W->qtype == PT_Q4_G64 ? KN_ACTQ_Q4
+               : (W->qtype == PT_Q8_G32 || W->qtype == PT_Q8_ROW) ? KN_ACTQ_Q8 : 0;
+    if (!kind || !W->scale) { kn_ref_matmul(W, x, n, y); return; }
+    const int g = kind == KN_ACTQ_Q4 ? 64 : 32;
+    const int64_t cols = W->cols, ng = (cols + g - 1) / g;
+    int8_t *q = malloc((size_t)(cols > 0 ? cols : 1));
+    float *d = malloc((size_t)(ng > 0 ? ng : 1) * sizeof(float));
+    for (int i = 0; i < n; i++) {
+        kn_actq_quant_row(x + (int64_t)i * cols, cols, g, q, d);
+        for (int64_t r = 0; r < W->rows; r++) {
+            const uint8_t *p = W->data + r * W->row_bytes;
+            double acc = 0;
+            for (int64_t gi = 0; gi < ng; gi++) {
+                int64_t j1 = (gi + 1) * g < cols ? (gi + 1) * g : cols;
+                int32_t dot = 0;
+                for (int64_t j = gi * g; j < j1; j++) {
+                    int w = kind == KN_ACTQ_Q4 ? ((p[j >> 1] >> ((j & 1) * 4)) & 15) - 8
+                                               : (int)(int8_t)p[j];
+                    dot += w * q[j];
+                }
+                float ws = W->qtype == PT_Q8_ROW ? 1.f : kn_scale_at(W, r * W->scale_cols + gi);
+                acc += (double)ws * d[gi] * dot;
+            }
+            if (W->qtype == PT_Q8_ROW) acc *= kn_scale_at(W, r);
+            y[(int64_t)i * W->rows + r] = (float)acc;
+        }
+    }
+    free(q); free(d);
+}
+
+/* ---- transposed product ---- */
+void kn_ref_matmul_t_cols(const pt_wview *W, int64_t c0, int64_t c1, const float *x, int n,
+                          float *y) {
+    float stackbuf[4096];
+    float *row = W->cols <= 4096 ? stackbuf : malloc((size_t)W->cols * sizeof(float));
+    for (int i = 0; i < n; i++)
+        for (int64_t c = c0; c < c1; c++) y[(int64_t)i * W->cols + c] = row ? 0.f : NAN;
+    if (!row) return;
+    for (int64_t r = 0; r < W->rows; r++) {
+        pt_dequant_row(W, r, row);
+        for (int i = 0; i < n; i++) {
+            float a = x[(int64_t)i * W->rows + r];
+            float *yi = y + (int64_t)i * W->cols;
+            for (int64_t c = c0; c < c1; c++) yi[c] += a * row[c];
+        }
+    }
+    if (row != stackbuf) free(row);
+}
+
+void kn_ref_matmul_t(const pt_wview *W, const float *x, int n, float *y) {
+    kn_ref_matmul_t_cols(W, 0, W->cols, x, n, y);
+}
+
 float kn_ref_dot(const float *a, const float *b, int64_t n) {
     float acc = 0.f;
     for (int64_t j = 0; j < n; j++) acc += a[j] * b[j];

@@ -31,6 +31,12 @@ struct petrel_engine {
     int *moe_index;       /* owned [L + 1] (the MTP layer last) */
     char plan_text[1024]; /* the memory plan, printed at open when verbose */
     int n_moe;            /* MoE layers with routed experts (store / trace layers) */
+    /* Lookahead quality: the experts predicted for each MoE layer (bitmask [n_moe][E]) are
+     * compared with what the layer then chose; prediction stops while its precision is poor
+     * (random-weight models route independently per layer: their guesses only waste reads). */
+    uint8_t *la_pred;     /* owned [n_moe][E] */
+    double la_precision;  /* running precision of the guesses, starts optimistic */
+    uint64_t la_rounds;   /* layers evaluated */
     /* Routing trace recording (--trace-out): rows of one forward batch are buffered
      * [row][moe layer][K] and appended in token order when the batch ends. */
     struct xs_trace *trace;  /* owned, NULL when not recording */

@@ -121,6 +121,9 @@ void moe_prefetch_next(petrel_session *s, const layer_w *next_lw, int next_l, co
     const petrel_config *c = &eng->cfg;
     int E = c->n_routed_experts, K = c->num_experts_per_tok;
     if (!eng->xs || !next_lw || eng->moe_index[next_l] < 0 || K > 64) return;
+    /* While guesses are poor, predict only every 16th layer visit (to notice when they improve). */
+    petrel_engine *me = (petrel_engine *)eng;
+    if (me->la_precision < 0.3 && (me->la_rounds & 15)) return;
     size_t mark = s->ar.used;
     float *lg = ar_alloc(&s->ar, sizeof(float) * (size_t)T * E);
     float *scratch = ar_alloc(&s->ar, sizeof(float) * 2 * (size_t)E);
@@ -138,6 +141,7 @@ void moe_prefetch_next(petrel_session *s, const layer_w *next_lw, int next_l, co
         int np = 0;
         for (int e = 0; e < E; e++)
             if (chosen[e]) pids[np++] = e;
+        memcpy(me->la_pred + (size_t)eng->moe_index[next_l] * E, chosen, (size_t)E);
         xs_prefetch(eng->xs, eng->moe_index[next_l], pids, np);
     }
     s->ar.used = mark; /* a hint: without scratch it is simply skipped */
@@ -172,6 +176,20 @@ int moe_forward(petrel_session *s, int l, const layer_w *lw, const layer_w *next
     if (eng->trace) stream_trace_note((petrel_engine *)eng, l, idx, T, K);
     xs_store *xst = eng->xs;
     int ml = xst ? eng->moe_index[l] : -1;
+    if (ml >= 0) { /* score the lookahead guess made for this layer, if any */
+        petrel_engine *me = (petrel_engine *)eng;
+        uint8_t *pred = me->la_pred + (size_t)ml * E;
+        int np = 0, good = 0;
+        for (int e = 0; e < E; e++) {
+            np += pred[e];
+            good += pred[e] && chosen[e];
+        }
+        if (np) {
+            me->la_precision = 0.9 * me->la_precision + 0.1 * (double)good / np;
+            memset(pred, 0, (size_t)E);
+        }
+        me->la_rounds++;
+    }
     /* Run order: experts already in a slot first, then the misses, whose reads start as soon as
      * the first chunk is acquired and overlap the compute of the resident ones. */
     int U = 0;

@@ -81,6 +81,9 @@ int stream_open(petrel_engine *e, const petrel_open_opts *o, petrel_error *err) 
     xs_source src = {.ctx = e, .path = pack_path(e->pack), .fd = -1, .n_layers = nm, .n_experts = c->n_routed_experts,
                      .record = rec_cb, .views = views_cb};
     PT_TRY(xs_store_create(&src, &plan, NULL, &e->xs, err));
+    e->la_pred = calloc((size_t)nm * (size_t)c->n_routed_experts, 1);
+    if (!e->la_pred) return pt_err(err, PETREL_ENOMEM, "out of memory");
+    e->la_precision = 1.0;
     char up[4200];
     int loaded = 0;
     xs_usage_path(e->path, up, sizeof up);
@@ -126,4 +129,6 @@ void stream_close(petrel_engine *e) {
     }
     free(e->moe_index);
     e->moe_index = NULL;
+    free(e->la_pred);
+    e->la_pred = NULL;
 }
