@@ -28,6 +28,8 @@ typedef struct cli_model_opts {
 /* If argv[*i] is a model option (--model, --threads, --mem-budget, --expert-slots), consumes it
  * (and its value) and returns 1; returns 0 if not one; -1 on a bad value (message printed). */
 int cli_model_opt(int argc, char **argv, int *i, cli_model_opts *mo);
+/* petrel_engine_open with the options; prints the memory plan on stderr when streaming. */
+int cli_engine_open(const cli_model_opts *mo, petrel_engine **eng, petrel_error *err);
 #define CLI_MODEL_OPTS_HELP                                                        \
     "  --model DIR|FILE     Hugging Face folder, petrel pack or colibri folder\n"  \
     "  --threads N          compute threads (default: all cores)\n"                \

@@ -341,7 +341,7 @@ CLI_CMD(bench) {
     if (ctx < prompt) ctx = prompt;
     petrel_error err = {0};
     petrel_engine *eng;
-    if (petrel_engine_open(mo.model, &mo.open, &eng, &err)) return cli_fail_err("bench", &err);
+    if (cli_engine_open(&mo, &eng, &err)) return cli_fail_err("bench", &err);
     if (golden) {
         int grc = bench_golden(eng, golden, json);
         petrel_engine_close(eng);

@@ -192,7 +192,7 @@ CLI_CMD(chat) {
     else if (jinja_load_chat_template(mo.model, &src, &sl, &err) < 0) src = NULL;
     if (!src) { rc = cli_fail_err("chat", &err); goto done; }
     if (jinja_compile(src, sl, &tmpl, &err) < 0) { rc = cli_fail_err("chat: chat template", &err); goto done; }
-    if (petrel_engine_open(mo.model, &mo.open, &eng, &err) < 0) { rc = cli_fail_err("chat", &err); goto done; }
+    if (cli_engine_open(&mo, &eng, &err) < 0) { rc = cli_fail_err("chat", &err); goto done; }
     int maxpos = petrel_engine_config(eng)->max_position_embeddings;
     int ctx = ctx_opt < maxpos ? (int)ctx_opt : maxpos;
     if (gen_init(&g, eng, tok, ctx, &sp, &err) < 0) { rc = cli_fail_err("chat", &err); goto done; }

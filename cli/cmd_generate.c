@@ -38,7 +38,7 @@ CLI_CMD(generate) {
     if (n == 0) { free(ids); return cli_fail("generate: empty prompt: --ids holds no token ids"); }
     petrel_error err = {0};
     petrel_engine *eng;
-    if (petrel_engine_open(mo.model, &mo.open, &eng, &err)) { free(ids); return cli_fail_err("generate", &err); }
+    if (cli_engine_open(&mo, &eng, &err)) { free(ids); return cli_fail_err("generate", &err); }
     const petrel_config *cfg = petrel_engine_config(eng);
     int V = cfg->vocab_size, rc = 0;
     petrel_session *s = NULL;

@@ -37,7 +37,7 @@ CLI_CMD(logits) {
     if (n == 0) { free(ids); return cli_fail("logits: empty prompt: --ids holds no token ids"); }
     petrel_error err = {0};
     petrel_engine *eng;
-    if (petrel_engine_open(mo.model, &mo.open, &eng, &err)) { free(ids); return cli_fail_err("logits", &err); }
+    if (cli_engine_open(&mo, &eng, &err)) { free(ids); return cli_fail_err("logits", &err); }
     int V = petrel_engine_vocab_size(eng), rc = 0;
     petrel_session *s = NULL;
     float *lg = malloc(sizeof(float) * (size_t)n * (size_t)V);

@@ -237,7 +237,7 @@ CLI_CMD(run) {
         if (chat_wrap(tmpl_path, mo.model, system, prompt, think, &rendered, &plen, &err) < 0) rc = cli_fail_err("run", &err);
         else prompt = rendered;
     }
-    if (!rc && petrel_engine_open(mo.model, &mo.open, &eng, &err) < 0) rc = cli_fail_err("run", &err);
+    if (!rc && cli_engine_open(&mo, &eng, &err) < 0) rc = cli_fail_err("run", &err);
     if (!rc) {
         if (verbose) fprintf(stderr, "petrel run: seed %llu\n", (unsigned long long)sp.seed);
         /* with --chat, GLM's turn markers end the reply too (they are eos in GLM-5 configs) */

@@ -105,3 +105,12 @@ int cli_model_opt(int argc, char **argv, int *i, cli_model_opts *mo) {
     }
     return 1;
 }
+
+int cli_engine_open(const cli_model_opts *mo, petrel_engine **eng, petrel_error *err) {
+    int rc = petrel_engine_open(mo->model, &mo->open, eng, err);
+    if (rc == 0 && (mo->open.mem_budget || mo->open.expert_slots)) {
+        const char *plan = petrel_engine_plan(*eng);
+        if (plan && *plan) fprintf(stderr, "petrel: memory plan for %s:\n%s%s", mo->model, plan, plan[strlen(plan) - 1] == '\n' ? "" : "\n");
+    }
+    return rc;
+}

@@ -53,6 +53,9 @@ int petrel_engine_open(const char *path, const petrel_open_opts *opts, petrel_en
 void petrel_engine_close(petrel_engine *eng);
 const petrel_config *petrel_engine_config(const petrel_engine *eng);
 int petrel_engine_vocab_size(const petrel_engine *eng);
+/* The memory plan made at open (resident weights, KV, scratch, expert slots), one item per line;
+ * "" when every expert is resident. */
+const char *petrel_engine_plan(const petrel_engine *eng);
 
 /* A session with room for max_tokens positions (prompt plus generation). */
 int petrel_session_create(petrel_engine *eng, int max_tokens, petrel_session **out,

@@ -87,6 +87,7 @@ void petrel_engine_close(petrel_engine *e) {
 
 const petrel_config *petrel_engine_config(const petrel_engine *e) { return &e->cfg; }
 int petrel_engine_vocab_size(const petrel_engine *e) { return e->cfg.vocab_size; }
+const char *petrel_engine_plan(const petrel_engine *e) { return e->plan_text; }
 
 /* Scratch bytes for a chunk of T rows with up to N keys: every buffer fwd_batch and the layer
  * pieces take, summed (not overlapped), plus alignment slack. */

@@ -77,7 +77,6 @@ int stream_open(petrel_engine *e, const petrel_open_opts *o, petrel_error *err) 
     xs_plan plan;
     PT_TRY(xs_plan_make(&in, &plan, err));
     xs_plan_format(&plan, e->plan_text, sizeof e->plan_text);
-    if (o->verbose) fprintf(stderr, "petrel: memory plan (%d MoE layers, KV for %d tokens):\n%s", nm, ctx, e->plan_text);
     xs_source src = {.ctx = e, .path = pack_path(e->pack), .fd = -1, .n_layers = nm, .n_experts = c->n_routed_experts,
                      .record = rec_cb, .views = views_cb};
     PT_TRY(xs_store_create(&src, &plan, NULL, &e->xs, err));
