@@ -1,7 +1,8 @@
 /* test_experts.c: the expert store (group "experts"): plan arithmetic and refusals; a store over a
  * synthetic record file (random payloads with xxh64) — bytes, LRU order, pins, in-use slots,
  * O_DIRECT vs buffered and io_uring vs pread, prefetch, injected faults through the I/O seam,
- * checksum mismatch; traces (round trip, Belady on a textbook string, replay on the committed
+ * checksum mismatch; policy eviction order and half-life adaptation on hand-made sequences;
+ * traces (round trip, Belady on a textbook string, replay on the committed
  * GLM-5-like trace against the >= 90%-of-Belady target); usage-file persistence. */
 #include <errno.h>
 #include <fcntl.h>
@@ -486,6 +487,79 @@ TEST(experts, checksum_mismatch) {
 }
 
 /* ---------------------------------------------------------------- traces */
+/* One access of a bare policy: begin, then every expert of the access. */
+static void pol_access(xs_pol *p, const int *ids, int n) {
+    xs_pol_begin(p);
+    for (int i = 0; i < n; i++) xs_pol_use(p, ids[i]);
+}
+
+TEST(experts, policy_freq_eviction_order) {
+    /* Hand-made sequence, one expert per access: 0 0 0 1 2. Decayed counts: 0 ~3 uses, 1 and 2
+     * one each (2 the more recent). FREQ/ADAPT evict 1 (lowest count, then least recent) before
+     * 2 before 0; LRU evicts 0 (least recent) first; a tiny half-life turns FREQ into LRU. */
+    int seq[5] = {0, 0, 0, 1, 2};
+    int kinds[3] = {XS_POL_FREQ, XS_POL_ADAPT, XS_POL_LRU};
+    for (int ki = 0; ki < 3; ki++) {
+        xs_policy_params prm;
+        xs_policy_defaults(&prm);
+        prm.kind = kinds[ki];
+        prm.pin_frac = 0;
+        xs_pol p;
+        CHECK_EQ_INT(xs_pol_init(&p, 8, 2, &prm), 0);
+        for (int i = 0; i < 5; i++) pol_access(&p, &seq[i], 1);
+        if (kinds[ki] == XS_POL_LRU) {
+            CHECK(xs_pol_evict_before(&p, 0, 1) && xs_pol_evict_before(&p, 1, 2));
+        } else {
+            CHECK(xs_pol_evict_before(&p, 1, 2) && xs_pol_evict_before(&p, 2, 0));
+            CHECK(!xs_pol_evict_before(&p, 0, 1) && !xs_pol_evict_before(&p, 0, 2));
+        }
+        CHECK(!xs_pol_evict_before(&p, 1, 1));
+        xs_pol_deinit(&p);
+    }
+    xs_policy_params prm;
+    xs_policy_defaults(&prm);
+    prm.kind = XS_POL_FREQ;
+    prm.halflife = 0.25; /* each access weighs 16x the one before: recency decides */
+    prm.pin_frac = 0;
+    xs_pol p;
+    CHECK_EQ_INT(xs_pol_init(&p, 8, 2, &prm), 0);
+    for (int i = 0; i < 5; i++) pol_access(&p, &seq[i], 1);
+    CHECK(xs_pol_evict_before(&p, 0, 1) && xs_pol_evict_before(&p, 1, 2));
+    xs_pol_deinit(&p);
+}
+
+TEST(experts, policy_adapt_picks_halflife) {
+    /* ADAPT's shadows pick the half-life by their own hit rates. (a) The working set jumps every
+     * 48 accesses between 4 disjoint pairs (0 1 / 2 3 / 4 5 / 6 7, each pair alternating): old
+     * counts are stale at once, so a short half-life must win. (b) A fixed skewed popularity
+     * (16 experts, P(e) ~ 1/(e+1), drawn by a fixed LCG), 4 slots: nothing drifts, so the longest
+     * half-lives estimate the popularity best. The chosen half-life drives the eviction order. */
+    xs_policy_params prm;
+    xs_policy_defaults(&prm);
+    prm.pin_frac = 0;
+    CHECK_EQ_INT(prm.kind, XS_POL_ADAPT);
+    xs_pol p;
+    CHECK_EQ_INT(xs_pol_init(&p, 8, 2, &prm), 0);
+    CHECK(xs_pol_halflife(&p) == prm.halflife);
+    for (int i = 0; i < 48 * 40; i++) {
+        int e = ((i / 48) % 4) * 2 + (i & 1);
+        pol_access(&p, &e, 1);
+    }
+    CHECK_MSG(xs_pol_halflife(&p) <= 32, "half-life %g", xs_pol_halflife(&p));
+    xs_pol_deinit(&p);
+    CHECK_EQ_INT(xs_pol_init(&p, 16, 4, &prm), 0);
+    uint32_t x = 12345;
+    for (int i = 0; i < 8000; i++) {
+        x = x * 1664525u + 1013904223u;
+        double u = (x >> 8) / 16777216.0 * 3.3807; /* H(16) = sum 1/(e+1): P(e) ~ 1/(e+1) */
+        int e = 0;
+        while (e < 15 && (u -= 1.0 / (e + 1)) > 0) e++;
+        pol_access(&p, &e, 1);
+    }
+    CHECK_MSG(xs_pol_halflife(&p) >= 128, "half-life %g", xs_pol_halflife(&p));
+    xs_pol_deinit(&p);
+}
+
 TEST(experts, trace_roundtrip) {
     xs_trace t, u;
     petrel_error err = {0};
@@ -551,7 +625,10 @@ TEST(experts, replay_glm5_trace_vs_belady) {
     xs_policy_params p;
     xs_policy_defaults(&p);
     xs_replay_stats st;
-    /* The stated target: >= 90% of Belady's hits at 96 of 256 slots per layer (default policy). */
+    /* The stated target: >= 90% of Belady's hits at 96 of 256 slots per layer (default policy,
+     * measured 0.916). At 16 and 32 slots no online policy reaches 90% on this trace family
+     * (bench/POLICY.md: even an oracle of the true routing distribution gets ~0.82/0.86); the
+     * default measures 0.802 and 0.831 there, the old fixed half-life 128 + 25% pins 0.786/0.824. */
     CHECK_EQ_INT(xs_trace_replay(&t, &p, 96, &st, &err), 0);
     CHECK_EQ_INT(st.accesses, 2048ull * 75 * 8);
     CHECK_MSG(st.policy_vs_belady >= 0.90, "policy %.4f belady %.4f ratio %.4f", st.policy_rate, st.belady_rate,
@@ -560,5 +637,9 @@ TEST(experts, replay_glm5_trace_vs_belady) {
     if (getenv("PETREL_TEST_VERBOSE"))
         fprintf(stderr, "replay cap 96: policy %.4f lru %.4f belady %.4f (policy/belady %.4f)\n", st.policy_rate,
                 st.lru_rate, st.belady_rate, st.policy_vs_belady);
+    CHECK_EQ_INT(xs_trace_replay(&t, &p, 16, &st, &err), 0);
+    CHECK_MSG(st.policy_vs_belady >= 0.795, "cap 16: policy %.4f belady %.4f ratio %.4f", st.policy_rate,
+              st.belady_rate, st.policy_vs_belady);
+    CHECK(st.policy_hits > st.lru_hits && st.belady_hits >= st.policy_hits);
     xs_trace_deinit(&t);
 }

@@ -5,7 +5,7 @@
  *   plan     budget arithmetic: resident + KV + scratch + layers x slots x slot_bytes <= budget
  *   source   where records are (file + per-record offset/bytes/checksum + a views callback); the
  *            store knows nothing about pack formats, so it is tested with synthetic files
- *   store    per-layer slot banks, expert -> slot map, policy (decayed-frequency/LRU + pins
+ *   store    per-layer slot banks, expert -> slot map, policy (adaptive decayed-frequency/LRU + pins
  *            learned from usage history), acquire/release with refcounts, prefetch hints,
  *            statistics; all slot memory allocated once at create (4096-aligned, O_DIRECT-able)
  *   io       one I/O thread on io_uring (or pread threads), O_DIRECT when the file system
@@ -74,15 +74,21 @@ typedef struct xs_source {
 } xs_source;
 
 /* ---------------------------------------------------------------- policy */
-enum { XS_POL_LRU = 0, XS_POL_FREQ = 1 };
+enum { XS_POL_LRU = 0, XS_POL_FREQ = 1, XS_POL_ADAPT = 2 };
+#define XS_POL_NSHADOW 6      /* XS_POL_ADAPT: candidate half-lives 16, 32, ... 512 */
 typedef struct xs_policy_params {
-    int kind;                 /* XS_POL_FREQ (default): evict the lowest decayed use count,
-                                 ties to the least recent; XS_POL_LRU: least recent */
+    int kind;                 /* XS_POL_ADAPT (default): XS_POL_FREQ with the half-life picked
+                                 online by shadow banks (policy.c, bench/POLICY.md);
+                                 XS_POL_FREQ: evict the lowest decayed use count, ties to the
+                                 least recent; XS_POL_LRU: least recent */
     double halflife;          /* XS_POL_FREQ: uses halve in weight after this many accesses of
-                                 the layer (acquire calls); default 128 */
+                                 the layer (acquire calls); XS_POL_ADAPT: the starting choice;
+                                 default 64 */
     double pin_frac;          /* fraction of slots pinned to the most used experts (history
-                                 counts); default 0.25 */
+                                 counts); default 0.10 */
     int repin_every;          /* recompute pins every N accesses of a layer; default 64 */
+    double adapt_window;      /* XS_POL_ADAPT: half-life (accesses) of the shadow hit scores
+                                 that pick the half-life; default 512 (0 = default) */
 } xs_policy_params;
 void xs_policy_defaults(xs_policy_params *p);
 
@@ -97,6 +103,14 @@ typedef struct xs_pol {
     uint64_t clock;           /* accesses of this layer so far */
     double inc;               /* current weight of one use (grows instead of decaying all) */
     int since_repin;
+    /* XS_POL_ADAPT only (NULL otherwise) */
+    double *sh_score;         /* owned [NSHADOW][E]: decayed counts, one half-life per shadow */
+    uint8_t *sh_res;          /* owned [NSHADOW][E]: resident in that shadow bank */
+    int *sh_slot;             /* owned [NSHADOW][cap]: the shadow banks' contents */
+    int *tok;                 /* owned [E]: distinct experts of the current access */
+    uint8_t *in_tok;          /* owned [E] */
+    double sh_inc[XS_POL_NSHADOW], sh_hits[XS_POL_NSHADOW];
+    int sh_n[XS_POL_NSHADOW], sh_best, n_tok;
 } xs_pol;
 int xs_pol_init(xs_pol *p, int n_experts, int cap, const xs_policy_params *prm);
 void xs_pol_deinit(xs_pol *p);
@@ -104,6 +118,8 @@ void xs_pol_begin(xs_pol *p);        /* one access of the layer begins (a token 
 void xs_pol_use(xs_pol *p, int e);   /* expert e is used in this access */
 /* 1 if a should be evicted before b (both resident, neither in use). */
 int xs_pol_evict_before(const xs_pol *p, int a, int b);
+/* The half-life the eviction order currently uses (XS_POL_ADAPT: the best shadow's). */
+double xs_pol_halflife(const xs_pol *p);
 void xs_pol_repin(xs_pol *p);        /* pins the n_pins most used experts */
 
 /* ---------------------------------------------------------------- store */

@@ -128,19 +128,23 @@ void moe_prefetch_next(petrel_session *s, const layer_w *next_lw, int next_l, co
     float *lg = ar_alloc(&s->ar, sizeof(float) * (size_t)T * E);
     float *scratch = ar_alloc(&s->ar, sizeof(float) * 2 * (size_t)E);
     int32_t *pids = ar_alloc(&s->ar, sizeof(int32_t) * (size_t)E);
+    int32_t *ranked = ar_alloc(&s->ar, sizeof(int32_t) * (size_t)T * K);
     uint8_t *chosen = ar_alloc(&s->ar, (size_t)E);
-    if (lg && scratch && pids && chosen) {
+    if (lg && scratch && pids && ranked && chosen) {
         kn_matmul(&next_lw->router, x, T, lg);
-        memset(chosen, 0, (size_t)E);
-        int32_t pid[64];
         float pw[64];
-        for (int r = 0; r < T; r++) {
-            moe_route(c, lg + (size_t)r * E, next_lw->e_score_correction_bias, pid, pw, scratch);
-            for (int k = 0; k < K; k++) chosen[pid[k]] = 1;
-        }
-        int np = 0;
-        for (int e = 0; e < E; e++)
-            if (chosen[e]) pids[np++] = e;
+        for (int r = 0; r < T; r++) /* moe_route lists each row's experts best first */
+            moe_route(c, lg + (size_t)r * E, next_lw->e_score_correction_bias, ranked + (size_t)r * K, pw, scratch);
+        /* Guesses best-rank first across rows, at most half the bank: a hint must not evict
+         * most of what the current token may still reuse. */
+        int cap = xs_store_slots(eng->xs) / 2, np = 0;
+        if (cap < 1) cap = 1;
+        memset(chosen, 0, (size_t)E);
+        for (int k = 0; k < K && np < cap; k++)
+            for (int r = 0; r < T && np < cap; r++) {
+                int e = ranked[(size_t)r * K + k];
+                if (!chosen[e]) { chosen[e] = 1; pids[np++] = e; }
+            }
         memcpy(me->la_pred + (size_t)eng->moe_index[next_l] * E, chosen, (size_t)E);
         xs_prefetch(eng->xs, eng->moe_index[next_l], pids, np);
     }
