@@ -7,7 +7,12 @@
  * matrix (>= 768 MB in total) that nothing is served from cache, like a forward pass over many
  * layers. Floor: summing a 1 GB buffer with AVX-512 on the same threads (pool), with the same
  * software prefetch (4 KB ahead) the kernels use; best of 5.
- * Prefill (n=512): GFLOP/s (2 * rows * cols * n per call). */
+ * Prefill (n=512): GFLOP/s (2 * rows * cols * n per call).
+ * Dispatch: us per kn_matmul on a tiny matrix (pool fan-out + activation prep), and one token's
+ * routed experts (8 x gate/up [2048 x 6144] then 8 x down [6144 x 2048], q4) as 24 kn_matmul
+ * calls vs 2 kn_matmul_many calls.
+ * Env: BENCH_ONLY=decode|prefill|dispatch, BENCH_ISA=avx2|scalar, BENCH_ACTQ=0|1 (int8
+ * activations: 0 off, 1 q4, 2 q4+q8 (default here)), BENCH_Q=q4_g64,... (formats to run). */
 #include <immintrin.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,7 +58,7 @@ static double mem_floor(void) {
     for (size_t i = 0; i < n; i++) b[i] = (float)(i & 7);
     sum_ctx c = {b, n, 2 * kn_threads(), {0}};
     double best = 0;
-    for (int rep = 0; rep < 5; rep++) {
+    for (int rep = 0; rep < 10; rep++) {
         double t0 = now();
         pool_run(kn_pool(), c.tasks, sum_task, &c);
         double gbs = (double)bytes / (now() - t0) / 1e9;
@@ -94,6 +99,8 @@ static mat make_mat(pt_qtype q, int64_t rows, int64_t cols) {
     return m;
 }
 
+/* Decode GB/s, best of 12 short rounds. With int8 activations available for the format the
+ * rounds alternate on/off (interleaved, so both see the same machine load) and both are printed. */
 static void bench_decode(pt_qtype q, int64_t rows, int64_t cols, double floor_gbs) {
     mat probe = make_mat(q, rows, cols);
     int copies = (int)((768ull << 20) / probe.bytes) + 1;
@@ -104,20 +111,26 @@ static void bench_decode(pt_qtype q, int64_t rows, int64_t cols, double floor_gb
     float *x = malloc((size_t)cols * 4), *y = malloc((size_t)rows * 4);
     for (int64_t j = 0; j < cols; j++) x[j] = (float)(rnd() % 1000) / 1000.f - 0.5f;
     for (int i = 0; i < copies; i++) kn_matmul(&ms[i].v, x, 1, y); /* warm-up, page-in */
-    double best = 0;
-    for (int rep = 0; rep < 5; rep++) {
-        int calls = 0;
-        double t0 = now(), t;
-        do {
-            for (int i = 0; i < copies; i++) kn_matmul(&ms[i].v, x, 1, y);
-            calls += copies;
-        } while ((t = now() - t0) < 0.3);
-        double gbs = (double)probe.bytes * calls / t / 1e9;
-        if (gbs > best) best = gbs;
-    }
-    printf("decode  %-9s [%6lld x %5lld] %7.1f MB x%-3d  %6.2f GB/s  %5.1f us/call  %.2fx floor\n",
-           pt_qtype_name(q), (long long)rows, (long long)cols, probe.bytes / 1e6, copies, best,
-           probe.bytes / best / 1e3, floor_gbs / best);
+    int user = kn_act_quant(), ab = user && kn_act_quant_active(&probe.v);
+    double best[2] = {0, 0};
+    for (int rep = 0; rep < 12; rep++)
+        for (int m = 0; m <= ab; m++) {
+            kn_set_act_quant(ab && m ? 0 : user); /* m = 0: int8 activations (if available) */
+            int calls = 0;
+            double t0 = now(), t;
+            do {
+                for (int i = 0; i < copies; i++) kn_matmul(&ms[i].v, x, 1, y);
+                calls += copies;
+            } while ((t = now() - t0) < 0.1);
+            double gbs = (double)probe.bytes * calls / t / 1e9;
+            if (gbs > best[m]) best[m] = gbs;
+        }
+    kn_set_act_quant(user);
+    printf("decode  %-9s [%6lld x %5lld] %7.1f MB x%-3d  %6.2f GB/s  %6.1f us/call  %.2fx floor",
+           pt_qtype_name(q), (long long)rows, (long long)cols, probe.bytes / 1e6, copies, best[0],
+           probe.bytes / best[0] / 1e3, floor_gbs / best[0]);
+    if (ab) printf("   (f32 act: %6.2f GB/s %.2fx)", best[1], floor_gbs / best[1]);
+    printf("%s\n", ab ? "  int8 act" : "");
     for (int i = 0; i < copies; i++) { free(ms[i].data); free(ms[i].scale); }
     free(ms); free(x); free(y);
 }
@@ -139,23 +152,87 @@ static void bench_prefill(pt_qtype q, int64_t rows, int64_t cols, int n) {
     free(m.data); free(m.scale); free(x); free(y);
 }
 
+static void bench_dispatch(void) {
+    mat t = make_mat(PT_Q4_G64, 16, 64);
+    float x[6144], y[6144];
+    for (int j = 0; j < 6144; j++) x[j] = (float)(rnd() % 1000) / 1000.f - 0.5f;
+    for (int i = 0; i < 1000; i++) kn_matmul(&t.v, x, 1, y);
+    double t0 = now();
+    int it = 0;
+    while (now() - t0 < 0.3) { kn_matmul(&t.v, x, 1, y); it++; }
+    printf("dispatch kn_matmul [16 x 64] q4: %.2f us/call\n", (now() - t0) / it * 1e6);
+    /* one token's experts: 8 experts, gate+up then down; copies so that nothing is cached */
+    enum { E = 8, SETS = 6 };
+    mat *g = malloc(sizeof(mat) * E * SETS), *u = malloc(sizeof(mat) * E * SETS),
+        *d = malloc(sizeof(mat) * E * SETS);
+    for (int i = 0; i < E * SETS; i++) {
+        g[i] = make_mat(PT_Q4_G64, 2048, 6144);
+        u[i] = make_mat(PT_Q4_G64, 2048, 6144);
+        d[i] = make_mat(PT_Q4_G64, 6144, 2048);
+    }
+    float *h = malloc(sizeof(float) * E * 2 * 2048), *o = malloc(sizeof(float) * E * 6144);
+    double bytes = (double)E * (g[0].bytes + u[0].bytes + d[0].bytes);
+    for (int mode = 0; mode < 2; mode++) {
+        double best = 1e30;
+        for (int rep = 0; rep < 3; rep++) {
+            double t1 = now();
+            for (int sset = 0; sset < SETS; sset++) {
+                mat *gs = g + sset * E, *us = u + sset * E, *ds = d + sset * E;
+                if (mode == 0) {
+                    for (int e = 0; e < E; e++) {
+                        kn_matmul(&gs[e].v, x, 1, h + e * 4096);
+                        kn_matmul(&us[e].v, x, 1, h + e * 4096 + 2048);
+                    }
+                    for (int e = 0; e < E; e++) kn_matmul(&ds[e].v, h + e * 4096, 1, o + e * 6144);
+                } else {
+                    kn_job jobs[2 * E];
+                    for (int e = 0; e < E; e++) {
+                        jobs[2 * e] = (kn_job){&gs[e].v, x, 1, h + e * 4096};
+                        jobs[2 * e + 1] = (kn_job){&us[e].v, x, 1, h + e * 4096 + 2048};
+                    }
+                    kn_matmul_many(jobs, 2 * E);
+                    for (int e = 0; e < E; e++) jobs[e] = (kn_job){&ds[e].v, h + e * 4096, 1, o + e * 6144};
+                    kn_matmul_many(jobs, E);
+                }
+            }
+            double tt = (now() - t1) / SETS;
+            if (tt < best) best = tt;
+        }
+        printf("experts x8 (gate+up+down, q4, %.1f MB/token) %s: %.1f us/token  %.2f GB/s\n",
+               bytes / 1e6, mode ? "kn_matmul_many x2 " : "kn_matmul x24     ", best * 1e6,
+               bytes / best / 1e9);
+    }
+    for (int i = 0; i < E * SETS; i++) {
+        free(g[i].data); free(g[i].scale); free(u[i].data); free(u[i].scale);
+        free(d[i].data); free(d[i].scale);
+    }
+    free(g); free(u); free(d); free(h); free(o); free(t.data); free(t.scale);
+}
+
 int main(int argc, char **argv) {
     int threads = argc > 1 ? atoi(argv[1]) : 0;
     int64_t head_rows = argc > 2 ? atoll(argv[2]) : 40960;
     const char *only = getenv("BENCH_ONLY"); /* "decode" or "prefill" */
     kn_init(threads);
     if (getenv("BENCH_ISA")) kn_force_isa(getenv("BENCH_ISA"));
-    printf("isa %s, %d threads\n", kn_isa_name(), kn_threads());
+    kn_set_act_quant(getenv("BENCH_ACTQ") ? atoi(getenv("BENCH_ACTQ")) : 2);
+    const char *qsel = getenv("BENCH_Q");
+    printf("isa %s, %d threads, int8 activations %s\n", kn_isa_name(), kn_threads(),
+           kn_act_quant() ? "on" : "off");
+    if (only && !strcmp(only, "dispatch")) { bench_dispatch(); return 0; }
     double fl = mem_floor();
     printf("memory floor (AVX-512 sum of 1 GB): %.2f GB/s\n", fl);
     const pt_qtype Q[] = {PT_BF16, PT_FP8_E4M3, PT_Q8_ROW, PT_Q8_G32, PT_Q4_G64};
     if (!only || !strcmp(only, "decode"))
         for (int qi = 0; qi < 5; qi++) {
+            if (qsel && !strstr(qsel, pt_qtype_name(Q[qi]))) continue;
             bench_decode(Q[qi], 6144, 2048, fl);
             bench_decode(Q[qi], 2048, 6144, fl);
             bench_decode(Q[qi], head_rows, 6144, fl);
         }
     if (!only || !strcmp(only, "prefill"))
-        for (int qi = 0; qi < 5; qi++) bench_prefill(Q[qi], 6144, 2048, 512);
+        for (int qi = 0; qi < 5; qi++)
+            if (!qsel || strstr(qsel, pt_qtype_name(Q[qi]))) bench_prefill(Q[qi], 6144, 2048, 512);
+    if (!only) bench_dispatch();
     return 0;
 }

@@ -5,7 +5,12 @@
  * threads write one cache line) handed out dynamically by the pool. Each output element is
  * computed by exactly one task in the ISA kernel's fixed order: results do not depend on the
  * thread count or the schedule. Formats or shapes a SIMD kernel does not take fall back to the
- * scalar reference (also row-parallel). */
+ * scalar reference (also row-parallel).
+ *
+ * kn_matmul_many: every job is classified (int8-activation VNNI path, ISA kernel, reference),
+ * activations are prepared once per distinct (x, n, cols, preparation), and the row tasks of all
+ * jobs go to ONE pool_run (a task index maps to its job by binary search over task offsets).
+ * kn_matmul is kn_matmul_many of one job. kn_matmul_t runs over 64-column tiles of y. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,25 +19,43 @@
 #include "kernels/kernels.h"
 #include "kernels/kn_internal.h"
 
+#include <cpuid.h>
+
 enum { ISA_SCALAR, ISA_AVX2, ISA_AVX512 };
 
 static pthread_once_t detect_once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
-static int best_isa = ISA_SCALAR, cur_isa = ISA_SCALAR;
+static int best_isa = ISA_SCALAR, cur_isa = ISA_SCALAR, has_vnni;
+/* int8 activations where the CPU has AVX-512 VNNI: 0 off (default), 1 q4_g64, 2 q4_g64 + q8 */
+static int g_actq = 0;
 static pt_pool *g_pool;
 static int g_threads;
 
-static void detect(void) {
-    /* __builtin_cpu_supports also checks that the OS saves the YMM/ZMM state (XGETBV). */
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-        __builtin_cpu_supports("f16c"))
-        best_isa = ISA_AVX2;
-    if (best_isa == ISA_AVX2 && __builtin_cpu_supports("avx512f") &&
-        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-        __builtin_cpu_supports("avx512dq"))
+/* CPUID + XGETBV directly (clang 14's __builtin_cpu_supports rejects "f16c"): the OS must save
+ * the YMM (and for AVX-512 the opmask/ZMM) state, XCR0 bits 1-2 and 5-7. */
+static void detect_isa(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return;
+    int osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, fma = (c >> 12) & 1, f16c = (c >> 29) & 1;
+    if (!osxsave || !avx) return;
+    unsigned xlo, xhi;
+    __asm__ volatile("xgetbv" : "=a"(xlo), "=d"(xhi) : "c"(0));
+    if ((xlo & 6) != 6) return;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return;
+    int avx2 = (b >> 5) & 1, f = (b >> 16) & 1, dq = (b >> 17) & 1, bw = (b >> 30) & 1,
+        vl = (b >> 31) & 1, vnni = (c >> 11) & 1;
+    if (avx2 && fma && f16c) best_isa = ISA_AVX2;
+    if (best_isa == ISA_AVX2 && f && dq && bw && vl && (xlo & 0xe6) == 0xe6) {
         best_isa = ISA_AVX512;
+        has_vnni = vnni;
+    }
+}
+
+static void detect(void) {
+    detect_isa();
     cur_isa = best_isa;
+    const char *aq = getenv("PETREL_ACT_QUANT"); /* default for kn_set_act_quant */
+    if (aq && *aq >= '0' && *aq <= '2') g_actq = *aq - '0';
 }
 
 void kn_init(int n_threads) {
@@ -122,58 +145,209 @@ static void prep_x(const float *x, int n, int64_t cols, int64_t xs, int q4_chunk
     }
 }
 
+void kn_set_act_quant(int mode) {
+    pthread_once(&detect_once, detect);
+    g_actq = mode < 0 ? 0 : mode > 2 ? 2 : mode;
+}
+int kn_act_quant(void) {
+    pthread_once(&detect_once, detect);
+    return g_actq;
+}
+int kn_act_quant_active(const pt_wview *W) {
+    pthread_once(&detect_once, detect);
+    int kind = kn_actq_kind(W);
+    return g_actq && cur_isa == ISA_AVX512 && has_vnni &&
+           (kind == KN_ACTQ_Q4 || (kind == KN_ACTQ_Q8 && g_actq >= 2));
+}
+
+/* One matmul of a kn_matmul_many call, with its prepared activations and task split. */
+enum { P_REF, P_ISA, P_ACTQ };
 typedef struct {
     const pt_wview *W;
-    const kn_mm_isa *isa; /* NULL: scalar reference */
-    const float *x;       /* xp (isa) or the caller's x (reference) */
-    int64_t xs, rows_per_task;
-    int n;
+    int path, n, prep; /* prep: 0 plain pad, else q4 chunk (P_ISA) or actq kind (P_ACTQ) */
+    const kn_mm_isa *isa;
+    const float *x;      /* caller's x */
+    const void *xp;      /* prepared x (P_ISA: floats, P_ACTQ: records) */
+    int64_t xs;          /* prepared row stride: floats (P_ISA) or bytes (P_ACTQ) */
+    int64_t rows_per_task, task0;
     float *y;
-} mm_job;
+} mm_part;
+
+typedef struct {
+    mm_part *parts;
+    int n_parts;
+} mm_ctx;
 
 static void mm_task(void *ctx, int task, int thread) {
     (void)thread;
-    mm_job *j = ctx;
-    int64_t r0 = (int64_t)task * j->rows_per_task;
+    mm_ctx *c = ctx;
+    int lo = 0, hi = c->n_parts - 1; /* last part with task0 <= task */
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (c->parts[mid].task0 <= task) lo = mid;
+        else hi = mid - 1;
+    }
+    const mm_part *j = &c->parts[lo];
+    int64_t r0 = (int64_t)(task - j->task0) * j->rows_per_task;
     int64_t r1 = r0 + j->rows_per_task < j->W->rows ? r0 + j->rows_per_task : j->W->rows;
-    if (j->isa) j->isa->rows(j->W, r0, r1, j->x, j->xs, j->n, j->y);
+    if (j->path == P_ACTQ) kn_actq_rows_avx512(j->W, r0, r1, j->xp, j->xs, j->n, j->y);
+    else if (j->path == P_ISA) j->isa->rows(j->W, r0, r1, j->xp, j->xs, j->n, j->y);
     else kn_ref_matmul_rows(j->W, r0, r1, j->x, j->n, j->y);
+}
+
+static int64_t part_bytes(const mm_part *p) {
+    return p->path == P_ACTQ ? p->xs * p->n : p->path == P_ISA ? p->xs * p->n * 4 : 0;
+}
+
+/* Runs parts (already classified) as one pool dispatch. */
+static void run_parts(mm_part *parts, int np) {
+    /* prepared activations: one buffer; parts with the same x, n, cols and preparation share */
+    size_t total = 0;
+    for (int k = 0; k < np; k++) total += (size_t)((part_bytes(&parts[k]) + 63) & ~63);
+    uint8_t *buf = total ? (uint8_t *)xp_get((total + 3) / 4) : NULL;
+    size_t off = 0;
+    for (int k = 0; k < np; k++) {
+        mm_part *p = &parts[k];
+        if (p->path == P_REF) continue;
+        if (!buf) { p->path = P_REF; continue; }
+        int shared = -1;
+        for (int q = 0; q < k && shared < 0; q++)
+            if (parts[q].path == p->path && parts[q].x == p->x && parts[q].n == p->n &&
+                parts[q].prep == p->prep && parts[q].W->cols == p->W->cols && parts[q].xp)
+                shared = q;
+        if (shared >= 0) { p->xp = parts[shared].xp; continue; }
+        p->xp = buf + off;
+        off += (size_t)((part_bytes(p) + 63) & ~63);
+        if (p->path == P_ACTQ) kn_actq_prep_avx512(p->prep, p->x, p->n, p->W->cols, (uint8_t *)p->xp);
+        else prep_x(p->x, p->n, p->W->cols, p->xs, p->prep, (float *)p->xp);
+    }
+    /* Tasks: about 4 per thread over all parts (dynamic balance against OS noise), whole
+     * 16-row units (a 64-byte line of y), at least ~64 KB of weights each so tiny matmuls do
+     * not pay for the fan-out. */
+    double total_w = 0;
+    for (int k = 0; k < np; k++) total_w += (double)parts[k].W->rows * parts[k].W->row_bytes;
+    int64_t tasks = 0;
+    for (int k = 0; k < np; k++) {
+        mm_part *p = &parts[k];
+        const pt_wview *W = p->W;
+        int64_t units = (W->rows + 15) / 16;
+        double share = total_w > 0 ? (double)W->rows * W->row_bytes / total_w : 1.0 / np;
+        int64_t want_tasks = (int64_t)((double)g_threads * 4 * share + 0.999);
+        if (want_tasks < 1) want_tasks = 1;
+        int64_t min_units =
+            (64 << 10) / (16 * (W->row_bytes > 0 ? W->row_bytes : 1) * (int64_t)p->n + 1) + 1;
+        int64_t per = (units + want_tasks - 1) / want_tasks;
+        if (per < min_units) per = min_units;
+        p->rows_per_task = per * 16;
+        p->task0 = tasks;
+        tasks += (W->rows + p->rows_per_task - 1) / p->rows_per_task;
+    }
+    mm_ctx c = {parts, np};
+    pool_run(g_pool, (int)tasks, mm_task, &c);
+}
+
+static void classify(mm_part *p, const pt_wview *W, const float *x, int n, float *y) {
+    memset(p, 0, sizeof *p);
+    p->W = W; p->x = x; p->n = n; p->y = y; p->path = P_REF;
+    if (kn_act_quant_active(W)) {
+        p->path = P_ACTQ;
+        p->prep = kn_actq_kind(W);
+        p->xs = kn_actq_row_bytes(p->prep, W->cols);
+        return;
+    }
+    const kn_mm_isa *isa = mm_isa();
+    if (isa && isa->supports(W) && W->cols > 0) {
+        p->path = P_ISA;
+        p->isa = isa;
+        p->prep = W->qtype == PT_Q4_G64 ? isa->q4_chunk : 0;
+        p->xs = (W->cols + KN_XPAD - 1) / KN_XPAD * KN_XPAD;
+    }
 }
 
 void kn_matmul(const pt_wview *W, const float *x, int n, float *y) {
     if (n <= 0 || W->rows <= 0) return;
     ensure_init();
-    mm_job job = {W, mm_isa(), x, W->cols, 0, n, y};
-    if (job.isa && !job.isa->supports(W)) job.isa = NULL;
-    if (job.isa) {
-        int64_t xs = (W->cols + KN_XPAD - 1) / KN_XPAD * KN_XPAD;
-        float *xp = xp_get((size_t)(xs * n));
-        if (xp && xs > 0) {
-            prep_x(x, n, W->cols, xs, W->qtype == PT_Q4_G64 ? job.isa->q4_chunk : 0, xp);
-            job.x = xp;
-            job.xs = xs;
-        } else {
-            job.isa = NULL;
-        }
-    }
-    /* About 4 tasks per thread (dynamic balance against OS noise), at least 16 rows each and
-     * at least ~64 KB of weights each so tiny matmuls do not pay for the fan-out. */
-    int64_t units = (W->rows + 15) / 16;
-    int64_t want_tasks = (int64_t)g_threads * 4;
-    int64_t min_units = (64 << 10) / (16 * (W->row_bytes > 0 ? W->row_bytes : 1) * (int64_t)n + 1) + 1;
-    int64_t per = (units + want_tasks - 1) / want_tasks;
-    if (per < min_units) per = min_units;
-    job.rows_per_task = per * 16;
-    int64_t tasks = (W->rows + job.rows_per_task - 1) / job.rows_per_task;
-    pool_run(g_pool, (int)tasks, mm_task, &job);
+    mm_part p;
+    classify(&p, W, x, n, y);
+    run_parts(&p, 1);
 }
 
-float kn_dot(const float *a, const float *b, int64_t n) { return kn_ref_dot(a, b, n); }
-void kn_axpy(float *y, float a, const float *x, int64_t n) { kn_ref_axpy(y, a, x, n); }
-void kn_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps) {
-    kn_ref_rmsnorm(out, x, w, n, eps);
+void kn_matmul_many(const kn_job *jobs, int n_jobs) {
+    ensure_init();
+    mm_part stackp[32];
+    mm_part *parts = n_jobs <= 32 ? stackp : malloc(sizeof(mm_part) * (size_t)n_jobs);
+    if (!parts) { /* out of memory: one at a time */
+        for (int k = 0; k < n_jobs; k++) kn_matmul(jobs[k].W, jobs[k].x, jobs[k].n, jobs[k].y);
+        return;
+    }
+    int np = 0;
+    for (int k = 0; k < n_jobs; k++)
+        if (jobs[k].n > 0 && jobs[k].W->rows > 0)
+            classify(&parts[np++], jobs[k].W, jobs[k].x, jobs[k].n, jobs[k].y);
+    if (np) run_parts(parts, np);
+    if (parts != stackp) free(parts);
 }
-void kn_softmax(float *x, int64_t n) { kn_ref_softmax(x, n); }
+
+void kn_ref_matmul_many(const kn_job *jobs, int n_jobs) {
+    for (int k = 0; k < n_jobs; k++)
+        if (jobs[k].n > 0) kn_ref_matmul(jobs[k].W, jobs[k].x, jobs[k].n, jobs[k].y);
+}
+
+/* ---- transposed product: parallel over 64-column tiles ---- */
+typedef struct {
+    const pt_wview *W;
+    const float *x;
+    int n, simd;
+    int64_t cols_per_task;
+    float *y;
+} mt_ctx;
+
+static void mt_task(void *ctx, int task, int thread) {
+    (void)thread;
+    mt_ctx *c = ctx;
+    int64_t c0 = (int64_t)task * c->cols_per_task;
+    int64_t c1 = c0 + c->cols_per_task < c->W->cols ? c0 + c->cols_per_task : c->W->cols;
+    if (c->simd) kn_matmul_t_cols_avx512(c->W, c0, c1, c->x, c->n, c->y);
+    else kn_ref_matmul_t_cols(c->W, c0, c1, c->x, c->n, c->y);
+}
+
+void kn_matmul_t(const pt_wview *W, const float *x, int n, float *y) {
+    if (n <= 0 || W->cols <= 0) return;
+    ensure_init();
+    int simd = cur_isa == ISA_AVX512 && (W->qtype != PT_FP8_E4M3 ||
+               (W->scale && W->block_rows > 0 && W->block_cols > 0 && W->block_cols % 16 == 0)) &&
+               (W->qtype == PT_F32 || W->qtype == PT_BF16 || W->qtype == PT_F16 ||
+                W->qtype == PT_FP8_E4M3 || W->scale);
+    int64_t tiles = (W->cols + 63) / 64;
+    int64_t want = (int64_t)g_threads * 2;
+    int64_t per = (tiles + want - 1) / want;
+    /* at least ~32 KB of weights per task */
+    int64_t min_t = (32 << 10) / ((W->rows * W->row_bytes) / tiles + 1) + 1;
+    if (per < min_t) per = min_t;
+    mt_ctx c = {W, x, n, simd, per * 64, y};
+    pool_run(g_pool, (int)((tiles + per - 1) / per), mt_task, &c);
+}
+
+static int helpers_simd(void) {
+    pthread_once(&detect_once, detect);
+    return cur_isa == ISA_AVX512;
+}
+float kn_dot(const float *a, const float *b, int64_t n) {
+    return helpers_simd() ? kn_dot_avx512(a, b, n) : kn_ref_dot(a, b, n);
+}
+void kn_axpy(float *y, float a, const float *x, int64_t n) {
+    if (helpers_simd()) kn_axpy_avx512(y, a, x, n);
+    else kn_ref_axpy(y, a, x, n);
+}
+void kn_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps) {
+    if (helpers_simd()) kn_rmsnorm_avx512(out, x, w, n, eps);
+    else kn_ref_rmsnorm(out, x, w, n, eps);
+}
+void kn_softmax(float *x, int64_t n) {
+    if (helpers_simd()) kn_softmax_avx512(x, n);
+    else kn_ref_softmax(x, n);
+}
 void kn_silu_mul(float *out, const float *gate, const float *up, int64_t n) {
-    kn_ref_silu_mul(out, gate, up, n);
+    if (helpers_simd()) kn_silu_mul_avx512(out, gate, up, n);
+    else kn_ref_silu_mul(out, gate, up, n);
 }

@@ -22,6 +22,42 @@ struct pt_pool;
 void kn_matmul(const pt_wview *W, const float *x, int n, float *y);
 void kn_ref_matmul(const pt_wview *W, const float *x, int n, float *y);
 
+/* Int8 activations (default OFF). kn_set_act_quant(1): kn_matmul / kn_matmul_many on PT_Q4_G64
+ * weights, (2): also PT_Q8_G32 and PT_Q8_ROW, where the CPU has AVX-512 VNNI. Each x row is
+ * quantized once per call to int8 per group of 64 (q4) or 32 (q8) columns, d = max|x_g| / 127,
+ * q = round(x / d), and the dots run in exact integer arithmetic (vpdpbusd) scaled per group.
+ * Error vs the exact f32 path: each activation moves by at most d/2 = max|x_g| / 254, so
+ * |y - y_f32| <= sum_j |w_j| max|x_g(j)| / 254; measured ~0.4 % of |y| (rms) on uniform random
+ * x (bench/KERNELS.md). Rows stay bitwise independent of n, batching and threads. Other formats,
+ * CPUs without VNNI, kn_force_isa "avx2"/"scalar": always exact f32 activations. The default
+ * comes from the environment, PETREL_ACT_QUANT=0|1|2 (read once), else 0. Not thread-safe
+ * against running kernels. kn_act_quant_active(W): would kn_matmul(W) quantize x? */
+void kn_set_act_quant(int mode);
+int kn_act_quant(void);
+int kn_act_quant_active(const pt_wview *W);
+/* Scalar oracle of the int8-activation math (same quantized activations, exact integer group
+ * dots, double accumulation); formats without it: kn_ref_matmul. */
+void kn_ref_matmul_actq(const pt_wview *W, const float *x, int n, float *y);
+
+/* Several independent matmuls y_k = x_k W_k^T in ONE pool dispatch: the rows of all jobs are
+ * split across threads together (e.g. the gate and up projections of all routed experts of a
+ * token). Jobs may share x (activations are then prepared once); y buffers must not overlap
+ * each other or any x. Each job's result is bitwise what kn_matmul would give. */
+typedef struct kn_job {
+    const pt_wview *W;
+    const float *x; /* [n][W->cols] */
+    int n;
+    float *y;       /* [n][W->rows] */
+} kn_job;
+void kn_matmul_many(const kn_job *jobs, int n_jobs);
+void kn_ref_matmul_many(const kn_job *jobs, int n_jobs);
+
+/* Transposed product: y[n][W->cols] = x[n][W->rows] . W, i.e. y[i][c] = sum_r x[i][r] W[r][c]
+ * (each weight row read once, accumulated axpy-style, r ascending, f32 fma). Any pt_qtype;
+ * parallel over 64-column tiles; rows of y independent of n (bitwise). Exact f32 activations. */
+void kn_matmul_t(const pt_wview *W, const float *x, int n, float *y);
+void kn_ref_matmul_t(const pt_wview *W, const float *x, int n, float *y);
+
 /* Kernel initialisation (CPUID, thread pool); idempotent; n_threads 0 = all cores. Calling it
  * again with a different count rebuilds the pool (not while kernels run). kn_matmul calls
  * kn_init(0) itself if nobody did. */

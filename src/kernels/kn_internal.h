@@ -74,14 +74,20 @@ static inline int kn_actq_kind(const pt_wview *W) {
 }
 static inline int64_t kn_actq_step_cols(int kind) { return kind == KN_ACTQ_Q4 ? 128 : 64; }
 static inline int64_t kn_actq_rec_bytes(int kind) { return kind == KN_ACTQ_Q4 ? 256 : 192; }
+static inline int64_t kn_actq_nsteps(int kind, int64_t cols) {
+    return (cols + kn_actq_step_cols(kind) - 1) / kn_actq_step_cols(kind);
+}
+/* Step records, then d of every group (2 per step, f32), padded to 64 bytes. */
 static inline int64_t kn_actq_row_bytes(int kind, int64_t cols) {
-    int64_t sc = kn_actq_step_cols(kind);
-    return (cols + sc - 1) / sc * kn_actq_rec_bytes(kind);
+    int64_t ns = kn_actq_nsteps(kind, cols);
+    return ns * kn_actq_rec_bytes(kind) + (ns * 8 + 63) / 64 * 64;
 }
 /* Quantizes one x row per group of g columns (ref.c): q[cols] natural order, d[ceil(cols/g)]. */
 void kn_actq_quant_row(const float *x, int64_t cols, int g, int8_t *q, float *d);
 /* Fills prepared rows (stride kn_actq_row_bytes) for n rows of x (ref.c, plain C). */
 void kn_actq_prep(int kind, const float *x, int n, int64_t cols, uint8_t *xq);
+/* The same, AVX-512 (bit-identical for finite x; rows need 64-byte aligned xq). */
+void kn_actq_prep_avx512(int kind, const float *x, int n, int64_t cols, uint8_t *xq);
 /* Rows [r0, r1) of y from prepared activations (AVX-512 VNNI). */
 void kn_actq_rows_avx512(const pt_wview *W, int64_t r0, int64_t r1, const uint8_t *xq,
                          int64_t xs, int n, float *y);

@@ -63,12 +63,12 @@ void kn_actq_prep(int kind, const float *x, int n, int64_t cols, uint8_t *xq) {
     int8_t *q = cols <= 8192 ? qstack : malloc((size_t)cols);
     float *d = cols <= 8192 ? dstack : malloc((size_t)((cols + g - 1) / g) * sizeof(float));
     if (!q || !d) { /* out of memory: NaN scales make the outputs NaN */
-        memset(xq, 0, (size_t)(nsteps * rec * n));
+        memset(xq, 0, (size_t)(kn_actq_row_bytes(kind, cols) * n));
         for (int i = 0; i < n; i++)
             for (int64_t s = 0; s < nsteps; s++)
                 for (int l = 0; l < 16; l++) {
                     float nan = NAN;
-                    memcpy(xq + (i * nsteps + s) * rec + qb + 64 + l * 4, &nan, 4);
+                    memcpy(xq + i * kn_actq_row_bytes(kind, cols) + s * rec + qb + 64 + l * 4, &nan, 4);
                 }
         if (q != qstack) free(q);
         if (d != dstack) free(d);
@@ -77,7 +77,7 @@ void kn_actq_prep(int kind, const float *x, int n, int64_t cols, uint8_t *xq) {
     for (int i = 0; i < n; i++) {
         kn_actq_quant_row(x + (int64_t)i * cols, cols, g, q, d);
         for (int64_t s = 0; s < nsteps; s++) {
-            uint8_t *r = xq + ((int64_t)i * nsteps + s) * rec;
+            uint8_t *r = xq + (int64_t)i * kn_actq_row_bytes(kind, cols) + s * rec;
             int8_t *rq = (int8_t *)r;
             int32_t bias[16] = {0};
             float dexp[16] = {0};
@@ -99,6 +99,9 @@ void kn_actq_prep(int kind, const float *x, int n, int64_t cols, uint8_t *xq) {
             memcpy(r + qb, bias, 64);
             memcpy(r + qb + 64, dexp, 64);
         }
+        float *dg = (float *)(xq + (int64_t)i * kn_actq_row_bytes(kind, cols) + nsteps * rec);
+        memset(dg, 0, (size_t)(kn_actq_row_bytes(kind, cols) - nsteps * rec));
+        for (int64_t gi = 0; gi < (cols + g - 1) / g; gi++) dg[gi] = d[gi];
     }
     if (q != qstack) free(q);
     if (d != dstack) free(d);
