@@ -42,21 +42,14 @@ typedef struct {
     const layer_w *lw;
     const float *q;       /* [NH][Dqk] of one row */
     float *qt;            /* [NH][Rkv] out */
-    float *rowbuf;        /* [threads][Rkv] */
     int Dn, Dqk, Rkv;
 } uk_job;
 
-/* q~[h] = W_UK[h]^T q_nope[h]: one pass over the head's rows, axpy per row. */
+/* q~[h] = W_UK[h]^T q_nope[h]: the transposed product, one pass over the head's rows. */
 static void uk_task(void *ctx, int h, int thread) {
+    (void)thread;
     const uk_job *j = ctx;
-    const pt_wview *W = &j->lw->w_uk[h];
-    float *y = j->qt + (size_t)h * j->Rkv, *row = j->rowbuf + (size_t)thread * j->Rkv;
-    const float *x = j->q + (size_t)h * j->Dqk;
-    memset(y, 0, sizeof(float) * (size_t)j->Rkv);
-    for (int64_t r = 0; r < W->rows; r++) {
-        pt_dequant_row(W, r, row);
-        kn_axpy(y, x[r], row, j->Rkv);
-    }
+    kn_matmul_t(&j->lw->w_uk[h], j->q + (size_t)h * j->Dqk, 1, j->qt + (size_t)h * j->Rkv);
 }
 
 typedef struct {
@@ -76,26 +69,25 @@ static int absorbed(petrel_session *s, int l, const layer_w *lw, const float *q,
                     int sel_stride, float *out, petrel_error *err) {
     const petrel_config *c = &s->eng->cfg;
     int NH = c->num_attention_heads, Dn = c->qk_nope_head_dim, Dr = c->qk_rope_head_dim, Dv = c->v_head_dim;
-    int Rkv = c->kv_lora_rank, Dqk = c->qk_head_dim, nt = kn_threads();
+    int Rkv = c->kv_lora_rank, Dqk = c->qk_head_dim;
     int N = s->len + T, maxn = 0;
     for (int r = 0; r < T; r++) if (sel_n[r] > maxn) maxn = sel_n[r];
     const float scale = (float)(1.0 / sqrt((double)Dqk));
     float *qt = ar_alloc(&s->ar, sizeof(float) * (size_t)NH * Rkv);
     float *qpe = ar_alloc(&s->ar, sizeof(float) * (size_t)NH * Dr);
-    float *rowbuf = ar_alloc(&s->ar, sizeof(float) * (size_t)nt * Rkv);
     float *cg = ar_alloc(&s->ar, sizeof(float) * (size_t)maxn * Rkv);
     float *pg = ar_alloc(&s->ar, sizeof(float) * (size_t)maxn * Dr);
     float *cgt = ar_alloc(&s->ar, sizeof(float) * (size_t)maxn * Rkv);
     float *sc = ar_alloc(&s->ar, sizeof(float) * (size_t)NH * maxn);
     float *sp = ar_alloc(&s->ar, sizeof(float) * (size_t)NH * maxn);
     float *lat = ar_alloc(&s->ar, sizeof(float) * (size_t)NH * Rkv);
-    if (!qt || !qpe || !rowbuf || !cg || !pg || !cgt || !sc || !sp || !lat) return pt_err(err, PETREL_ENOMEM, "attention scratch exhausted (layer %d)", l);
+    if (!qt || !qpe || !cg || !pg || !cgt || !sc || !sp || !lat) return pt_err(err, PETREL_ENOMEM, "attention scratch exhausted (layer %d)", l);
     (void)N;
     for (int r = 0; r < T; r++) {
         const float *qr = q + (size_t)r * NH * Dqk;
         const int32_t *sr = sel + (size_t)r * sel_stride;
         int n = sel_n[r];
-        uk_job uj = {lw, qr, qt, rowbuf, Dn, Dqk, Rkv};
+        uk_job uj = {lw, qr, qt, Dn, Dqk, Rkv};
         pool_run(kn_pool(), NH, uk_task, &uj);
         for (int h = 0; h < NH; h++) memcpy(qpe + (size_t)h * Dr, qr + (size_t)h * Dqk + Dn, sizeof(float) * (size_t)Dr);
         /* the selected keys, contiguous (a view when the selection is 0..n-1) */
