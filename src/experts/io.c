@@ -154,7 +154,7 @@ static void *uring_thread(void *arg) {
         if (!inflight) continue;
         /* Wait briefly so new requests queued meanwhile are picked up soon. */
         struct io_uring_cqe *cqe;
-        struct __kernel_timespec ts = {0, 100000};
+        struct __kernel_timespec ts = {0, 1000000};
         int rc = io_uring_wait_cqe_timeout(&io->ring, &cqe, &ts);
         if (rc < 0 && rc != -ETIME && rc != -EINTR) continue;
         unsigned head, n = 0;

@@ -121,9 +121,11 @@ void moe_prefetch_next(petrel_session *s, const layer_w *next_lw, int next_l, co
     const petrel_config *c = &eng->cfg;
     int E = c->n_routed_experts, K = c->num_experts_per_tok;
     if (!eng->xs || !next_lw || eng->moe_index[next_l] < 0 || K > 64) return;
-    /* While guesses are poor, predict only every 16th layer visit (to notice when they improve). */
+    /* Wrong guesses cost SSD time that demand reads then wait for, so guessing pays only when
+     * it is mostly right: below 80% precision, predict only every 16th layer visit (to notice
+     * when the guesses improve). */
     petrel_engine *me = (petrel_engine *)eng;
-    if (me->la_precision < 0.3 && (me->la_rounds & 15)) return;
+    if (me->la_precision < 0.8 && (me->la_rounds & 15)) return;
     size_t mark = s->ar.used;
     float *lg = ar_alloc(&s->ar, sizeof(float) * (size_t)T * E);
     float *scratch = ar_alloc(&s->ar, sizeof(float) * 2 * (size_t)E);
