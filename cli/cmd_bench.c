@@ -384,7 +384,9 @@ CLI_CMD(bench) {
                     s ^= eng->pack->map[eng->pack->tensors[t].offset + (o < eng->pack->tensors[t].bytes ? o : 0)];
         (void)s;
     }
-    double ssd_gbs = eng->xs ? measure_ssd(eng, 2, 2ull << 30) : 0;
+    /* SSD bandwidth: probed before and after the timed decode (a shared disk varies); the best
+     * probe is used, which gives the lowest floor and so the most conservative ratio. */
+    double ssd_gbs = eng->xs ? measure_ssd(eng, 4, 2ull << 30) : 0;
 
     petrel_session *s;
     int rc = 0;
@@ -450,6 +452,8 @@ CLI_CMD(bench) {
         double hit_rate = 1, miss_bytes_tok = 0;
         if (eng->xs) {
             xs_store_stats(eng->xs, &xs1);
+            double ssd1 = measure_ssd(eng, 4, 2ull << 30);
+            if (ssd1 > ssd_gbs) ssd_gbs = ssd1;
             /* a hit is an expert that needed no read for this token (a prefetch that was used
              * still cost a read: it counts with the misses here) */
             uint64_t acc = xs1.accesses - xs0.accesses, reads = (xs1.misses - xs0.misses) + (xs1.prefetch_used - xs0.prefetch_used);
@@ -468,7 +472,7 @@ CLI_CMD(bench) {
                    100 * hit_rate, (double)(xs1.misses - xs0.misses) / (double)steps, miss_bytes_tok / 1e6,
                    (double)(xs1.io_wait_ns - xs0.io_wait_ns) / 1e6 / (double)steps, xs1.prefetch_issued - xs0.prefetch_issued,
                    xs1.prefetch_used - xs0.prefetch_used, xs1.prefetch_wasted - xs0.prefetch_wasted, eng->la_precision);
-            printf("ssd read bandwidth: %.2f GB/s (O_DIRECT, whole expert records at random, 2 threads); floor = max(%.2f ms SSD, %.2f ms memory)\n",
+            printf("ssd read bandwidth: %.2f GB/s (O_DIRECT, whole expert records at random, 4 threads, best of a probe before and after decode); floor = max(%.2f ms SSD, %.2f ms memory)\n",
                    ssd_gbs, ssd_ms, (double)bytes_tok / (bw * 1e9) * 1e3);
         }
         double ratio = dms / floor_ms, pf = (double)prompt / prefill_s;
