@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "base/err.h"
+#include "base/file.h"
 #include "cli.h"
 #include "model/config.h"
 #include "runtime/chat.h"
@@ -143,25 +144,6 @@ static int on_piece(void *user, int32_t id, const char *b, size_t n) {
     return o->write_failed;
 }
 
-static char *read_stdin(size_t *len) {
-    size_t cap = 4096, n = 0;
-    char *b = malloc(cap + 1);
-    while (b) {
-        if (n == cap) {
-            char *nb = realloc(b, cap * 2 + 1);
-            if (!nb) { free(b); return NULL; }
-            b = nb;
-            cap *= 2;
-        }
-        size_t k = fread(b + n, 1, cap - n, stdin);
-        n += k;
-        if (k == 0) break;
-    }
-    if (!b || ferror(stdin)) { free(b); return NULL; }
-    b[n] = 0;
-    *len = n;
-    return b;
-}
 
 /* Renders TEXT as one user message (after an optional system message) through the template. */
 static int chat_wrap(const char *tmpl_path, const char *model, const char *system, const char *text,
@@ -225,8 +207,7 @@ CLI_CMD(run) {
     char *stdin_text = NULL, *rendered = NULL;
     size_t plen = 0;
     if (!strcmp(prompt, "-")) {
-        stdin_text = read_stdin(&plen);
-        if (!stdin_text) return cli_fail("run: reading the prompt from stdin failed");
+        if (pt_read_stream(stdin, "stdin", (size_t)1 << 30, &stdin_text, &plen, &err)) return cli_fail_err("run: reading the prompt", &err);
         prompt = stdin_text;
     } else plen = strlen(prompt);
     tokenizer *tok = NULL;

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/file.h"
 #include "cli.h"
 #include "text/jinja.h"
 
@@ -23,29 +24,6 @@ static const char HELP[] =
     "                    reasoning_effort, bos_token, ... (absent keys are undefined)\n"
     "  --help            this text\n";
 
-static char *slurp(const char *path, size_t *len) {
-    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
-    if (!f) return NULL;
-    size_t cap = 65536, n = 0;
-    char *b = malloc(cap + 1);
-    while (b) {
-        if (n == cap) {
-            char *nb = realloc(b, cap * 2 + 1);
-            if (!nb) { free(b); b = NULL; break; }
-            b = nb;
-            cap *= 2;
-        }
-        size_t k = fread(b + n, 1, cap - n, f);
-        n += k;
-        if (k == 0) break;
-    }
-    int bad = ferror(f);
-    if (f != stdin) fclose(f);
-    if (!b || bad) { free(b); return NULL; }
-    b[n] = 0;
-    *len = n;
-    return b;
-}
 
 CLI_CMD(template) {
     const char *tmpl_path = NULL, *model = NULL, *input = NULL;
@@ -68,16 +46,15 @@ CLI_CMD(template) {
     char *tmpl = NULL;
     size_t tlen = 0;
     if (tmpl_path) {
-        tmpl = slurp(tmpl_path, &tlen);
-        if (!tmpl) return cli_fail("template: cannot read %s: %s", tmpl_path, strerror(errno ? errno : EIO));
+        if (pt_read_file(tmpl_path, (size_t)1 << 30, &tmpl, &tlen, &err)) return cli_fail_err("template", &err);
     } else if (jinja_load_chat_template(model, &tmpl, &tlen, &err) < 0) {
         return cli_fail_err("template", &err);
     }
     size_t ilen = 0;
-    char *req_text = slurp(input, &ilen);
-    if (!req_text) {
+    char *req_text = NULL;
+    if (pt_read_file(input, (size_t)1 << 30, &req_text, &ilen, &err)) {
         free(tmpl);
-        return cli_fail("template: cannot read %s: %s", input, strerror(errno ? errno : EIO));
+        return cli_fail_err("template", &err);
     }
     const char *end = NULL;
     cJSON *req = cJSON_ParseWithLengthOpts(req_text, ilen, &end, 0);

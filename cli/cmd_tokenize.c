@@ -4,6 +4,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "base/file.h"
 #include "cli.h"
 #include "text/tokenizer.h"
 
@@ -78,25 +79,6 @@ static int load(const char *cmd, const tok_args *a, tokenizer **t) {
     return 0;
 }
 
-/* All of stdin, NUL-terminated (the NUL is not counted in *n). */
-static char *read_stdin(size_t *n) {
-    size_t cap = 1 << 16, len = 0;
-    char *b = malloc(cap);
-    while (b) {
-        if (len + 1 >= cap) {
-            char *p = realloc(b, cap * 2);
-            if (!p) { free(b); return NULL; }
-            b = p;
-            cap *= 2;
-        }
-        size_t r = fread(b + len, 1, cap - len, stdin);
-        len += r;
-        if (!r) break;
-    }
-    if (b) b[len] = 0;
-    *n = len;
-    return b;
-}
 
 CLI_CMD(tokenize) {
     tok_args a;
@@ -108,8 +90,8 @@ CLI_CMD(tokenize) {
     char *text = NULL;
     size_t len = 0;
     if (a.first_pos >= argc) {
-        text = read_stdin(&len);
-        if (!text) { tok_free(t); return cli_fail("tokenize: out of memory reading stdin"); }
+        petrel_error e = {0};
+        if (pt_read_stream(stdin, "stdin", (size_t)1 << 30, &text, &len, &e)) { tok_free(t); return cli_fail_err("tokenize", &e); }
     } else {
         for (int i = a.first_pos; i < argc; i++) len += strlen(argv[i]) + 1;
         text = malloc(len + 1);
@@ -151,8 +133,8 @@ CLI_CMD(detokenize) {
     char *in = NULL;
     size_t in_len;
     if (a.first_pos >= argc) {
-        in = read_stdin(&in_len);
-        if (!in) return cli_fail("detokenize: out of memory reading stdin");
+        petrel_error e = {0};
+        if (pt_read_stream(stdin, "stdin", (size_t)1 << 30, &in, &in_len, &e)) return cli_fail_err("detokenize", &e);
     }
     int nargs = in ? 1 : argc - a.first_pos;
     for (int i = 0; i < nargs; i++) {

@@ -12,30 +12,6 @@
 
 #include "base/err.h"
 
-int pt_read_file(const char *path, size_t max, char **out, size_t *len, petrel_error *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return pt_err(err, PETREL_EIO, "cannot open %s: %s", path, strerror(errno));
-    size_t cap = 4096, n = 0;
-    char *buf = malloc(cap);
-    for (;;) {
-        if (!buf) { fclose(f); return pt_err(err, PETREL_ENOMEM, "out of memory reading %s", path); }
-        size_t got = fread(buf + n, 1, cap - n - 1, f);
-        n += got;
-        if (n < cap - 1) break;
-        if (cap > max) { free(buf); fclose(f); return pt_err(err, PETREL_EFORMAT, "%s is larger than %zu bytes", path, max); }
-        cap *= 2;
-        char *t = realloc(buf, cap);
-        if (!t) free(buf);
-        buf = t;
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) { free(buf); return pt_err(err, PETREL_EIO, "read error on %s", path); }
-    buf[n] = 0;
-    *out = buf;
-    if (len) *len = n;
-    return 0;
-}
 
 typedef struct { const cJSON *root; const char *where; petrel_error *err; } ctx;
 

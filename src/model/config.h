@@ -5,6 +5,7 @@
 #define PETREL_MODEL_CONFIG_H
 #include <stdint.h>
 
+#include "base/file.h"
 #include "petrel.h"
 
 #define PT_MAX_EOS 16
@@ -59,6 +60,5 @@ int config_parse(const char *json, size_t len, const char *where, petrel_config 
 int config_load_dir(const char *dir, petrel_config *cfg, petrel_error *err);
 void config_deinit(petrel_config *cfg);
 int config_is_eos(const petrel_config *cfg, int32_t id);
-/* Reads a whole small file into a NUL-terminated malloc'd buffer. */
-int pt_read_file(const char *path, size_t max, char **out, size_t *len, petrel_error *err);
+
 #endif

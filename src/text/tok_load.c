@@ -9,6 +9,7 @@
 #include <xxhash.h>
 
 #include "base/err.h"
+#include "base/file.h"
 #include "text/tok_internal.h"
 
 /* GPT-2's byte-level alphabet: printable bytes stand for themselves, the other 68 bytes are
@@ -642,24 +643,9 @@ int tok_load_json(const char *json, size_t len, const char *name, tokenizer **ou
 
 int tok_load(const char *path, tokenizer **out, petrel_error *err) {
     *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) return pt_err(err, PETREL_EIO, "cannot open tokenizer %s: %s", path, strerror(errno));
-    char *buf = NULL;
-    size_t n = 0, cap = 0;
-    for (;;) {
-        if (n == cap) {
-            cap = cap ? cap * 2 : 1 << 20;
-            char *p = realloc(buf, cap);
-            if (!p) { free(buf); fclose(f); return pt_err(err, PETREL_ENOMEM, "out of memory reading %s", path); }
-            buf = p;
-        }
-        size_t r = fread(buf + n, 1, cap - n, f);
-        n += r;
-        if (r == 0) break;
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) { free(buf); return pt_err(err, PETREL_EIO, "cannot read tokenizer %s", path); }
+    char *buf;
+    size_t n;
+    PT_TRY(pt_read_file(path, (size_t)1 << 31, &buf, &n, err));
     int rc = tok_load_json(buf, n, path, out, err);
     free(buf);
     return rc;
