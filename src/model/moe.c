@@ -198,10 +198,12 @@ int moe_forward(petrel_session *s, int l, const layer_w *lw, const layer_w *next
     }
     /* Run order: experts already in a slot first, then the misses, whose reads start as soon as
      * the first chunk is acquired and overlap the compute of the resident ones. */
-    int U = 0;
-    for (int pass = 0; pass < 2; pass++)
+    int U = 0, n_hit = 0;
+    for (int pass = 0; pass < 2; pass++) {
         for (int e = 0; e < E; e++)
             if (chosen[e] && (ml < 0 ? pass == 0 : (xs_store_slot_of(xst, ml, e) >= 0) == (pass == 0))) order[U++] = e;
+        if (pass == 0) n_hit = U;
+    }
     t1 = pt_now_ns();
     ns[FS_ROUTER] += t1 - t0;
     t0 = t1;
@@ -211,7 +213,10 @@ int moe_forward(petrel_session *s, int l, const layer_w *lw, const layer_w *next
     } else {
         int S = xs_store_slots(xst);
         for (int c0 = 0; c0 < U;) {
-            int n = U - c0 < S ? U - c0 : S;
+            /* the first chunk is the experts already in slots (no wait), so the misses, whose
+             * reads start right after it is acquired, load while those compute */
+            int n = c0 == 0 && n_hit > 0 && n_hit < U ? n_hit : U - c0;
+            if (n > S) n = S;
             uint64_t w0 = pt_now_ns();
             PT_TRY(xs_acquire(xst, ml, order + c0, n, refs, err));
             s->stats.io_ns += pt_now_ns() - w0;
