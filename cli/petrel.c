@@ -13,10 +13,10 @@ static const command commands[] = {
     {"detokenize", cmd_detokenize, "decode token ids to text with a tokenizer.json"},
     {"template", cmd_template, "render a chat template (Jinja) over a request's messages"},
     {"run", cmd_run, "generate text after a prompt (streamed to stdout)"},
+    {"chat", cmd_chat, "interactive chat through the model's chat template"},
     {"convert", cmd_convert, "write a petrel pack (quantized) from a Hugging Face checkpoint"},
     {"synth", cmd_synth, "write a GLM-5.2-shaped pack with random weights (benchmarks)"},
     {"bench", cmd_bench, "measure decode/prefill speed against the memory-bandwidth floor"},
-    {"chat", cmd_chat, "interactive chat through the model's chat template"},
 };
 #define N_COMMANDS (sizeof commands / sizeof commands[0])
 
