@@ -38,7 +38,8 @@ struct petrel_engine {
     double la_precision;  /* running precision of the guesses, starts optimistic */
     uint64_t la_rounds;   /* layers evaluated */
     /* Routing trace recording (--trace-out): rows of one forward batch are buffered
-     * [row][moe layer][K] and appended in token order when the batch ends. */
+     * [row][moe layer][K] and appended in token order when the batch ends. Like the lookahead
+     * statistics above, this assumes one session runs at a time on the engine. */
     struct xs_trace *trace;  /* owned, NULL when not recording */
     int32_t *trace_buf;      /* owned [256][n_moe][K] */
     char trace_out[4096];
