@@ -186,26 +186,36 @@ static int parse_pattern(loader *L, const cJSON *o, const char *path, pcre2_code
     return lerr(L, PETREL_EFORMAT, "field \"%s\" is not {\"Regex\": ...} or {\"String\": ...}%s", f, "");
 }
 
-static int parse_normalizer(loader *L, const cJSON *o, const char *path, int depth) {
-    tokenizer *t = L->t;
-    if (!o || cJSON_IsNull(o)) return 0;
+/* The common front of a normalizer or pre-tokenizer entry: checks the object, the nesting depth
+ * and its "type"; a "Sequence" recurses into seq_field with fn. Returns 1 when the entry was a
+ * Sequence (all done), 0 with *type set otherwise, or a negative error. */
+typedef int (*step_fn)(loader *L, const cJSON *o, const char *path, int depth);
+static int step_front(loader *L, const cJSON *o, const char *path, int depth, const char *seq_field, step_fn fn,
+                      const char **type) {
     if (!cJSON_IsObject(o)) return lerr(L, PETREL_EFORMAT, "field \"%s\" is not an object%s", path, "");
     if (depth > 8) return lerr(L, PETREL_EUNSUPPORTED, "field \"%s\" nests Sequences too deeply%s", path, "");
     const cJSON *ty = cJSON_GetObjectItemCaseSensitive(o, "type");
     if (!cJSON_IsString(ty)) return lerr(L, PETREL_EFORMAT, "missing field \"%s.type\"%s", path, "");
-    const char *s = ty->valuestring;
+    *type = ty->valuestring;
+    if (strcmp(*type, "Sequence")) return 0;
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(o, seq_field);
+    if (!cJSON_IsArray(a)) return lerr(L, PETREL_EFORMAT, "missing field \"%s.%s\"", path, seq_field);
+    int i = 0;
+    const cJSON *e;
     char sub[200];
-    if (!strcmp(s, "Sequence")) {
-        const cJSON *a = cJSON_GetObjectItemCaseSensitive(o, "normalizers");
-        if (!cJSON_IsArray(a)) return lerr(L, PETREL_EFORMAT, "missing field \"%s.normalizers\"%s", path, "");
-        int i = 0;
-        const cJSON *e;
-        cJSON_ArrayForEach(e, a) {
-            snprintf(sub, sizeof sub, "%s.normalizers[%d]", path, i++);
-            PT_TRY(parse_normalizer(L, e, sub, depth + 1));
-        }
-        return 0;
+    cJSON_ArrayForEach(e, a) {
+        snprintf(sub, sizeof sub, "%s.%s[%d]", path, seq_field, i++);
+        PT_TRY(fn(L, e, sub, depth + 1));
     }
+    return 1;
+}
+
+static int parse_normalizer(loader *L, const cJSON *o, const char *path, int depth) {
+    tokenizer *t = L->t;
+    if (!o || cJSON_IsNull(o)) return 0;
+    const char *s;
+    int fr = step_front(L, o, path, depth, "normalizers", parse_normalizer, &s);
+    if (fr) return fr < 0 ? fr : 0;
     if (t->n_norm >= TOK_MAX_STEPS) return lerr(L, PETREL_EUNSUPPORTED, "too many normalizer steps in \"%s\"%s", path, "");
     tok_norm *n = &t->norm[t->n_norm];
     memset(n, 0, sizeof *n);
@@ -239,23 +249,9 @@ static const char *GPT2_RE =
 static int parse_pre(loader *L, const cJSON *o, const char *path, int depth) {
     tokenizer *t = L->t;
     if (!o || cJSON_IsNull(o)) return 0;
-    if (!cJSON_IsObject(o)) return lerr(L, PETREL_EFORMAT, "field \"%s\" is not an object%s", path, "");
-    if (depth > 8) return lerr(L, PETREL_EUNSUPPORTED, "field \"%s\" nests Sequences too deeply%s", path, "");
-    const cJSON *ty = cJSON_GetObjectItemCaseSensitive(o, "type");
-    if (!cJSON_IsString(ty)) return lerr(L, PETREL_EFORMAT, "missing field \"%s.type\"%s", path, "");
-    const char *s = ty->valuestring;
-    char sub[200];
-    if (!strcmp(s, "Sequence")) {
-        const cJSON *a = cJSON_GetObjectItemCaseSensitive(o, "pretokenizers");
-        if (!cJSON_IsArray(a)) return lerr(L, PETREL_EFORMAT, "missing field \"%s.pretokenizers\"%s", path, "");
-        int i = 0;
-        const cJSON *e;
-        cJSON_ArrayForEach(e, a) {
-            snprintf(sub, sizeof sub, "%s.pretokenizers[%d]", path, i++);
-            PT_TRY(parse_pre(L, e, sub, depth + 1));
-        }
-        return 0;
-    }
+    const char *s;
+    int fr = step_front(L, o, path, depth, "pretokenizers", parse_pre, &s);
+    if (fr) return fr < 0 ? fr : 0;
     if (t->n_pre >= TOK_MAX_STEPS) return lerr(L, PETREL_EUNSUPPORTED, "too many pre-tokenizer steps in \"%s\"%s", path, "");
     tok_pre *p = &t->pre[t->n_pre];
     memset(p, 0, sizeof *p);
