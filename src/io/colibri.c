@@ -399,27 +399,17 @@ void colibri_wsource(colibri *c, wsource *ws) {
 /* ---- conversion to a pack ---- */
 
 int colibri_convert(const char *dir, const char *out_path, const convert_opts *o, convert_result *res, petrel_error *err) {
-    char path[4200];
-    char *cfg_txt = NULL, *gen_txt = NULL;
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    PT_TRY(pt_read_file(path, 16u << 20, &cfg_txt, NULL, err));
-    snprintf(path, sizeof path, "%s/generation_config.json", dir);
-    if (pt_read_file(path, 16u << 20, &gen_txt, NULL, NULL) < 0) gen_txt = NULL;
-    petrel_config cfg;
-    int rc = config_load_dir(dir, &cfg, err);
+    convert_configs cc;
+    PT_TRY(convert_configs_load(dir, &cc, err));
+    colibri *c = NULL;
+    int rc = colibri_open(dir, &cc.cfg, &c, err);
     if (rc == 0) {
-        colibri *c = NULL;
-        rc = colibri_open(dir, &cfg, &c, err);
-        if (rc == 0) {
-            wsource ws;
-            colibri_wsource(c, &ws);
-            convert_src src = {cfg_txt, gen_txt, &cfg, &ws, NULL, NULL};
-            rc = convert_from_wsource(&src, out_path, o, res, err);
-            colibri_close(c);
-        }
-        config_deinit(&cfg);
+        wsource ws;
+        colibri_wsource(c, &ws);
+        convert_src src = {cc.config_json, cc.generation_config_json, &cc.cfg, &ws, NULL, NULL};
+        rc = convert_from_wsource(&src, out_path, o, res, err);
+        colibri_close(c);
     }
-    free(cfg_txt);
-    free(gen_txt);
+    convert_configs_free(&cc);
     return rc;
 }

@@ -740,6 +740,31 @@ int convert_from_wsource(const convert_src *src, const char *out_path, const con
     return rc;
 }
 
+int convert_configs_load(const char *dir, convert_configs *cc, petrel_error *err) {
+    memset(cc, 0, sizeof *cc);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    PT_TRY(pt_read_file(path, 16u << 20, &cc->config_json, NULL, err));
+    snprintf(path, sizeof path, "%s/generation_config.json", dir);
+    if (pt_read_file(path, 16u << 20, &cc->generation_config_json, NULL, NULL) < 0) cc->generation_config_json = NULL;
+    int rc = config_load_dir(dir, &cc->cfg, err);
+    if (rc < 0) {
+        free(cc->config_json);
+        free(cc->generation_config_json);
+        memset(cc, 0, sizeof *cc);
+        return rc;
+    }
+    cc->loaded = 1;
+    return 0;
+}
+
+void convert_configs_free(convert_configs *cc) {
+    if (cc->loaded) config_deinit(&cc->cfg);
+    free(cc->config_json);
+    free(cc->generation_config_json);
+    memset(cc, 0, sizeof *cc);
+}
+
 int convert_hf(const char *in, const char *out_path, const convert_opts *o, convert_result *res, petrel_error *err) {
     struct stat st;
     if (stat(in, &st) < 0) return pt_err(err, PETREL_EIO, "cannot open %s: no such file or folder", in);
@@ -749,28 +774,18 @@ int convert_hf(const char *in, const char *out_path, const convert_opts *o, conv
         snprintf(tmp, sizeof tmp, "%s", in);
         snprintf(dir, sizeof dir, "%s", dirname(tmp));
     }
-    char path[4200];
-    char *cfg_txt = NULL, *gen_txt = NULL;
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    PT_TRY(pt_read_file(path, 16u << 20, &cfg_txt, NULL, err));
-    snprintf(path, sizeof path, "%s/generation_config.json", dir);
-    if (pt_read_file(path, 16u << 20, &gen_txt, NULL, NULL) < 0) gen_txt = NULL;
-    petrel_config cfg;
+    convert_configs cc;
+    PT_TRY(convert_configs_load(dir, &cc, err));
     st_set *set = NULL;
-    int rc = config_load_dir(dir, &cfg, err);
+    int rc = st_open(in, &set, err);
     if (rc == 0) {
-        rc = st_open(in, &set, err);
-        if (rc == 0) {
-            st_wsource sws;
-            wsource ws;
-            wsource_safetensors(&ws, &sws, set, &cfg);
-            convert_src src = {cfg_txt, gen_txt, &cfg, &ws, NULL, NULL};
-            rc = convert_from_wsource(&src, out_path, o, res, err);
-            st_close(set);
-        }
-        config_deinit(&cfg);
+        st_wsource sws;
+        wsource ws;
+        wsource_safetensors(&ws, &sws, set, &cc.cfg);
+        convert_src src = {cc.config_json, cc.generation_config_json, &cc.cfg, &ws, NULL, NULL};
+        rc = convert_from_wsource(&src, out_path, o, res, err);
+        st_close(set);
     }
-    free(cfg_txt);
-    free(gen_txt);
+    convert_configs_free(&cc);
     return rc;
 }

@@ -63,5 +63,15 @@ typedef struct convert_src {
 
 int convert_from_wsource(const convert_src *src, const char *out_path, const convert_opts *o, convert_result *res, petrel_error *err);
 /* Converts a Hugging Face folder (or single .safetensors with config.json beside it). */
+/* The config texts a pack stores verbatim, and the parsed config, of a model folder. */
+typedef struct convert_configs {
+    char *config_json;            /* owned */
+    char *generation_config_json; /* owned or NULL */
+    petrel_config cfg;
+    int loaded;
+} convert_configs;
+int convert_configs_load(const char *dir, convert_configs *cc, petrel_error *err);
+void convert_configs_free(convert_configs *cc);
+
 int convert_hf(const char *in, const char *out_path, const convert_opts *o, convert_result *res, petrel_error *err);
 #endif
