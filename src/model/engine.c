@@ -101,7 +101,7 @@ static size_t scratch_bytes(const petrel_config *c, size_t T, size_t N) {
     f += 4 * T * H + T * Rq + T * NH * Dqk + T * (Rkv + Dr) + T * NH * Dv + T * Dr + T * kmax + T;
     f += T * Hi * Di + T * Di + T * Hi + 2 * N;                                       /* indexer */
     (void)Dn;
-    size_t attn = mla_scratch_bytes(c, (int)T, (int)N, kn_threads()) / 4 + 16;         /* attention */
+    size_t attn = mla_scratch_bytes(c, (int)T, (int)N) / 4 + 16;         /* attention */
     f += attn;
     size_t dense = 2 * T * (size_t)c->intermediate_size;
     size_t moe = T * E + 3 * E + 3 * T * K + 2 * T * H + T * K * H + 2 * T * I + T * E /* lookahead */ + 96 * E /* refs, views */;

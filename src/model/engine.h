@@ -106,7 +106,7 @@ typedef struct rope_rows {
 
 int mla_attention(petrel_session *s, int l, const layer_w *lw, const float *q, int T, const int32_t *sel, const int *sel_n,
                   int sel_stride, float *out, petrel_error *err);
-size_t mla_scratch_bytes(const petrel_config *c, int T, int N, int n_threads);
+size_t mla_scratch_bytes(const petrel_config *c, int T, int N);
 int dsa_select(petrel_session *s, int l, const layer_w *lw, const float *x, const float *qr, int T,
                const rope_rows *rope, int32_t *sel, int *sel_n, int sel_stride, petrel_error *err);
 /* next_lw: the next MoE layer (its router predicts experts to prefetch), or NULL. */

@@ -42,7 +42,7 @@ typedef struct {
     const layer_w *lw;
     const float *q;       /* [NH][Dqk] of one row */
     float *qt;            /* [NH][Rkv] out */
-    int Dn, Dqk, Rkv;
+    int Dqk, Rkv;
 } uk_job;
 
 /* q~[h] = W_UK[h]^T q_nope[h]: the transposed product, one pass over the head's rows. */
@@ -87,7 +87,7 @@ static int absorbed(petrel_session *s, int l, const layer_w *lw, const float *q,
         const float *qr = q + (size_t)r * NH * Dqk;
         const int32_t *sr = sel + (size_t)r * sel_stride;
         int n = sel_n[r];
-        uk_job uj = {lw, qr, qt, Dn, Dqk, Rkv};
+        uk_job uj = {lw, qr, qt, Dqk, Rkv};
         pool_run(kn_pool(), NH, uk_task, &uj);
         for (int h = 0; h < NH; h++) memcpy(qpe + (size_t)h * Dr, qr + (size_t)h * Dqk + Dn, sizeof(float) * (size_t)Dr);
         /* the selected keys, contiguous (a view when the selection is 0..n-1) */
@@ -171,10 +171,10 @@ static int reconstructed(petrel_session *s, int l, const layer_w *lw, const floa
     return 0;
 }
 
-size_t mla_scratch_bytes(const petrel_config *c, int T, int N, int n_threads) {
+size_t mla_scratch_bytes(const petrel_config *c, int T, int N) {
     size_t NH = c->num_attention_heads, Dn = c->qk_nope_head_dim, Dr = c->qk_rope_head_dim, Dv = c->v_head_dim;
     size_t Rkv = c->kv_lora_rank, Dqk = c->qk_head_dim, n = (size_t)N, t = (size_t)T;
-    size_t abs_ = NH * Rkv * 2 + NH * Dr + (size_t)n_threads * Rkv + n * Rkv * 2 + n * Dr + 2 * NH * n;
+    size_t abs_ = NH * Rkv * 2 + NH * Dr + n * Rkv * 2 + n * Dr + 2 * NH * n;
     size_t rec = n * Dn + n * Dqk + Dv * n + Dv * Rkv + t * Dqk + t * n + t * Dv + n / 4 + 1;
     return (abs_ > rec ? abs_ : rec) * 4 + 64 * 16;
 }
