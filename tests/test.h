@@ -20,6 +20,10 @@ double test_rel_l2(const float *a, const float *ref, size_t n);
 /* Runs cmd through the shell, capturing stdout into out and stderr into err (both truncated to
  * their capacity, NUL-terminated); returns the exit status (-1 if it did not exit). */
 int test_sh(const char *cmd, char *out, size_t cap, char *err, size_t ecap);
+/* The tensor "prompt_<prompt>.<part>" of a golden.safetensors set (NULL if absent). */
+struct st_set;
+struct st_tensor;
+const struct st_tensor *test_gold(const struct st_set *g, int prompt, const char *part);
 /* Number of '\n' in s. */
 int test_count_lines(const char *s);
 

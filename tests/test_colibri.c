@@ -561,11 +561,7 @@ TEST(colibri, logits_golden) {
     }
     int V = e->cfg.vocab_size, np = 0;
     for (int pi = 0;; pi++) {
-        char n[64];
-        snprintf(n, sizeof n, "prompt_%d.ids", pi);
-        const st_tensor *ids = st_find(gold, n);
-        snprintf(n, sizeof n, "prompt_%d.logits", pi);
-        const st_tensor *ref = st_find(gold, n);
+        const st_tensor *ids = test_gold(gold, pi, "ids"), *ref = test_gold(gold, pi, "logits");
         if (!ids || !ref) break;
         int T = (int)ids->shape[0];
         float *lg = run(e, (const int32_t *)ids->data, T, &err);
@@ -607,9 +603,7 @@ TEST(colibri, logits_exact) {
     }
     int V = a->cfg.vocab_size, np = 0;
     for (int pi = 0;; pi++) {
-        char n[64];
-        snprintf(n, sizeof n, "prompt_%d.ids", pi);
-        const st_tensor *ids = st_find(gold, n);
+        const st_tensor *ids = test_gold(gold, pi, "ids");
         if (!ids) break;
         int T = (int)ids->shape[0];
         float *la = run(a, (const int32_t *)ids->data, T, &err), *lb = run(b, (const int32_t *)ids->data, T, &err);

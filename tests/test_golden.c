@@ -22,18 +22,13 @@ static int fixture_open(const char *name, fixture *f) {
 }
 static void fixture_close(fixture *f) { st_close(f->gold); petrel_engine_close(f->eng); }
 
-static const st_tensor *gold(fixture *f, const char *fmt, int i) {
-    char n[128];
-    snprintf(n, sizeof n, fmt, i);
-    return st_find(f->gold, n);
-}
 
 static void check_logits(const char *name, int decode) {
     fixture f;
     if (fixture_open(name, &f)) return;
     int V = f.eng->cfg.vocab_size, np = 0;
     for (int pi = 0;; pi++) {
-        const st_tensor *ids = gold(&f, "prompt_%d.ids", pi), *ref = gold(&f, "prompt_%d.logits", pi);
+        const st_tensor *ids = test_gold(f.gold, pi, "ids"), *ref = test_gold(f.gold, pi, "logits");
         if (!ids) break;
         np++;
         CHECK(ref != NULL);
@@ -65,7 +60,7 @@ static void check_greedy(const char *name) {
     if (fixture_open(name, &f)) return;
     int V = f.eng->cfg.vocab_size;
     for (int pi = 0;; pi++) {
-        const st_tensor *ids = gold(&f, "prompt_%d.ids", pi), *g = gold(&f, "prompt_%d.greedy", pi), *m = gold(&f, "prompt_%d.greedy_margin", pi);
+        const st_tensor *ids = test_gold(f.gold, pi, "ids"), *g = test_gold(f.gold, pi, "greedy"), *m = test_gold(f.gold, pi, "greedy_margin");
         if (!ids) break;
         CHECK(g && m);
         if (!g || !m) continue;
@@ -99,7 +94,7 @@ static void check_hidden_topk(const char *name) {
     if (fixture_open(name, &f)) return;
     const petrel_config *c = &f.eng->cfg;
     int L = c->num_hidden_layers, H = c->hidden_size;
-    const st_tensor *ids = gold(&f, "prompt_%d.ids", 0), *hid = gold(&f, "prompt_%d.hidden", 0);
+    const st_tensor *ids = test_gold(f.gold, 0, "ids"), *hid = test_gold(f.gold, 0, "hidden");
     CHECK(ids && hid);
     if (!ids || !hid) { fixture_close(&f); return; }
     int T = (int)ids->shape[0], K = c->index_topk;
@@ -122,7 +117,9 @@ static void check_hidden_topk(const char *name) {
     int nsel = 0;
     for (int l = 0; l < L; l++) {
         if (!tr.topk[l]) continue;
-        const st_tensor *ref = gold(&f, "prompt_0.topk.layer_%d", l);
+        char part[64];
+        snprintf(part, sizeof part, "topk.layer_%d", l);
+        const st_tensor *ref = test_gold(f.gold, 0, part);
         CHECK_MSG(ref != NULL, "%s: no golden selection for full layer %d", name, l);
         if (!ref) continue;
         nsel++;

@@ -74,11 +74,7 @@ static void check_bf16(const char *fixture) {
     if (!pk || !src || !gold) goto done;
     int V = pk->cfg.vocab_size, np = 0;
     for (int pi = 0;; pi++) {
-        char n[64];
-        snprintf(n, sizeof n, "prompt_%d.ids", pi);
-        const st_tensor *ids = st_find(gold, n);
-        snprintf(n, sizeof n, "prompt_%d.logits", pi);
-        const st_tensor *ref = st_find(gold, n);
+        const st_tensor *ids = test_gold(gold, pi, "ids"), *ref = test_gold(gold, pi, "logits");
         if (!ids || !ref) break;
         np++;
         int T = (int)ids->shape[0];

@@ -60,9 +60,7 @@ static void check_bitwise(const char *fixture, int quant) {
     st_set *g;
     CHECK(st_open(p, &g, &err) == 0);
     for (int pi = 0;; pi++) {
-        char n[64];
-        snprintf(n, sizeof n, "prompt_%d.ids", pi);
-        const st_tensor *ids = st_find(g, n);
+        const st_tensor *ids = test_gold(g, pi, "ids");
         if (!ids) break;
         int T = (int)ids->shape[0], V = res->cfg.vocab_size;
         for (int dec = 0; dec < 2; dec++) {
