@@ -580,3 +580,114 @@ TEST(kernels, matmul_t) {
     }
     kn_force_isa("auto");
 }
+
+/* ---- row-interleaved layout (PT_LAYOUT_R16) ---- */
+/* A copy of t's view in fresh buffers, repacked to R16. */
+static tw tw_r16(const tw *t) {
+    tw c;
+    memset(&c, 0, sizeof c);
+    size_t db = (size_t)(t->v.rows * t->v.row_bytes), sb = (size_t)(t->v.rows * t->v.scale_cols) * (t->v.scale_dtype == PT_F32 ? 4 : 2);
+    c.data_alloc = malloc(db + 1);
+    c.scale_alloc = malloc(sb + 2);
+    memcpy((uint8_t *)c.data_alloc + 1, t->v.data, db); /* odd addresses on purpose */
+    memcpy((uint8_t *)c.scale_alloc + 2, t->v.scale, sb);
+    c.v = t->v;
+    c.v.data = (uint8_t *)c.data_alloc + 1;
+    c.v.scale = (uint8_t *)c.scale_alloc + 2;
+    return c;
+}
+
+TEST(kernels, r16_layout) {
+    uint64_t seed = rng_seed();
+    static const fmt_case RF[] = {{PT_Q8_G32, PT_BF16, 0, 0}, {PT_Q8_G32, PT_F16, 0, 0}, {PT_Q8_G32, PT_F32, 0, 0},
+                                  {PT_Q4_G64, PT_BF16, 0, 0}, {PT_Q4_G64, PT_F32, 0, 0}};
+    static const int64_t RR[] = {16, 48, 256}, RC[] = {1, 3, 32, 96};
+    static const int RN[] = {1, 2, 3, 4, 5, 9};
+    int k = 0;
+    for (int f = 0; f < 5; f++)
+        for (int ri = 0; ri < 3; ri++)
+            for (int ci = 0; ci < 4; ci++, k++) {
+                int g = RF[f].q == PT_Q4_G64 ? 64 : 32;
+                int64_t rows = RR[ri], cols = RC[ci] * g;
+                int n = RN[k % 6];
+                tw t = tw_make(RF[f].q, rows, cols, RF[f].sdt, 0, 0);
+                tw r = tw_r16(&t);
+                CHECK(kn_r16_supported(&r.v));
+                CHECK(kn_r16_repack(&r.v) == 0 && r.v.layout == PT_LAYOUT_R16);
+                CHECK(!kn_r16_supported(&r.v)); /* never twice */
+                /* same weights: every row dequantizes bitwise as before */
+                float *a = malloc((size_t)cols * 4), *b = malloc((size_t)cols * 4);
+                int bad_rows = 0;
+                for (int64_t row = 0; row < rows; row++) {
+                    pt_dequant_row(&t.v, row, a);
+                    pt_dequant_row(&r.v, row, b);
+                    bad_rows += memcmp(a, b, (size_t)cols * 4) != 0;
+                }
+                CHECK_MSG(bad_rows == 0, "%s [%lld x %lld]: %d rows dequantize differently after repacking",
+                          pt_qtype_name(t.v.qtype), (long long)rows, (long long)cols, bad_rows);
+                float *xb, *yb, *x = xalloc(n, cols, &xb), *y = yalloc(n, rows, &yb);
+                if (k % 5 == 2) for (int64_t j = 0; j < g && j < cols; j++) x[j] = 0.f; /* a zero group */
+                kn_matmul(&r.v, x, n, y);
+                /* the scalar kernel is the same math, bit for bit */
+                float *ys = malloc((size_t)(n * rows) * 4), *yo = malloc((size_t)(n * rows) * 4), *y1 = malloc((size_t)rows * 4);
+                kn_force_isa("scalar");
+                kn_matmul(&r.v, x, n, ys);
+                kn_force_isa("auto");
+                CHECK_MSG(memcmp(y, ys, (size_t)(n * rows) * 4) == 0, "%s [%lld x %lld] n %d: SIMD != scalar R16 (seed %llu)",
+                          pt_qtype_name(t.v.qtype), (long long)rows, (long long)cols, n, (unsigned long long)seed);
+                /* rows do not depend on the batch */
+                int bad_batch = 0;
+                for (int i = 0; i < n; i++) {
+                    kn_matmul(&r.v, x + i * cols, 1, y1);
+                    bad_batch += memcmp(y1, y + i * rows, (size_t)rows * 4) != 0;
+                }
+                CHECK_MSG(bad_batch == 0, "R16 rows change with the batch (%d of %d)", bad_batch, n);
+                /* against the int8-activation oracle (exact integer group dots, double sums) */
+                kn_ref_matmul_actq(&t.v, x, n, yo);
+                int bad = 0;
+                for (int64_t row = 0; row < rows; row++) {
+                    pt_dequant_row(&t.v, row, a);
+                    for (int i = 0; i < n; i++) {
+                        double mag = 0;
+                        for (int64_t j = 0; j < cols; j++) mag += fabs((double)a[j] * x[i * cols + j]);
+                        double e = fabs((double)y[i * rows + row] - yo[i * rows + row]);
+                        if (!(e <= 2e-6 * mag + 1e-30)) {
+                            if (bad < 3) fprintf(stderr, "  r=%lld i=%d: %.9g vs oracle %.9g\n", (long long)row, i, y[i * rows + row], yo[i * rows + row]);
+                            bad++;
+                        }
+                    }
+                }
+                CHECK_MSG(bad == 0, "%s [%lld x %lld] n %d: %d outputs off the int8-activation oracle (seed %llu)",
+                          pt_qtype_name(t.v.qtype), (long long)rows, (long long)cols, n, bad, (unsigned long long)seed);
+                /* kn_ref_matmul reads the layout: exact f32 activations on the same weights */
+                kn_ref_matmul(&t.v, x, n, yo);
+                kn_ref_matmul(&r.v, x, n, ys);
+                CHECK(memcmp(yo, ys, (size_t)(n * rows) * 4) == 0);
+                free(a); free(b); free(ys); free(yo); free(y1); free(xb); free(yb);
+                tw_free(&t); tw_free(&r);
+            }
+    /* shapes and formats it does not take stay plain */
+    tw u1 = tw_make(PT_Q8_G32, 17, 64, PT_BF16, 0, 0), u2 = tw_make(PT_Q8_G32, 16, 40, PT_BF16, 0, 0),
+       u3 = tw_make(PT_Q8_ROW, 16, 64, PT_F32, 0, 0), u4 = tw_make(PT_BF16, 16, 64, 0, 0, 0);
+    CHECK(kn_r16_repack(&u1.v) == -1 && u1.v.layout == PT_LAYOUT_PLAIN);
+    CHECK(kn_r16_repack(&u2.v) == -1 && kn_r16_repack(&u3.v) == -1 && kn_r16_repack(&u4.v) == -1);
+    tw_free(&u1); tw_free(&u2); tw_free(&u3); tw_free(&u4);
+    /* a NaN activation gives NaN rows; kn_matmul_many mixes R16 and plain jobs on one x */
+    tw q8 = tw_make(PT_Q8_G32, 32, 128, PT_BF16, 0, 0), q4 = tw_make(PT_Q4_G64, 48, 128, PT_BF16, 0, 0);
+    tw q8r = tw_r16(&q8), q4r = tw_r16(&q4);
+    CHECK(kn_r16_repack(&q8r.v) == 0 && kn_r16_repack(&q4r.v) == 0);
+    float x[2 * 128], y8[2 * 32], y4[2 * 48], yp[2 * 32], m8[2 * 32], m4[2 * 48], mp[2 * 32];
+    for (int j = 0; j < 256; j++) x[j] = frand();
+    kn_matmul(&q8r.v, x, 2, y8);
+    kn_matmul(&q4r.v, x, 2, y4);
+    kn_matmul(&q8.v, x, 2, yp);
+    kn_job jobs[3] = {{&q8r.v, x, 2, m8}, {&q8.v, x, 2, mp}, {&q4r.v, x, 2, m4}};
+    kn_matmul_many(jobs, 3);
+    CHECK(!memcmp(y8, m8, sizeof y8) && !memcmp(y4, m4, sizeof y4) && !memcmp(yp, mp, sizeof yp));
+    x[70] = NAN;
+    kn_matmul(&q8r.v, x, 1, y8);
+    kn_matmul(&q4r.v, x, 1, y4);
+    for (int r = 0; r < 32; r++) CHECK(isnan(y8[r]));
+    for (int r = 0; r < 48; r++) CHECK(isnan(y4[r]));
+    tw_free(&q8); tw_free(&q4); tw_free(&q8r); tw_free(&q4r);
+}

@@ -147,9 +147,14 @@ TEST(pack, q8_equals_quantized_views) {
     weights_deinit(&ref->w, &ref->cfg);
     petrel_error err = {0};
     CHECK(weights_bind(&ref->w, &ref->cfg, &qws, &err) == 0);
+    /* the engine lays a pack's resident q8 matrices out for int8 activations: do the same */
+    if (kn_r16_available()) weights_relayout_r16(&ref->w, &ref->cfg, NULL, NULL);
     int32_t ids[7] = {5, 17, 300, 42, 7, 999, 3};
     float *a = run_logits(pk, ids, 7), *b = run_logits(ref, ids, 7);
     if (a && b) CHECK_MSG(!memcmp(a, b, sizeof(float) * 7 * (size_t)pk->cfg.vocab_size), "q8 pack logits differ from quantized-view logits");
+    if (kn_r16_available()) /* the relayout really happened (the tiny shapes allow it) */
+        CHECK(pk->w.lm_head.layout == PT_LAYOUT_R16 && pk->w.layers[0].o_proj.layout == PT_LAYOUT_R16 &&
+              pk->w.layers[0].kv_b_proj.layout == PT_LAYOUT_PLAIN && pk->w.embed_tokens.layout == PT_LAYOUT_PLAIN);
     free(a);
     free(b);
     petrel_engine_close(pk);
@@ -324,7 +329,13 @@ TEST(pack, corrupt_refused) {
     CHECK(pack_open(bad, &p, &err) == 0);
     CHECK_EQ_INT(pack_verify(p, &err), PETREL_EFORMAT);
     CHECK_MSG(strstr(err.msg, "o_proj"), "message: %s", err.msg);
+    /* ... and by the engine's load, which checks every resident tensor it copies */
+    err.msg[0] = 0;
+    CHECK(pack_load_resident(p, 1, &off, NULL, NULL, &err) == PETREL_EFORMAT && !p->copy);
+    CHECK_MSG(strstr(err.msg, "o_proj") && strstr(err.msg, "checksum"), "message: %s", err.msg);
     pack_close(p);
+    petrel_engine *eng = NULL;
+    CHECK(petrel_engine_open(bad, NULL, &eng, &err) == PETREL_EFORMAT && !eng);
     free(c);
     free(b);
 }

@@ -296,9 +296,83 @@ int pack_open(const char *path, pack **out, petrel_error *err) {
 void pack_close(pack *p) {
     if (!p) return;
     if (p->map) munmap((void *)p->map, (size_t)p->file_size);
+    if (p->copy) munmap(p->copy, (size_t)p->file_size);
     if (p->fd >= 0) close(p->fd);
     pack_deinit(p);
     free(p);
+}
+
+/* MemAvailable from /proc/meminfo in bytes, or 0 when unknown. */
+static uint64_t mem_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    unsigned long long kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+    fclose(f);
+    return (uint64_t)kb << 10;
+}
+
+static int copy_range(pack *p, uint64_t off, uint64_t n, uint64_t *done, uint64_t total,
+                      void (*progress)(uint64_t, uint64_t, void *), void *ud, petrel_error *err) {
+    for (uint64_t k = 0; k < n;) {
+        size_t chunk = n - k > (64u << 20) ? (64u << 20) : (size_t)(n - k);
+        ssize_t r = pread(p->fd, p->copy + off + k, chunk, (off_t)(off + k));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return pt_err(err, PETREL_EIO, "%s: read failed at byte %" PRIu64 ": %s", p->path, off + k, r < 0 ? strerror(errno) : "end of file");
+        k += (uint64_t)r;
+        *done += (uint64_t)r;
+        if (progress) progress(*done, total, ud);
+    }
+    return 0;
+}
+
+int pack_load_resident(pack *p, int experts, uint64_t *copied_bytes, void (*progress)(uint64_t, uint64_t, void *), void *ud,
+                       petrel_error *err) {
+    *copied_bytes = 0;
+    if (!p->map || p->copy) return 0;
+    uint64_t res = 0, exp = 0;
+    for (int i = 0; i < p->n_tensors; i++) res += p->tensors[i].bytes + p->tensors[i].scale_bytes;
+    for (int i = 0; i < p->n_elayers; i++) exp += (uint64_t)p->elayers[i].n_experts * p->elayers[i].record_bytes;
+    uint64_t avail = mem_available(), room = avail - avail / 8; /* leave an eighth to everything else */
+    if (avail && res > room) return 0;                          /* the map pages it in, slowly */
+    if (avail && res + exp > room) experts = 0;
+    uint64_t total = res + (experts ? exp : 0), done = 0;
+    void *m = mmap(NULL, (size_t)p->file_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED) return 0; /* no address space for a copy: keep serving from the map */
+    madvise(m, (size_t)p->file_size, MADV_HUGEPAGE);
+    p->copy = m;
+    int rc = 0;
+    for (int i = 0; i < p->n_tensors && !rc; i++) {
+        const pack_tensor *t = &p->tensors[i];
+        rc = copy_range(p, t->offset, t->bytes, &done, total, progress, ud, err);
+        if (!rc && t->scale_bytes) rc = copy_range(p, t->scale_offset, t->scale_bytes, &done, total, progress, ud, err);
+        if (rc) break;
+        XXH64_state_t *st = XXH64_createState();
+        if (!st) { rc = pt_err(err, PETREL_ENOMEM, "out of memory"); break; }
+        XXH64_reset(st, 0);
+        XXH64_update(st, p->copy + t->offset, (size_t)t->bytes);
+        if (t->scale_bytes) XXH64_update(st, p->copy + t->scale_offset, (size_t)t->scale_bytes);
+        uint64_t h = XXH64_digest(st);
+        XXH64_freeState(st);
+        if (h != t->xxh64) rc = pt_err(err, PETREL_EFORMAT, "%s: checksum mismatch in tensor \"%s\": the pack is corrupted", p->path, t->name);
+    }
+    for (int i = 0; i < p->n_elayers && experts && !rc; i++)
+        rc = copy_range(p, p->elayers[i].first_offset, (uint64_t)p->elayers[i].n_experts * p->elayers[i].record_bytes, &done, total,
+                        progress, ud, err);
+    if (rc) {
+        munmap(p->copy, (size_t)p->file_size);
+        p->copy = NULL;
+        return rc;
+    }
+    p->copy_experts = experts;
+    *copied_bytes = total;
+    return 0;
+}
+
+void pack_seal(pack *p) {
+    if (p->copy) mprotect(p->copy, (size_t)p->file_size, PROT_READ);
 }
 
 int pack_fd(const pack *p) { return p->fd; }
@@ -422,12 +496,12 @@ static int pk_matrix(void *ctx, const char *name, int64_t rows, int64_t cols, pt
     const pack *p = ctx;
     int l, e, part = expert_name(name, &l, &e);
     const pack_tensor *t = NULL;
-    const uint8_t *base = p->map;
+    const uint8_t *base = p->copy ? p->copy : p->map;
     if (part >= 0) {
         const pack_expert_layer *el = elayer(p, l);
         if (el && e >= 0 && e < el->n_experts) {
             t = &el->part[part];
-            base = p->map + el->first_offset + (uint64_t)e * el->record_bytes;
+            base = (p->copy_experts ? p->copy : p->map) + el->first_offset + (uint64_t)e * el->record_bytes;
         }
     } else t = pack_find(p, name);
     if (!t) return pt_err(err, PETREL_EFORMAT, "%s: missing tensor \"%s\" (expected shape [%lld, %lld])", p->path, name, (long long)rows, (long long)cols);
@@ -443,7 +517,7 @@ static int pk_vector(void *ctx, const char *name, int64_t n, float *out, petrel_
     const pack_tensor *t = pack_find(p, name);
     if (!t) return pt_err(err, PETREL_EFORMAT, "%s: missing tensor \"%s\" (expected shape [%lld])", p->path, name, (long long)n);
     if (!t->vector || t->cols != n) return pt_err(err, PETREL_EFORMAT, "%s: tensor \"%s\" is not a vector of %lld", p->path, name, (long long)n);
-    memcpy(out, p->map + t->offset, sizeof(float) * (size_t)n);
+    memcpy(out, (p->copy ? p->copy : p->map) + t->offset, sizeof(float) * (size_t)n);
     return 0;
 }
 

@@ -28,6 +28,7 @@ static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
 static int best_isa = ISA_SCALAR, cur_isa = ISA_SCALAR, has_vnni;
 /* int8 activations where the CPU has AVX-512 VNNI: 0 off (default), 1 q4_g64, 2 q4_g64 + q8 */
 static int g_actq = 0;
+static int g_r16 = 1; /* PETREL_R16=0 turns the row-interleaved layout off */
 static pt_pool *g_pool;
 static int g_threads;
 
@@ -56,6 +57,13 @@ static void detect(void) {
     cur_isa = best_isa;
     const char *aq = getenv("PETREL_ACT_QUANT"); /* default for kn_set_act_quant */
     if (aq && *aq >= '0' && *aq <= '2') g_actq = *aq - '0';
+    const char *r16 = getenv("PETREL_R16");
+    if (r16 && !strcmp(r16, "0")) g_r16 = 0;
+}
+
+int kn_r16_available(void) {
+    pthread_once(&detect_once, detect);
+    return g_r16 && best_isa == ISA_AVX512 && has_vnni;
 }
 
 void kn_init(int n_threads) {
@@ -161,7 +169,7 @@ int kn_act_quant_active(const pt_wview *W) {
 }
 
 /* One matmul of a kn_matmul_many call, with its prepared activations and task split. */
-enum { P_REF, P_ISA, P_ACTQ };
+enum { P_REF, P_ISA, P_ACTQ, P_R16 };
 typedef struct {
     const pt_wview *W;
     int path, n, prep; /* prep: 0 plain pad, else q4 chunk (P_ISA) or actq kind (P_ACTQ) */
@@ -190,13 +198,16 @@ static void mm_task(void *ctx, int task, int thread) {
     const mm_part *j = &c->parts[lo];
     int64_t r0 = (int64_t)(task - j->task0) * j->rows_per_task;
     int64_t r1 = r0 + j->rows_per_task < j->W->rows ? r0 + j->rows_per_task : j->W->rows;
-    if (j->path == P_ACTQ) kn_actq_rows_avx512(j->W, r0, r1, j->xp, j->xs, j->n, j->y);
+    if (j->path == P_R16) {
+        if (cur_isa == ISA_AVX512 && has_vnni) kn_r16_rows_avx512(j->W, r0, r1, j->xp, j->xs, j->n, j->y);
+        else kn_r16_rows_ref(j->W, r0, r1, j->xp, j->xs, j->n, j->y);
+    } else if (j->path == P_ACTQ) kn_actq_rows_avx512(j->W, r0, r1, j->xp, j->xs, j->n, j->y);
     else if (j->path == P_ISA) j->isa->rows(j->W, r0, r1, j->xp, j->xs, j->n, j->y);
     else kn_ref_matmul_rows(j->W, r0, r1, j->x, j->n, j->y);
 }
 
 static int64_t part_bytes(const mm_part *p) {
-    return p->path == P_ACTQ ? p->xs * p->n : p->path == P_ISA ? p->xs * p->n * 4 : 0;
+    return p->path == P_ACTQ || p->path == P_R16 ? p->xs * p->n : p->path == P_ISA ? p->xs * p->n * 4 : 0;
 }
 
 /* Runs parts (already classified) as one pool dispatch. */
@@ -218,7 +229,8 @@ static void run_parts(mm_part *parts, int np) {
         if (shared >= 0) { p->xp = parts[shared].xp; continue; }
         p->xp = buf + off;
         off += (size_t)((part_bytes(p) + 63) & ~63);
-        if (p->path == P_ACTQ) kn_actq_prep_avx512(p->prep, p->x, p->n, p->W->cols, (uint8_t *)p->xp);
+        if (p->path == P_R16) kn_r16_prep(p->W, p->x, p->n, (uint8_t *)p->xp);
+        else if (p->path == P_ACTQ) kn_actq_prep_avx512(p->prep, p->x, p->n, p->W->cols, (uint8_t *)p->xp);
         else prep_x(p->x, p->n, p->W->cols, p->xs, p->prep, (float *)p->xp);
     }
     /* Tasks: about 4 per thread over all parts (dynamic balance against OS noise), whole
@@ -249,6 +261,12 @@ static void run_parts(mm_part *parts, int np) {
 static void classify(mm_part *p, const pt_wview *W, const float *x, int n, float *y) {
     memset(p, 0, sizeof *p);
     p->W = W; p->x = x; p->n = n; p->y = y; p->path = P_REF;
+    if (W->layout == PT_LAYOUT_R16) { /* prep: the group size, so R16 parts share only with R16 */
+        p->path = P_R16;
+        p->prep = W->qtype == PT_Q4_G64 ? 64 : 32;
+        p->xs = kn_r16_xs(W);
+        return;
+    }
     if (kn_act_quant_active(W)) {
         p->path = P_ACTQ;
         p->prep = kn_actq_kind(W);
@@ -314,7 +332,7 @@ static void mt_task(void *ctx, int task, int thread) {
 void kn_matmul_t(const pt_wview *W, const float *x, int n, float *y) {
     if (n <= 0 || W->cols <= 0) return;
     ensure_init();
-    int simd = cur_isa == ISA_AVX512 && (W->qtype != PT_FP8_E4M3 ||
+    int simd = cur_isa == ISA_AVX512 && W->layout == PT_LAYOUT_PLAIN && (W->qtype != PT_FP8_E4M3 ||
                (W->scale && W->block_rows > 0 && W->block_cols > 0 && W->block_cols % 16 == 0)) &&
                (W->qtype == PT_F32 || W->qtype == PT_BF16 || W->qtype == PT_F16 ||
                 W->qtype == PT_FP8_E4M3 || W->scale);

@@ -39,6 +39,19 @@ int kn_act_quant_active(const pt_wview *W);
  * dots, double accumulation); formats without it: kn_ref_matmul. */
 void kn_ref_matmul_actq(const pt_wview *W, const float *x, int n, float *y);
 
+/* Row-interleaved weights (PT_LAYOUT_R16, quant/qtypes.h; math in src/kernels/r16.c): the
+ * int8-activation layout for PT_Q8_G32 / PT_Q4_G64 that kn_matmul streams at close to memory
+ * bandwidth. kn_r16_available: this CPU has AVX-512 VNNI and PETREL_R16 is not "0" in the
+ * environment (read once); without it callers keep the plain layout (the scalar R16 kernel is
+ * correct but slow). kn_r16_supported: format and shape allow it (rows % 16, cols % group).
+ * kn_r16_repack rewrites W's data and scales IN PLACE (both must be writable) and sets
+ * W->layout; returns 0, or -1 if unsupported or out of memory (W unchanged). kn_matmul and
+ * kn_matmul_many then use int8 activations for W (error as described for kn_set_act_quant);
+ * kn_ref_matmul and pt_dequant_row read the layout exactly. */
+int kn_r16_available(void);
+int kn_r16_supported(const pt_wview *W);
+int kn_r16_repack(pt_wview *W);
+
 /* Several independent matmuls y_k = x_k W_k^T in ONE pool dispatch: the rows of all jobs are
  * split across threads together (e.g. the gate and up projections of all routed experts of a
  * token). Jobs may share x (activations are then prepared once); y buffers must not overlap

@@ -92,6 +92,15 @@ void kn_actq_prep_avx512(int kind, const float *x, int n, int64_t cols, uint8_t 
 void kn_actq_rows_avx512(const pt_wview *W, int64_t r0, int64_t r1, const uint8_t *xq,
                          int64_t xs, int n, float *y);
 
+/* ---- row-interleaved layout (r16.c, r16_avx512.c) ----
+ * Prepared activations: per x row, stride kn_r16_xs(W) bytes: q (cols int8, padded to 64),
+ * d (one f32 per group), bias (one int32 per group: -offset * sum of the group's q). */
+int64_t kn_r16_xs(const pt_wview *W);
+void kn_r16_prep(const pt_wview *W, const float *x, int n, uint8_t *xq);
+/* Rows [r0, r1) (multiples of 16) of y; the reference and its AVX-512 VNNI twin (bitwise equal). */
+void kn_r16_rows_ref(const pt_wview *W, int64_t r0, int64_t r1, const uint8_t *xq, int64_t xs, int n, float *y);
+void kn_r16_rows_avx512(const pt_wview *W, int64_t r0, int64_t r1, const uint8_t *xq, int64_t xs, int n, float *y);
+
 /* ---- transposed product (matmul_t) and helpers, per ISA ---- */
 /* y[i][c] for c in [c0, c1), every i < n: y[i][c] = sum_r x[i][r] W[r][c], r ascending. */
 void kn_ref_matmul_t_cols(const pt_wview *W, int64_t c0, int64_t c1, const float *x, int n,

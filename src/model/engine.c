@@ -22,14 +22,28 @@ static int open_colibri(petrel_engine *e, const char *dir, petrel_error *err) {
     return weights_bind(&e->w, &e->cfg, &ws, err);
 }
 
-/* A petrel pack: config and weights from the one file (resident path: expert views point into
- * the pack's map). */
-static int open_pack(petrel_engine *e, const char *path, petrel_error *err) {
+static void load_progress(uint64_t done, uint64_t total, void *ud) {
+    int *last = ud, pct = total ? (int)(done * 100 / total) : 100;
+    if (pct / 10 == *last / 10 && pct != 100) return;
+    *last = pct;
+    fprintf(stderr, "\rloading weights: %3d%% of %.2f GB", pct, (double)total / 1e9);
+    if (pct == 100) fputc('\n', stderr);
+}
+
+/* A petrel pack: config and weights from the one file. Resident tensors (and, when nothing
+ * streams, the expert records) are copied into huge-page memory first (pack_load_resident). */
+static int open_pack(petrel_engine *e, const char *path, const petrel_open_opts *o, petrel_error *err) {
     PT_TRY(pack_open(path, &e->pack, err));
     PT_TRY(pack_load_config(e->pack, &e->cfg, err));
+    int streaming = o && (o->mem_budget || o->expert_slots), last = -10;
+    uint64_t copied = 0;
+    PT_TRY(pack_load_resident(e->pack, !streaming, &copied, o && o->verbose ? load_progress : NULL, &last, err));
     wsource ws;
     wsource_pack(&ws, e->pack);
-    return weights_bind(&e->w, &e->cfg, &ws, err);
+    PT_TRY(weights_bind(&e->w, &e->cfg, &ws, err));
+    if (e->pack->copy && kn_r16_available()) weights_relayout_r16(&e->w, &e->cfg, e->pack->copy, e->pack->copy + e->pack->file_size);
+    pack_seal(e->pack);
+    return 0;
 }
 
 int petrel_engine_open(const char *path, const petrel_open_opts *opts, petrel_engine **out, petrel_error *err) {
@@ -48,7 +62,7 @@ int petrel_engine_open(const char *path, const petrel_open_opts *opts, petrel_en
         snprintf(dir, sizeof dir, "%s", dirname(tmp));
     }
     int is_pack = !S_ISDIR(st.st_mode) && pack_is_pack(path);
-    int rc = is_pack ? open_pack(e, path, err) : config_load_dir(dir, &e->cfg, err);
+    int rc = is_pack ? open_pack(e, path, opts, err) : config_load_dir(dir, &e->cfg, err);
     if (is_pack) {
         if (rc < 0) pt_err_ctx(err, "%s", path);
     } else if (rc == 0 && S_ISDIR(st.st_mode) && colibri_detect(path)) {

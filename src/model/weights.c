@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "base/err.h"
+#include "kernels/kernels.h"
 
 const char *const weight_kind_names[WK_COUNT] = {"embed_tokens", "lm_head", "norms", "attention (MLA)", "indexer (DSA)",
                                                  "dense MLP", "router", "routed experts", "shared experts", "MTP layer"};
@@ -322,4 +323,22 @@ int weights_bind(model_w *w, const petrel_config *cfg, const wsource *src, petre
 fail:
     weights_deinit(w, cfg);
     return rc;
+}
+
+static void relayout_view(pt_wview *W, const uint8_t *lo, const uint8_t *hi) {
+    if (!W->data || !kn_r16_supported(W)) return;
+    if (lo && (W->data < lo || W->data >= hi || (const uint8_t *)W->scale < lo || (const uint8_t *)W->scale >= hi)) return;
+    kn_r16_repack(W);
+}
+
+void weights_relayout_r16(model_w *w, const petrel_config *c, const uint8_t *lo, const uint8_t *hi) {
+    int L = c->num_hidden_layers;
+    for (int l = 0; l <= L; l++) {
+        layer_w *lw = l < L ? &w->layers[l] : w->has_mtp ? &w->mtp : NULL;
+        if (!lw) continue;
+        pt_wview *v[] = {&lw->q_a_proj, &lw->q_b_proj, &lw->kv_a_proj_with_mqa, &lw->o_proj, &lw->idx_wq_b, &lw->idx_wk,
+                         &lw->gate_proj, &lw->up_proj, &lw->down_proj, &lw->sh_gate, &lw->sh_up, &lw->sh_down};
+        for (size_t k = 0; k < sizeof v / sizeof *v; k++) relayout_view(v[k], lo, hi);
+    }
+    if (w->lm_head.data != w->embed_tokens.data) relayout_view(&w->lm_head, lo, hi);
 }

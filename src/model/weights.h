@@ -77,6 +77,14 @@ int weights_bind(model_w *w, const petrel_config *cfg, const wsource *src, petre
 void weights_deinit(model_w *w, const petrel_config *cfg);
 /* A view of rows [r0, r0 + nr) of W. FP8 block scales are re-expanded to one scale row per row
  * when r0 is not block-aligned (the new array is appended to w->owned). */
+/* Lays matrices that only kn_matmul / kn_matmul_many read out in the row-interleaved
+ * int8-activation layout (kernels.h: kn_r16_repack), in place, where format and shape allow and
+ * both data and scales lie in [lo, hi) (writable memory the caller owns; lo == NULL: anywhere).
+ * Not kv_b_proj (MLA slices it into per-head row views), not the embedding (row lookups) or a
+ * head that shares its bytes, not the router (kept as stored), not routed experts: streamed
+ * records arrive in the stored layout and resident experts must compute bitwise what streamed
+ * ones do. */
+void weights_relayout_r16(model_w *w, const petrel_config *c, const uint8_t *lo, const uint8_t *hi);
 int weights_row_view(model_w *w, const pt_wview *W, int64_t r0, int64_t nr, pt_wview *out, petrel_error *err);
 /* Bytes a view's payload and scales occupy. */
 uint64_t wview_bytes(const pt_wview *W);

@@ -57,7 +57,26 @@ static float scale_at(const pt_wview *W, int64_t i) {
     }
 }
 
+/* Row r of a PT_LAYOUT_R16 view (qtypes.h). */
+static void dequant_row_r16(const pt_wview *W, int64_t r, float *out) {
+    const int64_t b = r / 16, i = r % 16, n = W->cols, ng = W->scale_cols;
+    const uint8_t *blk = W->data + b * 16 * W->row_bytes;
+    if (W->qtype == PT_Q8_G32) {
+        for (int64_t j = 0; j < n; j++) {
+            int64_t g = j / 32, k = (j % 32) / 4, t = j % 4;
+            out[j] = (float)((int)blk[g * 512 + k * 64 + i * 4 + t] - 128) * scale_at(W, (b * ng + g) * 16 + i);
+        }
+    } else {
+        for (int64_t j = 0; j < n; j++) {
+            int64_t g = j / 64, u = j % 64, k = u / 8, t = u % 4, hi = (u % 8) / 4;
+            int nib = (blk[g * 512 + k * 64 + i * 4 + t] >> (hi * 4)) & 0xf;
+            out[j] = (float)(nib - 8) * scale_at(W, (b * ng + g) * 16 + i);
+        }
+    }
+}
+
 void pt_dequant_row(const pt_wview *W, int64_t r, float *out) {
+    if (W->layout == PT_LAYOUT_R16) { dequant_row_r16(W, r, out); return; }
     const uint8_t *row = W->data + r * W->row_bytes;
     int64_t n = W->cols;
     switch (W->qtype) {

@@ -30,7 +30,21 @@ typedef struct pt_wview {
     int scale_dtype;       /* PT_F32 / PT_BF16 / PT_F16 for the scales */
     int block_rows, block_cols; /* FP8 block shape; group size for grouped formats (block_cols) */
     int64_t scale_cols;    /* scales per row-block (FP8) or per row (grouped) */
+    int layout;            /* PT_LAYOUT_PLAIN, or PT_LAYOUT_R16 (below) */
 } pt_wview;
+
+/* Layouts. PT_LAYOUT_PLAIN: row r at data + r * row_bytes, as described above.
+ * PT_LAYOUT_R16 (PT_Q8_G32 and PT_Q4_G64 only; rows % 16 == 0, cols % group == 0, made in
+ * place by kn_r16_repack for the int8-activation kernels): 16 rows interleaved so that one
+ * 64-byte load holds 4 bytes of each of 16 rows. Block b (rows 16b..16b+15) fills bytes
+ * [16 b row_bytes, 16 (b+1) row_bytes); in it, group g (32 or 64 columns) is 512 bytes at g * 512,
+ * made of 8 chunks of 64 bytes; in chunk k, bytes [4 i, 4 i + 4) belong to row 16b + i:
+ *   q8_g32: byte t = w[32 g + 4 k + t] + 128 (unsigned),
+ *   q4_g64: byte t = (w[c + t] + 8) | (w[c + 4 + t] + 8) << 4, c = 64 g + 8 k.
+ * Scales keep their dtype and count; scale (b * scale_cols + g) * 16 + i is row 16b+i's scale for
+ * group g. pt_dequant_row and the reference kernels read both layouts. */
+#define PT_LAYOUT_PLAIN 0
+#define PT_LAYOUT_R16 1
 
 const char *pt_qtype_name(pt_qtype t);
 

@@ -1,0 +1,121 @@
+/* r16.c: the row-interleaved layout PT_LAYOUT_R16 (quant/qtypes.h) for PT_Q8_G32 and PT_Q4_G64:
+ * in-place repacking, activation preparation, and the scalar kernel that defines the math the
+ * AVX-512 VNNI kernel (r16_avx512.c) reproduces bit for bit.
+ *
+ * Why: decode reads every weight once per token, so a matmul should be one sequential stream
+ * with almost no arithmetic per byte. In the plain layout each row is a separate dot product
+ * (per 16 weights: widen, convert, scale, fma; then a horizontal sum per row). In R16 one
+ * 64-byte load holds 4 columns of 16 rows and one vpdpbusd multiplies them with 4 int8
+ * activations broadcast to all lanes: 16 rows advance at once, lanes never need reducing, and a
+ * group (512 bytes) costs 8 vpdpbusd + one convert and one fma.
+ *
+ * Math (the same activation quantization as kn_actq_*, kn_internal.h): each x row is quantized
+ * per weight group (32 columns for q8, 64 for q4): d_g = max|x_g| / 127, q = round(x / d_g).
+ * Per row and group the integer dot I_g = sum (u_j - off) q_j is exact (u = stored unsigned
+ * byte or nibble, off = 128 or 8, folded in as the start value bias_g = -off * sum q_j), then
+ *     acc = fmaf((float)I_g, s_g * d_g, acc)      for g ascending, acc starting at 0,
+ * with s_g the row's weight scale. |I_g| < 2^24, so the convert is exact; per row the order
+ * is fixed, so results do not depend on n, batching or threads. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/kernels.h"
+#include "kernels/kn_internal.h"
+
+static int r16_group(const pt_wview *W) { return W->qtype == PT_Q8_G32 ? 32 : 64; }
+
+int kn_r16_supported(const pt_wview *W) {
+    if (W->layout != PT_LAYOUT_PLAIN || (W->qtype != PT_Q8_G32 && W->qtype != PT_Q4_G64) || !W->scale) return 0;
+    int g = r16_group(W);
+    return W->rows > 0 && W->rows % 16 == 0 && W->cols > 0 && W->cols % g == 0 && W->scale_cols == W->cols / g &&
+           W->row_bytes == (W->qtype == PT_Q8_G32 ? W->cols : W->cols / 2) &&
+           (W->scale_dtype == PT_BF16 || W->scale_dtype == PT_F16 || W->scale_dtype == PT_F32);
+}
+
+int kn_r16_repack(pt_wview *W) {
+    if (!kn_r16_supported(W)) return -1;
+    const int64_t rb = W->row_bytes, ng = W->scale_cols, blk = 16 * rb;
+    const size_t es = W->scale_dtype == PT_F32 ? 4 : 2;
+    uint8_t *tmp = malloc((size_t)blk + (size_t)(16 * ng) * es);
+    if (!tmp) return -1;
+    uint8_t *data = (uint8_t *)W->data, *sc = (uint8_t *)W->scale, *tsc = tmp + blk;
+    for (int64_t b = 0; b < W->rows / 16; b++) {
+        uint8_t *d = data + b * blk, *s = sc + (size_t)(b * 16 * ng) * es;
+        memcpy(tmp, d, (size_t)blk);
+        memcpy(tsc, s, (size_t)(16 * ng) * es);
+        for (int64_t g = 0; g < ng; g++)
+            for (int k = 0; k < 8; k++)
+                for (int i = 0; i < 16; i++)
+                    for (int t = 0; t < 4; t++) {
+                        const uint8_t *row = tmp + i * rb;
+                        uint8_t v;
+                        if (W->qtype == PT_Q8_G32) v = (uint8_t)(row[32 * g + 4 * k + t] ^ 0x80); /* w + 128 */
+                        else {
+                            int64_t c0 = 64 * g + 8 * k + t, c1 = c0 + 4; /* plain: even column low */
+                            uint8_t n0 = (row[c0 >> 1] >> ((c0 & 1) * 4)) & 15, n1 = (row[c1 >> 1] >> ((c1 & 1) * 4)) & 15;
+                            v = (uint8_t)(n0 | n1 << 4);
+                        }
+                        d[g * 512 + k * 64 + i * 4 + t] = v;
+                    }
+        for (int64_t g = 0; g < ng; g++)
+            for (int i = 0; i < 16; i++) memcpy(s + (size_t)(g * 16 + i) * es, tsc + (size_t)(i * ng + g) * es, es);
+    }
+    free(tmp);
+    W->layout = PT_LAYOUT_R16;
+    return 0;
+}
+
+/* Prepared row: [q: cols int8, padded to 64][d: ng f32, padded to 64][bias: ng int32, padded]. */
+int64_t kn_r16_xs(const pt_wview *W) {
+    int64_t ng = W->cols / r16_group(W);
+    return (W->cols + 63) / 64 * 64 + 2 * ((ng * 4 + 63) / 64 * 64);
+}
+
+void kn_r16_prep(const pt_wview *W, const float *x, int n, uint8_t *xq) {
+    const int g = r16_group(W), off = W->qtype == PT_Q8_G32 ? 128 : 8;
+    const int64_t cols = W->cols, ng = cols / g, xs = kn_r16_xs(W), qb = (cols + 63) / 64 * 64,
+                  fb = (ng * 4 + 63) / 64 * 64;
+    for (int i = 0; i < n; i++) {
+        uint8_t *row = xq + i * xs;
+        int8_t *q = (int8_t *)row;
+        float *d = (float *)(row + qb);
+        int32_t *bias = (int32_t *)(row + qb + fb);
+        kn_actq_quant_row(x + (int64_t)i * cols, cols, g, q, d);
+        memset(q + cols, 0, (size_t)(qb - cols));
+        for (int64_t gi = 0; gi < ng; gi++) {
+            int32_t sum = 0;
+            for (int j = 0; j < g; j++) sum += q[gi * g + j];
+            bias[gi] = -off * sum;
+        }
+    }
+}
+
+static float r16_scale(const pt_wview *W, int64_t i) { return kn_scale_at(W, i); }
+
+void kn_r16_rows_ref(const pt_wview *W, int64_t r0, int64_t r1, const uint8_t *xq, int64_t xs, int n, float *y) {
+    const int g = r16_group(W), q4 = W->qtype == PT_Q4_G64;
+    const int64_t cols = W->cols, ng = cols / g, qb = (cols + 63) / 64 * 64, fb = (ng * 4 + 63) / 64 * 64;
+    for (int64_t r = r0; r < r1; r++) {
+        const int64_t b = r / 16, i = r % 16;
+        const uint8_t *blk = W->data + b * 16 * W->row_bytes;
+        for (int a = 0; a < n; a++) {
+            const uint8_t *row = xq + a * xs;
+            const int8_t *q = (const int8_t *)row;
+            const float *d = (const float *)(row + qb);
+            const int32_t *bias = (const int32_t *)(row + qb + fb);
+            float acc = 0.f;
+            for (int64_t gi = 0; gi < ng; gi++) {
+                int32_t I = bias[gi];
+                for (int k = 0; k < 8; k++)
+                    for (int t = 0; t < 4; t++) {
+                        uint8_t u = blk[gi * 512 + k * 64 + i * 4 + t];
+                        if (!q4) I += (int32_t)u * q[gi * 32 + 4 * k + t];
+                        else I += (int32_t)(u & 15) * q[gi * 64 + 8 * k + t] + (int32_t)(u >> 4) * q[gi * 64 + 8 * k + 4 + t];
+                    }
+                float c = r16_scale(W, (b * ng + gi) * 16 + i) * d[gi];
+                acc = __builtin_fmaf((float)I, c, acc);
+            }
+            y[(int64_t)a * W->rows + r] = acc;
+        }
+    }
+}

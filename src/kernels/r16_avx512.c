@@ -1,0 +1,98 @@
+/* r16_avx512.c: the PT_LAYOUT_R16 matmul with AVX-512 VNNI (math and layout: r16.c,
+ * quant/qtypes.h). One zmm lane per weight row, 16 rows per block; per group of a block and per
+ * activation: 8 vpdpbusd (q4: 16, after splitting nibbles) into an int32 accumulator that starts
+ * at the group's bias, one convert, one multiply (scales x d) and one fma. The activation dword
+ * is a broadcast memory operand. Blocks are walked in address order, so a task streams one
+ * contiguous range of weights; for n > 1 a block (16 rows) is reused from L1/L2 for every
+ * group of up to 4 activations. Bitwise equal to kn_r16_rows_ref. */
+#include <immintrin.h>
+#include <string.h>
+
+#include "kernels/kn_internal.h"
+
+#define AI static inline __attribute__((always_inline))
+
+/* The 16 scales of (block, group) as f32. */
+AI __m512 scales16(const pt_wview *W, int64_t idx) {
+    if (W->scale_dtype == PT_BF16) {
+        __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)W->scale + idx));
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+    if (W->scale_dtype == PT_F16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)W->scale + idx)));
+    return _mm512_loadu_ps((const float *)W->scale + idx);
+}
+
+AI void block(const int Q4, const int B, const pt_wview *W, int64_t b, const uint8_t *xq, int64_t xs, int i0, float *y) {
+    const int g = Q4 ? 64 : 32;
+    const int64_t cols = W->cols, ng = cols / g, qb = (cols + 63) / 64 * 64, fb = (ng * 4 + 63) / 64 * 64;
+    const uint8_t *blk = W->data + b * 16 * W->row_bytes;
+    const uint8_t *xr[4];
+    const float *d[4];
+    const int32_t *bias[4];
+    __m512 acc[4];
+#pragma GCC unroll 4
+    for (int a = 0; a < B; a++) {
+        xr[a] = xq + (int64_t)(i0 + a) * xs;
+        d[a] = (const float *)(xr[a] + qb);
+        bias[a] = (const int32_t *)(xr[a] + qb + fb);
+        acc[a] = _mm512_setzero_ps();
+    }
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    for (int64_t gi = 0; gi < ng; gi++) {
+        const uint8_t *wg = blk + gi * 512;
+        _mm_prefetch((const char *)wg + 4096, _MM_HINT_T0);
+        _mm_prefetch((const char *)wg + 4096 + 256, _MM_HINT_T0);
+        __m512i ia[4], ib[4];
+#pragma GCC unroll 4
+        for (int a = 0; a < B; a++) {
+            ia[a] = _mm512_set1_epi32(bias[a][gi]);
+            ib[a] = _mm512_setzero_si512();
+        }
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) {
+            __m512i wv = _mm512_loadu_si512((const void *)(wg + k * 64));
+            if (!Q4) {
+#pragma GCC unroll 4
+                for (int a = 0; a < B; a++) {
+                    int32_t xv;
+                    memcpy(&xv, xr[a] + gi * 32 + 4 * k, 4);
+                    if (k & 1) ib[a] = _mm512_dpbusd_epi32(ib[a], wv, _mm512_set1_epi32(xv));
+                    else ia[a] = _mm512_dpbusd_epi32(ia[a], wv, _mm512_set1_epi32(xv));
+                }
+            } else {
+                __m512i lo = _mm512_and_si512(wv, m4), hi = _mm512_and_si512(_mm512_srli_epi16(wv, 4), m4);
+#pragma GCC unroll 4
+                for (int a = 0; a < B; a++) {
+                    int32_t x0, x1;
+                    memcpy(&x0, xr[a] + gi * 64 + 8 * k, 4);
+                    memcpy(&x1, xr[a] + gi * 64 + 8 * k + 4, 4);
+                    ia[a] = _mm512_dpbusd_epi32(ia[a], lo, _mm512_set1_epi32(x0));
+                    ib[a] = _mm512_dpbusd_epi32(ib[a], hi, _mm512_set1_epi32(x1));
+                }
+            }
+        }
+        __m512 s = scales16(W, (b * ng + gi) * 16);
+#pragma GCC unroll 4
+        for (int a = 0; a < B; a++) {
+            __m512 f = _mm512_cvtepi32_ps(_mm512_add_epi32(ia[a], ib[a]));
+            acc[a] = _mm512_fmadd_ps(f, _mm512_mul_ps(s, _mm512_set1_ps(d[a][gi])), acc[a]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int a = 0; a < B; a++) _mm512_storeu_ps(y + (int64_t)(i0 + a) * W->rows + b * 16, acc[a]);
+}
+
+AI void rows_q(const int Q4, const pt_wview *W, int64_t r0, int64_t r1, const uint8_t *xq, int64_t xs, int n, float *y) {
+    for (int64_t b = r0 / 16; b < r1 / 16; b++)
+        for (int i0 = 0; i0 < n; i0 += 4) switch (n - i0 < 4 ? n - i0 : 4) {
+            case 4: block(Q4, 4, W, b, xq, xs, i0, y); break;
+            case 3: block(Q4, 3, W, b, xq, xs, i0, y); break;
+            case 2: block(Q4, 2, W, b, xq, xs, i0, y); break;
+            default: block(Q4, 1, W, b, xq, xs, i0, y); break;
+            }
+}
+
+void kn_r16_rows_avx512(const pt_wview *W, int64_t r0, int64_t r1, const uint8_t *xq, int64_t xs, int n, float *y) {
+    if (W->qtype == PT_Q4_G64) rows_q(1, W, r0, r1, xq, xs, n, y);
+    else rows_q(0, W, r0, r1, xq, xs, n, y);
+}
