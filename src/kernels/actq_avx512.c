@@ -322,10 +322,40 @@ AI void t_tile(const int F, const int B, const pt_wview *W, int64_t c0, int64_t 
             _mm512_mask_storeu_ps(y + (int64_t)(i0 + b) * W->cols + c0 + u * 16, m[u], acc[u][b]);
 }
 
+/* The decode case of the MLA absorption (W_UK^T q per head, n = 1, q8_g32, whole 64-column
+ * tiles): the same arithmetic as t_tile (w = q * s rounded, then fma(x, w, acc), r ascending)
+ * with the four accumulators in registers and one scale load per 32 columns. */
+static void t_tile_q8g_1(const pt_wview *W, int64_t c0, const float *x, float *y) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    const int64_t g0 = c0 / 32;
+    for (int64_t r = 0; r < W->rows; r++) {
+        const uint8_t *p = W->data + r * W->row_bytes + c0;
+        const int64_t si = r * W->scale_cols + g0;
+        __m512 s0 = _mm512_set1_ps(kn_scale_at(W, si)), s1 = _mm512_set1_ps(kn_scale_at(W, si + 1));
+        __m512 xb = _mm512_set1_ps(x[r]);
+        __m512 w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p))), s0);
+        __m512 w1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 16)))), s0);
+        __m512 w2 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 32)))), s1);
+        __m512 w3 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 48)))), s1);
+        a0 = _mm512_fmadd_ps(xb, w0, a0);
+        a1 = _mm512_fmadd_ps(xb, w1, a1);
+        a2 = _mm512_fmadd_ps(xb, w2, a2);
+        a3 = _mm512_fmadd_ps(xb, w3, a3);
+    }
+    _mm512_storeu_ps(y + c0, a0);
+    _mm512_storeu_ps(y + c0 + 16, a1);
+    _mm512_storeu_ps(y + c0 + 32, a2);
+    _mm512_storeu_ps(y + c0 + 48, a3);
+}
+
 AI void t_cols(const int F, const pt_wview *W, int64_t c0, int64_t c1, const float *x, int n,
                float *y) {
     for (int64_t c = c0; c < c1; c += 64)
         for (int i0 = 0; i0 < n; i0 += 4) {
+            if (F == T_Q8G && n == 1 && c + 64 <= c1 && c % 32 == 0) {
+                t_tile_q8g_1(W, c, x, y);
+                continue;
+            }
             int B = n - i0 < 4 ? n - i0 : 4;
             switch (B) {
             case 4: t_tile(F, 4, W, c, c1, x, i0, y); break;

@@ -77,11 +77,10 @@ static int absorbed(petrel_session *s, int l, const layer_w *lw, const float *q,
     float *qpe = ar_alloc(&s->ar, sizeof(float) * (size_t)NH * Dr);
     float *cg = ar_alloc(&s->ar, sizeof(float) * (size_t)maxn * Rkv);
     float *pg = ar_alloc(&s->ar, sizeof(float) * (size_t)maxn * Dr);
-    float *cgt = ar_alloc(&s->ar, sizeof(float) * (size_t)maxn * Rkv);
     float *sc = ar_alloc(&s->ar, sizeof(float) * (size_t)NH * maxn);
     float *sp = ar_alloc(&s->ar, sizeof(float) * (size_t)NH * maxn);
     float *lat = ar_alloc(&s->ar, sizeof(float) * (size_t)NH * Rkv);
-    if (!qt || !qpe || !cg || !pg || !cgt || !sc || !sp || !lat) return pt_err(err, PETREL_ENOMEM, "attention scratch exhausted (layer %d)", l);
+    if (!qt || !qpe || !cg || !pg || !sc || !sp || !lat) return pt_err(err, PETREL_ENOMEM, "attention scratch exhausted (layer %d)", l);
     (void)N;
     for (int r = 0; r < T; r++) {
         const float *qr = q + (size_t)r * NH * Dqk;
@@ -109,11 +108,8 @@ static int absorbed(petrel_session *s, int l, const layer_w *lw, const float *q,
             for (int i = 0; i < n; i++) row[i] = scale * (row[i] + rp[i]);
             kn_softmax(row, n);
         }
-        /* lat[h] = sum_i p[h][i] c_i  ==  sc (NH x n) times C (n x Rkv): matmul with C^T as W */
-        for (int i = 0; i < n; i++)
-            for (int k = 0; k < Rkv; k++) cgt[(size_t)k * n + i] = C[(size_t)i * Rkv + k];
-        pt_wview vct = f32_view(cgt, Rkv, n);
-        kn_matmul(&vct, sc, NH, lat);
+        /* lat[h] = sum_i p[h][i] c_i: the transposed product over the cached rows */
+        kn_matmul_t(&vc, sc, NH, lat);
         uv_job vj = {lw, lat, out + (size_t)r * NH * Dv, Rkv, Dv};
         pool_run(kn_pool(), NH, uv_task, &vj);
     }
