@@ -11,6 +11,7 @@
  * Dispatch: us per kn_matmul on a tiny matrix (pool fan-out + activation prep), and one token's
  * routed experts (8 x gate/up [2048 x 6144] then 8 x down [6144 x 2048], q4) as 24 kn_matmul
  * calls vs 2 kn_matmul_many calls.
+ * BENCH_R16=1: decode on weights repacked to the row-interleaved layout (PT_LAYOUT_R16).
  * Env: BENCH_ONLY=decode|prefill|dispatch, BENCH_ISA=avx2|scalar, BENCH_ACTQ=0|1 (int8
  * activations: 0 off, 1 q4, 2 q4+q8 (default here)), BENCH_Q=q4_g64,... (formats to run). */
 #include <immintrin.h>
@@ -110,8 +111,10 @@ static void bench_decode(pt_qtype q, int64_t rows, int64_t cols, double floor_gb
     for (int i = 1; i < copies; i++) ms[i] = make_mat(q, rows, cols);
     float *x = malloc((size_t)cols * 4), *y = malloc((size_t)rows * 4);
     for (int64_t j = 0; j < cols; j++) x[j] = (float)(rnd() % 1000) / 1000.f - 0.5f;
+    int r16 = getenv("BENCH_R16") && kn_r16_available() && kn_r16_supported(&ms[0].v);
+    if (r16) for (int i = 0; i < copies; i++) kn_r16_repack(&ms[i].v);
     for (int i = 0; i < copies; i++) kn_matmul(&ms[i].v, x, 1, y); /* warm-up, page-in */
-    int user = kn_act_quant(), ab = user && kn_act_quant_active(&probe.v);
+    int user = kn_act_quant(), ab = !r16 && user && kn_act_quant_active(&probe.v);
     double best[2] = {0, 0};
     for (int rep = 0; rep < 12; rep++)
         for (int m = 0; m <= ab; m++) {
@@ -130,7 +133,7 @@ static void bench_decode(pt_qtype q, int64_t rows, int64_t cols, double floor_gb
            pt_qtype_name(q), (long long)rows, (long long)cols, probe.bytes / 1e6, copies, best[0],
            probe.bytes / best[0] / 1e3, floor_gbs / best[0]);
     if (ab) printf("   (f32 act: %6.2f GB/s %.2fx)", best[1], floor_gbs / best[1]);
-    printf("%s\n", ab ? "  int8 act" : "");
+    printf("%s\n", ab ? "  int8 act" : r16 ? "  r16 (int8 act)" : "");
     for (int i = 0; i < copies; i++) { free(ms[i].data); free(ms[i].scale); }
     free(ms); free(x); free(y);
 }

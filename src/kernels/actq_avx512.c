@@ -328,8 +328,13 @@ AI void t_tile(const int F, const int B, const pt_wview *W, int64_t c0, int64_t 
 static void t_tile_q8g_1(const pt_wview *W, int64_t c0, const float *x, float *y) {
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     const int64_t g0 = c0 / 32;
+    /* the first tile pulls whole rows (a few ahead) into L2, so the later tiles of the same rows
+     * hit the cache instead of each walking memory with a stride of one row */
+    const int pull = c0 == 0;
     for (int64_t r = 0; r < W->rows; r++) {
         const uint8_t *p = W->data + r * W->row_bytes + c0;
+        if (pull && r + 16 < W->rows)
+            for (int64_t b = 0; b < W->row_bytes; b += 64) _mm_prefetch((const char *)W->data + (r + 16) * W->row_bytes + b, _MM_HINT_T1);
         const int64_t si = r * W->scale_cols + g0;
         __m512 s0 = _mm512_set1_ps(kn_scale_at(W, si)), s1 = _mm512_set1_ps(kn_scale_at(W, si + 1));
         __m512 xb = _mm512_set1_ps(x[r]);

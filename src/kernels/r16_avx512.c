@@ -12,6 +12,7 @@
 
 #define AI static inline __attribute__((always_inline))
 
+
 /* The 16 scales of (block, group) as f32. */
 AI __m512 scales16(const pt_wview *W, int64_t idx) {
     if (W->scale_dtype == PT_BF16) {

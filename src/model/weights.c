@@ -339,6 +339,12 @@ void weights_relayout_r16(model_w *w, const petrel_config *c, const uint8_t *lo,
         pt_wview *v[] = {&lw->q_a_proj, &lw->q_b_proj, &lw->kv_a_proj_with_mqa, &lw->o_proj, &lw->idx_wq_b, &lw->idx_wk,
                          &lw->gate_proj, &lw->up_proj, &lw->down_proj, &lw->sh_gate, &lw->sh_up, &lw->sh_down};
         for (size_t k = 0; k < sizeof v / sizeof *v; k++) relayout_view(v[k], lo, hi);
+        /* W_UV's rows of kv_b_proj (per head, kn_matmul only; R16 blocks are self-contained,
+         * so a view starting at a multiple of 16 rows can be laid out on its own) */
+        if (lw->w_uv)
+            for (int h = 0; h < c->num_attention_heads; h++)
+                if (((lw->w_uv[h].data - lw->kv_b_proj.data) / (lw->kv_b_proj.row_bytes ? lw->kv_b_proj.row_bytes : 1)) % 16 == 0)
+                    relayout_view(&lw->w_uv[h], lo, hi);
     }
     if (w->lm_head.data != w->embed_tokens.data) relayout_view(&w->lm_head, lo, hi);
 }

@@ -80,7 +80,8 @@ void weights_deinit(model_w *w, const petrel_config *cfg);
 /* Lays matrices that only kn_matmul / kn_matmul_many read out in the row-interleaved
  * int8-activation layout (kernels.h: kn_r16_repack), in place, where format and shape allow and
  * both data and scales lie in [lo, hi) (writable memory the caller owns; lo == NULL: anywhere).
- * Not kv_b_proj (MLA slices it into per-head row views), not the embedding (row lookups) or a
+ * Not kv_b_proj as a whole (MLA reads W_UK's rows transposed; W_UV's rows, used by kn_matmul
+ * only, are laid out head by head when they start at a multiple of 16 rows), not the embedding (row lookups) or a
  * head that shares its bytes, not the router (kept as stored), not routed experts: streamed
  * records arrive in the stored layout and resident experts must compute bitwise what streamed
  * ones do. */
