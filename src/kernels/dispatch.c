@@ -26,8 +26,8 @@ enum { ISA_SCALAR, ISA_AVX2, ISA_AVX512 };
 static pthread_once_t detect_once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
 static int best_isa = ISA_SCALAR, cur_isa = ISA_SCALAR, has_vnni;
-/* int8 activations where the CPU has AVX-512 VNNI: 0 off (default), 1 q4_g64, 2 q4_g64 + q8 */
-static int g_actq = 0;
+/* int8 activations where the CPU has AVX-512 VNNI: 0 off, 1 q4_g64 (default), 2 q4_g64 + q8 */
+static int g_actq = 1;
 static int g_r16 = 1; /* PETREL_R16=0 turns the row-interleaved layout off */
 static pt_pool *g_pool;
 static int g_threads;

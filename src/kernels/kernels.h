@@ -22,7 +22,7 @@ struct pt_pool;
 void kn_matmul(const pt_wview *W, const float *x, int n, float *y);
 void kn_ref_matmul(const pt_wview *W, const float *x, int n, float *y);
 
-/* Int8 activations (default OFF). kn_set_act_quant(1): kn_matmul / kn_matmul_many on PT_Q4_G64
+/* Int8 activations for plain-layout weights (default 1: q4 only). kn_set_act_quant(1): kn_matmul / kn_matmul_many on PT_Q4_G64
  * weights, (2): also PT_Q8_G32 and PT_Q8_ROW, where the CPU has AVX-512 VNNI. Each x row is
  * quantized once per call to int8 per group of 64 (q4) or 32 (q8) columns, d = max|x_g| / 127,
  * q = round(x / d), and the dots run in exact integer arithmetic (vpdpbusd) scaled per group.
@@ -30,7 +30,8 @@ void kn_ref_matmul(const pt_wview *W, const float *x, int n, float *y);
  * |y - y_f32| <= sum_j |w_j| max|x_g(j)| / 254; measured ~0.4 % of |y| (rms) on uniform random
  * x (bench/KERNELS.md). Rows stay bitwise independent of n, batching and threads. Other formats,
  * CPUs without VNNI, kn_force_isa "avx2"/"scalar": always exact f32 activations. The default
- * comes from the environment, PETREL_ACT_QUANT=0|1|2 (read once), else 0. Not thread-safe
+ * comes from the environment, PETREL_ACT_QUANT=0|1|2 (read once), else 1 (q4, where the
+ * routed experts are: R16 matrices use int8 activations anyway, so plain q4 experts match). Not thread-safe
  * against running kernels. kn_act_quant_active(W): would kn_matmul(W) quantize x? */
 void kn_set_act_quant(int mode);
 int kn_act_quant(void);
