@@ -98,6 +98,31 @@ static int run_experts(petrel_session *s, const int32_t *ids, int n, const exper
                        int T, float *yk, float *xs, float *ys, int32_t *slot, petrel_error *err) {
     const petrel_config *c = &s->eng->cfg;
     int K = c->num_experts_per_tok, H = c->hidden_size;
+    if (T == 1 && n > 1 && n <= 32) { /* decode: all experts in two pool dispatches */
+        int64_t I = v[0].g->rows;
+        size_t mark = s->ar.used;
+        float *gb = ar_alloc(&s->ar, sizeof(float) * (size_t)(n * I)), *ub = ar_alloc(&s->ar, sizeof(float) * (size_t)(n * I));
+        float *yo = ar_alloc(&s->ar, sizeof(float) * (size_t)n * H);
+        int ok = gb && ub && yo;
+        for (int i = 0; i < n && ok; i++) ok = v[i].g->rows == I && v[i].u->rows == I && v[i].d->cols == I;
+        if (ok) {
+            kn_job jobs[64];
+            for (int i = 0; i < n; i++) {
+                jobs[2 * i] = (kn_job){v[i].g, x, 1, gb + (size_t)i * I};
+                jobs[2 * i + 1] = (kn_job){v[i].u, x, 1, ub + (size_t)i * I};
+            }
+            kn_matmul_many(jobs, 2 * n);
+            kn_silu_mul(gb, gb, ub, (int64_t)n * I);
+            for (int i = 0; i < n; i++) jobs[i] = (kn_job){v[i].d, gb + (size_t)i * I, 1, yo + (size_t)i * H};
+            kn_matmul_many(jobs, n);
+            for (int i = 0; i < n; i++) /* each expert appears once among a row's K choices */
+                for (int k = 0; k < K; k++)
+                    if (idx[k] == ids[i]) memcpy(yk + (size_t)k * H, yo + (size_t)i * H, sizeof(float) * (size_t)H);
+            s->ar.used = mark;
+            return 0;
+        }
+        s->ar.used = mark;
+    }
     for (int i = 0; i < n; i++) {
         int e = ids[i], m = 0;
         for (int r = 0; r < T; r++)
