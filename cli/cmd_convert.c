@@ -19,12 +19,22 @@ static const char *usage =
     "  --mtp Q          the MTP layer (default q8 when --quant q4: int4 breaks drafting)\n"
     "  Q is one of f32, bf16, q8 (int8 / 32 columns), q8row (int8 / row), q4 (int4 / 64 columns).\n"
     "  Norms, biases and the router are always f32.\n"
+    "  --expert-layout L  r16 (default): q8/q4 routed experts stored 16 rows interleaved, the layout\n"
+    "                   of the AVX-512 VNNI kernels (same bytes, read with one stream); plain: row by\n"
+    "                   row (for CPUs without AVX-512 VNNI, which run r16 with a slow scalar kernel)\n"
     "  --threads N      conversion threads (default: all cores)\n"
     "  --quiet          no progress lines\n";
 
 /* Consumes a quant option (--quant or a class override); 1 consumed, 0 not one, -1 bad value. */
 int cli_quant_opt(int argc, char **argv, int *i, convert_opts *o) {
     const char *a = argv[*i];
+    if (!strcmp(a, "--expert-layout")) {
+        if (*i + 1 >= argc) { cli_fail("%s needs a value", a); return -1; }
+        const char *v = argv[++*i];
+        if (strcmp(v, "r16") && strcmp(v, "plain")) { cli_fail("%s: \"%s\" is not r16 or plain", a, v); return -1; }
+        o->expert_plain = !strcmp(v, "plain");
+        return 1;
+    }
     int cls = -2;
     if (!strcmp(a, "--quant")) cls = -1;
     for (int k = 0; k < CV_CLASS_COUNT; k++) {

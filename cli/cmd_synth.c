@@ -12,6 +12,7 @@ static const char *usage =
     "usage: petrel synth --shape glm5.2 --dense-layers N --moe-layers M --out PACK [options]\n"
     "Writes a pack with GLM-5.2 layer shapes and random weights (uniform, std 1/sqrt(fan_in)).\n"
     "  --quant Q / --experts Q / --attention Q / --dense Q / --embed Q / --mtp Q  as in convert\n"
+    "  --expert-layout r16|plain  as in convert (default r16)\n"
     "                   (default: experts q4, everything else q8)\n"
     "  --seed S         random seed (default 1)\n"
     "  --with-mtp       also write the MTP layer\n"

@@ -149,6 +149,16 @@ TEST(pack, q8_equals_quantized_views) {
     CHECK(weights_bind(&ref->w, &ref->cfg, &qws, &err) == 0);
     /* the engine lays a pack's resident q8 matrices out for int8 activations: do the same */
     if (kn_r16_available()) weights_relayout_r16(&ref->w, &ref->cfg, NULL, NULL);
+    /* and stores routed experts row-interleaved: lay the reference's out wherever the pack's are */
+    for (int l = 0; l < ref->cfg.num_hidden_layers; l++) {
+        layer_w *rl = &ref->w.layers[l], *pl = &pk->w.layers[l];
+        if (!rl->is_moe) continue;
+        for (int x = 0; x < ref->cfg.n_routed_experts; x++) {
+            pt_wview *rv[3] = {&rl->exp_gate[x], &rl->exp_up[x], &rl->exp_down[x]}, *pv[3] = {&pl->exp_gate[x], &pl->exp_up[x], &pl->exp_down[x]};
+            for (int k = 0; k < 3; k++)
+                if (pv[k]->layout == PT_LAYOUT_R16) CHECK(kn_r16_repack(rv[k]) == 0);
+        }
+    }
     int32_t ids[7] = {5, 17, 300, 42, 7, 999, 3};
     float *a = run_logits(pk, ids, 7), *b = run_logits(ref, ids, 7);
     if (a && b) CHECK_MSG(!memcmp(a, b, sizeof(float) * 7 * (size_t)pk->cfg.vocab_size), "q8 pack logits differ from quantized-view logits");
@@ -421,4 +431,75 @@ TEST(pack, synth_small_runs) {
     CHECK(c.hidden_size == 6144 && c.layer_indexer_full[2] && !c.layer_indexer_full[3] && c.layer_indexer_full[6] && c.layer_is_moe[3] && !c.layer_is_moe[2]);
     config_deinit(&c);
     free(cj);
+}
+
+/* ---- expert layout ---- */
+
+TEST(pack, expert_layout_r16_vs_plain) {
+    const char *a = tmp("tiny-r16.pack"), *b = tmp("tiny-plain.pack");
+    if (convert_to("tiny", a, CVQ_Q4, 0, NULL)) return;
+    convert_opts o = {0};
+    o.quant = CVQ_Q4;
+    o.expert_plain = 1;
+    convert_result r;
+    petrel_error err = {0};
+    CHECK_MSG(convert_hf(test_data("tiny"), b, &o, &r, &err) == 0, "%s", err.msg);
+    pack *p = NULL, *q = NULL;
+    CHECK(pack_open(a, &p, &err) == 0 && pack_open(b, &q, &err) == 0);
+    int n_r16 = 0, n_plain_b = 0;
+    for (int i = 0; p && q && i < p->n_elayers; i++)
+        for (int k = 0; k < 3; k++) {
+            const pack_tensor *t = &p->elayers[i].part[k];
+            n_r16 += t->layout == PT_LAYOUT_R16;
+            CHECK(t->layout == (pack_r16_ok(t->qtype, t->rows, t->cols, t->scale_dtype) ? PT_LAYOUT_R16 : PT_LAYOUT_PLAIN));
+            n_plain_b += q->elayers[i].part[k].layout == PT_LAYOUT_PLAIN;
+        }
+    CHECK(n_r16 > 0);                          /* the tiny shapes allow it for some parts */
+    CHECK(q && n_plain_b == 3 * q->n_elayers);
+    if (p) CHECK(pack_verify(p, &err) == 0);    /* checksums cover the laid-out bytes */
+    pack_close(p);
+    pack_close(q);
+    /* the same weights either way: dequantized rows are equal, logits agree to f32 rounding */
+    petrel_engine *ea = open_eng(a), *eb = open_eng(b);
+    if (!ea || !eb) { petrel_engine_close(ea); petrel_engine_close(eb); return; }
+    for (int l = 0; l < ea->cfg.num_hidden_layers; l++) {
+        if (!ea->w.layers[l].is_moe) continue;
+        const pt_wview *va = &ea->w.layers[l].exp_gate[3], *vb = &eb->w.layers[l].exp_gate[3];
+        float ra[4096], rb[4096];
+        for (int64_t row = 0; row < va->rows && va->cols <= 4096; row += 5) {
+            pt_dequant_row(va, row, ra);
+            pt_dequant_row(vb, row, rb);
+            CHECK(!memcmp(ra, rb, sizeof(float) * (size_t)va->cols));
+        }
+    }
+    int32_t ids[7] = {5, 17, 300, 42, 7, 999, 3};
+    float *la = run_logits(ea, ids, 7), *lb = run_logits(eb, ids, 7);
+    if (la && lb) {
+        double rel = test_rel_l2(la, lb, 7 * (size_t)ea->cfg.vocab_size);
+        CHECK_MSG(rel < 1e-4, "r16 vs plain experts: rel L2 %.3g", rel);
+        if (getenv("PACK_VERBOSE")) fprintf(stderr, "  r16 vs plain experts: rel L2 %.3g\n", rel);
+    }
+    free(la);
+    free(lb);
+    petrel_engine_close(ea);
+    petrel_engine_close(eb);
+    /* a header naming an unknown layout is refused; a version-1 pack (no layouts) is read */
+    size_t n;
+    uint8_t *buf = slurp(a, &n);
+    if (!buf) return;
+    char msg[1024];
+    uint8_t *c = malloc(n);
+    memcpy(c, buf, n);
+    CHECK(patch_header(c, "\"layout\":", "\"xyz\"") == 0);
+    spit(tmp("bad-layout.pack"), c, n);
+    CHECK_EQ_INT(open_code(tmp("bad-layout.pack"), msg, sizeof msg), PETREL_EFORMAT);
+    CHECK_MSG(strstr(msg, "layout"), "message: %s", msg);
+    free(c);
+    free(buf);
+    buf = slurp(b, &n);
+    if (!buf) return;
+    buf[8] = 1; /* prefix version */
+    spit(tmp("v1.pack"), buf, n);
+    CHECK_EQ_INT(open_code(tmp("v1.pack"), msg, sizeof msg), 0);
+    free(buf);
 }

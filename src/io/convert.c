@@ -244,6 +244,7 @@ static cJSON *tensor_json(const pack_tensor *t, const char *name, int with_hash,
         cJSON_AddNumberToObject(o, "block_cols", t->block_cols);
     }
     if (t->vector) cJSON_AddBoolToObject(o, "vector", 1);
+    if (t->layout == PT_LAYOUT_R16) cJSON_AddStringToObject(o, "layout", "r16");
     if (with_hash) {
         char hx[17];
         snprintf(hx, sizeof hx, "%016" PRIx64, h);
@@ -354,7 +355,11 @@ static int plan(cv *c) {
         for (int k = 0; k < c->n_el; k++) {
             elayer_plan *el = &c->el[k];
             uint64_t rc = 0;
-            for (int p = 0; p < 3; p++) PT_TRY(fill_tensor(c, &c->e[el->ent[p]], &el->tp[p], &rc, &el->part[p]));
+            for (int p = 0; p < 3; p++) {
+                PT_TRY(fill_tensor(c, &c->e[el->ent[p]], &el->tp[p], &rc, &el->part[p]));
+                pack_tensor *t = &el->part[p];
+                if (!c->o->expert_plain && pack_r16_ok(t->qtype, t->rows, t->cols, t->scale_dtype)) t->layout = PT_LAYOUT_R16;
+            }
             el->record_bytes = up_to(rc, PACK_ALIGN);
             el->first_offset = cur;
             cur += el->record_bytes * (uint64_t)c->E;
@@ -544,6 +549,12 @@ static int do_record(cv *c, int k, int ex, uint8_t *rec, float **fbuf) {
         const pack_tensor *t = &el->part[p];
         PT_TRY(convert_rows(c, e, &sv, &el->tp[p], 0, e->rows, rec + t->offset, t->scale_bytes ? rec + t->scale_offset : NULL, fbuf));
         if (el->tp[p].q == PT_FP8_E4M3) memcpy(rec + t->scale_offset, sv.scale, (size_t)t->scale_bytes);
+        if (t->layout == PT_LAYOUT_R16) {
+            pt_wview v;
+            pack_tensor_view(t, rec, &v);
+            v.layout = PT_LAYOUT_PLAIN; /* as just written; repacked in place */
+            if (kn_r16_repack(&v)) return pt_err(c->err, PETREL_ENOMEM, "out of memory laying out %s", e->name);
+        }
     }
     uint64_t off = el->first_offset + (uint64_t)ex * el->record_bytes;
     PT_TRY(pwrite_all(c->fd, rec, (size_t)el->record_bytes, off, c->err, "an expert record"));

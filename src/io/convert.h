@@ -41,6 +41,9 @@ typedef struct convert_opts {
     int progress;                  /* progress lines on stderr */
     int stop_after;                /* test hook: stop (PETREL_ERANGE) after this many items */
     const char *label;             /* progress prefix, default "convert" */
+    int expert_plain;              /* 1: routed experts in the plain layout; 0 (default): q8/q4
+                                      expert parts row-interleaved (PT_LAYOUT_R16) where the
+                                      shape allows, for the int8-activation kernels */
 } convert_opts;
 
 typedef struct convert_result {

@@ -4,6 +4,7 @@
  * and past the header. Data checksums are checked on demand, never implicitly at open (a
  * 400 GB pack must open in milliseconds). */
 #include "io/pack.h"
+#include "kernels/kernels.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -69,6 +70,7 @@ void pack_tensor_view(const pack_tensor *t, const uint8_t *base, pt_wview *out) 
         return;
     }
     *out = pt_wview_make(t->qtype, t->rows, t->cols, base + t->offset, sc, t->scale_dtype);
+    out->layout = t->layout;
 }
 
 /* ---- header parsing ---- */
@@ -126,6 +128,12 @@ static int parse_tensor(pctx *c, const cJSON *o, const char *ctx, uint64_t lo, u
     t->block_cols = (int)bc;
     const cJSON *vec = cJSON_GetObjectItemCaseSensitive(o, "vector");
     t->vector = cJSON_IsTrue(vec);
+    const cJSON *lay = cJSON_GetObjectItemCaseSensitive(o, "layout");
+    t->layout = PT_LAYOUT_PLAIN;
+    if (lay) {
+        if (cJSON_IsString(lay) && !strcmp(lay->valuestring, "r16")) t->layout = PT_LAYOUT_R16;
+        else if (!cJSON_IsString(lay) || strcmp(lay->valuestring, "plain")) return pt_err(c->err, PETREL_EFORMAT, "%s: %s: unknown layout", c->where, ctx);
+    }
     uint64_t want_b, want_s;
     if (rows > ((uint64_t)1 << 40) || cols > ((uint64_t)1 << 32) ||
         pack_tensor_sizes(t->qtype, (int64_t)rows, (int64_t)cols, t->scale_dtype, t->block_rows, t->block_cols, &want_b, &want_s) < 0)
@@ -139,6 +147,8 @@ static int parse_tensor(pctx *c, const cJSON *o, const char *ctx, uint64_t lo, u
                       c->where, ctx, t->bytes, t->scale_bytes, pack_qtype_key(t->qtype), rows, cols, want_b, want_s);
     if ((t->qtype == PT_Q8_G32 || t->qtype == PT_Q4_G64) && (int64_t)grp != pt_qtype_group(t->qtype, t->cols))
         return pt_err(c->err, PETREL_EFORMAT, "%s: %s: group %" PRIu64 " does not match %s", c->where, ctx, grp, pack_qtype_key(t->qtype));
+    if (t->layout == PT_LAYOUT_R16 && !pack_r16_ok(t->qtype, t->rows, t->cols, t->scale_dtype))
+        return pt_err(c->err, PETREL_EFORMAT, "%s: %s: layout r16 needs q8_g32/q4_g64 with rows a multiple of 16 and whole groups", c->where, ctx);
     if (t->offset < lo || t->offset > hi || t->bytes > hi - t->offset)
         return pt_err(c->err, PETREL_EFORMAT, "%s: %s: data range out of bounds", c->where, ctx);
     if (t->scale_bytes && (t->scale_offset < lo || t->scale_offset > hi || t->scale_bytes > hi - t->scale_offset))
@@ -146,6 +156,12 @@ static int parse_tensor(pctx *c, const cJSON *o, const char *ctx, uint64_t lo, u
     if (t->offset % PACK_TALIGN || (t->scale_bytes && t->scale_offset % PACK_TALIGN))
         return pt_err(c->err, PETREL_EFORMAT, "%s: %s: misaligned data", c->where, ctx);
     return 0;
+}
+
+int pack_r16_ok(pt_qtype q, int64_t rows, int64_t cols, int scale_dtype) {
+    static const uint16_t dummy[1];
+    pt_wview v = pt_wview_make(q, rows, cols, dummy, dummy, scale_dtype);
+    return (q == PT_Q8_G32 || q == PT_Q4_G64) && kn_r16_supported(&v);
 }
 
 static int cmp_tensor(const void *a, const void *b) { return strcmp(((const pack_tensor *)a)->name, ((const pack_tensor *)b)->name); }
@@ -230,8 +246,9 @@ int pack_parse(const uint8_t *buf, size_t len, uint64_t file_size, const char *w
     if (len < PACK_PREFIX || file_size < PACK_PREFIX) return pt_err(err, PETREL_EFORMAT, "%s: truncated: %zu bytes is too short for a petrel pack", where, len);
     if (memcmp(buf, PACK_MAGIC, 8)) return pt_err(err, PETREL_EFORMAT, "%s: bad magic: not a petrel pack", where);
     p->version = rd32(buf + 8);
-    if (p->version != PACK_VERSION)
-        return pt_err(err, PETREL_EUNSUPPORTED, "%s: pack format version %u is not supported (this petrel reads version %u; reconvert)", where, p->version, PACK_VERSION);
+    if (p->version < PACK_VERSION_MIN || p->version > PACK_VERSION)
+        return pt_err(err, PETREL_EUNSUPPORTED, "%s: pack format version %u is not supported (this petrel reads versions %u to %u; reconvert)", where,
+                      p->version, PACK_VERSION_MIN, PACK_VERSION);
     uint64_t hl = rd64(buf + 16), fsz = rd64(buf + 24), hh = rd64(buf + 32);
     if (fsz != file_size)
         return pt_err(err, PETREL_EFORMAT, "%s: truncated or extended: file has %" PRIu64 " bytes, the pack header says %" PRIu64, where, file_size, fsz);

@@ -1,7 +1,7 @@
 /* pack.h: petrel's own model file ("pack"), reader side. Written by src/io/convert.c.
  *
  * Layout (all integers little-endian):
- *   [0, 64)        prefix: "PETRELPK" | u32 version (1) | u32 flags (0) | u64 header_len |
+ *   [0, 64)        prefix: "PETRELPK" | u32 version (2; 1 is read too) | u32 flags (0) | u64 header_len |
  *                  u64 file_size | u64 xxh64(header JSON) | 24 reserved zero bytes
  *   [64, 64+hl)    header: one JSON object (UTF-8, not NUL-terminated)
  *                    "format": "petrel-pack", "version": 1,
@@ -12,7 +12,9 @@
  *                                  vector, xxh64} ... ]   resident tensors (absolute offsets)
  *                    "experts": [ {layer, n_experts, first_offset, record_bytes,
  *                                  parts: [gate, up, down] (same fields, offsets RELATIVE to the
- *                                  record start), xxh64: [hex per expert]} ... ]
+ *                                  record start; version 2: optional "layout": "r16" when
+ *                                  the part is stored row-interleaved, quant/qtypes.h),
+ *                                  xxh64: [hex per expert]} ... ]
  *   then, 4096-aligned: the resident region (every payload and scale array 64-byte aligned),
  *   then, 4096-aligned: the expert region. Record (layer, e) is the byte range
  *   [first_offset + e * record_bytes, + record_bytes): gate payload, gate scales, up payload,
@@ -45,7 +47,8 @@
 #include "quant/qtypes.h"
 
 #define PACK_MAGIC "PETRELPK"
-#define PACK_VERSION 1u
+#define PACK_VERSION 2u     /* written; versions 1 (no "layout" fields) and 2 are read */
+#define PACK_VERSION_MIN 1u
 #define PACK_PREFIX 64
 #define PACK_ALIGN 4096
 #define PACK_TALIGN 64
@@ -61,6 +64,7 @@ typedef struct pack_tensor {
     int64_t group;              /* grouped formats: columns per scale; Q8_ROW: cols */
     int block_rows, block_cols; /* FP8 only */
     uint64_t xxh64;             /* resident tensors only */
+    int layout;                 /* PT_LAYOUT_PLAIN, or PT_LAYOUT_R16 ("layout": "r16"; expert parts) */
 } pack_tensor;
 
 typedef struct pack_expert_layer {
@@ -138,6 +142,8 @@ int pack_verify(const pack *p, petrel_error *err);
 /* A view of a tensor whose bytes start at base (the map for resident tensors, a record buffer
  * for parts). */
 void pack_tensor_view(const pack_tensor *t, const uint8_t *base, pt_wview *out);
+/* Can a tensor of this format and shape be stored with layout r16 (kn_r16_supported)? */
+int pack_r16_ok(pt_qtype q, int64_t rows, int64_t cols, int scale_dtype);
 /* Byte counts a tensor of this type and shape must have (payload; scales). 0 on success. */
 int pack_tensor_sizes(pt_qtype q, int64_t rows, int64_t cols, int scale_dtype, int block_rows, int block_cols,
                       uint64_t *bytes, uint64_t *scale_bytes);
