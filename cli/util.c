@@ -5,6 +5,9 @@
 #include <string.h>
 
 #include "cli.h"
+#include "model/engine.h"
+#include "kernels/kernels.h"
+#include "io/pack.h"
 
 int cli_fail(const char *fmt, ...) {
     va_list ap;
@@ -112,5 +115,8 @@ int cli_engine_open(const cli_model_opts *mo, petrel_engine **eng, petrel_error 
         const char *plan = petrel_engine_plan(*eng);
         if (plan && *plan) fprintf(stderr, "petrel: memory plan for %s:\n%s%s", mo->model, plan, plan[strlen(plan) - 1] == '\n' ? "" : "\n");
     }
+    if (rc == 0 && (*eng)->pack && pack_has_r16((*eng)->pack) && !kn_r16_available())
+        fprintf(stderr, "petrel: note: %s stores its experts for AVX-512 VNNI kernels, which this CPU lacks; they run on the slow scalar path "
+                        "(reconvert with --expert-layout plain)\n", mo->model);
     return rc;
 }

@@ -158,6 +158,13 @@ static int parse_tensor(pctx *c, const cJSON *o, const char *ctx, uint64_t lo, u
     return 0;
 }
 
+int pack_has_r16(const pack *p) {
+    for (int i = 0; i < p->n_elayers; i++)
+        for (int k = 0; k < 3; k++)
+            if (p->elayers[i].part[k].layout == PT_LAYOUT_R16) return 1;
+    return 0;
+}
+
 int pack_r16_ok(pt_qtype q, int64_t rows, int64_t cols, int scale_dtype) {
     static const uint16_t dummy[1];
     pt_wview v = pt_wview_make(q, rows, cols, dummy, dummy, scale_dtype);

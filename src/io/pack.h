@@ -142,6 +142,8 @@ int pack_verify(const pack *p, petrel_error *err);
 /* A view of a tensor whose bytes start at base (the map for resident tensors, a record buffer
  * for parts). */
 void pack_tensor_view(const pack_tensor *t, const uint8_t *base, pt_wview *out);
+/* 1 if any expert part is stored with layout r16. */
+int pack_has_r16(const pack *p);
 /* Can a tensor of this format and shape be stored with layout r16 (kn_r16_supported)? */
 int pack_r16_ok(pt_qtype q, int64_t rows, int64_t cols, int scale_dtype);
 /* Byte counts a tensor of this type and shape must have (payload; scales). 0 on success. */

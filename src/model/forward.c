@@ -65,6 +65,12 @@ int fwd_batch(petrel_session *s, const int32_t *ids, int T, float *logits, int l
     for (int l = 0; l < L; l++) {
         const layer_w *lw = &w->layers[l];
         for (int r = 0; r < T; r++) op_rmsnorm(x + (size_t)r * H, h + (size_t)r * H, lw->input_layernorm, H, c->rms_norm_eps);
+        if (e->xs && !lw->is_moe) { /* a dense layer: no demand reads of its own, so the next MoE
+                                       layer's guesses can start before its attention */
+            int nm = l + 1;
+            while (nm < L && !c->layer_is_moe[nm]) nm++;
+            if (nm < L) moe_prefetch_next(s, &w->layers[nm], nm, x, T);
+        }
         kn_matmul(&lw->q_a_proj, x, T, qa);
         for (int r = 0; r < T; r++) op_rmsnorm(qa + (size_t)r * Rq, qa + (size_t)r * Rq, lw->q_a_layernorm, Rq, 1e-6);
         kn_matmul(&lw->q_b_proj, qa, T, q);
