@@ -586,14 +586,14 @@ TEST(kernels, matmul_t) {
 static tw tw_r16(const tw *t) {
     tw c;
     memset(&c, 0, sizeof c);
-    size_t db = (size_t)(t->v.rows * t->v.row_bytes), sb = (size_t)(t->v.rows * t->v.scale_cols) * (t->v.scale_dtype == PT_F32 ? 4 : 2);
+    size_t es = t->v.scale_dtype == PT_F32 ? 4 : 2, db = (size_t)(t->v.rows * t->v.row_bytes), sb = (size_t)(t->v.rows * t->v.scale_cols) * es;
     c.data_alloc = malloc(db + 1);
-    c.scale_alloc = malloc(sb + 2);
-    memcpy((uint8_t *)c.data_alloc + 1, t->v.data, db); /* odd addresses on purpose */
-    memcpy((uint8_t *)c.scale_alloc + 2, t->v.scale, sb);
+    c.scale_alloc = malloc(sb + es);
+    memcpy((uint8_t *)c.data_alloc + 1, t->v.data, db); /* unaligned starts on purpose (scales: */
+    memcpy((uint8_t *)c.scale_alloc + es, t->v.scale, sb); /* off by one element) */
     c.v = t->v;
     c.v.data = (uint8_t *)c.data_alloc + 1;
-    c.v.scale = (uint8_t *)c.scale_alloc + 2;
+    c.v.scale = (uint8_t *)c.scale_alloc + es;
     return c;
 }
 
