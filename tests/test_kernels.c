@@ -666,6 +666,39 @@ TEST(kernels, r16_layout) {
                 free(a); free(b); free(ys); free(yo); free(y1); free(xb); free(yb);
                 tw_free(&t); tw_free(&r);
             }
+    /* the AVX-512 activation preparation is bit-identical to the scalar one, special values too */
+    if (kn_r16_available()) {
+        for (int f = 0; f < 2; f++) {
+            int g = f ? 64 : 32;
+            int64_t cols = 12 * g;
+            uint8_t d0[16] = {0}, s0[32] = {0};
+            pt_wview v = pt_wview_make(f ? PT_Q4_G64 : PT_Q8_G32, 16, cols, d0, s0, PT_BF16);
+            float *xb, *x = xalloc(3, cols, &xb);
+            for (int64_t j = 0; j < g; j++) x[j] = 0.f;                       /* a zero group */
+            for (int64_t j = g; j < 2 * g; j++) x[j] = (float)(j % 7) * 0.5f;  /* ties at .5 */
+            x[2 * g + 3] = NAN;
+            x[3 * g + 1] = INFINITY;
+            x[4 * g + 2] = -INFINITY;
+            x[5 * g + 5] = 1e-38f;
+            for (int64_t j = 6 * g; j < 7 * g; j++) x[j] = 1e-30f * (float)(j - 6 * g);
+            x[cols + 9] = -0.f;
+            size_t bytes = (size_t)(kn_r16_xs(&v) * 3);
+            uint8_t *a = aligned_alloc(64, bytes), *b = aligned_alloc(64, bytes);
+            memset(a, 0x5a, bytes);
+            memset(b, 0xa5, bytes);
+            kn_r16_prep(&v, x, 3, a);
+            kn_r16_prep_avx512(&v, x, 3, b);
+            /* compare field by field (padding bytes are not written) */
+            int64_t qb = (cols + 63) / 64 * 64, ng = cols / g, fb = (ng * 4 + 63) / 64 * 64;
+            for (int i = 0; i < 3; i++) {
+                const uint8_t *ra = a + i * kn_r16_xs(&v), *rb = b + i * kn_r16_xs(&v);
+                CHECK_MSG(!memcmp(ra, rb, (size_t)qb), "r16 prep q differs (group %d, row %d)", g, i);
+                CHECK_MSG(!memcmp(ra + qb, rb + qb, (size_t)ng * 4), "r16 prep d differs (group %d, row %d)", g, i);
+                CHECK_MSG(!memcmp(ra + qb + fb, rb + qb + fb, (size_t)ng * 4), "r16 prep bias differs (group %d, row %d)", g, i);
+            }
+            free(a); free(b); free(xb);
+        }
+    }
     /* shapes and formats it does not take stay plain */
     tw u1 = tw_make(PT_Q8_G32, 17, 64, PT_BF16, 0, 0), u2 = tw_make(PT_Q8_G32, 16, 40, PT_BF16, 0, 0),
        u3 = tw_make(PT_Q8_ROW, 16, 64, PT_F32, 0, 0), u4 = tw_make(PT_BF16, 16, 64, 0, 0, 0);

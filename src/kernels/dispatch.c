@@ -229,7 +229,10 @@ static void run_parts(mm_part *parts, int np) {
         if (shared >= 0) { p->xp = parts[shared].xp; continue; }
         p->xp = buf + off;
         off += (size_t)((part_bytes(p) + 63) & ~63);
-        if (p->path == P_R16) kn_r16_prep(p->W, p->x, p->n, (uint8_t *)p->xp);
+        if (p->path == P_R16) {
+            if (cur_isa == ISA_AVX512 && has_vnni) kn_r16_prep_avx512(p->W, p->x, p->n, (uint8_t *)p->xp);
+            else kn_r16_prep(p->W, p->x, p->n, (uint8_t *)p->xp);
+        }
         else if (p->path == P_ACTQ) kn_actq_prep_avx512(p->prep, p->x, p->n, p->W->cols, (uint8_t *)p->xp);
         else prep_x(p->x, p->n, p->W->cols, p->xs, p->prep, (float *)p->xp);
     }

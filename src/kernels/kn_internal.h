@@ -97,6 +97,7 @@ void kn_actq_rows_avx512(const pt_wview *W, int64_t r0, int64_t r1, const uint8_
  * d (one f32 per group), bias (one int32 per group: -offset * sum of the group's q). */
 int64_t kn_r16_xs(const pt_wview *W);
 void kn_r16_prep(const pt_wview *W, const float *x, int n, uint8_t *xq);
+void kn_r16_prep_avx512(const pt_wview *W, const float *x, int n, uint8_t *xq); /* bit-identical */
 /* Rows [r0, r1) (multiples of 16) of y; the reference and its AVX-512 VNNI twin (bitwise equal). */
 void kn_r16_rows_ref(const pt_wview *W, int64_t r0, int64_t r1, const uint8_t *xq, int64_t xs, int n, float *y);
 void kn_r16_rows_avx512(const pt_wview *W, int64_t r0, int64_t r1, const uint8_t *xq, int64_t xs, int n, float *y);

@@ -97,3 +97,49 @@ void kn_r16_rows_avx512(const pt_wview *W, int64_t r0, int64_t r1, const uint8_t
     if (W->qtype == PT_Q4_G64) rows_q(1, W, r0, r1, xq, xs, n, y);
     else rows_q(0, W, r0, r1, xq, xs, n, y);
 }
+
+/* kn_r16_prep with AVX-512, bit-identical to the scalar one (r16.c / kn_actq_quant_row): per
+ * group amax over |x| ignoring NaN, d = amax / 127 (+ NaN when the group holds a NaN or inf),
+ * q = round-to-nearest-even(x * (127 / amax)) clamped to +-127, NaN -> 0, bias = -off * sum q. */
+void kn_r16_prep_avx512(const pt_wview *W, const float *x, int n, uint8_t *xq) {
+    const int g = W->qtype == PT_Q8_G32 ? 32 : 64, nv = g / 16, off = W->qtype == PT_Q8_G32 ? 128 : 8;
+    const int64_t cols = W->cols, ng = cols / g, xs = kn_r16_xs(W), qb = (cols + 63) / 64 * 64, fb = (ng * 4 + 63) / 64 * 64;
+    const __m512 lim = _mm512_set1_ps(127.f), nlim = _mm512_set1_ps(-127.f);
+    for (int i = 0; i < n; i++) {
+        const float *xr = x + (int64_t)i * cols;
+        uint8_t *row = xq + i * xs;
+        int8_t *q = (int8_t *)row;
+        float *d = (float *)(row + qb);
+        int32_t *bias = (int32_t *)(row + qb + fb);
+        for (int64_t gi = 0; gi < ng; gi++) {
+            const float *xg = xr + gi * g;
+            __m512 v[4], am = _mm512_setzero_ps();
+            __mmask16 bad = 0;
+            for (int u = 0; u < nv; u++) {
+                v[u] = _mm512_loadu_ps(xg + 16 * u);
+                __mmask16 ord = _mm512_cmp_ps_mask(v[u], v[u], _CMP_ORD_Q);
+                am = _mm512_max_ps(am, _mm512_maskz_mov_ps(ord, _mm512_abs_ps(v[u])));
+                bad |= (__mmask16)~_mm512_cmp_ps_mask(_mm512_sub_ps(v[u], v[u]), _mm512_sub_ps(v[u], v[u]), _CMP_ORD_Q);
+            }
+            float amax = _mm512_reduce_max_ps(am);
+            float id = amax > 0.f && amax < __builtin_inff() ? 127.f / amax : 0.f;
+            float probe = 0.f; /* NaN when the group holds a NaN or inf: summed as the reference does */
+            if (bad)
+                for (int j = 0; j < g; j++) probe += xg[j] - xg[j];
+            d[gi] = amax / 127.f + probe;
+            __m512 vid = _mm512_set1_ps(id);
+            __m512i sum = _mm512_setzero_si512();
+            for (int u = 0; u < nv; u++) {
+                __m512 t = _mm512_mul_ps(v[u], vid);
+                __mmask16 ord = _mm512_cmp_ps_mask(t, t, _CMP_ORD_Q);
+                t = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                t = _mm512_maskz_mov_ps(ord, _mm512_min_ps(_mm512_max_ps(t, nlim), lim));
+                __m512i qi = _mm512_cvtps_epi32(t);
+                sum = _mm512_add_epi32(sum, qi);
+                _mm_storeu_si128((__m128i *)(q + gi * g + 16 * u), _mm512_cvtepi32_epi8(qi));
+            }
+            bias[gi] = -off * _mm512_reduce_add_epi32(sum);
+        }
+        memset(q + cols, 0, (size_t)(qb - cols));
+    }
+}
