@@ -208,34 +208,54 @@ __attribute__((target("avx512f"))) static double fma_loop_avx512(long iters) {
     _mm512_storeu_ps(out, sum);
     return out[0];
 }
+/* int8 dot products (vpdpbusd: 16 lanes x 4 multiply-adds = 128 ops) with 12 independent
+ * accumulators: the VNNI peak the int8-activation kernels run against. */
+__attribute__((target("avx512f,avx512vnni"))) static double vnni_loop(long iters) {
+    __m512i b = _mm512_set1_epi8(3), c = _mm512_set1_epi8(-2);
+    __m512i a0 = _mm512_set1_epi32(0), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0, a8 = a0, a9 = a0, a10 = a0,
+            a11 = a0;
+    for (long k = 0; k < iters; k++) {
+        a0 = _mm512_dpbusd_epi32(a0, b, c); a1 = _mm512_dpbusd_epi32(a1, b, c); a2 = _mm512_dpbusd_epi32(a2, b, c);
+        a3 = _mm512_dpbusd_epi32(a3, b, c); a4 = _mm512_dpbusd_epi32(a4, b, c); a5 = _mm512_dpbusd_epi32(a5, b, c);
+        a6 = _mm512_dpbusd_epi32(a6, b, c); a7 = _mm512_dpbusd_epi32(a7, b, c); a8 = _mm512_dpbusd_epi32(a8, b, c);
+        a9 = _mm512_dpbusd_epi32(a9, b, c); a10 = _mm512_dpbusd_epi32(a10, b, c); a11 = _mm512_dpbusd_epi32(a11, b, c);
+        __asm__ volatile("" : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5));
+    }
+    __m512i s = _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(a0, a1), _mm512_add_epi32(a2, a3)),
+                                 _mm512_add_epi32(_mm512_add_epi32(a4, a5), _mm512_add_epi32(a6, a7)));
+    s = _mm512_add_epi32(s, _mm512_add_epi32(_mm512_add_epi32(a8, a9), _mm512_add_epi32(a10, a11)));
+    return (double)_mm512_reduce_add_epi32(s);
+}
 #endif
-typedef struct { long iters; double sink; } peakjob;
+typedef struct { long iters; double sink; int vnni; } peakjob;
 static void *peak_thread(void *a) {
     peakjob *j = a;
 #if defined(__x86_64__)
-    j->sink = fma_loop_avx512(j->iters);
+    j->sink = j->vnni ? vnni_loop(j->iters) : fma_loop_avx512(j->iters);
 #endif
     return NULL;
 }
-/* GFLOP/s of f32 FMAs on `threads` threads (0 if the CPU lacks AVX-512). */
-static double measure_peak_gflops(int threads) {
+/* GFLOP/s of f32 FMAs (vnni: GOP/s of int8 vpdpbusd) on `threads` threads (0 if the CPU lacks
+ * AVX-512 / VNNI). */
+static double measure_peak_gflops(int threads, int vnni) {
 #if defined(__x86_64__)
-    if (!__builtin_cpu_supports("avx512f")) return 0;
+    if (!__builtin_cpu_supports("avx512f") || (vnni && !__builtin_cpu_supports("avx512vnni"))) return 0;
     long iters = 20000000;
     pthread_t th[64];
     peakjob jobs[64];
     if (threads > 64) threads = 64;
     uint64_t t0 = pt_now_ns();
     for (int t = 0; t < threads; t++) {
-        jobs[t] = (peakjob){iters, 0};
+        jobs[t] = (peakjob){iters, 0, vnni};
         if (t) pthread_create(&th[t], NULL, peak_thread, &jobs[t]);
     }
     peak_thread(&jobs[0]);
     for (int t = 1; t < threads; t++) pthread_join(th[t], NULL);
     double dt = (double)(pt_now_ns() - t0) / 1e9;
-    return (double)iters * 12 * 16 * 2 * threads / dt / 1e9;
+    return (double)iters * 12 * 16 * (vnni ? 8 : 2) * threads / dt / 1e9;
 #else
     (void)threads;
+    (void)vnni;
     return 0;
 #endif
 }
@@ -402,7 +422,7 @@ CLI_CMD(bench) {
     if (petrel_session_forward(s, ids, (int)prompt, lg, 0, &err)) rc = cli_fail_err("bench", &err);
     double prefill_s = (double)(pt_now_ns() - t0) / 1e9;
     fwd_stats pst = s->stats;
-    double peak = 0, expert_gflops = 0;
+    double peak = 0, peak_int8 = 0, expert_gflops = 0, expert_peak_frac = 0;
     if (!rc) {
         printf("prefill: %ld tokens in %.2f s = %.1f tok/s\n", prompt, prefill_s, (double)prompt / prefill_s);
         /* the routed-expert products of the prefill against the machine's f32 FMA peak */
@@ -410,10 +430,20 @@ CLI_CMD(bench) {
         for (int l = 0; l < c->num_hidden_layers; l++) n_moe += c->layer_is_moe[l];
         double ex_flop = 2.0 * (double)prompt * c->num_experts_per_tok * 3.0 * c->hidden_size * (double)c->moe_intermediate_size * n_moe;
         double ex_s = (double)pst.ns[FS_EXPERTS] / 1e9;
-        peak = measure_peak_gflops(threads);
+        peak = measure_peak_gflops(threads, 0);
         expert_gflops = ex_s > 0 ? ex_flop / ex_s / 1e9 : 0;
-        printf("prefill routed experts: %.1f GFLOP/s = %.1f%% of the measured AVX-512 f32 FMA peak (%.0f GFLOP/s, %d threads; no AMX on this CPU)\n",
-               expert_gflops, peak > 0 ? 100 * expert_gflops / peak : 0, peak, threads);
+        /* the products run on int8 VNNI when the experts are q4/q8 and the CPU has it: that
+         * peak is the one they are held to (this CPU has no AMX) */
+        const pt_wview *ev = NULL;
+        for (int l = 0; l < c->num_hidden_layers && !ev; l++)
+            if (eng->w.layers[l].is_moe && eng->w.layers[l].exp_gate) ev = &eng->w.layers[l].exp_gate[0];
+        int on_int8 = ev && (ev->layout == PT_LAYOUT_R16 || kn_act_quant_active(ev));
+        peak_int8 = on_int8 ? measure_peak_gflops(threads, 1) : 0;
+        double ref_peak = on_int8 && peak_int8 > 0 ? peak_int8 : peak;
+        expert_peak_frac = ref_peak > 0 ? expert_gflops / ref_peak : 0;
+        printf("prefill routed experts: %.1f GFLOP/s = %.1f%% of the measured %s peak (%.0f G%s/s, %d threads; f32 FMA peak %.0f GFLOP/s; no AMX on this CPU)\n",
+               expert_gflops, 100 * expert_peak_frac, on_int8 && peak_int8 > 0 ? "int8 VNNI" : "AVX-512 f32 FMA", ref_peak,
+               on_int8 && peak_int8 > 0 ? "OP" : "FLOP", threads, peak);
         fflush(stdout);
     }
     if (!rc && ctx > prompt && petrel_session_forward(s, ids + prompt, (int)(ctx - prompt), lg, 0, &err)) rc = cli_fail_err("bench", &err);
@@ -511,9 +541,9 @@ CLI_CMD(bench) {
             printf("{\"decode_ms\": %.4f, \"decode_tok_s\": %.4f, \"prefill_tok_s\": %.3f, \"bytes_per_token\": %" PRIu64
                    ", \"mem_bw_gbs\": %.3f, \"decode_floor_ratio\": %.4f, \"decode_floor_ratio_unpaired\": %.4f, \"floor_ms\": %.4f, \"ctx\": %ld, \"prompt\": %ld, \"steps\": %ld, "
                    "\"decode_mean_ms\": %.4f, \"decode_min_ms\": %.4f, \"threads\": %d, \"isa\": \"%s\", \"cpu\": \"%s\", \"cores\": %ld, "
-                   "\"expert_hit_rate\": %.5f, \"ssd_bw_gbs\": %.3f, \"miss_bytes_per_token\": %.0f, \"prefill_expert_gflops\": %.2f, \"fma_peak_gflops\": %.1f, \"decode_breakdown_ms\": {",
+                   "\"expert_hit_rate\": %.5f, \"ssd_bw_gbs\": %.3f, \"miss_bytes_per_token\": %.0f, \"prefill_expert_gflops\": %.2f, \"fma_peak_gflops\": %.1f, \"int8_peak_gops\": %.1f, \"prefill_expert_peak_fraction\": %.4f, \"decode_breakdown_ms\": {",
                    dms, 1e3 / dms, pf, bytes_tok, bw, ratio, ratio_unpaired, floor_ms, ctx, prompt, steps, mean_ms, min_ms, threads, kn_isa_name(), cpu, cores,
-                   hit_rate, ssd_gbs, miss_bytes_tok, expert_gflops, peak);
+                   hit_rate, ssd_gbs, miss_bytes_tok, expert_gflops, peak, peak_int8, expert_peak_frac);
             for (int p = 0; p < FS_COUNT; p++) printf("%s\"%s\": %.4f", p ? ", " : "", fwd_part_names[p], (double)s->stats.ns[p] / 1e6 / (double)steps);
             printf("}, \"prefill_breakdown_ms\": {");
             for (int p = 0; p < FS_COUNT; p++) printf("%s\"%s\": %.3f", p ? ", " : "", fwd_part_names[p], (double)pst.ns[p] / 1e6);
