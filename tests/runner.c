@@ -3,7 +3,6 @@
  * "N passed, N failed" line; exits non-zero if anything failed. */
 #include "test.h"
 
-#include "io/safetensors.h"
 
 #include <stdarg.h>
 #include <stdlib.h>
@@ -94,12 +93,6 @@ int test_sh(const char *cmd, char *out, size_t cap, char *errbuf, size_t ecap) {
     errbuf[m] = 0;
     if (f) fclose(f);
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
-const struct st_tensor *test_gold(const struct st_set *g, int prompt, const char *part) {
-    char n[128];
-    snprintf(n, sizeof n, "prompt_%d.%s", prompt, part);
-    return st_find(g, n);
 }
 
 int test_count_lines(const char *s) {
