@@ -198,6 +198,8 @@ int moe_forward(petrel_session *s, int l, const layer_w *lw, const layer_w *next
     uint8_t *chosen = ar_alloc(&s->ar, (size_t)E);
     if (!logits || !scratch || !idx || !wts || !slot || !xs || !ys || !yk || !order || !ev || !refs || !chosen)
         return pt_err(err, PETREL_ENOMEM, "MoE scratch exhausted");
+    float *ysh = NULL;     /* the shared expert's output when it ran while misses loaded */
+    uint64_t shared_ns = 0;
     uint64_t *ns = s->stats.ns, t0 = pt_now_ns(), t1;
     kn_matmul(&lw->router, x, T, logits);
     for (int r = 0; r < T; r++)
@@ -236,16 +238,29 @@ int moe_forward(petrel_session *s, int l, const layer_w *lw, const layer_w *next
         for (int i = 0; i < U; i++) ev[i] = (expert_views){&lw->exp_gate[order[i]], &lw->exp_up[order[i]], &lw->exp_down[order[i]]};
         PT_TRY(run_experts(s, order, U, ev, idx, x, T, yk, xs, ys, slot, err));
     } else {
+        /* The experts already in slots are acquired first (that pins them, no wait), then every
+         * miss's read starts, then the next layer's guesses queue behind them. The hits and the
+         * shared expert compute while the misses load; the misses are then taken one at a time,
+         * so each computes while the later ones are still reading. */
         int S = xs_store_slots(xst);
+        if (n_hit == 0) {
+            xs_prefetch(xst, ml, order, U);
+            moe_prefetch_next(s, next_lw, next_l, x, T);
+        }
         for (int c0 = 0; c0 < U;) {
-            /* the first chunk is the experts already in slots (no wait), so the misses, whose
-             * reads start right after it is acquired, load while those compute */
-            int n = c0 == 0 && n_hit > 0 && n_hit < U ? n_hit : U - c0;
+            if (c0 == n_hit && lw->has_shared && !ysh) {
+                uint64_t q0 = pt_now_ns();
+                ysh = ar_alloc(&s->ar, sizeof(float) * (size_t)T * H);
+                if (!ysh) return pt_err(err, PETREL_ENOMEM, "MoE scratch exhausted");
+                PT_TRY(swiglu(s, &lw->sh_gate, &lw->sh_up, &lw->sh_down, x, T, ysh, err));
+                shared_ns = pt_now_ns() - q0;
+            }
+            int n = c0 < n_hit ? n_hit - c0 : 1;
             if (n > S) n = S;
             uint64_t w0 = pt_now_ns();
             PT_TRY(xs_acquire(xst, ml, order + c0, n, refs, err));
             s->stats.io_ns += pt_now_ns() - w0;
-            if (c0 == 0) {
+            if (c0 == 0 && n_hit > 0) {
                 xs_prefetch(xst, ml, order + n, U - n);           /* this layer's remaining misses */
                 moe_prefetch_next(s, next_lw, next_l, x, T);     /* then the next layer's guesses */
             }
@@ -271,11 +286,15 @@ int moe_forward(petrel_session *s, int l, const layer_w *lw, const layer_w *next
         }
     }
     t1 = pt_now_ns();
-    ns[FS_EXPERTS] += t1 - t0;
+    ns[FS_EXPERTS] += t1 - t0 - shared_ns;
+    ns[FS_SHARED] += shared_ns;
     t0 = t1;
     if (lw->has_shared) {
-        PT_TRY(swiglu(s, &lw->sh_gate, &lw->sh_up, &lw->sh_down, x, T, ys, err));
-        for (int i = 0; i < T * H; i++) out[i] += ys[i];
+        if (!ysh) {
+            PT_TRY(swiglu(s, &lw->sh_gate, &lw->sh_up, &lw->sh_down, x, T, ys, err));
+            ysh = ys;
+        }
+        for (int i = 0; i < T * H; i++) out[i] += ysh[i];
     }
     ns[FS_SHARED] += pt_now_ns() - t0;
     s->ar.used = mark;
