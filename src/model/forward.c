@@ -71,10 +71,10 @@ int fwd_batch(petrel_session *s, const int32_t *ids, int T, float *logits, int l
             while (nm < L && !c->layer_is_moe[nm]) nm++;
             if (nm < L) moe_prefetch_next(s, &w->layers[nm], nm, x, T);
         }
-        kn_matmul(&lw->q_a_proj, x, T, qa);
+        kn_job a[2] = {{&lw->q_a_proj, x, T, qa}, {&lw->kv_a_proj_with_mqa, x, T, kva}}; /* one dispatch */
+        kn_matmul_many(a, 2);
         for (int r = 0; r < T; r++) op_rmsnorm(qa + (size_t)r * Rq, qa + (size_t)r * Rq, lw->q_a_layernorm, Rq, 1e-6);
         kn_matmul(&lw->q_b_proj, qa, T, q);
-        kn_matmul(&lw->kv_a_proj_with_mqa, x, T, kva);
         for (int r = 0; r < T; r++) {
             const float *cs = rope.cos_ + (size_t)r * (Dr / 2), *sn = rope.sin_ + (size_t)r * (Dr / 2);
             for (int hh = 0; hh < NH; hh++) op_rope(q + ((size_t)r * NH + hh) * Dqk + c->qk_nope_head_dim, cs, sn, Dr, c->rope_interleave);

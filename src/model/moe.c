@@ -78,8 +78,8 @@ static int swiglu(petrel_session *s, const pt_wview *g, const pt_wview *u, const
     float *gb = ar_alloc(&s->ar, sizeof(float) * (size_t)T * (size_t)g->rows);
     float *ub = ar_alloc(&s->ar, sizeof(float) * (size_t)T * (size_t)u->rows);
     if (!gb || !ub) return pt_err(err, PETREL_ENOMEM, "MLP scratch exhausted");
-    kn_matmul(g, x, T, gb);
-    kn_matmul(u, x, T, ub);
+    kn_job gu[2] = {{g, x, T, gb}, {u, x, T, ub}}; /* one dispatch, x prepared once */
+    kn_matmul_many(gu, 2);
     kn_silu_mul(gb, gb, ub, (int64_t)T * g->rows);
     kn_matmul(d, gb, T, out);
     s->ar.used = mark;
