@@ -30,6 +30,7 @@ CLI_CMD(info) {
     if (!mo.model) return cli_fail("info: --model is required");
     petrel_error err = {0};
     petrel_engine *eng;
+    mo.open.inspect_only = 1; /* a description: no copy of gigabytes of weights */
     if (cli_engine_open(&mo, &eng, &err)) return cli_fail_err("info", &err);
     const petrel_config *c = &eng->cfg;
     const model_w *w = &eng->w;

@@ -45,6 +45,8 @@ typedef struct petrel_open_opts {
     int expert_slots;       /* per-layer expert slots; 0 = derive from the budget / resident */
     int plan_context;       /* tokens of KV the memory plan reserves; 0 = 4096 */
     const char *trace_out;  /* write the routing trace (layer, token, expert ids) here at close */
+    int inspect_only;       /* weights stay mapped from the file (no copy into memory, no
+                               relayout): for reading the model's description, not for speed */
 } petrel_open_opts;
 
 /* Opens a model folder (Hugging Face checkpoint) or file. */

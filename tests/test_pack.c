@@ -503,3 +503,24 @@ TEST(pack, expert_layout_r16_vs_plain) {
     CHECK_EQ_INT(open_code(tmp("v1.pack"), msg, sizeof msg), 0);
     free(buf);
 }
+
+TEST(pack, resident_copy) {
+    const char *a = tmp("tiny-copy.pack");
+    if (convert_to("tiny", a, CVQ_Q8, 0, NULL)) return;
+    petrel_error err = {0};
+    petrel_engine *e1 = NULL, *e2 = NULL;
+    petrel_open_opts insp = {0};
+    insp.inspect_only = 1;
+    CHECK(petrel_engine_open(a, NULL, &e1, &err) == 0);
+    CHECK(petrel_engine_open(a, &insp, &e2, &err) == 0);
+    if (e1 && e2) {
+        /* a normal open serves weights from the huge-page copy (experts too: they fit) ... */
+        CHECK(e1->pack->copy && e1->pack->copy_experts);
+        CHECK(e1->w.lm_head.data >= e1->pack->copy && e1->w.lm_head.data < e1->pack->copy + e1->pack->file_size);
+        /* ... an inspection leaves them mapped in their stored layout */
+        CHECK(!e2->pack->copy && e2->w.lm_head.layout == PT_LAYOUT_PLAIN);
+        CHECK(e2->w.lm_head.data >= e2->pack->map && e2->w.lm_head.data < e2->pack->map + e2->pack->file_size);
+    }
+    petrel_engine_close(e1);
+    petrel_engine_close(e2);
+}

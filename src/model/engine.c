@@ -37,7 +37,8 @@ static int open_pack(petrel_engine *e, const char *path, const petrel_open_opts 
     PT_TRY(pack_load_config(e->pack, &e->cfg, err));
     int streaming = o && (o->mem_budget || o->expert_slots), last = -10;
     uint64_t copied = 0;
-    PT_TRY(pack_load_resident(e->pack, !streaming, &copied, o && o->verbose ? load_progress : NULL, &last, err));
+    if (!o || !o->inspect_only)
+        PT_TRY(pack_load_resident(e->pack, !streaming, &copied, o && o->verbose ? load_progress : NULL, &last, err));
     wsource ws;
     wsource_pack(&ws, e->pack);
     PT_TRY(weights_bind(&e->w, &e->cfg, &ws, err));
