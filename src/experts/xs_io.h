@@ -19,6 +19,11 @@ typedef struct xs_ioreq {
     void *user;              /* caller's (the slot) */
 } xs_ioreq;
 
+/* threads: pread threads (pread backend) or checksum threads beside the ring's one (io_uring).
+ * 4 measured best on a 2-core machine streaming GLM-5.2 experts (bench/RESULTS.md). */
+#define XS_IO_MAX_THREADS 8
+#define XS_IO_DEFAULT_THREADS 4
+
 typedef struct xs_io xs_io;
 typedef void (*xs_io_done_fn)(void *ctx, xs_ioreq *r);
 
