@@ -142,6 +142,8 @@ static void bench_prefill(pt_qtype q, int64_t rows, int64_t cols, int n) {
     mat m = make_mat(q, rows, cols);
     float *x = malloc((size_t)(cols * n) * 4), *y = malloc((size_t)(rows * n) * 4);
     for (int64_t j = 0; j < cols * n; j++) x[j] = (float)(rnd() % 1000) / 1000.f - 0.5f;
+    int r16 = getenv("BENCH_R16") && kn_r16_available() && kn_r16_supported(&m.v);
+    if (r16) kn_r16_repack(&m.v);
     kn_matmul(&m.v, x, n, y);
     double best = 1e30;
     for (int rep = 0; rep < 3; rep++) {
@@ -150,8 +152,8 @@ static void bench_prefill(pt_qtype q, int64_t rows, int64_t cols, int n) {
         double t = now() - t0;
         if (t < best) best = t;
     }
-    printf("prefill %-9s [%6lld x %5lld] n=%d  %7.1f GFLOP/s  (%.1f ms)\n", pt_qtype_name(q),
-           (long long)rows, (long long)cols, n, 2.0 * rows * cols * n / best / 1e9, best * 1e3);
+    printf("prefill %-9s [%6lld x %5lld] n=%d  %7.1f GFLOP/s  (%.1f ms)%s\n", pt_qtype_name(q),
+           (long long)rows, (long long)cols, n, 2.0 * rows * cols * n / best / 1e9, best * 1e3, r16 ? "  r16" : "");
     free(m.data); free(m.scale); free(x); free(y);
 }
 
@@ -212,6 +214,48 @@ static void bench_dispatch(void) {
     free(g); free(u); free(d); free(h); free(o); free(t.data); free(t.scale);
 }
 
+/* Prefill's routed experts: NE experts (q4 gate/up [2048 x 6144], down [6144 x 2048]; ~1.3 GB,
+ * so weights come from memory) over n rows each, in batches of 32 experts per kn_matmul_many
+ * (the engine's expert-major prefill). GFLOP/s = 6 * 2048 * 6144 * n * NE / time. */
+static void bench_experts_prefill(int n) {
+    enum { NE = 64, EB = 32 };
+    mat *g = malloc(sizeof(mat) * NE), *u = malloc(sizeof(mat) * NE), *d = malloc(sizeof(mat) * NE);
+    int r16 = getenv("BENCH_R16") != NULL;
+    for (int i = 0; i < NE; i++) {
+        g[i] = make_mat(PT_Q4_G64, 2048, 6144);
+        u[i] = make_mat(PT_Q4_G64, 2048, 6144);
+        d[i] = make_mat(PT_Q4_G64, 6144, 2048);
+        if (r16 && kn_r16_available()) { kn_r16_repack(&g[i].v); kn_r16_repack(&u[i].v); kn_r16_repack(&d[i].v); }
+    }
+    float *x = malloc(sizeof(float) * (size_t)EB * n * 6144), *h = malloc(sizeof(float) * (size_t)EB * n * 2048 * 2),
+          *o = malloc(sizeof(float) * (size_t)EB * n * 6144);
+    for (int64_t j = 0; j < (int64_t)EB * n * 6144; j++) x[j] = (float)(rnd() % 1000) / 1000.f - 0.5f;
+    double best = 1e30;
+    for (int rep = 0; rep < 4; rep++) {
+        double t0 = now();
+        for (int b0 = 0; b0 < NE; b0 += EB) {
+            kn_job jobs[2 * EB];
+            for (int e = 0; e < EB; e++) {
+                float *he = h + (size_t)e * n * 4096;
+                jobs[2 * e] = (kn_job){&g[b0 + e].v, x + (size_t)e * n * 6144, n, he};
+                jobs[2 * e + 1] = (kn_job){&u[b0 + e].v, x + (size_t)e * n * 6144, n, he + (size_t)n * 2048};
+            }
+            kn_matmul_many(jobs, 2 * EB);
+            for (int e = 0; e < EB; e++) jobs[e] = (kn_job){&d[b0 + e].v, h + (size_t)e * n * 4096, n, o + (size_t)e * n * 6144};
+            kn_matmul_many(jobs, EB);
+        }
+        double t = now() - t0;
+        if (t < best) best = t;
+    }
+    printf("prefill experts x%d (q4%s, n=%d each): %.1f GFLOP/s, %.2f ms per expert, weights %.2f GB/s\n", NE,
+           r16 ? " r16" : "", n, 6.0 * 2048 * 6144 * n * NE / best / 1e9, best / NE * 1e3,
+           (double)NE * (g[0].bytes + u[0].bytes + d[0].bytes) / best / 1e9);
+    for (int i = 0; i < NE; i++) {
+        free(g[i].data); free(g[i].scale); free(u[i].data); free(u[i].scale); free(d[i].data); free(d[i].scale);
+    }
+    free(g); free(u); free(d); free(x); free(h); free(o);
+}
+
 int main(int argc, char **argv) {
     int threads = argc > 1 ? atoi(argv[1]) : 0;
     int64_t head_rows = argc > 2 ? atoll(argv[2]) : 40960;
@@ -223,6 +267,10 @@ int main(int argc, char **argv) {
     printf("isa %s, %d threads, int8 activations %s\n", kn_isa_name(), kn_threads(),
            kn_act_quant() ? "on" : "off");
     if (only && !strcmp(only, "dispatch")) { bench_dispatch(); return 0; }
+    if (only && !strcmp(only, "experts")) {
+        bench_experts_prefill(getenv("BENCH_N") ? atoi(getenv("BENCH_N")) : 16);
+        return 0;
+    }
     double fl = mem_floor();
     printf("memory floor (AVX-512 sum of 1 GB): %.2f GB/s\n", fl);
     const pt_qtype Q[] = {PT_BF16, PT_FP8_E4M3, PT_Q8_ROW, PT_Q8_G32, PT_Q4_G64};
@@ -235,7 +283,11 @@ int main(int argc, char **argv) {
         }
     if (!only || !strcmp(only, "prefill"))
         for (int qi = 0; qi < 5; qi++)
-            if (!qsel || strstr(qsel, pt_qtype_name(Q[qi]))) bench_prefill(Q[qi], 6144, 2048, 512);
+            if (!qsel || strstr(qsel, pt_qtype_name(Q[qi]))) {
+                int n = getenv("BENCH_N") ? atoi(getenv("BENCH_N")) : 512;
+                bench_prefill(Q[qi], 6144, 2048, n);
+                bench_prefill(Q[qi], 2048, 6144, n);
+            }
     if (!only) bench_dispatch();
     return 0;
 }

@@ -4,7 +4,7 @@
  * at the group's bias, one convert, one multiply (scales x d) and one fma. The activation dword
  * is a broadcast memory operand. Blocks are walked in address order, so a task streams one
  * contiguous range of weights; for n > 1 a block (16 rows) is reused from L1/L2 for every
- * group of up to 4 activations. Bitwise equal to kn_r16_rows_ref. */
+ * group of up to 8 activations. Bitwise equal to kn_r16_rows_ref. */
 #include <immintrin.h>
 #include <string.h>
 
@@ -23,15 +23,19 @@ AI __m512 scales16(const pt_wview *W, int64_t idx) {
     return _mm512_loadu_ps((const float *)W->scale + idx);
 }
 
+/* B activations (1-8) against one 16-row block. B <= 4: two int32 accumulators per activation
+ * (even/odd dword steps) for enough independent vpdpbusd chains; B > 4: one each (B chains
+ * already hide the latency, and the registers are needed). Integer sums are exact either way,
+ * so every B gives the same bits. */
 AI void block(const int Q4, const int B, const pt_wview *W, int64_t b, const uint8_t *xq, int64_t xs, int i0, float *y) {
-    const int g = Q4 ? 64 : 32;
+    const int g = Q4 ? 64 : 32, split = B <= 4;
     const int64_t cols = W->cols, ng = cols / g, qb = (cols + 63) / 64 * 64, fb = (ng * 4 + 63) / 64 * 64;
     const uint8_t *blk = W->data + b * 16 * W->row_bytes;
-    const uint8_t *xr[4];
-    const float *d[4];
-    const int32_t *bias[4];
-    __m512 acc[4];
-#pragma GCC unroll 4
+    const uint8_t *xr[8];
+    const float *d[8];
+    const int32_t *bias[8];
+    __m512 acc[8];
+#pragma GCC unroll 8
     for (int a = 0; a < B; a++) {
         xr[a] = xq + (int64_t)(i0 + a) * xs;
         d[a] = (const float *)(xr[a] + qb);
@@ -43,48 +47,129 @@ AI void block(const int Q4, const int B, const pt_wview *W, int64_t b, const uin
         const uint8_t *wg = blk + gi * 512;
         _mm_prefetch((const char *)wg + 4096, _MM_HINT_T0);
         _mm_prefetch((const char *)wg + 4096 + 256, _MM_HINT_T0);
-        __m512i ia[4], ib[4];
-#pragma GCC unroll 4
+        __m512i ia[8], ib[4];
+#pragma GCC unroll 8
         for (int a = 0; a < B; a++) {
             ia[a] = _mm512_set1_epi32(bias[a][gi]);
-            ib[a] = _mm512_setzero_si512();
+            if (split) ib[a & 3] = _mm512_setzero_si512();
         }
 #pragma GCC unroll 8
         for (int k = 0; k < 8; k++) {
             __m512i wv = _mm512_loadu_si512((const void *)(wg + k * 64));
             if (!Q4) {
-#pragma GCC unroll 4
+#pragma GCC unroll 8
                 for (int a = 0; a < B; a++) {
                     int32_t xv;
                     memcpy(&xv, xr[a] + gi * 32 + 4 * k, 4);
-                    if (k & 1) ib[a] = _mm512_dpbusd_epi32(ib[a], wv, _mm512_set1_epi32(xv));
+                    if (split && (k & 1)) ib[a & 3] = _mm512_dpbusd_epi32(ib[a & 3], wv, _mm512_set1_epi32(xv));
                     else ia[a] = _mm512_dpbusd_epi32(ia[a], wv, _mm512_set1_epi32(xv));
                 }
             } else {
                 __m512i lo = _mm512_and_si512(wv, m4), hi = _mm512_and_si512(_mm512_srli_epi16(wv, 4), m4);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
                 for (int a = 0; a < B; a++) {
                     int32_t x0, x1;
                     memcpy(&x0, xr[a] + gi * 64 + 8 * k, 4);
                     memcpy(&x1, xr[a] + gi * 64 + 8 * k + 4, 4);
                     ia[a] = _mm512_dpbusd_epi32(ia[a], lo, _mm512_set1_epi32(x0));
-                    ib[a] = _mm512_dpbusd_epi32(ib[a], hi, _mm512_set1_epi32(x1));
+                    if (split) ib[a & 3] = _mm512_dpbusd_epi32(ib[a & 3], hi, _mm512_set1_epi32(x1));
+                    else ia[a] = _mm512_dpbusd_epi32(ia[a], hi, _mm512_set1_epi32(x1));
                 }
             }
         }
         __m512 s = scales16(W, (b * ng + gi) * 16);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int a = 0; a < B; a++) {
-            __m512 f = _mm512_cvtepi32_ps(_mm512_add_epi32(ia[a], ib[a]));
-            acc[a] = _mm512_fmadd_ps(f, _mm512_mul_ps(s, _mm512_set1_ps(d[a][gi])), acc[a]);
+            __m512i t = split ? _mm512_add_epi32(ia[a], ib[a & 3]) : ia[a];
+            acc[a] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_mul_ps(s, _mm512_set1_ps(d[a][gi])), acc[a]);
         }
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int a = 0; a < B; a++) _mm512_storeu_ps(y + (int64_t)(i0 + a) * W->rows + b * 16, acc[a]);
 }
 
+/* Two adjacent blocks (32 rows) against B activations (1-4): each activation dword is broadcast
+ * once for two vpdpbusd, which halves the broadcast loads per multiply (the load ports, not the
+ * multipliers, bound the one-block form); 2 x B independent int32 chains. */
+AI void block2(const int Q4, const int B, const pt_wview *W, int64_t b, const uint8_t *xq, int64_t xs, int i0, float *y) {
+    const int g = Q4 ? 64 : 32;
+    const int64_t cols = W->cols, ng = cols / g, qb = (cols + 63) / 64 * 64, fb = (ng * 4 + 63) / 64 * 64;
+    const uint8_t *blk0 = W->data + b * 16 * W->row_bytes, *blk1 = blk0 + 16 * W->row_bytes;
+    const uint8_t *xr[4];
+    const float *d[4];
+    const int32_t *bias[4];
+    __m512 acc0[4], acc1[4];
+#pragma GCC unroll 4
+    for (int a = 0; a < B; a++) {
+        xr[a] = xq + (int64_t)(i0 + a) * xs;
+        d[a] = (const float *)(xr[a] + qb);
+        bias[a] = (const int32_t *)(xr[a] + qb + fb);
+        acc0[a] = acc1[a] = _mm512_setzero_ps();
+    }
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    for (int64_t gi = 0; gi < ng; gi++) {
+        const uint8_t *w0 = blk0 + gi * 512, *w1 = blk1 + gi * 512;
+        _mm_prefetch((const char *)w0 + 4096, _MM_HINT_T0);
+        _mm_prefetch((const char *)w0 + 4096 + 256, _MM_HINT_T0);
+        _mm_prefetch((const char *)w1 + 4096, _MM_HINT_T0);
+        _mm_prefetch((const char *)w1 + 4096 + 256, _MM_HINT_T0);
+        __m512i i0a[4], i1a[4];
+#pragma GCC unroll 4
+        for (int a = 0; a < B; a++) i0a[a] = i1a[a] = _mm512_set1_epi32(bias[a][gi]);
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) {
+            __m512i v0 = _mm512_loadu_si512((const void *)(w0 + k * 64)), v1 = _mm512_loadu_si512((const void *)(w1 + k * 64));
+            if (!Q4) {
+#pragma GCC unroll 4
+                for (int a = 0; a < B; a++) {
+                    int32_t xv;
+                    memcpy(&xv, xr[a] + gi * 32 + 4 * k, 4);
+                    __m512i xb = _mm512_set1_epi32(xv);
+                    i0a[a] = _mm512_dpbusd_epi32(i0a[a], v0, xb);
+                    i1a[a] = _mm512_dpbusd_epi32(i1a[a], v1, xb);
+                }
+            } else {
+                __m512i lo0 = _mm512_and_si512(v0, m4), hi0 = _mm512_and_si512(_mm512_srli_epi16(v0, 4), m4);
+                __m512i lo1 = _mm512_and_si512(v1, m4), hi1 = _mm512_and_si512(_mm512_srli_epi16(v1, 4), m4);
+#pragma GCC unroll 4
+                for (int a = 0; a < B; a++) {
+                    int32_t x0, x1;
+                    memcpy(&x0, xr[a] + gi * 64 + 8 * k, 4);
+                    memcpy(&x1, xr[a] + gi * 64 + 8 * k + 4, 4);
+                    __m512i xb0 = _mm512_set1_epi32(x0), xb1 = _mm512_set1_epi32(x1);
+                    i0a[a] = _mm512_dpbusd_epi32(i0a[a], lo0, xb0);
+                    i1a[a] = _mm512_dpbusd_epi32(i1a[a], lo1, xb0);
+                    i0a[a] = _mm512_dpbusd_epi32(i0a[a], hi0, xb1);
+                    i1a[a] = _mm512_dpbusd_epi32(i1a[a], hi1, xb1);
+                }
+            }
+        }
+        __m512 s0 = scales16(W, (b * ng + gi) * 16), s1 = scales16(W, ((b + 1) * ng + gi) * 16);
+#pragma GCC unroll 4
+        for (int a = 0; a < B; a++) {
+            __m512 da = _mm512_set1_ps(d[a][gi]);
+            acc0[a] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i0a[a]), _mm512_mul_ps(s0, da), acc0[a]);
+            acc1[a] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i1a[a]), _mm512_mul_ps(s1, da), acc1[a]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int a = 0; a < B; a++) {
+        _mm512_storeu_ps(y + (int64_t)(i0 + a) * W->rows + b * 16, acc0[a]);
+        _mm512_storeu_ps(y + (int64_t)(i0 + a) * W->rows + b * 16 + 16, acc1[a]);
+    }
+}
+
 AI void rows_q(const int Q4, const pt_wview *W, int64_t r0, int64_t r1, const uint8_t *xq, int64_t xs, int n, float *y) {
-    for (int64_t b = r0 / 16; b < r1 / 16; b++)
+    int64_t b = r0 / 16, be = r1 / 16;
+    if (n > 1) /* pairs of blocks; a single one is left for the loop below */
+        for (; b + 1 < be; b += 2)
+            for (int i0 = 0; i0 < n; i0 += 4) switch (n - i0 < 4 ? n - i0 : 4) {
+                case 4: block2(Q4, 4, W, b, xq, xs, i0, y); break;
+                case 3: block2(Q4, 3, W, b, xq, xs, i0, y); break;
+                case 2: block2(Q4, 2, W, b, xq, xs, i0, y); break;
+                default: block2(Q4, 1, W, b, xq, xs, i0, y); break;
+                }
+    for (; b < be; b++)
         for (int i0 = 0; i0 < n; i0 += 4) switch (n - i0 < 4 ? n - i0 : 4) {
             case 4: block(Q4, 4, W, b, xq, xs, i0, y); break;
             case 3: block(Q4, 3, W, b, xq, xs, i0, y); break;
