@@ -507,11 +507,13 @@ CLI_CMD(bench) {
             double ssd_ms = ssd_gbs > 0 ? miss_bytes_tok / (ssd_gbs * 1e9) * 1e3 : 0;
             if (ssd_ms > floor_ms) floor_ms = ssd_ms;
             printf("expert store: %d slots/layer, %s%s; hit rate %.1f%%, misses %.1f/token, %.1f MB needed from SSD/token, I/O wait %.2f ms/token, "
-                   "prefetch %" PRIu64 " issued / %" PRIu64 " used / %" PRIu64 " wasted; lookahead precision %.2f\n",
+                   "disk busy %.2f ms/token, prefetch %" PRIu64 " issued / %" PRIu64 " used / %" PRIu64 " wasted / %" PRIu64 " cancelled; lookahead precision %.2f\n",
                    xs_store_slots(eng->xs), xs_store_uring(eng->xs) ? "io_uring" : "pread", xs_store_direct(eng->xs) ? " + O_DIRECT" : "",
                    100 * hit_rate, (double)(xs1.misses - xs0.misses) / (double)steps, miss_bytes_tok / 1e6,
-                   (double)(xs1.io_wait_ns - xs0.io_wait_ns) / 1e6 / (double)steps, xs1.prefetch_issued - xs0.prefetch_issued,
-                   xs1.prefetch_used - xs0.prefetch_used, xs1.prefetch_wasted - xs0.prefetch_wasted, eng->la_precision);
+                   (double)(xs1.io_wait_ns - xs0.io_wait_ns) / 1e6 / (double)steps,
+                   (double)(xs1.io_busy_ns - xs0.io_busy_ns) / 1e6 / (double)steps, xs1.prefetch_issued - xs0.prefetch_issued,
+                   xs1.prefetch_used - xs0.prefetch_used, xs1.prefetch_wasted - xs0.prefetch_wasted,
+                   xs1.prefetch_cancelled - xs0.prefetch_cancelled, eng->la_precision);
             printf("ssd read bandwidth: %.2f GB/s (O_DIRECT, whole expert records at random, 4 threads, best of a probe before and after decode); floor = max(%.2f ms SSD, %.2f ms memory)\n",
                    ssd_gbs, ssd_ms, (double)bytes_tok / (bw * 1e9) * 1e3);
         }

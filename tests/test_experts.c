@@ -458,6 +458,63 @@ TEST(experts, faults_injected) {
     }
 }
 
+/* Once a layer's routing is known, queued wrong guesses are dropped; reads that started land.
+ * One read in flight (depth 1, one pread thread) held 50 ms by the fault seam keeps the rest
+ * queued. Also: xs_store_state and its queue order, the disk-busy clock. */
+TEST(experts, prefetch_cancel) {
+    synth sy;
+    synth_make(&sy, "cancel.rec");
+    int backs[2] = {XS_BACKEND_URING, XS_BACKEND_PREAD};
+    for (int bi = 0; bi < 2; bi++) {
+        xs_source src = {.ctx = &sy, .path = sy.path, .fd = -1, .n_layers = SL, .n_experts = SE,
+                         .record = synth_record, .views = synth_views};
+        xs_plan_in in = {.expert_slots = 6, .record_bytes = sy.max_bytes, .n_layers = SL, .n_experts = SE};
+        xs_plan plan;
+        petrel_error err = {0};
+        CHECK_EQ_INT(xs_plan_make(&in, &plan, &err), 0);
+        xs_store_opts o = {.backend = backs[bi], .io_threads = 1, .io_depth = 1};
+        xs_store *st = NULL;
+        if (xs_store_create(&src, &plan, &o, &st, &err) == PETREL_EUNSUPPORTED) continue;
+        CHECK(st != NULL);
+        if (!st) return;
+        fault_plan fp = {.layer = 1, .expert = 0, .delay_ns = 50 * 1000 * 1000};
+        xs_io_fault_ctx = &fp;
+        xs_io_fault_hook = fault_fn;
+        int32_t ids[4] = {0, 1, 2, 3};
+        CHECK_EQ_INT(xs_prefetch(st, 1, ids, 4), 4);
+        uint64_t q0 = 0, q1 = 0;
+        CHECK_EQ_INT(xs_store_state(st, 1, 0, &q0), XS_LOADING);
+        CHECK_EQ_INT(xs_store_state(st, 1, 1, &q1), XS_LOADING);
+        CHECK(q0 < q1);
+        CHECK_EQ_INT(xs_store_state(st, 1, 5, NULL), XS_ABSENT);
+        uint8_t keep[SE] = {0};
+        keep[0] = keep[1] = 1;
+        CHECK_EQ_INT(xs_cancel_prefetches(st, 1, keep), 2); /* 2 and 3 had not started */
+        CHECK_EQ_INT(xs_store_state(st, 1, 2, NULL), XS_ABSENT);
+        CHECK_EQ_INT(xs_store_state(st, 1, 3, NULL), XS_ABSENT);
+        xs_store_drain(st);
+        xs_io_fault_hook = NULL;
+        xs_io_fault_ctx = NULL;
+        CHECK_EQ_INT(xs_store_state(st, 1, 0, NULL), XS_READY);
+        CHECK_EQ_INT(xs_store_state(st, 1, 1, NULL), XS_READY);
+        CHECK_EQ_INT(xs_cancel_prefetches(st, 1, keep), 0); /* nothing queued any more */
+        /* the freed slots are usable, and the kept guesses are hits */
+        int32_t four[4] = {0, 1, 2, 3};
+        xs_expert_ref r[4];
+        CHECK_EQ_INT(xs_acquire(st, 1, four, 4, r, &err), 0);
+        for (int i = 0; i < 4; i++) CHECK(bytes_ok(&sy, 1, four[i], &r[i]));
+        xs_release(st, 1, r, 4);
+        xs_stats s;
+        xs_store_stats(st, &s);
+        CHECK_EQ_INT(s.prefetch_cancelled, 2);
+        CHECK_EQ_INT(s.prefetch_used, 2);
+        CHECK_EQ_INT(s.hits, 2);
+        CHECK_EQ_INT(s.misses, 2);
+        CHECK(s.io_busy_ns > 0);
+        xs_store_free(st);
+    }
+}
+
 TEST(experts, checksum_mismatch) {
     synth sy;
     synth_make(&sy, "corrupt.rec");

@@ -1,4 +1,5 @@
-/* io.c: the expert store's I/O pool. One thread drives an io_uring (queue depth 64) and hands
+/* io.c: the expert store's I/O pool. One thread drives an io_uring (at most `depth` whole-expert
+ * reads in flight, default 4, so reads finish roughly in queue order and what is still queued can be cancelled) and hands
  * each completed read to `threads` checker threads (XXH64 of a 19 MB GLM-5.2 expert takes ~2 ms,
  * as long as the read itself at 8 GB/s: checked serially on the ring's thread it became the
  * bottleneck); where io_uring cannot be set up, `threads` threads each pread and check.
@@ -41,6 +42,9 @@ struct xs_io {
     xs_ioreq *head, *tail;   /* pending, FIFO */
     int stop;
     int n_threads;            /* pread threads, or 1 (the ring's) */
+    int depth;                /* uring: requests in flight at most */
+    int active;               /* reads in progress (under mu) */
+    uint64_t busy_since, busy_ns; /* time with at least one read in progress */
     pthread_t th[XS_IO_MAX_THREADS];
     struct io_uring ring;
     /* uring only: reads done, checksum pending, FIFO; checker threads drain it */
@@ -49,6 +53,33 @@ struct xs_io {
     pthread_cond_t ccv;
     pthread_t cth[XS_IO_MAX_THREADS];
 };
+
+static uint64_t mono_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Busy accounting: d = +1 when a read starts, -1 when it ends. Caller holds mu. */
+static void busy_locked(xs_io *io, int d) {
+    int was = io->active;
+    io->active += d;
+    if (!was && io->active) io->busy_since = mono_ns();
+    if (was && !io->active) io->busy_ns += mono_ns() - io->busy_since;
+}
+
+static void busy(xs_io *io, int d) {
+    pthread_mutex_lock(&io->mu);
+    busy_locked(io, d);
+    pthread_mutex_unlock(&io->mu);
+}
+
+uint64_t xs_io_busy_ns(xs_io *io) {
+    pthread_mutex_lock(&io->mu);
+    uint64_t t = io->busy_ns + (io->active ? mono_ns() - io->busy_since : 0);
+    pthread_mutex_unlock(&io->mu);
+    return t;
+}
 
 int xs_io_direct(const xs_io *io) { return io->direct; }
 int xs_io_uring(const xs_io *io) { return io->uring; }
@@ -162,7 +193,12 @@ static void *pread_thread(void *arg) {
         pthread_mutex_unlock(&io->mu);
         if (!r) return NULL; /* stop with an empty queue */
         int rc;
-        while ((rc = read_finished(io, r, pread_all(io->fd, r->buf, r->len, r->off))) == 1) {}
+        do {
+            busy(io, 1);
+            int64_t res = pread_all(io->fd, r->buf, r->len, r->off);
+            busy(io, -1);
+            rc = read_finished(io, r, res);
+        } while (rc == 1);
         if (rc == 2) check_finish(io, r);
     }
 }
@@ -178,11 +214,18 @@ static void *uring_thread(void *arg) {
             pthread_mutex_unlock(&io->mu);
             return NULL;
         }
-        if (io->head) { /* take everything pending */
-            if (ltail) ltail->next = io->head;
-            else local = io->head;
-            ltail = io->tail;
-            io->head = io->tail = NULL;
+        /* Take pending requests only up to `depth` in flight: reads then finish in queue order,
+         * one after another at full speed, instead of all together at the end (a 19 MB read is
+         * already split into many device requests by the kernel). What stays queued can still
+         * be cancelled or overtaken. */
+        int nl = 0;
+        for (xs_ioreq *r = local; r; r = r->next) nl++;
+        while (io->head && inflight + nl < io->depth) {
+            xs_ioreq *r = pop_locked(io);
+            if (ltail) ltail->next = r;
+            else local = r;
+            ltail = r;
+            nl++;
         }
         pthread_mutex_unlock(&io->mu);
         int queued = 0;
@@ -198,6 +241,7 @@ static void *uring_thread(void *arg) {
             inflight++;
             queued++;
         }
+        if (queued) busy(io, queued);
         /* a failed submit (EAGAIN/EBUSY) leaves the SQEs queued; the next submit retries them */
         if (queued) (void)io_uring_submit(&io->ring);
         if (!inflight) continue;
@@ -212,6 +256,7 @@ static void *uring_thread(void *arg) {
             int64_t res = cqe->res;
             n++;
             inflight--;
+            busy(io, -1);
             /* a short read of a regular file before EOF: finish it with pread (rare) */
             if (res >= 0 && (uint64_t)res < r->len && (uint64_t)res < r->bytes) {
                 int64_t more = pread_all(io->fd, r->buf + res, r->len - (uint64_t)res, r->off + (uint64_t)res);
@@ -248,12 +293,13 @@ static int probe_direct(const char *path) {
     return fd;
 }
 
-int xs_io_open(xs_io **out, const char *path, int fd, int mode, int backend, int threads, int retries, int verify,
-               xs_io_done_fn done, void *ctx, petrel_error *err) {
+int xs_io_open(xs_io **out, const char *path, int fd, int mode, int backend, int threads, int depth, int retries,
+               int verify, xs_io_done_fn done, void *ctx, petrel_error *err) {
     *out = NULL;
     xs_io *io = calloc(1, sizeof *io);
     if (!io) return pt_err(err, PETREL_ENOMEM, "expert I/O: out of memory");
     io->retries = retries < 0 ? 0 : retries;
+    io->depth = depth <= 0 ? XS_IO_DEFAULT_DEPTH : depth > QD ? QD : depth;
     io->verify = verify;
     io->done = done;
     io->ctx = ctx;
@@ -327,6 +373,22 @@ void xs_io_submit(xs_io *io, xs_ioreq **reqs, int n) {
     }
     pthread_cond_broadcast(&io->cv);
     pthread_mutex_unlock(&io->mu);
+}
+
+int xs_io_cancel(xs_io *io, xs_ioreq *r) {
+    int found = 0;
+    pthread_mutex_lock(&io->mu);
+    for (xs_ioreq *p = NULL, *q = io->head; q; p = q, q = q->next)
+        if (q == r) {
+            if (p) p->next = q->next;
+            else io->head = q->next;
+            if (io->tail == q) io->tail = p;
+            q->next = NULL;
+            found = 1;
+            break;
+        }
+    pthread_mutex_unlock(&io->mu);
+    return found;
 }
 
 void xs_io_close(xs_io *io) {

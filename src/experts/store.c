@@ -27,6 +27,7 @@ typedef struct xs_slot {
     int expert;           /* -1 when FREE */
     int state, refs;
     int prefetched;       /* loaded by a prefetch and not acquired since */
+    uint64_t seq;         /* order in which its read was queued */
     xs_ioreq req;
     pt_wview gate, up, down;
     int layer, index;
@@ -38,6 +39,7 @@ struct xs_store {
     xs_store_opts opts;
     int L, E, S;
     uint64_t slot_bytes;
+    uint64_t next_seq;
     uint8_t *mem;         /* owned [L][S][slot_bytes], 4096-aligned */
     xs_slot *slots;       /* owned [L][S] */
     int32_t *map;         /* owned [L][E]: slot or -1 */
@@ -175,7 +177,7 @@ int xs_store_create(const xs_source *src, const xs_plan *plan, const xs_store_op
         }
         mode = XS_IO_BUFFERED;
     }
-    if ((rc = xs_io_open(&s->io, src->path, src->fd, mode, s->opts.backend, s->opts.io_threads, s->opts.retries,
+    if ((rc = xs_io_open(&s->io, src->path, src->fd, mode, s->opts.backend, s->opts.io_threads, s->opts.io_depth, s->opts.retries,
                          verify, on_done, s, err)))
         goto fail;
     *out = s;
@@ -241,6 +243,7 @@ static void start_load(xs_store *s, int layer, int i, int e, xs_ioreq **batch, i
     size_t ri = (size_t)layer * s->E + e;
     sl->expert = e;
     sl->state = SL_LOADING;
+    sl->seq = s->next_seq++;
     memset(&sl->gate, 0, sizeof sl->gate);
     memset(&sl->up, 0, sizeof sl->up);
     memset(&sl->down, 0, sizeof sl->down);
@@ -430,6 +433,7 @@ void xs_store_stats(const xs_store *s, xs_stats *out) {
     pthread_mutex_lock(&m->mu);
     *out = s->st;
     pthread_mutex_unlock(&m->mu);
+    if (m->io) out->io_busy_ns = xs_io_busy_ns(m->io);
 }
 
 void xs_store_note_tokens(xs_store *s, uint64_t n) {
@@ -456,6 +460,41 @@ int xs_store_slot_of(const xs_store *s, int layer, int expert) {
     int r = m->map[(size_t)layer * s->E + expert];
     pthread_mutex_unlock(&m->mu);
     return r;
+}
+
+int xs_store_state(const xs_store *s, int layer, int expert, uint64_t *seq) {
+    xs_store *m = (xs_store *)s;
+    pthread_mutex_lock(&m->mu);
+    int i = m->map[(size_t)layer * s->E + expert], st = XS_ABSENT;
+    if (i >= 0) {
+        xs_slot *sl = slot_at(m, layer, i);
+        st = sl->state == SL_READY ? XS_READY : sl->state == SL_LOADING ? XS_LOADING : XS_ABSENT;
+        if (seq) *seq = sl->seq;
+    }
+    pthread_mutex_unlock(&m->mu);
+    return st;
+}
+
+int xs_cancel_prefetches(xs_store *s, int layer, const uint8_t *keep) {
+    if (layer < 0 || layer >= s->L) return 0;
+    int n = 0;
+    pthread_mutex_lock(&s->mu);
+    int32_t *m = map_at(s, layer);
+    for (int i = 0; i < s->S; i++) {
+        xs_slot *sl = slot_at(s, layer, i);
+        if (sl->state != SL_LOADING || !sl->prefetched || sl->refs || keep[sl->expert]) continue;
+        if (!xs_io_cancel(s->io, &sl->req)) continue; /* its read has started: let it land */
+        if (m[sl->expert] == i) m[sl->expert] = -1;
+        sl->state = SL_FREE;
+        sl->expert = -1;
+        sl->prefetched = 0;
+        s->inflight--;
+        s->st.prefetch_cancelled++;
+        n++;
+    }
+    if (n) pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    return n;
 }
 
 int xs_store_pinned(const xs_store *s, int layer, int expert) { return s->pol[layer].pinned[expert]; }

@@ -134,8 +134,10 @@ typedef struct xs_stats {
     uint64_t accesses;        /* experts requested through acquire */
     uint64_t hits, misses;    /* hits include experts loaded by a prefetch (ready or in flight) */
     uint64_t prefetch_issued, prefetch_used, prefetch_wasted; /* wasted: evicted unused */
+    uint64_t prefetch_cancelled; /* dropped from the queue before their read started */
     uint64_t reads, bytes_read, read_retries, read_failures, checksum_failures;
     uint64_t io_wait_ns;      /* time acquire waited for reads */
+    uint64_t io_busy_ns;      /* time with at least one read in progress */
     uint64_t evictions;
     uint64_t tokens;          /* advanced by xs_store_note_tokens, for per-token figures */
 } xs_stats;
@@ -146,6 +148,7 @@ typedef struct xs_store_opts {
     int io_mode;              /* XS_IO_AUTO: O_DIRECT if the probe works, else buffered */
     int backend;              /* XS_BACKEND_AUTO: io_uring if it initialises, else pread */
     int io_threads;           /* pread threads, or checksum threads beside io_uring's (1-8; 0 = 4) */
+    int io_depth;             /* io_uring: whole-expert reads in flight (0 = 4) */
     int retries;              /* extra attempts after a failed or short read; default 1 */
     int verify;               /* checksum every read (default 1; -1 = off) */
     xs_policy_params policy;  /* zero = defaults */
@@ -168,6 +171,14 @@ void xs_release(xs_store *s, int layer, const xs_expert_ref *refs, int n);
 /* Asynchronous hint: starts reading the experts not resident, evicting only what the policy
  * would; never waits, never fails (a failed prefetch just frees its slot). Returns reads issued. */
 int xs_prefetch(xs_store *s, int layer, const int32_t *experts, int n);
+/* Drops the queued prefetches of `layer` whose expert is not in keep[E] and whose read has not
+ * started (once a layer's routing is known, wrong guesses should not delay its misses).
+ * Returns how many were dropped. */
+int xs_cancel_prefetches(xs_store *s, int layer, const uint8_t *keep);
+/* Where (layer, expert) stands: not in a slot, its read queued or running, or ready; for the
+ * last two *seq (if not NULL) tells the order in which reads were queued. */
+enum { XS_ABSENT = 0, XS_LOADING = 1, XS_READY = 2 };
+int xs_store_state(const xs_store *s, int layer, int expert, uint64_t *seq);
 /* Waits for every read in flight (tests, shutdown, timing). */
 void xs_store_drain(xs_store *s);
 int xs_store_slots(const xs_store *s);

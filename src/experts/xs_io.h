@@ -23,13 +23,21 @@ typedef struct xs_ioreq {
  * 4 measured best on a 2-core machine streaming GLM-5.2 experts (bench/RESULTS.md). */
 #define XS_IO_MAX_THREADS 8
 #define XS_IO_DEFAULT_THREADS 4
+/* io_uring: whole-expert reads in flight at once (0 = this default; as many as the 4 pread
+ * threads keep busy, which measured best; fewer in flight leave more queued reads cancellable). */
+#define XS_IO_DEFAULT_DEPTH 4
 
 typedef struct xs_io xs_io;
 typedef void (*xs_io_done_fn)(void *ctx, xs_ioreq *r);
 
 /* path: opened here (O_DIRECT probed per mode); path NULL: fd borrowed as is. */
-int xs_io_open(xs_io **out, const char *path, int fd, int mode, int backend, int threads, int retries,
+int xs_io_open(xs_io **out, const char *path, int fd, int mode, int backend, int threads, int depth, int retries,
                int verify, xs_io_done_fn done, void *ctx, petrel_error *err);
+/* Removes r from the queue if no read of it has started: returns 1 and done() is never called
+ * for it; 0 if it was already taken (it completes as usual). */
+int xs_io_cancel(xs_io *io, xs_ioreq *r);
+/* Nanoseconds so far with at least one read in progress (the disk's busy time as we see it). */
+uint64_t xs_io_busy_ns(xs_io *io);
 void xs_io_close(xs_io *io);
 /* Queues n requests (any order of completion). Never blocks on I/O. */
 void xs_io_submit(xs_io *io, xs_ioreq **reqs, int n);

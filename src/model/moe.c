@@ -273,12 +273,29 @@ int moe_forward(petrel_session *s, int l, const layer_w *lw, const layer_w *next
         }
         me->la_rounds++;
     }
-    /* Run order: experts already in a slot first, then the misses, whose reads start as soon as
-     * the first chunk is acquired and overlap the compute of the resident ones. */
+    /* Guesses for this layer that turned out wrong and have not started reading are dropped, so
+     * they do not delay the misses queued behind them. */
+    if (ml >= 0) xs_cancel_prefetches(xst, ml, chosen);
+    /* Run order: experts whose bytes are in a slot first, then those still reading (a prefetch
+     * in flight, in the order it was queued), then the misses, whose reads start as soon as the
+     * first chunk is acquired and overlap the compute of the resident ones. */
     int U = 0, n_hit = 0;
-    for (int pass = 0; pass < 2; pass++) {
-        for (int e = 0; e < E; e++)
-            if (chosen[e] && (ml < 0 ? pass == 0 : (xs_store_slot_of(xst, ml, e) >= 0) == (pass == 0))) order[U++] = e;
+    for (int pass = 0; pass < 3; pass++) {
+        int u0 = U;
+        for (int e = 0; e < E; e++) {
+            if (!chosen[e]) continue;
+            uint64_t q = 0;
+            int st = ml < 0 ? XS_READY : xs_store_state(xst, ml, e, &q);
+            if ((pass == 0 && st == XS_READY) || (pass == 1 && st == XS_LOADING) || (pass == 2 && st == XS_ABSENT)) {
+                int j = U++; /* loading ones by queue order (insertion; a handful) */
+                uint64_t qj;
+                while (pass == 1 && j > u0 && xs_store_state(xst, ml, order[j - 1], &qj) == XS_LOADING && qj > q) {
+                    order[j] = order[j - 1];
+                    j--;
+                }
+                order[j] = e;
+            }
+        }
         if (pass == 0) n_hit = U;
     }
     t1 = pt_now_ns();
