@@ -52,6 +52,10 @@ void stream_close(petrel_engine *e);
 void stream_trace_note(petrel_engine *e, int layer, const int32_t *idx, int T, int K);
 int stream_trace_flush(petrel_engine *e, int T, petrel_error *err);
 /* Arena bytes a session of ctx tokens takes (for memory plans). */
+/* Rows per forward chunk (prefill), streaming and resident. */
+#define PT_STREAM_CHUNK 256
+#define PT_RESIDENT_CHUNK 512
+/* Scratch a streaming session of ctx tokens takes (its memory plan counts it). */
 size_t session_scratch_estimate(const petrel_config *c, int ctx);
 
 typedef enum { MLA_AUTO = 0, MLA_ABSORBED = 1, MLA_RECONSTRUCTED = 2 } mla_mode;

@@ -8,6 +8,8 @@
  * the rows that chose it. Each row accumulates its experts in ascending expert id, so a row's
  * result does not depend on the other rows of the batch. */
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/err.h"
