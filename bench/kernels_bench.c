@@ -287,6 +287,7 @@ int main(int argc, char **argv) {
                 int n = getenv("BENCH_N") ? atoi(getenv("BENCH_N")) : 512;
                 bench_prefill(Q[qi], 6144, 2048, n);
                 bench_prefill(Q[qi], 2048, 6144, n);
+                if (getenv("BENCH_WIDE")) bench_prefill(Q[qi], 6144, 16384, n); /* GLM-5.2 o_proj */
             }
     if (!only) bench_dispatch();
     return 0;

@@ -118,70 +118,103 @@ static int absorbed(petrel_session *s, int l, const layer_w *lw, const float *q,
 
 /* ---- reconstructed ---- */
 
+typedef struct {
+    const layer_w *lw;
+    const float *q, *C, *PE;   /* q [T][NH][Dqk]; the layer's latent cache and rope keys */
+    const int32_t *sel;
+    const int *sel_n;
+    int sel_stride, T, P, N, NH, Dn, Dr, Dv, Dqk;
+    float scale;
+    float *out;                /* [T][NH][Dv] */
+    float *scr;                /* per thread: rec_floats() floats */
+    size_t per;
+} rec_job;
+
+/* Scratch of one head, in floats, each piece 64-byte aligned. */
+static size_t rec_floats(int T, int N, int Dn, int Dqk, int Dv) {
+#define A16(x) (((size_t)(x) + 15) / 16 * 16)
+    return A16((size_t)N * Dn) + A16((size_t)N * Dqk) + 2 * A16((size_t)Dv * N) + A16((size_t)T * Dqk) + A16((size_t)T * N) +
+           A16((size_t)T * Dv) + A16(N / 4 + 1);
+}
+
+static void rec_head(const rec_job *j, int h, float *scr) {
+    const int T = j->T, P = j->P, N = j->N, Dn = j->Dn, Dr = j->Dr, Dv = j->Dv, Dqk = j->Dqk, NH = j->NH;
+    float *kn = scr, *kh = kn + A16((size_t)N * Dn), *vt = kh + A16((size_t)N * Dqk), *vn = vt + A16((size_t)Dv * N);
+    float *qh = vn + A16((size_t)Dv * N), *S = qh + A16((size_t)T * Dqk), *oh = S + A16((size_t)T * N);
+    uint8_t *keep = (uint8_t *)(oh + A16((size_t)T * Dv));
+#undef A16
+    kn_matmul(&j->lw->w_uk[h], j->C, N, kn); /* k_nope [N][Dn] */
+    for (int t = 0; t < N; t++) {
+        memcpy(kh + (size_t)t * Dqk, kn + (size_t)t * Dn, sizeof(float) * (size_t)Dn);
+        memcpy(kh + (size_t)t * Dqk + Dn, j->PE + (size_t)t * Dr, sizeof(float) * (size_t)Dr);
+    }
+    kn_matmul(&j->lw->w_uv[h], j->C, N, vn); /* V [N][Dv] = C W_UV^T, the same product as decode's */
+    for (int t0 = 0; t0 < N; t0 += 16) /* V^T [Dv][N], in 16 x 16 tiles */
+        for (int d0 = 0; d0 < Dv; d0 += 16)
+            for (int t = t0; t < t0 + 16 && t < N; t++)
+                for (int d = d0; d < d0 + 16 && d < Dv; d++) vt[(size_t)d * N + t] = vn[(size_t)t * Dv + d];
+    for (int r = 0; r < T; r++) memcpy(qh + (size_t)r * Dqk, j->q + ((size_t)r * NH + h) * Dqk, sizeof(float) * (size_t)Dqk);
+    /* Causal: rows [r0, r1) see keys < P + r1 at most, so S and O run over that prefix (rounded
+     * up to 16 keys; the rest of a row would only be masked). */
+    for (int r0 = 0; r0 < T; r0 += 64) {
+        int r1 = r0 + 64 < T ? r0 + 64 : T, Nc = (P + r1 + 15) / 16 * 16;
+        if (Nc > N) Nc = N;
+        float *Sc = S + (size_t)r0 * N; /* [r1 - r0][Nc] */
+        pt_wview vk = f32_view(kh, Nc, Dqk);
+        kn_matmul(&vk, qh + (size_t)r0 * Dqk, r1 - r0, Sc);
+        for (int r = r0; r < r1; r++) {
+            float *row = Sc + (size_t)(r - r0) * Nc;
+            const int32_t *sr = j->sel + (size_t)r * j->sel_stride;
+            int n = j->sel_n[r];
+            if (n == P + r + 1) { /* every causal key */
+                for (int t = 0; t < n; t++) row[t] *= j->scale;
+                for (int t = n; t < Nc; t++) row[t] = -INFINITY;
+            } else {
+                memset(keep, 0, (size_t)Nc);
+                for (int i = 0; i < n; i++) keep[sr[i]] = 1;
+                for (int t = 0; t < Nc; t++) row[t] = keep[t] ? row[t] * j->scale : -INFINITY;
+            }
+            kn_softmax(row, Nc);
+        }
+        pt_wview vv = f32_view(vt, Dv, Nc);
+        vv.row_bytes = (int64_t)N * 4; /* the first Nc keys of each V^T row */
+        kn_matmul(&vv, Sc, r1 - r0, oh + (size_t)r0 * Dv); /* O [T][Dv] */
+    }
+    for (int r = 0; r < T; r++) memcpy(j->out + ((size_t)r * NH + h) * Dv, oh + (size_t)r * Dv, sizeof(float) * (size_t)Dv);
+}
+
+/* One head per task: its products run single-threaded inside (a nested pool_run is inline),
+ * so the pool meets once per layer instead of five times per head. */
+static void rec_task(void *ctx, int h, int thread) {
+    const rec_job *j = ctx;
+    rec_head(j, h, j->scr + (size_t)thread * j->per);
+}
+
 static int reconstructed(petrel_session *s, int l, const layer_w *lw, const float *q, int T, const int32_t *sel, const int *sel_n,
                          int sel_stride, float *out, petrel_error *err) {
     const petrel_config *c = &s->eng->cfg;
-    int NH = c->num_attention_heads, Dn = c->qk_nope_head_dim, Dr = c->qk_rope_head_dim, Dv = c->v_head_dim;
-    int Dqk = c->qk_head_dim, P = s->len, N = P + T;
-    const float scale = (float)(1.0 / sqrt((double)Dqk));
-    float *kn = ar_alloc(&s->ar, sizeof(float) * (size_t)N * Dn);
-    float *kh = ar_alloc(&s->ar, sizeof(float) * (size_t)N * Dqk);
-    float *vt = ar_alloc(&s->ar, sizeof(float) * (size_t)Dv * N);
-    float *vn = ar_alloc(&s->ar, sizeof(float) * (size_t)N * Dv);
-    float *qh = ar_alloc(&s->ar, sizeof(float) * (size_t)T * Dqk);
-    float *S = ar_alloc(&s->ar, sizeof(float) * (size_t)T * N);
-    float *oh = ar_alloc(&s->ar, sizeof(float) * (size_t)T * Dv);
-    uint8_t *keep = ar_alloc(&s->ar, (size_t)N);
-    if (!kn || !kh || !vt || !vn || !qh || !S || !oh || !keep) return pt_err(err, PETREL_ENOMEM, "attention scratch exhausted (layer %d)", l);
-    const float *C = s->kv_c[l], *PE = s->kv_pe[l];
-    for (int h = 0; h < NH; h++) {
-        kn_matmul(&lw->w_uk[h], C, N, kn); /* k_nope [N][Dn] */
-        for (int t = 0; t < N; t++) {
-            memcpy(kh + (size_t)t * Dqk, kn + (size_t)t * Dn, sizeof(float) * (size_t)Dn);
-            memcpy(kh + (size_t)t * Dqk + Dn, PE + (size_t)t * Dr, sizeof(float) * (size_t)Dr);
-        }
-        kn_matmul(&lw->w_uv[h], C, N, vn); /* V [N][Dv] = C W_UV^T, the same product as decode's */
-        for (int t0 = 0; t0 < N; t0 += 16) /* V^T [Dv][N], in 16 x 16 tiles */
-            for (int d0 = 0; d0 < Dv; d0 += 16)
-                for (int t = t0; t < t0 + 16 && t < N; t++)
-                    for (int d = d0; d < d0 + 16 && d < Dv; d++) vt[(size_t)d * N + t] = vn[(size_t)t * Dv + d];
-        for (int r = 0; r < T; r++) memcpy(qh + (size_t)r * Dqk, q + ((size_t)r * NH + h) * Dqk, sizeof(float) * (size_t)Dqk);
-        /* Causal: rows [r0, r1) see keys < P + r1 at most, so S and O run over that prefix
-         * (rounded up to 16 keys; the rest of a row would only be masked). */
-        for (int r0 = 0; r0 < T; r0 += 64) {
-            int r1 = r0 + 64 < T ? r0 + 64 : T, Nc = (P + r1 + 15) / 16 * 16;
-            if (Nc > N) Nc = N;
-            float *Sc = S + (size_t)r0 * N; /* [r1 - r0][Nc] */
-            pt_wview vk = f32_view(kh, Nc, Dqk);
-            kn_matmul(&vk, qh + (size_t)r0 * Dqk, r1 - r0, Sc);
-            for (int r = r0; r < r1; r++) {
-                float *row = Sc + (size_t)(r - r0) * Nc;
-                const int32_t *sr = sel + (size_t)r * sel_stride;
-                int n = sel_n[r];
-                if (n == P + r + 1) { /* every causal key */
-                    for (int t = 0; t < n; t++) row[t] *= scale;
-                    for (int t = n; t < Nc; t++) row[t] = -INFINITY;
-                } else {
-                    memset(keep, 0, (size_t)Nc);
-                    for (int i = 0; i < n; i++) keep[sr[i]] = 1;
-                    for (int t = 0; t < Nc; t++) row[t] = keep[t] ? row[t] * scale : -INFINITY;
-                }
-                kn_softmax(row, Nc);
-            }
-            pt_wview vv = f32_view(vt, Dv, Nc);
-            vv.row_bytes = (int64_t)N * 4; /* the first Nc keys of each V^T row */
-            kn_matmul(&vv, Sc, r1 - r0, oh + (size_t)r0 * Dv); /* O [T][Dv] */
-        }
-        for (int r = 0; r < T; r++) memcpy(out + ((size_t)r * NH + h) * Dv, oh + (size_t)r * Dv, sizeof(float) * (size_t)Dv);
+    rec_job j = {lw, q, s->kv_c[l], s->kv_pe[l], sel, sel_n, sel_stride, T, s->len, s->len + T, c->num_attention_heads,
+                 c->qk_nope_head_dim, c->qk_rope_head_dim, c->v_head_dim, c->qk_head_dim,
+                 (float)(1.0 / sqrt((double)c->qk_head_dim)), out, NULL, 0};
+    j.per = rec_floats(T, j.N, j.Dn, j.Dqk, j.Dv);
+    int nt = pool_threads(kn_pool());
+    j.scr = nt > 1 ? ar_alloc(&s->ar, sizeof(float) * j.per * (size_t)nt) : NULL;
+    if (j.scr) {
+        pool_run(kn_pool(), j.NH, rec_task, &j);
+        return 0;
     }
+    /* one head at a time, each product threaded (one thread, or scratch for one head only) */
+    j.scr = ar_alloc(&s->ar, sizeof(float) * j.per);
+    if (!j.scr) return pt_err(err, PETREL_ENOMEM, "attention scratch exhausted (layer %d)", l);
+    for (int h = 0; h < j.NH; h++) rec_head(&j, h, j.scr);
     return 0;
 }
 
 size_t mla_scratch_bytes(const petrel_config *c, int T, int N) {
     size_t NH = c->num_attention_heads, Dn = c->qk_nope_head_dim, Dr = c->qk_rope_head_dim, Dv = c->v_head_dim;
-    size_t Rkv = c->kv_lora_rank, Dqk = c->qk_head_dim, n = (size_t)N, t = (size_t)T;
+    size_t Rkv = c->kv_lora_rank, Dqk = c->qk_head_dim, n = (size_t)N;
     size_t abs_ = NH * Rkv * 2 + NH * Dr + n * Rkv * 2 + n * Dr + 2 * NH * n;
-    size_t rec = n * Dn + n * Dqk + Dv * n + n * Dv + t * Dqk + t * n + t * Dv + n / 4 + 1;
+    size_t rec = rec_floats(T, N, (int)Dn, (int)Dqk, (int)Dv) * (size_t)pool_threads(kn_pool()) + 16;
     return (abs_ > rec ? abs_ : rec) * 4 + 64 * 16;
 }
 
