@@ -94,6 +94,20 @@ int mlp_dense(petrel_session *s, const layer_w *lw, const float *x, int T, float
 
 typedef struct { const pt_wview *g, *u, *d; } expert_views;
 
+/* Copies the rows that chose expert e to xs (consecutive) and their (row, choice) index to
+ * slot; returns how many. */
+static int gather_rows(int e, const int32_t *idx, int T, int K, const float *x, int H, float *xs, int32_t *slot) {
+    int m = 0;
+    for (int r = 0; r < T; r++)
+        for (int k = 0; k < K; k++)
+            if (idx[(size_t)r * K + k] == e) {
+                slot[m] = r * K + k;
+                memcpy(xs + (size_t)m * H, x + (size_t)r * H, sizeof(float) * (size_t)H);
+                m++;
+            }
+    return m;
+}
+
 /* Runs experts ids[0..n) (views v[i]) over the rows that chose them; row r's output from its
  * k-th choice lands unscaled in yk[r][k]. */
 static int run_experts(petrel_session *s, const int32_t *ids, int n, const expert_views *v, const int32_t *idx, const float *x,
@@ -139,14 +153,7 @@ static int run_experts(petrel_session *s, const int32_t *ids, int n, const exper
     if (!gb || !ub) { /* one expert at a time */
         s->ar.used = mark;
         for (int i = 0; i < n; i++) {
-            int e = ids[i], m = 0;
-            for (int r = 0; r < T; r++)
-                for (int k = 0; k < K; k++)
-                    if (idx[(size_t)r * K + k] == e) {
-                        slot[m] = r * K + k;
-                        memcpy(xs + (size_t)m * H, x + (size_t)r * H, sizeof(float) * (size_t)H);
-                        m++;
-                    }
+            int m = gather_rows(ids[i], idx, T, K, x, H, xs, slot);
             if (!m) continue;
             PT_TRY(swiglu(s, v[i].g, v[i].u, v[i].d, xs, m, ys, err));
             for (int j = 0; j < m; j++) memcpy(yk + (size_t)slot[j] * H, ys + (size_t)j * H, sizeof(float) * (size_t)H);
@@ -162,13 +169,7 @@ static int run_experts(petrel_session *s, const int32_t *ids, int n, const exper
             for (int q = 0; q < T * K; q++) c0 += idx[q] == e;
             if (m + c0 > T) break; /* the next batch takes it */
             start[ne] = m;
-            for (int r = 0; r < T; r++)
-                for (int k = 0; k < K; k++)
-                    if (idx[(size_t)r * K + k] == e) {
-                        slot[m] = r * K + k;
-                        memcpy(xs + (size_t)m * H, x + (size_t)r * H, sizeof(float) * (size_t)H);
-                        m++;
-                    }
+            m += gather_rows(e, idx, T, K, x, H, xs + (size_t)m * H, slot + m);
             cnt[ne] = m - start[ne];
             bi[ne] = i;
             if (cnt[ne]) ne++;
