@@ -345,6 +345,7 @@ static void *ssd_thread(void *a) {
     uint64_t chunk = ((j->rec + (uint64_t)j->pieces - 1) / (uint64_t)j->pieces + 4095) / 4096 * 4096;
     void *buf = NULL;
     if (posix_memalign(&buf, 4096, (size_t)chunk)) { close(fd); return NULL; }
+    memset(buf, 0, (size_t)chunk); /* an O_DIRECT read into untouched pages is much slower */
     uint64_t x = 0x9E3779B97F4A7C15ull * (uint64_t)(j->seed + 1), done = 0;
     for (int k = 0; k < 256 && done < j->bytes; k++) {
         x ^= x << 13; x ^= x >> 7; x ^= x << 17;
@@ -462,6 +463,8 @@ CLI_CMD(bench) {
     /* Prefill: the median of several runs on the same prompt (a shared machine's noise only
      * ever slows a run down); its per-part breakdown is reported with it. */
     if (eng->xs) prefill_runs = 1;
+    xs_stats xp0 = {0};
+    if (eng->xs) xs_store_stats(eng->xs, &xp0);
     double pre_s[100], prefill_s = 0;
     fwd_stats pre_st[100], pst;
     memset(&pst, 0, sizeof pst);
@@ -495,6 +498,15 @@ CLI_CMD(bench) {
             printf(" s, the first also pays for first-touch of the session's scratch)\n");
         } else
             printf("prefill: %ld tokens in %.2f s = %.1f tok/s\n", prompt, prefill_s, (double)prompt / prefill_s);
+        if (eng->xs) {
+            xs_stats xp1;
+            xs_store_stats(eng->xs, &xp1);
+            double busy = (double)(xp1.io_busy_ns - xp0.io_busy_ns) / 1e9;
+            printf("prefill expert reads: %" PRIu64 " (%.2f GB), I/O wait %.2f s, disk busy %.2f s (%.2f GB/s while busy)\n",
+                   xp1.reads - xp0.reads, (double)(xp1.bytes_read - xp0.bytes_read) / 1e9,
+                   (double)(xp1.io_wait_ns - xp0.io_wait_ns) / 1e9, busy,
+                   busy > 0 ? (double)(xp1.bytes_read - xp0.bytes_read) / busy / 1e9 : 0);
+        }
         /* the routed-expert products of the prefill against the machine's f32 FMA peak */
         int n_moe = 0;
         for (int l = 0; l < c->num_hidden_layers; l++) n_moe += c->layer_is_moe[l];

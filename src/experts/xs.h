@@ -133,7 +133,8 @@ typedef struct xs_expert_ref {
 typedef struct xs_stats {
     uint64_t accesses;        /* experts requested through acquire */
     uint64_t hits, misses;    /* hits include experts loaded by a prefetch (ready or in flight) */
-    uint64_t prefetch_issued, prefetch_used, prefetch_wasted; /* wasted: evicted unused */
+    uint64_t prefetch_issued, prefetch_used, prefetch_wasted; /* wasted: read, never used (evicted
+                                                   unused, or proved wrong by the routing) */
     uint64_t prefetch_cancelled; /* dropped from the queue before their read started */
     uint64_t reads, bytes_read, read_retries, read_failures, checksum_failures;
     uint64_t io_wait_ns;      /* time acquire waited for reads */
@@ -171,9 +172,10 @@ void xs_release(xs_store *s, int layer, const xs_expert_ref *refs, int n);
 /* Asynchronous hint: starts reading the experts not resident, evicting only what the policy
  * would; never waits, never fails (a failed prefetch just frees its slot). Returns reads issued. */
 int xs_prefetch(xs_store *s, int layer, const int32_t *experts, int n);
-/* Drops the queued prefetches of `layer` whose expert is not in keep[E] and whose read has not
- * started (once a layer's routing is known, wrong guesses should not delay its misses).
- * Returns how many were dropped. */
+/* Once a layer's routing is known: drops its queued prefetches whose expert is not in keep[E]
+ * and whose read has not started (wrong guesses should not delay its misses), and demotes the
+ * wrong ones already read to ordinary cached experts (prefetched experts are otherwise evicted
+ * last). Returns how many reads were dropped. */
 int xs_cancel_prefetches(xs_store *s, int layer, const uint8_t *keep);
 /* Where (layer, expert) stands: not in a slot, its read queued or running, or ready; for the
  * last two *seq (if not NULL) tells the order in which reads were queued. */

@@ -125,8 +125,8 @@ static size_t scratch_bytes(const petrel_config *c, size_t T, size_t N) {
     return f * 4 + 64 * 64 + 4096;
 }
 
-size_t session_scratch_estimate(const petrel_config *c, int ctx) {
-    return scratch_bytes(c, (size_t)(ctx < PT_STREAM_CHUNK ? ctx : PT_STREAM_CHUNK), (size_t)ctx);
+size_t session_scratch_estimate(const petrel_config *c, int ctx, int chunk) {
+    return scratch_bytes(c, (size_t)(ctx < chunk ? ctx : chunk), (size_t)ctx);
 }
 
 int petrel_session_create(petrel_engine *e, int max_tokens, petrel_session **out, petrel_error *err) {
@@ -139,12 +139,7 @@ int petrel_session_create(petrel_engine *e, int max_tokens, petrel_session **out
     if (!s) return pt_err(err, PETREL_ENOMEM, "out of memory");
     s->eng = e;
     s->cap = max_tokens;
-    /* Rows per forward chunk. Prefill runs the routed experts expert-major per chunk, so a
-     * bigger chunk gives each expert more rows per pass over its weights (at 256 rows, a
-     * GLM-5.2 expert averages 8 rows, and its weights stream from memory twice per 512-token
-     * prompt). Resident models take 512; a streaming one keeps 256, the chunk its memory plan
-     * budgets scratch for. */
-    int chunk = e->xs ? PT_STREAM_CHUNK : PT_RESIDENT_CHUNK;
+    int chunk = e->chunk > 0 ? e->chunk : PT_CHUNK_RESIDENT;
     s->max_batch = max_tokens < chunk ? max_tokens : chunk;
     int L = c->num_hidden_layers;
     s->kv_c = calloc((size_t)L, sizeof(float *));

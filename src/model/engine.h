@@ -41,7 +41,12 @@ struct petrel_engine {
      * [row][moe layer][K] and appended in token order when the batch ends. Like the lookahead
      * statistics above, this assumes one session runs at a time on the engine. */
     struct xs_trace *trace;  /* owned, NULL when not recording */
-    int32_t *trace_buf;      /* owned [256][n_moe][K] */
+    int32_t *trace_buf;      /* owned [chunk][n_moe][K] */
+    /* Rows per forward chunk (prefill): PT_CHUNK_RESIDENT; with a memory budget the largest of
+     * 256..2048 whose scratch takes at most 1/16 of the budget (stream.c). Prefill runs the
+     * routed experts expert-major per chunk, so a bigger chunk reads/streams each expert's
+     * weights fewer times per prompt. */
+    int chunk;
     char trace_out[4096];
 };
 
@@ -51,12 +56,11 @@ void stream_close(petrel_engine *e);
 /* Trace recording: note one MoE layer's routing of a batch; flush the batch in token order. */
 void stream_trace_note(petrel_engine *e, int layer, const int32_t *idx, int T, int K);
 int stream_trace_flush(petrel_engine *e, int T, petrel_error *err);
-/* Arena bytes a session of ctx tokens takes (for memory plans). */
-/* Rows per forward chunk (prefill), streaming and resident. */
-#define PT_STREAM_CHUNK 256
-#define PT_RESIDENT_CHUNK 512
-/* Scratch a streaming session of ctx tokens takes (its memory plan counts it). */
-size_t session_scratch_estimate(const petrel_config *c, int ctx);
+#define PT_CHUNK_RESIDENT 512
+#define PT_CHUNK_MIN 256
+#define PT_CHUNK_MAX 2048
+/* Arena bytes a session of ctx tokens with forward chunks of `chunk` rows takes (memory plans). */
+size_t session_scratch_estimate(const petrel_config *c, int ctx, int chunk);
 
 typedef enum { MLA_AUTO = 0, MLA_ABSORBED = 1, MLA_RECONSTRUCTED = 2 } mla_mode;
 

@@ -339,6 +339,9 @@ int moe_forward(petrel_session *s, int l, const layer_w *lw, const layer_w *next
             xs_release(xst, ml, refs, n);
             if (rc < 0) return rc;
             c0 += n;
+            /* keep the next misses reading: the first call above stops when every slot is
+             * busy, and a prefill chunk may need more experts than there are slots */
+            if (U - c0 > 0) xs_prefetch(xst, ml, order + c0, U - c0 < 16 ? U - c0 : 16);
         }
     }
     /* Sum per row in ascending expert id: the same order whatever order experts ran in, so

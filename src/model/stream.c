@@ -43,9 +43,21 @@ int stream_open(petrel_engine *e, const petrel_open_opts *o, petrel_error *err) 
     if (!e->moe_index) return pt_err(err, PETREL_ENOMEM, "out of memory");
     for (int l = 0; l <= L; l++) e->moe_index[l] = l < L && c->layer_is_moe[l] ? nm++ : -1;
     e->n_moe = nm;
+    int ctx = o && o->plan_context > 0 ? o->plan_context : 4096;
+    if (ctx > c->max_position_embeddings) ctx = c->max_position_embeddings;
+    /* forward chunk: under a budget, the largest whose scratch stays within 1/16 of it */
+    e->chunk = PT_CHUNK_RESIDENT;
+    if (o && o->mem_budget) {
+        e->chunk = PT_CHUNK_MIN;
+        for (int ch = PT_CHUNK_MAX; ch > PT_CHUNK_MIN; ch /= 2)
+            if (session_scratch_estimate(c, ctx, ch) <= o->mem_budget / 16) {
+                e->chunk = ch;
+                break;
+            }
+    }
     if (o && o->trace_out && nm) {
         e->trace = calloc(1, sizeof(xs_trace));
-        e->trace_buf = malloc(sizeof(int32_t) * 256 * (size_t)nm * (size_t)c->num_experts_per_tok);
+        e->trace_buf = malloc(sizeof(int32_t) * (size_t)e->chunk * (size_t)nm * (size_t)c->num_experts_per_tok);
         if (!e->trace || !e->trace_buf || xs_trace_init(e->trace, nm, c->n_routed_experts, c->num_experts_per_tok))
             return pt_err(err, PETREL_ENOMEM, "out of memory for the routing trace");
         snprintf(e->trace_out, sizeof e->trace_out, "%s", o->trace_out);
@@ -64,15 +76,13 @@ int stream_open(petrel_engine *e, const petrel_open_opts *o, petrel_error *err) 
         if (bytes > rec_max) rec_max = bytes;
     }
     if (!nm) return 0;
-    int ctx = o->plan_context > 0 ? o->plan_context : 4096;
-    if (ctx > c->max_position_embeddings) ctx = c->max_position_embeddings;
     uint64_t resident = 0, kv = 0;
     for (int k = 0; k < WK_COUNT; k++)
         if (k != WK_EXPERTS) resident += e->w.kind_bytes[k];
     for (int l = 0; l < L; l++)
         kv += (uint64_t)ctx * 4 * (uint64_t)(c->kv_lora_rank + c->qk_rope_head_dim + (c->layer_indexer_full[l] ? c->index_head_dim : 0));
     xs_plan_in in = {.budget = o->mem_budget, .expert_slots = o->expert_slots, .resident_bytes = resident, .kv_bytes = kv,
-                     .scratch_bytes = session_scratch_estimate(c, ctx) + (64u << 20), /* + code, allocator, I/O queues */
+                     .scratch_bytes = session_scratch_estimate(c, ctx, e->chunk) + (64u << 20), /* + code, allocator, I/O queues */
                      .record_bytes = rec_max, .n_layers = nm, .n_experts = c->n_routed_experts, .min_slots = 1}; /* fewer slots than top-k work: experts then run in chunks */
     xs_plan plan;
     PT_TRY(xs_plan_make(&in, &plan, err));
@@ -94,13 +104,13 @@ int stream_open(petrel_engine *e, const petrel_open_opts *o, petrel_error *err) 
 void stream_trace_note(petrel_engine *e, int layer, const int32_t *idx, int T, int K) {
     int ml = e->moe_index[layer];
     if (ml < 0) return;
-    for (int r = 0; r < T && r < 256; r++)
+    for (int r = 0; r < T && r < e->chunk; r++)
         memcpy(e->trace_buf + ((size_t)r * e->n_moe + ml) * K, idx + (size_t)r * K, sizeof(int32_t) * (size_t)K);
 }
 
 int stream_trace_flush(petrel_engine *e, int T, petrel_error *err) {
     int K = e->cfg.num_experts_per_tok;
-    for (int r = 0; r < T && r < 256; r++) {
+    for (int r = 0; r < T && r < e->chunk; r++) {
         int tok = e->trace->n_tokens;
         for (int ml = 0; ml < e->n_moe; ml++) PT_TRY(xs_trace_add(e->trace, tok, ml, e->trace_buf + ((size_t)r * e->n_moe + ml) * K, K, err));
     }
