@@ -210,4 +210,19 @@ TEST(stream, trace_out_roundtrip) {
     CHECK(!memcmp(t.ids + (size_t)7 * n_moe * K, t.ids, sizeof(int16_t) * (size_t)n_moe * K));
     for (int i = 0; i < t.n_tokens * n_moe * K; i++) CHECK(t.ids[i] >= 0 && t.ids[i] < 16);
     xs_trace_deinit(&t);
+    /* one forward of more rows than a small chunk: every row is recorded */
+    CHECK(petrel_engine_open(test_data("tiny"), &o, &e, &err) == 0);
+    if (!e) return;
+    enum { LONG = 400 };
+    int32_t many[LONG];
+    for (int i = 0; i < LONG; i++) many[i] = (i * 37 + 5) % 1000;
+    free(logits_of(e, many, LONG, 0, &rc, &err));
+    CHECK(rc == 0);
+    petrel_engine_close(e);
+    CHECK(xs_trace_read(&t, path, &err) == 0);
+    CHECK_EQ_INT(t.n_tokens, LONG);
+    int bad = 0;
+    for (int i = 0; i < t.n_tokens * n_moe * K; i++) bad += !(t.ids[i] >= 0 && t.ids[i] < 16);
+    CHECK_EQ_INT(bad, 0);
+    xs_trace_deinit(&t);
 }
