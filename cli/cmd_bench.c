@@ -594,10 +594,10 @@ CLI_CMD(bench) {
             miss_bytes_tok = (double)((xs1.misses - xs0.misses) + (xs1.prefetch_used - xs0.prefetch_used)) * (double)rec / (double)steps;
             double ssd_ms = ssd_gbs > 0 ? miss_bytes_tok / (ssd_gbs * 1e9) * 1e3 : 0;
             if (ssd_ms > floor_ms) floor_ms = ssd_ms;
-            printf("expert store: %d slots/layer, %s%s; hit rate %.1f%%, misses %.1f/token, %.1f MB needed from SSD/token, I/O wait %.2f ms/token, "
+            printf("expert store: %d slots/layer, %s%s; hit rate %.1f%%, %.1f experts/token read because needed (%.1f MB; demand misses and the layer's own reads ahead), I/O wait %.2f ms/token, "
                    "disk busy %.2f ms/token, prefetch %" PRIu64 " issued / %" PRIu64 " used / %" PRIu64 " wasted / %" PRIu64 " cancelled; lookahead precision %.2f\n",
                    xs_store_slots(eng->xs), xs_store_uring(eng->xs) ? "io_uring" : "pread", xs_store_direct(eng->xs) ? " + O_DIRECT" : "",
-                   100 * hit_rate, (double)(xs1.misses - xs0.misses) / (double)steps, miss_bytes_tok / 1e6,
+                   100 * hit_rate, (double)reads / (double)steps, miss_bytes_tok / 1e6,
                    (double)(xs1.io_wait_ns - xs0.io_wait_ns) / 1e6 / (double)steps,
                    (double)(xs1.io_busy_ns - xs0.io_busy_ns) / 1e6 / (double)steps, xs1.prefetch_issued - xs0.prefetch_issued,
                    xs1.prefetch_used - xs0.prefetch_used, xs1.prefetch_wasted - xs0.prefetch_wasted,
