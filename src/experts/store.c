@@ -461,10 +461,11 @@ void xs_store_note_tokens(xs_store *s, uint64_t n) {
 int xs_stats_format(const xs_stats *st, char *buf, size_t n) {
     double tok = st->tokens ? (double)st->tokens : 1.0, acc = st->accesses ? (double)st->accesses : 1.0;
     return snprintf(buf, n,
-                    "experts: hit %.1f%% (%llu/%llu), per token %.2f misses %.2f MiB read %.3f ms I/O wait; "
+                    "experts: hit %.1f%% (%llu/%llu), per token %.2f demand misses %.2f reads %.2f MiB read %.3f ms I/O wait; "
                     "prefetch %llu issued %llu used %llu wasted; %llu retries %llu failed reads %llu checksum errors",
                     100.0 * (double)st->hits / acc, (unsigned long long)st->hits, (unsigned long long)st->accesses,
-                    (double)st->misses / tok, (double)st->bytes_read / tok / 1048576.0, (double)st->io_wait_ns / tok / 1e6,
+                    (double)st->misses / tok, (double)st->reads / tok, (double)st->bytes_read / tok / 1048576.0,
+                    (double)st->io_wait_ns / tok / 1e6,
                     (unsigned long long)st->prefetch_issued, (unsigned long long)st->prefetch_used,
                     (unsigned long long)st->prefetch_wasted, (unsigned long long)st->read_retries,
                     (unsigned long long)st->read_failures, (unsigned long long)st->checksum_failures);
