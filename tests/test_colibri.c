@@ -198,15 +198,19 @@ static int layer_of(const char *name) {
     return li;
 }
 
-/* Builds a colibri artifact from tests/data/tiny in `dir` (with or without out-idx shards),
+/* Builds a colibri artifact from tests/data/FIXTURE in `dir` (with or without out-idx shards),
  * and, if hf_dir, a Hugging Face folder of the dequantized values. `drop` (may be NULL) names
- * a tensor left out of the artifact. */
-static int build_artifact(const char *dir, int with_idx, const char *hf_dir, const char *drop) {
+ * a tensor left out of the artifact. The shard cuts below name tiny's tensors; another fixture
+ * simply gets fewer shards. */
+static int build_artifact_of(const char *fixture, const char *dir, int with_idx, const char *hf_dir, const char *drop) {
     petrel_error err = {0};
     st_set *src;
-    if (st_open(test_data("tiny/model.safetensors"), &src, &err)) { test_fail(__FILE__, __LINE__, "%s", err.msg); return -1; }
+    char fx[256];
+    snprintf(fx, sizeof fx, "%s/model.safetensors", fixture);
+    if (st_open(test_data(fx), &src, &err)) { test_fail(__FILE__, __LINE__, "%s", err.msg); return -1; }
+    snprintf(fx, sizeof fx, "%s/config.json", fixture);
     petrel_config cfg;
-    if (config_load_dir(test_data("tiny"), &cfg, &err)) { test_fail(__FILE__, __LINE__, "%s", err.msg); st_close(src); return -1; }
+    if (config_load_dir(test_data(fixture), &cfg, &err)) { test_fail(__FILE__, __LINE__, "%s", err.msg); st_close(src); return -1; }
     int L = cfg.num_hidden_layers;
     elist art = {0}, hf = {0};
     for (int i = 0; i < src->n_tensors; i++) {
@@ -291,7 +295,7 @@ static int build_artifact(const char *dir, int with_idx, const char *hf_dir, con
     for (int i = 0; i < art.n; i++) placed += art.v[i].kind != K_MAIN && (art.v[i].kind != K_IDX || with_idx) && (!drop || strcmp(art.v[i].name, drop));
     CHECK_EQ_INT(placed, expect);
     snprintf(path, sizeof path, "%s/config.json", dir);
-    copy_file(test_data("tiny/config.json"), path);
+    copy_file(test_data(fx), path);
     snprintf(path, sizeof path, "%s/.coli_usage", dir); /* a sidecar: must be ignored */
     FILE *f = fopen(path, "w");
     if (f) { fprintf(f, "-1 6 16\n-2 1 colibri\n1 3 17\n"); fclose(f); }
@@ -302,7 +306,7 @@ static int build_artifact(const char *dir, int with_idx, const char *hf_dir, con
         rc = write_list(path, all, hf.n);
         free(all);
         snprintf(path, sizeof path, "%s/config.json", hf_dir);
-        copy_file(test_data("tiny/config.json"), path);
+        copy_file(test_data(fx), path);
     }
     free(ord);
     elist_free(&art);
@@ -310,6 +314,10 @@ static int build_artifact(const char *dir, int with_idx, const char *hf_dir, con
     config_deinit(&cfg);
     st_close(src);
     return rc;
+}
+
+static int build_artifact(const char *dir, int with_idx, const char *hf_dir, const char *drop) {
+    return build_artifact_of("tiny", dir, with_idx, hf_dir, drop);
 }
 
 /* The shared artifacts, built once per run. */
@@ -431,6 +439,7 @@ TEST(colibri, formats) {
     CHECK(coli_infer_format("t", 4, 64, 4 * 32, 4, &f, &gs, &err) == 0 && f == COLI_I4_ROW);
     CHECK(coli_infer_format("t", 4, 64, 4 * 64, 4, &f, &gs, &err) == 0 && f == COLI_I8_ROW);
     CHECK(coli_infer_format("t", 4, 100, 4 * 50, 12, &f, &gs, &err) == 0 && gs == 48);                     /* only 48 gives 3 */
+    CHECK(coli_infer_format("t", 4, 96, 4 * 48, 8, &f, &gs, &err) == 0 && gs == 64);                       /* 48 or 64: current builds' 64 */
     CHECK(coli_infer_format("t", 4, 200, 4 * 100, 8, &f, &gs, &err) == PETREL_EUNSUPPORTED && strstr(err.msg, "ambiguous")); /* 128 or 192 */
     CHECK(coli_infer_format("t", 4, 64, 4 * 24, 4, &f, &gs, &err) == PETREL_EUNSUPPORTED); /* int3 */
 }
@@ -697,4 +706,35 @@ static void convert_body(void) {
     free(lb);
     petrel_engine_close(a);
     petrel_engine_close(b);
+}
+
+/* The other fixture's shapes (hidden 96: int4 groups of 64 end in a tail; 2 shared experts; no
+ * MTP) through the colibri reader: exactly the dequantized checkpoint's logits. */
+TEST(colibri, odd_shapes_exact) {
+    char dir[512], hf[512];
+    snprintf(dir, sizeof dir, "%s/coli-odd", test_tmpdir());
+    snprintf(hf, sizeof hf, "%s/coli-odd-hf", test_tmpdir());
+    mkdir_p(dir);
+    mkdir_p(hf);
+    if (build_artifact_of("odd", dir, 1, hf, NULL)) return;
+    int aq = kn_act_quant();
+    kn_set_act_quant(0);
+    petrel_engine *a = open_eng(dir), *b = open_eng(hf);
+    if (a && b) {
+        CHECK(a->coli != NULL && a->cfg.hidden_size == 96 && a->cfg.n_shared_experts == 2);
+        int32_t ids[40];
+        for (int i = 0; i < 40; i++) ids[i] = (i * 53 + 11) % a->cfg.vocab_size;
+        petrel_error err = {0};
+        float *la = run(a, ids, 40, &err), *lb = run(b, ids, 40, &err);
+        CHECK_MSG(la && lb, "%s", err.msg);
+        if (la && lb) {
+            double r = test_rel_l2(la, lb, (size_t)40 * a->cfg.vocab_size);
+            CHECK_MSG(r < 1e-5, "odd colibri vs dequantized F32 checkpoint: rel L2 %.3g", r);
+        }
+        free(la);
+        free(lb);
+    }
+    petrel_engine_close(a);
+    petrel_engine_close(b);
+    kn_set_act_quant(aq);
 }

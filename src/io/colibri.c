@@ -219,8 +219,10 @@ int coli_infer_format(const char *name, int64_t O, int64_t I, uint64_t payload_b
             int cand[N_GS], nc = 0, pick = 0;
             for (int k = 0; k < N_GS; k++)
                 if ((i + (uint64_t)k_group_sizes[k] - 1) / (uint64_t)k_group_sizes[k] == G) cand[nc++] = k_group_sizes[k];
-            for (int k = 0; k < nc && !pick; k++) if ((uint64_t)cand[k] * G == i) pick = cand[k];
+            /* Several sizes can give the same count (I = 96, 2 groups: 48 or 64). Current colibri
+             * builds use 64, so it wins; then a size that divides I exactly. */
             for (int k = 0; k < nc && !pick; k++) if (cand[k] == 64) pick = 64;
+            for (int k = 0; k < nc && !pick; k++) if ((uint64_t)cand[k] * G == i) pick = cand[k];
             if (!pick && nc == 1) pick = cand[0];
             if (pick) {
                 *fmt = COLI_I4_GROUP;
