@@ -59,6 +59,10 @@ TEST(golden, fp8_decode) { check_logits("tiny-fp8", 1); }
  * expert group, top-3 unnormalized, shared indexer layers, no MTP */
 TEST(golden, odd_prefill) { check_logits("odd", 0); }
 TEST(golden, odd_decode) { check_logits("odd", 1); }
+/* tests/data/odd2: FP8 with 16 x 32 blocks, hidden 80 (int8 groups of 32 end in a tail),
+ * kv_lora_rank 20, two expert groups with top-1 group, top-2 experts, an MTP layer */
+TEST(golden, odd2_prefill) { check_logits("odd2", 0); }
+TEST(golden, odd2_decode) { check_logits("odd2", 1); }
 
 static void check_greedy(const char *name) {
     fixture f;
@@ -92,6 +96,7 @@ static void check_greedy(const char *name) {
 TEST(golden, tiny_greedy) { check_greedy("tiny"); }
 TEST(golden, fp8_greedy) { check_greedy("tiny-fp8"); }
 TEST(golden, odd_greedy) { check_greedy("odd"); }
+TEST(golden, odd2_greedy) { check_greedy("odd2"); }
 
 static int cmp_i32(const void *a, const void *b) { return *(const int32_t *)a - *(const int32_t *)b; }
 
@@ -152,3 +157,4 @@ static void check_hidden_topk(const char *name) {
 TEST(golden, tiny_hidden_topk) { check_hidden_topk("tiny"); }
 TEST(golden, fp8_hidden_topk) { check_hidden_topk("tiny-fp8"); }
 TEST(golden, odd_hidden_topk) { check_hidden_topk("odd"); }
+TEST(golden, odd2_hidden_topk) { check_hidden_topk("odd2"); }

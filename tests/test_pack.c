@@ -96,6 +96,7 @@ done:
 TEST(pack, bf16_tiny_golden) { check_bf16("tiny"); }
 TEST(pack, bf16_fp8_golden) { check_bf16("tiny-fp8"); }
 TEST(pack, bf16_odd_golden) { check_bf16("odd"); }
+TEST(pack, bf16_odd2_golden) { check_bf16("odd2"); }
 
 /* ---- a q8 pack equals an engine bound to the same quantized data ---- */
 

@@ -85,6 +85,7 @@ static void check_bitwise(const char *fixture, int quant) {
 TEST(stream, bitwise_tiny_bf16) { check_bitwise("tiny", CVQ_BF16); }
 TEST(stream, bitwise_fp8_q4) { check_bitwise("tiny-fp8", CVQ_Q4); }
 TEST(stream, bitwise_odd_q4) { check_bitwise("odd", CVQ_Q4); }
+TEST(stream, bitwise_odd2_q8) { check_bitwise("odd2", CVQ_Q8); }
 
 static int fault_mode;
 static void fault_hook(void *ctx, int layer, int expert, int attempt, xs_fault *f) {
