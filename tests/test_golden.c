@@ -63,6 +63,10 @@ TEST(golden, odd_decode) { check_logits("odd", 1); }
  * kv_lora_rank 20, two expert groups with top-1 group, top-2 experts, an MTP layer */
 TEST(golden, odd2_prefill) { check_logits("odd2", 0); }
 TEST(golden, odd2_decode) { check_logits("odd2", 1); }
+/* tests/data/odd3: every layer MoE (no dense layer), top-1 of 16 in 4 groups, rope dim 4,
+ * v_head_dim above qk_nope, index_topk 64 (> two of the prompts), a 1-token prompt */
+TEST(golden, odd3_prefill) { check_logits("odd3", 0); }
+TEST(golden, odd3_decode) { check_logits("odd3", 1); }
 
 static void check_greedy(const char *name) {
     fixture f;
@@ -97,6 +101,7 @@ TEST(golden, tiny_greedy) { check_greedy("tiny"); }
 TEST(golden, fp8_greedy) { check_greedy("tiny-fp8"); }
 TEST(golden, odd_greedy) { check_greedy("odd"); }
 TEST(golden, odd2_greedy) { check_greedy("odd2"); }
+TEST(golden, odd3_greedy) { check_greedy("odd3"); }
 
 static int cmp_i32(const void *a, const void *b) { return *(const int32_t *)a - *(const int32_t *)b; }
 
@@ -158,3 +163,4 @@ TEST(golden, tiny_hidden_topk) { check_hidden_topk("tiny"); }
 TEST(golden, fp8_hidden_topk) { check_hidden_topk("tiny-fp8"); }
 TEST(golden, odd_hidden_topk) { check_hidden_topk("odd"); }
 TEST(golden, odd2_hidden_topk) { check_hidden_topk("odd2"); }
+TEST(golden, odd3_hidden_topk) { check_hidden_topk("odd3"); }

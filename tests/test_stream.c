@@ -86,6 +86,7 @@ TEST(stream, bitwise_tiny_bf16) { check_bitwise("tiny", CVQ_BF16); }
 TEST(stream, bitwise_fp8_q4) { check_bitwise("tiny-fp8", CVQ_Q4); }
 TEST(stream, bitwise_odd_q4) { check_bitwise("odd", CVQ_Q4); }
 TEST(stream, bitwise_odd2_q8) { check_bitwise("odd2", CVQ_Q8); }
+TEST(stream, bitwise_odd3_q4) { check_bitwise("odd3", CVQ_Q4); }
 
 static int fault_mode;
 static void fault_hook(void *ctx, int layer, int expert, int attempt, xs_fault *f) {
