@@ -119,7 +119,7 @@ static size_t scratch_bytes(const petrel_config *c, size_t T, size_t N) {
     size_t attn = mla_scratch_bytes(c, (int)T, (int)N) / 4 + 16;         /* attention */
     f += attn;
     size_t dense = 2 * T * (size_t)c->intermediate_size;
-    size_t moe = T * E + 3 * E + 3 * T * K + 3 * T * H /* xs, ys, shared output */ + T * K * H + 2 * T * I + T * E /* lookahead */ + 96 * E /* refs, views */;
+    size_t moe = T * E + 3 * E + 3 * T * K + 3 * T * H /* xs, ys, shared output */ + T * K * H + 2 * T * I + T * E /* lookahead */ + 96 * E /* refs, views */ + 3 * E /* state snapshot */;
     f += dense > moe ? dense : moe;                                                   /* MLP */
     f += T * H;                                                                       /* final norm */
     return f * 4 + 64 * 64 + 4096;

@@ -282,25 +282,34 @@ int moe_forward(petrel_session *s, int l, const layer_w *lw, const layer_w *next
     /* Run order: experts whose bytes are in a slot first, then those still reading (a prefetch
      * in flight, in the order it was queued), then the misses, whose reads start as soon as the
      * first chunk is acquired and overlap the compute of the resident ones. */
+    /* One snapshot of every chosen expert's state (reads finish on other threads meanwhile: a
+     * state read twice could put an expert in no class, or two). */
     int U = 0, n_hit = 0;
+    uint8_t *cls = ar_alloc(&s->ar, (size_t)E);
+    uint64_t *seq = ar_alloc(&s->ar, sizeof(uint64_t) * (size_t)E);
+    if (!cls || !seq) return pt_err(err, PETREL_ENOMEM, "MoE scratch exhausted");
+    for (int e = 0; e < E; e++) {
+        seq[e] = 0;
+        cls[e] = !chosen[e] ? 255 : ml < 0 ? XS_READY : (uint8_t)xs_store_state(xst, ml, e, &seq[e]);
+    }
+    static const uint8_t pass_cls[3] = {XS_READY, XS_LOADING, XS_ABSENT};
     for (int pass = 0; pass < 3; pass++) {
         int u0 = U;
         for (int e = 0; e < E; e++) {
-            if (!chosen[e]) continue;
-            uint64_t q = 0;
-            int st = ml < 0 ? XS_READY : xs_store_state(xst, ml, e, &q);
-            if ((pass == 0 && st == XS_READY) || (pass == 1 && st == XS_LOADING) || (pass == 2 && st == XS_ABSENT)) {
-                int j = U++; /* loading ones by queue order (insertion; a handful) */
-                uint64_t qj;
-                while (pass == 1 && j > u0 && xs_store_state(xst, ml, order[j - 1], &qj) == XS_LOADING && qj > q) {
-                    order[j] = order[j - 1];
-                    j--;
-                }
-                order[j] = e;
+            if (cls[e] != pass_cls[pass]) continue;
+            int j = U++; /* loading ones by queue order (insertion; a handful) */
+            while (pass == 1 && j > u0 && seq[order[j - 1]] > seq[e]) {
+                order[j] = order[j - 1];
+                j--;
             }
+            order[j] = e;
         }
         if (pass == 0) n_hit = U;
     }
+    int n_chosen = 0;
+    for (int e = 0; e < E; e++) n_chosen += chosen[e];
+    if (U != n_chosen) /* every chosen expert runs exactly once, or rows keep stale outputs */
+        return pt_err(err, PETREL_EINVAL, "layer %d: expert run order lists %d of %d chosen experts", l, U, n_chosen);
     t1 = pt_now_ns();
     ns[FS_ROUTER] += t1 - t0;
     t0 = t1;
