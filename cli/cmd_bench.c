@@ -39,9 +39,10 @@ static const char *usage =
     "                   cache policy at --expert-slots N slots per layer (default: 16..192) and\n"
     "                   report its hit rate beside LRU and the offline optimum (Belady)\n"
     "  With --mem-budget / --expert-slots (a pack): experts stream from the SSD; the report adds\n"
-    "  hit rate, misses and bytes read per token, I/O wait, the SSD read bandwidth measured in\n"
-    "  the same run (O_DIRECT), and decode_floor_ratio = decode time / max(miss bytes per token\n"
-    "  / SSD bandwidth, bytes per token / memory bandwidth).\n"
+    "  hit rate, experts and bytes read per token, I/O wait and disk-busy time, prefill's reads,\n"
+    "  the SSD read bandwidth of the same run (the better of an O_DIRECT probe and the store's own\n"
+    "  reads during decode), and decode_floor_ratio = decode time / max(needed SSD bytes per\n"
+    "  token / SSD bandwidth, bytes per token / memory bandwidth).\n"
     "  --golden FILE    quality instead of speed: run every prompt_N.ids of a golden.safetensors and\n"
     "                   compare with its prompt_N.logits (relative L2 error, top-1 agreement, KL)\n" CLI_MODEL_OPTS_HELP;
 
