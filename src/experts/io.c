@@ -26,6 +26,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include "base/clock.h"
 #include "base/err.h"
 
 xs_fault_fn xs_io_fault_hook;
@@ -55,18 +56,12 @@ struct xs_io {
     pthread_t cth[XS_IO_MAX_THREADS];
 };
 
-static uint64_t mono_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 /* Busy accounting: d = +1 when a read starts, -1 when it ends. Caller holds mu. */
 static void busy_locked(xs_io *io, int d) {
     int was = io->active;
     io->active += d;
-    if (!was && io->active) io->busy_since = mono_ns();
-    if (was && !io->active) io->busy_ns += mono_ns() - io->busy_since;
+    if (!was && io->active) io->busy_since = pt_now_ns();
+    if (was && !io->active) io->busy_ns += pt_now_ns() - io->busy_since;
 }
 
 static void busy(xs_io *io, int d) {
@@ -77,7 +72,7 @@ static void busy(xs_io *io, int d) {
 
 uint64_t xs_io_busy_ns(xs_io *io) {
     pthread_mutex_lock(&io->mu);
-    uint64_t t = io->busy_ns + (io->active ? mono_ns() - io->busy_since : 0);
+    uint64_t t = io->busy_ns + (io->active ? pt_now_ns() - io->busy_since : 0);
     pthread_mutex_unlock(&io->mu);
     return t;
 }

@@ -17,8 +17,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "base/clock.h"
 #include "base/err.h"
 #include "experts/xs_io.h"
 
@@ -52,12 +52,6 @@ struct xs_store {
     xs_io *io;            /* owned */
     xs_stats st;
 };
-
-static uint64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 static xs_slot *slot_at(xs_store *s, int layer, int i) { return &s->slots[(size_t)layer * s->S + i]; }
 static int32_t *map_at(xs_store *s, int layer) { return &s->map[(size_t)layer * s->E]; }
@@ -356,7 +350,7 @@ int xs_acquire(xs_store *s, int layer, const int32_t *experts, int n, xs_expert_
     }
     xs_io_submit(s->io, batch, nb); /* every miss at once */
     /* wait for our loads (also those started by an earlier prefetch) */
-    uint64_t t0 = now_ns();
+    uint64_t t0 = pt_now_ns();
     int waited = 0;
     for (;;) {
         int loading = 0;
@@ -366,7 +360,7 @@ int xs_acquire(xs_store *s, int layer, const int32_t *experts, int n, xs_expert_
         waited = 1;
         pthread_cond_wait(&s->cv, &s->mu);
     }
-    if (waited) s->st.io_wait_ns += now_ns() - t0;
+    if (waited) s->st.io_wait_ns += pt_now_ns() - t0;
     if (!rc)
         for (int i = 0; i < n; i++) {
             xs_slot *sl = slot_at(s, layer, out[i].slot);

@@ -8,6 +8,7 @@
 #define PETREL_MODEL_ENGINE_H
 #include <stddef.h>
 
+#include "base/clock.h"
 #include "io/safetensors.h"
 #include "model/config.h"
 #include "model/weights.h"
@@ -79,7 +80,6 @@ typedef struct fwd_stats {
     uint64_t rows;      /* rows (tokens) run */
     uint64_t io_ns;     /* part of FS_EXPERTS spent waiting for expert reads */
 } fwd_stats;
-uint64_t pt_now_ns(void);
 
 typedef struct arena {
     uint8_t *base;      /* owned */

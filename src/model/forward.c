@@ -11,7 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 
 #include "base/err.h"
 #include "kernels/kernels.h"
@@ -19,12 +18,6 @@
 #include "model/ops.h"
 
 const char *const fwd_part_names[FS_COUNT] = {"attention", "indexer", "dense mlp", "router", "routed experts", "shared expert", "head", "other"};
-
-uint64_t pt_now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 void *ar_alloc(arena *a, size_t bytes) {
     size_t off = (a->used + 63) & ~(size_t)63;
