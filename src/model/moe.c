@@ -8,8 +8,6 @@
  * the rows that chose it. Each row accumulates its experts in ascending expert id, so a row's
  * result does not depend on the other rows of the batch. */
 #include <math.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "base/err.h"
@@ -281,9 +279,9 @@ int moe_forward(petrel_session *s, int l, const layer_w *lw, const layer_w *next
     if (ml >= 0) xs_cancel_prefetches(xst, ml, chosen);
     /* Run order: experts whose bytes are in a slot first, then those still reading (a prefetch
      * in flight, in the order it was queued), then the misses, whose reads start as soon as the
-     * first chunk is acquired and overlap the compute of the resident ones. */
-    /* One snapshot of every chosen expert's state (reads finish on other threads meanwhile: a
-     * state read twice could put an expert in no class, or two). */
+     * first chunk is acquired and overlap the compute of the resident ones. Each expert's state
+     * is read once: reads finish on other threads meanwhile, and a state read once per class
+     * could put an expert in no class (its rows would keep stale outputs) or in two. */
     int U = 0, n_hit = 0;
     uint8_t *cls = ar_alloc(&s->ar, (size_t)E);
     uint64_t *seq = ar_alloc(&s->ar, sizeof(uint64_t) * (size_t)E);
@@ -306,10 +304,6 @@ int moe_forward(petrel_session *s, int l, const layer_w *lw, const layer_w *next
         }
         if (pass == 0) n_hit = U;
     }
-    int n_chosen = 0;
-    for (int e = 0; e < E; e++) n_chosen += chosen[e];
-    if (U != n_chosen) /* every chosen expert runs exactly once, or rows keep stale outputs */
-        return pt_err(err, PETREL_EINVAL, "layer %d: expert run order lists %d of %d chosen experts", l, U, n_chosen);
     t1 = pt_now_ns();
     ns[FS_ROUTER] += t1 - t0;
     t0 = t1;
