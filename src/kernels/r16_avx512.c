@@ -3,8 +3,8 @@
  * activation: 8 vpdpbusd (q4: 16, after splitting nibbles) into an int32 accumulator that starts
  * at the group's bias, one convert, one multiply (scales x d) and one fma. The activation dword
  * is a broadcast memory operand. Blocks are walked in address order, so a task streams one
- * contiguous range of weights; for n > 1 a block (16 rows) is reused from L1/L2 for every
- * group of up to 8 activations. Bitwise equal to kn_r16_rows_ref. */
+ * contiguous range of weights; for n > 1 pairs of blocks (32 rows) are reused from L1/L2 for
+ * every group of up to 4 activations (block2). Bitwise equal to kn_r16_rows_ref. */
 #include <immintrin.h>
 #include <string.h>
 
@@ -23,19 +23,15 @@ AI __m512 scales16(const pt_wview *W, int64_t idx) {
     return _mm512_loadu_ps((const float *)W->scale + idx);
 }
 
-/* B activations (1-8) against one 16-row block. B <= 4: two int32 accumulators per activation
- * (even/odd dword steps) for enough independent vpdpbusd chains; B > 4: one each (B chains
- * already hide the latency, and the registers are needed). Integer sums are exact either way,
- * so every B gives the same bits. */
 AI void block(const int Q4, const int B, const pt_wview *W, int64_t b, const uint8_t *xq, int64_t xs, int i0, float *y) {
-    const int g = Q4 ? 64 : 32, split = B <= 4;
+    const int g = Q4 ? 64 : 32;
     const int64_t cols = W->cols, ng = cols / g, qb = (cols + 63) / 64 * 64, fb = (ng * 4 + 63) / 64 * 64;
     const uint8_t *blk = W->data + b * 16 * W->row_bytes;
-    const uint8_t *xr[8];
-    const float *d[8];
-    const int32_t *bias[8];
-    __m512 acc[8];
-#pragma GCC unroll 8
+    const uint8_t *xr[4];
+    const float *d[4];
+    const int32_t *bias[4];
+    __m512 acc[4];
+#pragma GCC unroll 4
     for (int a = 0; a < B; a++) {
         xr[a] = xq + (int64_t)(i0 + a) * xs;
         d[a] = (const float *)(xr[a] + qb);
@@ -47,50 +43,49 @@ AI void block(const int Q4, const int B, const pt_wview *W, int64_t b, const uin
         const uint8_t *wg = blk + gi * 512;
         _mm_prefetch((const char *)wg + 4096, _MM_HINT_T0);
         _mm_prefetch((const char *)wg + 4096 + 256, _MM_HINT_T0);
-        __m512i ia[8], ib[4];
-#pragma GCC unroll 8
+        __m512i ia[4], ib[4];
+#pragma GCC unroll 4
         for (int a = 0; a < B; a++) {
             ia[a] = _mm512_set1_epi32(bias[a][gi]);
-            if (split) ib[a & 3] = _mm512_setzero_si512();
+            ib[a] = _mm512_setzero_si512();
         }
 #pragma GCC unroll 8
         for (int k = 0; k < 8; k++) {
             __m512i wv = _mm512_loadu_si512((const void *)(wg + k * 64));
             if (!Q4) {
-#pragma GCC unroll 8
+#pragma GCC unroll 4
                 for (int a = 0; a < B; a++) {
                     int32_t xv;
                     memcpy(&xv, xr[a] + gi * 32 + 4 * k, 4);
-                    if (split && (k & 1)) ib[a & 3] = _mm512_dpbusd_epi32(ib[a & 3], wv, _mm512_set1_epi32(xv));
+                    if (k & 1) ib[a] = _mm512_dpbusd_epi32(ib[a], wv, _mm512_set1_epi32(xv));
                     else ia[a] = _mm512_dpbusd_epi32(ia[a], wv, _mm512_set1_epi32(xv));
                 }
             } else {
                 __m512i lo = _mm512_and_si512(wv, m4), hi = _mm512_and_si512(_mm512_srli_epi16(wv, 4), m4);
-#pragma GCC unroll 8
+#pragma GCC unroll 4
                 for (int a = 0; a < B; a++) {
                     int32_t x0, x1;
                     memcpy(&x0, xr[a] + gi * 64 + 8 * k, 4);
                     memcpy(&x1, xr[a] + gi * 64 + 8 * k + 4, 4);
                     ia[a] = _mm512_dpbusd_epi32(ia[a], lo, _mm512_set1_epi32(x0));
-                    if (split) ib[a & 3] = _mm512_dpbusd_epi32(ib[a & 3], hi, _mm512_set1_epi32(x1));
-                    else ia[a] = _mm512_dpbusd_epi32(ia[a], hi, _mm512_set1_epi32(x1));
+                    ib[a] = _mm512_dpbusd_epi32(ib[a], hi, _mm512_set1_epi32(x1));
                 }
             }
         }
         __m512 s = scales16(W, (b * ng + gi) * 16);
-#pragma GCC unroll 8
+#pragma GCC unroll 4
         for (int a = 0; a < B; a++) {
-            __m512i t = split ? _mm512_add_epi32(ia[a], ib[a & 3]) : ia[a];
-            acc[a] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_mul_ps(s, _mm512_set1_ps(d[a][gi])), acc[a]);
+            __m512 f = _mm512_cvtepi32_ps(_mm512_add_epi32(ia[a], ib[a]));
+            acc[a] = _mm512_fmadd_ps(f, _mm512_mul_ps(s, _mm512_set1_ps(d[a][gi])), acc[a]);
         }
     }
-#pragma GCC unroll 8
+#pragma GCC unroll 4
     for (int a = 0; a < B; a++) _mm512_storeu_ps(y + (int64_t)(i0 + a) * W->rows + b * 16, acc[a]);
 }
 
 /* Two adjacent blocks (32 rows) against B activations (1-4): each activation dword is broadcast
- * once for two vpdpbusd, which halves the broadcast loads per multiply (the load ports, not the
- * multipliers, bound the one-block form); 2 x B independent int32 chains. */
+ * once for two vpdpbusd, which halves the broadcasts per multiply (+10-20 % at n = 512 on the
+ * dev box, bench/KERNELS.md round 4); 2 x B independent int32 chains. */
 AI void block2(const int Q4, const int B, const pt_wview *W, int64_t b, const uint8_t *xq, int64_t xs, int i0, float *y) {
     const int g = Q4 ? 64 : 32;
     const int64_t cols = W->cols, ng = cols / g, qb = (cols + 63) / 64 * 64, fb = (ng * 4 + 63) / 64 * 64;
