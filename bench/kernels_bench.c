@@ -7,12 +7,15 @@
  * matrix (>= 768 MB in total) that nothing is served from cache, like a forward pass over many
  * layers. Floor: summing a 1 GB buffer with AVX-512 on the same threads (pool), with the same
  * software prefetch (4 KB ahead) the kernels use; best of 5.
- * Prefill (n=512): GFLOP/s (2 * rows * cols * n per call).
+ * Prefill (n = BENCH_N, default 512): GFLOP/s (2 * rows * cols * n per call), [6144 x 2048] and
+ * [2048 x 6144]; BENCH_WIDE=1 adds [6144 x 16384] (GLM-5.2's o_proj).
+ * Experts (BENCH_ONLY=experts): 64 cold q4 experts over BENCH_N rows each (default 16), 32 per
+ * kn_matmul_many, as the engine's expert-major prefill runs them.
  * Dispatch: us per kn_matmul on a tiny matrix (pool fan-out + activation prep), and one token's
  * routed experts (8 x gate/up [2048 x 6144] then 8 x down [6144 x 2048], q4) as 24 kn_matmul
  * calls vs 2 kn_matmul_many calls.
- * BENCH_R16=1: decode on weights repacked to the row-interleaved layout (PT_LAYOUT_R16).
- * Env: BENCH_ONLY=decode|prefill|dispatch, BENCH_ISA=avx2|scalar, BENCH_ACTQ=0|1 (int8
+ * BENCH_R16=1: weights repacked to the row-interleaved layout (PT_LAYOUT_R16) first.
+ * Env: BENCH_ONLY=decode|prefill|dispatch|experts, BENCH_ISA=avx2|scalar, BENCH_ACTQ=0|1 (int8
  * activations: 0 off, 1 q4, 2 q4+q8 (default here)), BENCH_Q=q4_g64,... (formats to run). */
 #include <immintrin.h>
 #include <stdio.h>
