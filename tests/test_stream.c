@@ -185,6 +185,40 @@ TEST(stream, budget_refused) {
     CHECK(petrel_engine_open(test_data("tiny"), &o, &e, &err) == PETREL_EUNSUPPORTED); /* HF folder: needs a pack */
 }
 
+/* The prefill chunk: 512 rows without a budget (and with --expert-slots alone, so slots-1 runs
+ * chunk like resident ones); under a budget the largest of 256..2048 whose scratch fits 1/16 of
+ * it, and a session's batch never exceeds it. */
+TEST(stream, chunk_follows_budget) {
+    const char *pk = make_pack("tiny", CVQ_BF16);
+    petrel_error err = {0};
+    petrel_engine *e = NULL;
+    petrel_open_opts o = {0};
+    CHECK(petrel_engine_open(pk, &o, &e, &err) == 0);
+    if (e) CHECK_EQ_INT(e->chunk, PT_CHUNK_RESIDENT);
+    petrel_engine_close(e);
+    o.expert_slots = 1;
+    CHECK(petrel_engine_open(pk, &o, &e, &err) == 0);
+    if (e) CHECK_EQ_INT(e->chunk, PT_CHUNK_RESIDENT);
+    petrel_engine_close(e);
+    o.expert_slots = 0;
+    for (int k = 0; k < 3; k++) {
+        uint64_t budgets[3] = {64ull << 20, 256ull << 20, 1ull << 30};
+        o.mem_budget = budgets[k];
+        e = NULL;
+        if (petrel_engine_open(pk, &o, &e, &err)) continue; /* a budget too small to open is tested above */
+        int ch = e->chunk, ctx = e->cfg.max_position_embeddings < 4096 ? e->cfg.max_position_embeddings : 4096;
+        CHECK(ch >= PT_CHUNK_MIN && ch <= PT_CHUNK_MAX && (ch & (ch - 1)) == 0);
+        if (ch > PT_CHUNK_MIN) CHECK(session_scratch_estimate(&e->cfg, ctx, ch) <= o.mem_budget / 16);
+        if (ch < PT_CHUNK_MAX) CHECK(session_scratch_estimate(&e->cfg, ctx, ch * 2) > o.mem_budget / 16);
+        petrel_session *s = NULL;
+        if (petrel_session_create(e, 300, &s, &err) == 0) {
+            CHECK(s->max_batch == (300 < ch ? 300 : ch));
+            petrel_session_free(s);
+        }
+        petrel_engine_close(e);
+    }
+}
+
 /* --trace-out: the engine records every token's experts per MoE layer, in token order, and the
  * file reads back with the same routing the forward used. */
 TEST(stream, trace_out_roundtrip) {
