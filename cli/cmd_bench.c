@@ -593,16 +593,24 @@ CLI_CMD(bench) {
             for (int l = 0; l < c->num_hidden_layers && !rec; l++)
                 if (eng->moe_index[l] >= 0) pack_expert_record(eng->pack, l, 0, &roff, &rec, &rh);
             miss_bytes_tok = (double)((xs1.misses - xs0.misses) + (xs1.prefetch_used - xs0.prefetch_used)) * (double)rec / (double)steps;
+            char la_text[256];
+            int lo = 0;
+            la_text[0] = 0;
+            for (int m = 0; m < eng->n_moe && m < 4; m++) {
+                lo += snprintf(la_text + lo, sizeof la_text - (size_t)lo, "%s", m ? " / " : "");
+                for (int k = 0; k < c->num_experts_per_tok && lo < (int)sizeof la_text - 8; k++)
+                    lo += snprintf(la_text + lo, sizeof la_text - (size_t)lo, "%s%.2f", k ? " " : "", eng->la_precision[(size_t)m * c->num_experts_per_tok + k]);
+            }
             double ssd_ms = ssd_gbs > 0 ? miss_bytes_tok / (ssd_gbs * 1e9) * 1e3 : 0;
             if (ssd_ms > floor_ms) floor_ms = ssd_ms;
             printf("expert store: %d slots/layer, %s%s; hit rate %.1f%%, %.1f experts/token read because needed (%.1f MB; demand misses and the layer's own reads ahead), I/O wait %.2f ms/token, "
-                   "disk busy %.2f ms/token, prefetch %" PRIu64 " issued / %" PRIu64 " used / %" PRIu64 " wasted / %" PRIu64 " cancelled; lookahead precision %.2f\n",
+                   "disk busy %.2f ms/token, prefetch %" PRIu64 " issued / %" PRIu64 " used / %" PRIu64 " wasted / %" PRIu64 " cancelled; lookahead precision by rank (first MoE layers) %s\n",
                    xs_store_slots(eng->xs), xs_store_uring(eng->xs) ? "io_uring" : "pread", xs_store_direct(eng->xs) ? " + O_DIRECT" : "",
                    100 * hit_rate, (double)reads / (double)steps, miss_bytes_tok / 1e6,
                    (double)(xs1.io_wait_ns - xs0.io_wait_ns) / 1e6 / (double)steps,
                    (double)(xs1.io_busy_ns - xs0.io_busy_ns) / 1e6 / (double)steps, xs1.prefetch_issued - xs0.prefetch_issued,
                    xs1.prefetch_used - xs0.prefetch_used, xs1.prefetch_wasted - xs0.prefetch_wasted,
-                   xs1.prefetch_cancelled - xs0.prefetch_cancelled, eng->la_precision);
+                   xs1.prefetch_cancelled - xs0.prefetch_cancelled, la_text);
             printf("ssd read bandwidth: %.2f GB/s = the better of a probe (%.2f GB/s: O_DIRECT, random pieces of expert records, 16 in flight like the store, best of one before and one after decode) and the store's own reads during decode (%.2f GB/s while busy); floor = max(%.2f ms SSD, %.2f ms memory)\n",
                    ssd_gbs, ssd_probe_gbs, ssd_seen_gbs, ssd_ms, (double)bytes_tok / (bw * 1e9) * 1e3);
         }

@@ -32,12 +32,12 @@ struct petrel_engine {
     int *moe_index;       /* owned [L + 1] (the MTP layer last) */
     char plan_text[1024]; /* the memory plan, printed at open when verbose */
     int n_moe;            /* MoE layers with routed experts (store / trace layers) */
-    /* Lookahead quality: the experts predicted for each MoE layer (bitmask [n_moe][E]) are
-     * compared with what the layer then chose; prediction stops while its precision is poor
-     * (random-weight models route independently per layer: their guesses only waste reads). */
-    uint8_t *la_pred;     /* owned [n_moe][E] */
-    double la_precision;  /* running precision of the guesses, starts optimistic */
-    uint64_t la_rounds;   /* layers evaluated */
+    /* Lookahead quality: the experts predicted for each MoE layer are compared with what the
+     * layer then chose; a rank of guesses is read only while its precision is good (random-weight
+     * models route nearly independently per layer: most of their guesses only waste reads). */
+    uint8_t *la_pred;      /* owned [n_moe][E]: rank + 1 of each guess, 0 where none */
+    double *la_precision;  /* owned [n_moe][K]: running precision of each layer's guesses by rank
+                              (starts optimistic) */
     /* Routing trace recording (--trace-out): rows of one forward batch are buffered
      * [row][moe layer][K] and appended in token order when the batch ends. Like the lookahead
      * statistics above, this assumes one session runs at a time on the engine. */
@@ -58,6 +58,8 @@ void stream_close(petrel_engine *e);
 void stream_trace_note(petrel_engine *e, int layer, const int32_t *idx, int T, int K);
 int stream_trace_flush(petrel_engine *e, int T, petrel_error *err);
 #define PT_CHUNK_RESIDENT 512
+/* lookahead: a rank of guesses is read from the SSD while at least this share of it is right */
+#define PT_LOOKAHEAD_GATE 0.8
 #define PT_CHUNK_MIN 256
 #define PT_CHUNK_MAX 2048
 /* Arena bytes a session of ctx tokens with forward chunks of `chunk` rows takes (memory plans). */

@@ -191,40 +191,43 @@ static int run_experts(petrel_session *s, const int32_t *ids, int n, const exper
 }
 
 /* Lookahead for streaming: applies the next MoE layer's router to x (this layer's normed input)
- * and starts reading the experts it predicts, so their reads overlap this layer's compute. */
+ * and starts reading the experts it predicts, so their reads overlap this layer's compute.
+ * Every prediction is scored when the layer routes (moe_forward), per rank: a row's best guess
+ * is right far more often than its 8th. Wrong guesses cost SSD time that demand reads then wait
+ * for, and a slot, so only the ranks whose running precision reaches PT_LOOKAHEAD_GATE are read;
+ * the others are still predicted and scored, so a rank starts reading once it has earned it. */
 void moe_prefetch_next(petrel_session *s, const layer_w *next_lw, int next_l, const float *x, int T) {
     const petrel_engine *eng = s->eng;
     const petrel_config *c = &eng->cfg;
     int E = c->n_routed_experts, K = c->num_experts_per_tok;
     if (!eng->xs || !next_lw || eng->moe_index[next_l] < 0 || K > 64) return;
-    /* Wrong guesses cost SSD time that demand reads then wait for, so guessing pays only when
-     * it is mostly right: below 80% precision, predict only every 16th layer visit (to notice
-     * when the guesses improve). */
     petrel_engine *me = (petrel_engine *)eng;
-    if (me->la_precision < 0.8 && (me->la_rounds & 15)) return;
+    int nm = eng->moe_index[next_l];
     size_t mark = s->ar.used;
     float *lg = ar_alloc(&s->ar, sizeof(float) * (size_t)T * E);
     float *scratch = ar_alloc(&s->ar, sizeof(float) * 2 * (size_t)E);
     int32_t *pids = ar_alloc(&s->ar, sizeof(int32_t) * (size_t)E);
     int32_t *ranked = ar_alloc(&s->ar, sizeof(int32_t) * (size_t)T * K);
-    uint8_t *chosen = ar_alloc(&s->ar, (size_t)E);
-    if (lg && scratch && pids && ranked && chosen) {
+    if (lg && scratch && pids && ranked) {
         kn_matmul(&next_lw->router, x, T, lg);
         float pw[64];
         for (int r = 0; r < T; r++) /* moe_route lists each row's experts best first */
             moe_route(c, lg + (size_t)r * E, next_lw->e_score_correction_bias, ranked + (size_t)r * K, pw, scratch);
-        /* Guesses best-rank first across rows, at most half the bank: a hint must not evict
+        /* Guesses best rank first across rows, at most half the bank: a hint must not evict
          * most of what the current token may still reuse. */
         int cap = xs_store_slots(eng->xs) / 2, np = 0;
         if (cap < 1) cap = 1;
-        memset(chosen, 0, (size_t)E);
-        for (int k = 0; k < K && np < cap; k++)
-            for (int r = 0; r < T && np < cap; r++) {
+        uint8_t *pred = me->la_pred + (size_t)nm * E; /* rank + 1 of each predicted expert, 0: none */
+        const double *prec = me->la_precision + (size_t)nm * K;
+        memset(pred, 0, (size_t)E);
+        for (int k = 0; k < K; k++)
+            for (int r = 0; r < T; r++) {
                 int e = ranked[(size_t)r * K + k];
-                if (!chosen[e]) { chosen[e] = 1; pids[np++] = e; }
+                if (pred[e]) continue;
+                pred[e] = (uint8_t)(k + 1);
+                if (np < cap && prec[k] >= PT_LOOKAHEAD_GATE) pids[np++] = e;
             }
-        memcpy(me->la_pred + (size_t)eng->moe_index[next_l] * E, chosen, (size_t)E);
-        xs_prefetch(eng->xs, eng->moe_index[next_l], pids, np);
+        if (np) xs_prefetch(eng->xs, nm, pids, np);
     }
     s->ar.used = mark; /* a hint: without scratch it is simply skipped */
 }
@@ -260,19 +263,20 @@ int moe_forward(petrel_session *s, int l, const layer_w *lw, const layer_w *next
     if (eng->trace) stream_trace_note((petrel_engine *)eng, l, idx, T, K);
     xs_store *xst = eng->xs;
     int ml = xst ? eng->moe_index[l] : -1;
-    if (ml >= 0) { /* score the lookahead guess made for this layer, if any */
+    if (ml >= 0) { /* score the lookahead guesses made for this layer, if any, rank by rank */
         petrel_engine *me = (petrel_engine *)eng;
         uint8_t *pred = me->la_pred + (size_t)ml * E;
-        int np = 0, good = 0;
-        for (int e = 0; e < E; e++) {
-            np += pred[e];
-            good += pred[e] && chosen[e];
-        }
-        if (np) {
-            me->la_precision = 0.9 * me->la_precision + 0.1 * (double)good / np;
-            memset(pred, 0, (size_t)E);
-        }
-        me->la_rounds++;
+        double *prec = me->la_precision + (size_t)ml * K;
+        int n[64] = {0}, good[64] = {0}, any = 0;
+        for (int e = 0; e < E; e++)
+            if (pred[e]) {
+                n[pred[e] - 1]++;
+                good[pred[e] - 1] += chosen[e];
+                any = 1;
+            }
+        for (int k = 0; k < K && any; k++)
+            if (n[k]) prec[k] = 0.9 * prec[k] + 0.1 * (double)good[k] / n[k];
+        if (any) memset(pred, 0, (size_t)E);
     }
     /* Guesses for this layer that turned out wrong and have not started reading are dropped, so
      * they do not delay the misses queued behind them. */

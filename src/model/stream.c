@@ -91,8 +91,10 @@ int stream_open(petrel_engine *e, const petrel_open_opts *o, petrel_error *err) 
                      .record = rec_cb, .views = views_cb};
     PT_TRY(xs_store_create(&src, &plan, NULL, &e->xs, err));
     e->la_pred = calloc((size_t)nm * (size_t)c->n_routed_experts, 1);
-    if (!e->la_pred) return pt_err(err, PETREL_ENOMEM, "out of memory");
-    e->la_precision = 1.0;
+    int K = c->num_experts_per_tok;
+    e->la_precision = malloc(sizeof(double) * (size_t)nm * (size_t)K);
+    if (!e->la_pred || !e->la_precision) return pt_err(err, PETREL_ENOMEM, "out of memory");
+    for (int i = 0; i < nm * K; i++) e->la_precision[i] = 1.0;
     char up[4200];
     int loaded = 0;
     xs_usage_path(e->path, up, sizeof up);
@@ -140,4 +142,6 @@ void stream_close(petrel_engine *e) {
     e->moe_index = NULL;
     free(e->la_pred);
     e->la_pred = NULL;
+    free(e->la_precision);
+    e->la_precision = NULL;
 }
