@@ -343,7 +343,7 @@ TEST(pack, corrupt_refused) {
     CHECK_MSG(strstr(err.msg, "o_proj"), "message: %s", err.msg);
     /* ... and by the engine's load, which checks every resident tensor it copies */
     err.msg[0] = 0;
-    CHECK(pack_load_resident(p, 1, &off, NULL, NULL, &err) == PETREL_EFORMAT && !p->copy);
+    CHECK(pack_load_resident(p, 1, 0, &off, NULL, NULL, &err) == PETREL_EFORMAT && !p->copy);
     CHECK_MSG(strstr(err.msg, "o_proj") && strstr(err.msg, "checksum"), "message: %s", err.msg);
     pack_close(p);
     petrel_engine *eng = NULL;

@@ -42,17 +42,26 @@ static float *logits_of(petrel_engine *e, const int32_t *ids, int T, int decode,
     return lg;
 }
 
-static void check_bitwise(const char *fixture, int quant) {
+/* budget 0: --expert-slots 1 alone; else that --mem-budget too, which also leaves the token
+ * embedding in the pack (rows read through the map, pages dropped after each batch) */
+static void check_bitwise_budget(const char *fixture, int quant, uint64_t budget) {
     const char *pk = make_pack(fixture, quant);
     petrel_error err = {0};
     petrel_engine *res = NULL, *str = NULL;
     petrel_open_opts o1 = {0}, o2 = {0};
     o2.expert_slots = 1;
+    o2.mem_budget = budget;
     CHECK(petrel_engine_open(pk, &o1, &res, &err) == 0);
     CHECK_MSG(petrel_engine_open(pk, &o2, &str, &err) == 0, "%s", err.msg);
     if (!res || !str) { petrel_engine_close(res); petrel_engine_close(str); return; }
     CHECK(res->xs == NULL);
     CHECK(str->xs != NULL);
+    CHECK(res->pack->on_disk == NULL);
+    if (budget && pack_find(str->pack, "lm_head.weight")) {
+        CHECK(str->pack->on_disk != NULL && str->pack->on_disk == pack_find(str->pack, "model.embed_tokens.weight"));
+        CHECK(str->w.embed_tokens.data >= str->pack->map && str->w.embed_tokens.data < str->pack->map + str->pack->file_size);
+        CHECK_MSG(strstr(str->plan_text, "embed_tokens") != NULL, "plan: %s", str->plan_text);
+    } else CHECK(str->pack->on_disk == NULL);
     /* slots are at least top-k; with one requested, the plan raises it to the minimum */
     CHECK_EQ_INT(xs_store_slots(str->xs), 1);
     char p[600];
@@ -82,7 +91,13 @@ static void check_bitwise(const char *fixture, int quant) {
     petrel_engine_close(str);
 }
 
+static void check_bitwise(const char *fixture, int quant) { check_bitwise_budget(fixture, quant, 0); }
+
 TEST(stream, bitwise_tiny_bf16) { check_bitwise("tiny", CVQ_BF16); }
+TEST(stream, bitwise_budget_embed_on_disk) {
+    check_bitwise_budget("tiny", CVQ_Q8, 1ull << 30);
+    check_bitwise_budget("odd2", CVQ_Q4, 1ull << 30);
+}
 TEST(stream, bitwise_fp8_q4) { check_bitwise("tiny-fp8", CVQ_Q4); }
 TEST(stream, bitwise_odd_q4) { check_bitwise("odd", CVQ_Q4); }
 TEST(stream, bitwise_odd2_q8) { check_bitwise("odd2", CVQ_Q8); }

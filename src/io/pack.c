@@ -352,12 +352,45 @@ static int copy_range(pack *p, uint64_t off, uint64_t n, uint64_t *done, uint64_
     return 0;
 }
 
-int pack_load_resident(pack *p, int experts, uint64_t *copied_bytes, void (*progress)(uint64_t, uint64_t, void *), void *ud,
-                       petrel_error *err) {
+static void release_range(const pack *p, uint64_t off, uint64_t n) {
+    uint64_t pg = 4096, a = off & ~(pg - 1), b = (off + n + pg - 1) & ~(pg - 1);
+    if (b > p->file_size) b = p->file_size;
+    if (n && b > a) madvise((void *)(p->map + a), (size_t)(b - a), MADV_DONTNEED);
+}
+
+void pack_release_on_disk(const pack *p) {
+    if (!p->on_disk || !p->map) return;
+    release_range(p, p->on_disk->offset, p->on_disk->bytes);
+    release_range(p, p->on_disk->scale_offset, p->on_disk->scale_bytes);
+}
+
+uint64_t pack_on_disk_bytes(const pack *p) { return p->on_disk ? p->on_disk->bytes + p->on_disk->scale_bytes : 0; }
+
+/* XXH64 of a tensor read through the map, 64 MiB at a time, each step's pages dropped after. */
+static uint64_t hash_from_map(const pack *p, const pack_tensor *t, int *oom) {
+    XXH64_state_t *st = XXH64_createState();
+    if (!st) { *oom = 1; return 0; }
+    XXH64_reset(st, 0);
+    uint64_t step = 64u << 20, offs[2] = {t->offset, t->scale_offset}, lens[2] = {t->bytes, t->scale_bytes};
+    for (int part = 0; part < 2; part++)
+        for (uint64_t k = 0; k < lens[part]; k += step) {
+            uint64_t n = lens[part] - k < step ? lens[part] - k : step;
+            XXH64_update(st, p->map + offs[part] + k, (size_t)n);
+            release_range(p, offs[part] + k, n);
+        }
+    uint64_t h = XXH64_digest(st);
+    XXH64_freeState(st);
+    return h;
+}
+
+int pack_load_resident(pack *p, int experts, int embed_on_disk, uint64_t *copied_bytes, void (*progress)(uint64_t, uint64_t, void *),
+                       void *ud, petrel_error *err) {
     *copied_bytes = 0;
     if (!p->map || p->copy) return 0;
+    const pack_tensor *skip = embed_on_disk && pack_find(p, "lm_head.weight") ? pack_find(p, "model.embed_tokens.weight") : NULL;
     uint64_t res = 0, exp = 0;
-    for (int i = 0; i < p->n_tensors; i++) res += p->tensors[i].bytes + p->tensors[i].scale_bytes;
+    for (int i = 0; i < p->n_tensors; i++)
+        if (&p->tensors[i] != skip) res += p->tensors[i].bytes + p->tensors[i].scale_bytes;
     for (int i = 0; i < p->n_elayers; i++) exp += (uint64_t)p->elayers[i].n_experts * p->elayers[i].record_bytes;
     uint64_t avail = mem_available(), room = avail - avail / 8; /* leave an eighth to everything else */
     if (avail && res > room) return 0;                          /* the map pages it in, slowly */
@@ -370,6 +403,13 @@ int pack_load_resident(pack *p, int experts, uint64_t *copied_bytes, void (*prog
     int rc = 0;
     for (int i = 0; i < p->n_tensors && !rc; i++) {
         const pack_tensor *t = &p->tensors[i];
+        if (t == skip) {
+            int oom = 0;
+            uint64_t h = hash_from_map(p, t, &oom);
+            if (oom) rc = pt_err(err, PETREL_ENOMEM, "out of memory");
+            else if (h != t->xxh64) rc = pt_err(err, PETREL_EFORMAT, "%s: checksum mismatch in tensor \"%s\": the pack is corrupted", p->path, t->name);
+            continue;
+        }
         rc = copy_range(p, t->offset, t->bytes, &done, total, progress, ud, err);
         if (!rc && t->scale_bytes) rc = copy_range(p, t->scale_offset, t->scale_bytes, &done, total, progress, ud, err);
         if (rc) break;
@@ -391,6 +431,7 @@ int pack_load_resident(pack *p, int experts, uint64_t *copied_bytes, void (*prog
         return rc;
     }
     p->copy_experts = experts;
+    p->on_disk = skip;
     *copied_bytes = total;
     return 0;
 }
@@ -527,7 +568,7 @@ static int pk_matrix(void *ctx, const char *name, int64_t rows, int64_t cols, pt
             t = &el->part[part];
             base = (p->copy_experts ? p->copy : p->map) + el->first_offset + (uint64_t)e * el->record_bytes;
         }
-    } else t = pack_find(p, name);
+    } else if ((t = pack_find(p, name)) && t == p->on_disk) base = p->map;
     if (!t) return pt_err(err, PETREL_EFORMAT, "%s: missing tensor \"%s\" (expected shape [%lld, %lld])", p->path, name, (long long)rows, (long long)cols);
     if (t->vector || t->rows != rows || t->cols != cols)
         return pt_err(err, PETREL_EFORMAT, "%s: tensor \"%s\" has shape [%lld, %lld], expected [%lld, %lld]", p->path, name, (long long)t->rows,

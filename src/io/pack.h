@@ -82,6 +82,8 @@ typedef struct pack {
     const uint8_t *map;         /* owned read-only mmap of the whole file (NULL when parsed) */
     uint8_t *copy;              /* owned anonymous copy (pack_load_resident) or NULL; same offsets as map */
     int copy_experts;           /* 1 when copy also holds the expert records */
+    const struct pack_tensor *on_disk; /* a tensor left out of the copy (served from map, see
+                                          pack_load_resident), or NULL */
     uint64_t file_size;
     uint32_t version;
     uint64_t header_len;
@@ -102,9 +104,18 @@ typedef struct pack {
  * from the file map that costs a TLB miss per 4 KiB page (about 20 % of the bandwidth here).
  * Only what fits into the memory the kernel reports as available is copied (the rest stays on
  * the map); *copied_bytes says how much was. progress (may be NULL) gets (done, total) bytes.
+ * With embed_on_disk, the token embedding (one row per token, ~1 GB at GLM-5's vocabulary) is not
+ * copied either when the pack has a separate lm_head: its view then points into the file map and
+ * the caller drops the pages it touched (pack_release_on_disk), so they never add up in RSS. Its
+ * checksum is still checked, through the map in 64 MiB steps released as they go.
  * Call before binding weights. */
-int pack_load_resident(pack *p, int experts, uint64_t *copied_bytes, void (*progress)(uint64_t done, uint64_t total, void *ud),
+int pack_load_resident(pack *p, int experts, int embed_on_disk, uint64_t *copied_bytes, void (*progress)(uint64_t done, uint64_t total, void *ud),
                        void *ud, petrel_error *err);
+/* Drops this process's pages of the tensor kept on disk (no-op without one): its rows were read
+ * through the map; the kernel keeps them in the page cache, not in our resident set. */
+void pack_release_on_disk(const pack *p);
+/* Bytes of the tensor kept on disk (data + scales), 0 without one. */
+uint64_t pack_on_disk_bytes(const pack *p);
 /* Makes the copy read-only (after any in-place relayout of its tensors). */
 void pack_seal(pack *p);
 /* 1 if the file at path starts with PACK_MAGIC. */

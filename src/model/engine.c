@@ -31,14 +31,16 @@ static void load_progress(uint64_t done, uint64_t total, void *ud) {
 }
 
 /* A petrel pack: config and weights from the one file. Resident tensors (and, when nothing
- * streams, the expert records) are copied into huge-page memory first (pack_load_resident). */
+ * streams, the expert records) are copied into huge-page memory first (pack_load_resident).
+ * Under a memory budget the token embedding stays in the file: a token needs one row of it,
+ * and its ~1 GB buys ~50 expert slots instead. */
 static int open_pack(petrel_engine *e, const char *path, const petrel_open_opts *o, petrel_error *err) {
     PT_TRY(pack_open(path, &e->pack, err));
     PT_TRY(pack_load_config(e->pack, &e->cfg, err));
     int streaming = o && (o->mem_budget || o->expert_slots), last = -10;
     uint64_t copied = 0;
     if (!o || !o->inspect_only)
-        PT_TRY(pack_load_resident(e->pack, !streaming, &copied, o && o->verbose ? load_progress : NULL, &last, err));
+        PT_TRY(pack_load_resident(e->pack, !streaming, o && o->mem_budget, &copied, o && o->verbose ? load_progress : NULL, &last, err));
     wsource ws;
     wsource_pack(&ws, e->pack);
     PT_TRY(weights_bind(&e->w, &e->cfg, &ws, err));

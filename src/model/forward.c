@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 
 #include "base/err.h"
+#include "io/pack.h"
 #include "kernels/kernels.h"
 #include "model/engine.h"
 #include "model/ops.h"
@@ -51,6 +52,7 @@ int fwd_batch(petrel_session *s, const int32_t *ids, int T, float *logits, int l
         pt_dequant_row(&w->embed_tokens, ids[r], h + (size_t)r * H);
         op_rope_table(c->rope_theta, Dr, P + r, rope.cos_ + (size_t)r * (Dr / 2), rope.sin_ + (size_t)r * (Dr / 2));
     }
+    if (e->pack) pack_release_on_disk(e->pack); /* embedding rows read through the file map */
     fwd_trace *tr = s->trace;
     if (tr && tr->hidden) memcpy(tr->hidden, h, sizeof(float) * (size_t)T * H);
     uint64_t *ns = s->stats.ns, t0 = pt_now_ns(), t1;
