@@ -201,7 +201,7 @@ TEST(stream, budget_refused) {
 }
 
 /* The prefill chunk: 512 rows without a budget (and with --expert-slots alone, so slots-1 runs
- * chunk like resident ones); under a budget the largest of 256..2048 whose scratch fits 1/16 of
+ * chunk like resident ones); under a budget the largest of 256..2048 whose scratch fits 1/10 of
  * it, and a session's batch never exceeds it. */
 TEST(stream, chunk_follows_budget) {
     const char *pk = make_pack("tiny", CVQ_BF16);
@@ -223,8 +223,8 @@ TEST(stream, chunk_follows_budget) {
         if (petrel_engine_open(pk, &o, &e, &err)) continue; /* a budget too small to open is tested above */
         int ch = e->chunk, ctx = e->cfg.max_position_embeddings < 4096 ? e->cfg.max_position_embeddings : 4096;
         CHECK(ch >= PT_CHUNK_MIN && ch <= PT_CHUNK_MAX && (ch & (ch - 1)) == 0);
-        if (ch > PT_CHUNK_MIN) CHECK(session_scratch_estimate(&e->cfg, ctx, ch) <= o.mem_budget / 16);
-        if (ch < PT_CHUNK_MAX) CHECK(session_scratch_estimate(&e->cfg, ctx, ch * 2) > o.mem_budget / 16);
+        if (ch > PT_CHUNK_MIN) CHECK(session_scratch_estimate(&e->cfg, ctx, ch) <= o.mem_budget / PT_CHUNK_BUDGET_DIV);
+        if (ch < PT_CHUNK_MAX) CHECK(session_scratch_estimate(&e->cfg, ctx, ch * 2) > o.mem_budget / PT_CHUNK_BUDGET_DIV);
         petrel_session *s = NULL;
         if (petrel_session_create(e, 300, &s, &err) == 0) {
             CHECK(s->max_batch == (300 < ch ? 300 : ch));

@@ -44,7 +44,7 @@ struct petrel_engine {
     struct xs_trace *trace;  /* owned, NULL when not recording */
     int32_t *trace_buf;      /* owned [chunk][n_moe][K] */
     /* Rows per forward chunk (prefill): PT_CHUNK_RESIDENT; with a memory budget the largest of
-     * 256..2048 whose scratch takes at most 1/16 of the budget (stream.c). Prefill runs the
+     * 256..2048 whose scratch takes at most 1/10 of the budget (stream.c). Prefill runs the
      * routed experts expert-major per chunk, so a bigger chunk reads/streams each expert's
      * weights fewer times per prompt. */
     int chunk;
@@ -62,6 +62,7 @@ int stream_trace_flush(petrel_engine *e, int T, petrel_error *err);
 #define PT_LOOKAHEAD_GATE 0.8
 #define PT_CHUNK_MIN 256
 #define PT_CHUNK_MAX 2048
+#define PT_CHUNK_BUDGET_DIV 10 /* a budgeted chunk's scratch stays within budget / this */
 /* Arena bytes a session of ctx tokens with forward chunks of `chunk` rows takes (memory plans). */
 size_t session_scratch_estimate(const petrel_config *c, int ctx, int chunk);
 

@@ -45,12 +45,13 @@ int stream_open(petrel_engine *e, const petrel_open_opts *o, petrel_error *err) 
     e->n_moe = nm;
     int ctx = o && o->plan_context > 0 ? o->plan_context : 4096;
     if (ctx > c->max_position_embeddings) ctx = c->max_position_embeddings;
-    /* forward chunk: under a budget, the largest whose scratch stays within 1/16 of it */
+    /* forward chunk: under a budget, the largest whose scratch stays within 1/10 of it (prefill
+     * under a budget is read-bound: each chunk reads nearly every expert of every layer once) */
     e->chunk = PT_CHUNK_RESIDENT;
     if (o && o->mem_budget) {
         e->chunk = PT_CHUNK_MIN;
         for (int ch = PT_CHUNK_MAX; ch > PT_CHUNK_MIN; ch /= 2)
-            if (session_scratch_estimate(c, ctx, ch) <= o->mem_budget / 16) {
+            if (session_scratch_estimate(c, ctx, ch) <= o->mem_budget / PT_CHUNK_BUDGET_DIV) {
                 e->chunk = ch;
                 break;
             }
