@@ -278,3 +278,40 @@ TEST(stream, trace_out_roundtrip) {
     CHECK_EQ_INT(bad, 0);
     xs_trace_deinit(&t);
 }
+
+/* Lookahead reads only the ranks whose running precision reaches the gate: none, the best guess
+ * alone, or every guess (at most half the bank), from a store that starts empty. */
+TEST(stream, lookahead_reads_ranks_over_the_gate) {
+    const char *pk = make_pack("tiny", CVQ_Q8);
+    petrel_error err = {0};
+    petrel_engine *e = NULL;
+    petrel_open_opts o = {0};
+    o.expert_slots = 8;
+    CHECK(petrel_engine_open(pk, &o, &e, &err) == 0);
+    if (!e) return;
+    petrel_session *s = NULL;
+    CHECK(petrel_session_create(e, 8, &s, &err) == 0);
+    int H = e->cfg.hidden_size, K = e->cfg.num_experts_per_tok, l = 0;
+    while (!e->cfg.layer_is_moe[l]) l++;
+    int ml = e->moe_index[l];
+    float *x = malloc(sizeof(float) * (size_t)H);
+    for (int i = 0; i < H; i++) x[i] = (float)((i * 7919) % 13) / 6.0f - 1.0f;
+    double *prec = e->la_precision + (size_t)ml * K;
+    xs_stats a, b;
+    int expect[3] = {0, 1, K < xs_store_slots(e->xs) / 2 ? K : xs_store_slots(e->xs) / 2};
+    for (int round = 0; round < 3; round++) {
+        for (int k = 0; k < K; k++) prec[k] = round == 2 || (round == 1 && k == 0) ? 0.9 : 0.5;
+        xs_store_stats(e->xs, &a);
+        moe_prefetch_next(s, &e->w.layers[l], l, x, 1);
+        xs_store_stats(e->xs, &b);
+        int np = 0;
+        for (int i = 0; i < e->cfg.n_routed_experts; i++) np += e->la_pred[(size_t)ml * e->cfg.n_routed_experts + i] != 0;
+        CHECK_EQ_INT(np, K); /* every rank is predicted (and later scored), read or not */
+        /* reads started: round 1 reads the best guess, round 2 the rest of the guesses */
+        CHECK_EQ_INT((int)(b.prefetch_issued - a.prefetch_issued), round == 2 ? expect[2] - 1 : expect[round]);
+    }
+    xs_store_drain(e->xs);
+    free(x);
+    petrel_session_free(s);
+    petrel_engine_close(e);
+}
