@@ -115,6 +115,15 @@ typedef struct rope_rows {
     float *cos_, *sin_;  /* [T][rope_dim/2] */
 } rope_rows;
 
+/* Layer l's attention for T rows at positions P.. (s->len == P): x is the rows' input-normed
+ * h; writes their latent KV (and indexer keys on full layers), then h += attention output. On a
+ * full indexer layer it fills sel/sel_n (stride sel_stride), which the shared layers after it
+ * reuse. Scratch: b (T rows each). */
+typedef struct attn_bufs {
+    float *x, *y, *qa, *q, *kva, *o; /* [T][H], [T][H], [T][q_lora_rank], [T][heads*qk_head_dim], [T][kv_lora_rank+rope], [T][heads*v_head_dim] */
+} attn_bufs;
+int attn_rows(petrel_session *s, int l, const layer_w *lw, float *h, const float *x, int T, int P, const rope_rows *rope,
+              int32_t *sel, int *sel_n, int sel_stride, const attn_bufs *b, petrel_error *err);
 int mla_attention(petrel_session *s, int l, const layer_w *lw, const float *q, int T, const int32_t *sel, const int *sel_n,
                   int sel_stride, float *out, petrel_error *err);
 size_t mla_scratch_bytes(const petrel_config *c, int T, int N);

@@ -27,6 +27,44 @@ void *ar_alloc(arena *a, size_t bytes) {
     return a->base + off;
 }
 
+int attn_rows(petrel_session *s, int l, const layer_w *lw, float *h, const float *x, int T, int P, const rope_rows *rope,
+              int32_t *sel, int *sel_n, int sel_stride, const attn_bufs *b, petrel_error *err) {
+    const petrel_engine *e = s->eng;
+    const petrel_config *c = &e->cfg;
+    int H = c->hidden_size, NH = c->num_attention_heads, Dqk = c->qk_head_dim, Dr = c->qk_rope_head_dim;
+    int Rq = c->q_lora_rank, Rkv = c->kv_lora_rank;
+    uint64_t *ns = s->stats.ns, t0 = pt_now_ns(), t1;
+    float *qa = b->qa, *q = b->q, *kva = b->kva, *o = b->o, *y = b->y;
+    kn_job a[2] = {{&lw->q_a_proj, x, T, qa}, {&lw->kv_a_proj_with_mqa, x, T, kva}}; /* one dispatch */
+    kn_matmul_many(a, 2);
+    for (int r = 0; r < T; r++) op_rmsnorm(qa + (size_t)r * Rq, qa + (size_t)r * Rq, lw->q_a_layernorm, Rq, 1e-6);
+    kn_matmul(&lw->q_b_proj, qa, T, q);
+    for (int r = 0; r < T; r++) {
+        const float *cs = rope->cos_ + (size_t)r * (Dr / 2), *sn = rope->sin_ + (size_t)r * (Dr / 2);
+        for (int hh = 0; hh < NH; hh++) op_rope(q + ((size_t)r * NH + hh) * Dqk + c->qk_nope_head_dim, cs, sn, Dr, c->rope_interleave);
+        float *kv = kva + (size_t)r * (Rkv + Dr);
+        op_rmsnorm(s->kv_c[l] + (size_t)(P + r) * Rkv, kv, lw->kv_a_layernorm, Rkv, 1e-6);
+        float *pe = s->kv_pe[l] + (size_t)(P + r) * Dr;
+        memcpy(pe, kv + Rkv, sizeof(float) * (size_t)Dr);
+        op_rope(pe, cs, sn, Dr, c->rope_interleave);
+    }
+    t1 = pt_now_ns(), ns[FS_ATTN] += t1 - t0, t0 = t1;
+    fwd_trace *tr = s->trace;
+    if (c->layer_indexer_full[l]) {
+        PT_TRY(dsa_select(s, l, lw, x, qa, T, rope, sel, sel_n, sel_stride, err));
+        if (tr && tr->topk && tr->topk[l])
+            for (int r = 0; r < T; r++)
+                for (int i = 0; i < tr->topk_stride; i++)
+                    tr->topk[l][(size_t)r * tr->topk_stride + i] = i < sel_n[r] ? sel[(size_t)r * sel_stride + i] : -1;
+    }
+    t1 = pt_now_ns(), ns[FS_INDEXER] += t1 - t0, t0 = t1;
+    PT_TRY(mla_attention(s, l, lw, q, T, sel, sel_n, sel_stride, o, err));
+    kn_matmul(&lw->o_proj, o, T, y);
+    for (int i = 0; i < T * H; i++) h[i] += y[i];
+    ns[FS_ATTN] += pt_now_ns() - t0;
+    return 0;
+}
+
 int fwd_batch(petrel_session *s, const int32_t *ids, int T, float *logits, int logits_from, petrel_error *err) {
     const petrel_engine *e = s->eng;
     const petrel_config *c = &e->cfg;
@@ -37,16 +75,14 @@ int fwd_batch(petrel_session *s, const int32_t *ids, int T, float *logits, int l
     int kmax = c->index_topk < P + T ? c->index_topk : P + T;
     s->ar.used = 0;
     float *h = ar_alloc(&s->ar, sizeof(float) * (size_t)T * H);
-    float *x = ar_alloc(&s->ar, sizeof(float) * (size_t)T * H);
-    float *y = ar_alloc(&s->ar, sizeof(float) * (size_t)T * H);
-    float *qa = ar_alloc(&s->ar, sizeof(float) * (size_t)T * Rq);
-    float *q = ar_alloc(&s->ar, sizeof(float) * (size_t)T * NH * Dqk);
-    float *kva = ar_alloc(&s->ar, sizeof(float) * (size_t)T * (Rkv + Dr));
-    float *o = ar_alloc(&s->ar, sizeof(float) * (size_t)T * NH * Dv);
+    attn_bufs b = {ar_alloc(&s->ar, sizeof(float) * (size_t)T * H), ar_alloc(&s->ar, sizeof(float) * (size_t)T * H),
+                   ar_alloc(&s->ar, sizeof(float) * (size_t)T * Rq), ar_alloc(&s->ar, sizeof(float) * (size_t)T * NH * Dqk),
+                   ar_alloc(&s->ar, sizeof(float) * (size_t)T * (Rkv + Dr)), ar_alloc(&s->ar, sizeof(float) * (size_t)T * NH * Dv)};
+    float *x = b.x, *y = b.y;
     rope_rows rope = {ar_alloc(&s->ar, sizeof(float) * (size_t)T * (Dr / 2)), ar_alloc(&s->ar, sizeof(float) * (size_t)T * (Dr / 2))};
     int32_t *sel = ar_alloc(&s->ar, sizeof(int32_t) * (size_t)T * kmax);
     int *sel_n = ar_alloc(&s->ar, sizeof(int) * (size_t)T);
-    if (!h || !x || !y || !qa || !q || !kva || !o || !rope.cos_ || !rope.sin_ || !sel || !sel_n)
+    if (!h || !x || !y || !b.qa || !b.q || !b.kva || !b.o || !rope.cos_ || !rope.sin_ || !sel || !sel_n)
         return pt_err(err, PETREL_ENOMEM, "forward scratch exhausted");
     for (int r = 0; r < T; r++) {
         pt_dequant_row(&w->embed_tokens, ids[r], h + (size_t)r * H);
@@ -55,10 +91,11 @@ int fwd_batch(petrel_session *s, const int32_t *ids, int T, float *logits, int l
     if (e->pack) pack_release_on_disk(e->pack); /* embedding rows read through the file map */
     fwd_trace *tr = s->trace;
     if (tr && tr->hidden) memcpy(tr->hidden, h, sizeof(float) * (size_t)T * H);
-    uint64_t *ns = s->stats.ns, t0 = pt_now_ns(), t1;
+    uint64_t *ns = s->stats.ns, t0, t1;
 #define LAP(part) (t1 = pt_now_ns(), ns[part] += t1 - t0, t0 = t1)
     for (int l = 0; l < L; l++) {
         const layer_w *lw = &w->layers[l];
+        t0 = pt_now_ns();
         for (int r = 0; r < T; r++) op_rmsnorm(x + (size_t)r * H, h + (size_t)r * H, lw->input_layernorm, H, c->rms_norm_eps);
         if (e->xs && !lw->is_moe) { /* a dense layer: no demand reads of its own, so the next MoE
                                        layer's guesses can start before its attention */
@@ -66,31 +103,9 @@ int fwd_batch(petrel_session *s, const int32_t *ids, int T, float *logits, int l
             while (nm < L && !c->layer_is_moe[nm]) nm++;
             if (nm < L) moe_prefetch_next(s, &w->layers[nm], nm, x, T);
         }
-        kn_job a[2] = {{&lw->q_a_proj, x, T, qa}, {&lw->kv_a_proj_with_mqa, x, T, kva}}; /* one dispatch */
-        kn_matmul_many(a, 2);
-        for (int r = 0; r < T; r++) op_rmsnorm(qa + (size_t)r * Rq, qa + (size_t)r * Rq, lw->q_a_layernorm, Rq, 1e-6);
-        kn_matmul(&lw->q_b_proj, qa, T, q);
-        for (int r = 0; r < T; r++) {
-            const float *cs = rope.cos_ + (size_t)r * (Dr / 2), *sn = rope.sin_ + (size_t)r * (Dr / 2);
-            for (int hh = 0; hh < NH; hh++) op_rope(q + ((size_t)r * NH + hh) * Dqk + c->qk_nope_head_dim, cs, sn, Dr, c->rope_interleave);
-            float *kv = kva + (size_t)r * (Rkv + Dr);
-            op_rmsnorm(s->kv_c[l] + (size_t)(P + r) * Rkv, kv, lw->kv_a_layernorm, Rkv, 1e-6);
-            float *pe = s->kv_pe[l] + (size_t)(P + r) * Dr;
-            memcpy(pe, kv + Rkv, sizeof(float) * (size_t)Dr);
-            op_rope(pe, cs, sn, Dr, c->rope_interleave);
-        }
         LAP(FS_ATTN);
-        if (c->layer_indexer_full[l]) {
-            PT_TRY(dsa_select(s, l, lw, x, qa, T, &rope, sel, sel_n, kmax, err));
-            if (tr && tr->topk && tr->topk[l])
-                for (int r = 0; r < T; r++)
-                    for (int i = 0; i < tr->topk_stride; i++)
-                        tr->topk[l][(size_t)r * tr->topk_stride + i] = i < sel_n[r] ? sel[(size_t)r * kmax + i] : -1;
-        }
-        LAP(FS_INDEXER);
-        PT_TRY(mla_attention(s, l, lw, q, T, sel, sel_n, kmax, o, err));
-        kn_matmul(&lw->o_proj, o, T, y);
-        for (int i = 0; i < T * H; i++) h[i] += y[i];
+        PT_TRY(attn_rows(s, l, lw, h, x, T, P, &rope, sel, sel_n, kmax, &b, err));
+        t0 = pt_now_ns();
         for (int r = 0; r < T; r++) op_rmsnorm(x + (size_t)r * H, h + (size_t)r * H, lw->post_attention_layernorm, H, c->rms_norm_eps);
         LAP(FS_ATTN);
         int nl = l + 1; /* the next MoE layer, whose experts a streaming store can start reading */
@@ -101,10 +116,10 @@ int fwd_batch(petrel_session *s, const int32_t *ids, int T, float *logits, int l
             PT_TRY(mlp_dense(s, lw, x, T, y, err));
             LAP(FS_DENSE);
         }
-        t0 = pt_now_ns();
         for (int i = 0; i < T * H; i++) h[i] += y[i];
         if (tr && tr->hidden && l < L - 1) memcpy(tr->hidden + (size_t)(l + 1) * T * H, h, sizeof(float) * (size_t)T * H);
     }
+    t0 = pt_now_ns();
     for (int r = 0; r < T; r++) op_rmsnorm(x + (size_t)r * H, h + (size_t)r * H, w->norm, H, c->rms_norm_eps);
     if (tr && tr->hidden) memcpy(tr->hidden + (size_t)L * T * H, x, sizeof(float) * (size_t)T * H);
     LAP(FS_OTHER);
