@@ -11,6 +11,7 @@
 #include "io/pack.h"
 #include "io/safetensors.h"
 #include "model/engine.h"
+#include "model/synth.h"
 #include "test.h"
 
 static const char *make_pack(const char *fixture, int quant) {
@@ -200,38 +201,68 @@ TEST(stream, budget_refused) {
     CHECK(petrel_engine_open(test_data("tiny"), &o, &e, &err) == PETREL_EUNSUPPORTED); /* HF folder: needs a pack */
 }
 
-/* The prefill chunk: 512 rows without a budget (and with --expert-slots alone, so slots-1 runs
- * chunk like resident ones); under a budget the largest of 256..2048 whose scratch fits 1/10 of
- * it, and a session's batch never exceeds it. */
+/* The prefill chunk and span rule (stream_chunk_plan), on GLM-5.2 shapes: no budget, resident
+ * chunks and no span; under a budget the largest chunk of 256..2048 whose scratch fits 1/10 of it
+ * and a layer-major span of whole chunks, at most the planned context, within 1/16 of it (none
+ * when that is not more than a chunk). The engine takes the plan; a session's batch never
+ * exceeds the chunk and its span holds min(capacity, span) rows in whole chunks. */
 TEST(stream, chunk_follows_budget) {
-    const char *pk = make_pack("tiny", CVQ_BF16);
+    char *cj = synth_glm52_config(1, 2);
+    petrel_config c;
     petrel_error err = {0};
+    CHECK(cj && config_parse(cj, strlen(cj), "glm52", &c, &err) == 0);
+    free(cj);
+    int ch, pf, spans = 0;
+    size_t pfb;
+    stream_chunk_plan(&c, 4096, 0, &ch, &pf, &pfb);
+    CHECK(ch == PT_CHUNK_RESIDENT && pf == 0 && pfb == 0);
+    uint64_t budgets[5] = {1ull << 30, 4ull << 30, 8ull << 30, 24ull << 30, 100ull << 30};
+    int ctxs[3] = {1024, 4096, 16384};
+    for (int k = 0; k < 5; k++)
+        for (int j = 0; j < 3; j++) {
+            uint64_t B = budgets[k];
+            int ctx = ctxs[j];
+            stream_chunk_plan(&c, ctx, B, &ch, &pf, &pfb);
+            CHECK(ch >= PT_CHUNK_MIN && ch <= PT_CHUNK_MAX && (ch & (ch - 1)) == 0);
+            if (ch > PT_CHUNK_MIN) CHECK(session_scratch_estimate(&c, ctx, ch) <= B / PT_CHUNK_BUDGET_DIV);
+            if (ch < PT_CHUNK_MAX) CHECK(session_scratch_estimate(&c, ctx, ch * 2) > B / PT_CHUNK_BUDGET_DIV);
+            uint64_t rb = session_prefill_row_bytes(&c, ctx), fit = B / PT_PF_BUDGET_DIV / rb;
+            if (fit > (uint64_t)ctx) fit = (uint64_t)ctx;
+            fit = fit / (uint64_t)ch * (uint64_t)ch;
+            CHECK_EQ_INT(pf, fit > (uint64_t)ch ? (int)fit : 0);
+            CHECK(pfb == (size_t)pf * rb && pfb <= B / PT_PF_BUDGET_DIV);
+            spans += pf > 0;
+        }
+    CHECK(spans >= 5); /* the rule gives spans for the budgets that matter (4 GiB and up) */
+    config_deinit(&c);
+    /* the engine and its sessions follow the plan */
+    const char *pk = make_pack("tiny", CVQ_BF16);
     petrel_engine *e = NULL;
     petrel_open_opts o = {0};
-    CHECK(petrel_engine_open(pk, &o, &e, &err) == 0);
-    if (e) CHECK_EQ_INT(e->chunk, PT_CHUNK_RESIDENT);
-    petrel_engine_close(e);
     o.expert_slots = 1;
     CHECK(petrel_engine_open(pk, &o, &e, &err) == 0);
-    if (e) CHECK_EQ_INT(e->chunk, PT_CHUNK_RESIDENT);
+    if (e) CHECK(e->chunk == PT_CHUNK_RESIDENT && e->pf_rows == 0);
     petrel_engine_close(e);
     o.expert_slots = 0;
+    o.mem_budget = 256ull << 20;
+    e = NULL;
+    CHECK(petrel_engine_open(pk, &o, &e, &err) == 0);
+    if (!e) return;
+    int ctx = e->cfg.max_position_embeddings < 4096 ? e->cfg.max_position_embeddings : 4096;
+    stream_chunk_plan(&e->cfg, ctx, o.mem_budget, &ch, &pf, &pfb);
+    CHECK(e->chunk == ch && e->pf_rows == pf);
+    e->chunk = 16; /* sessions take the engine's chunk and span as they are at create */
+    e->pf_rows = 100;
+    int caps[3] = {10, 70, 300};
     for (int k = 0; k < 3; k++) {
-        uint64_t budgets[3] = {64ull << 20, 256ull << 20, 1ull << 30};
-        o.mem_budget = budgets[k];
-        e = NULL;
-        if (petrel_engine_open(pk, &o, &e, &err)) continue; /* a budget too small to open is tested above */
-        int ch = e->chunk, ctx = e->cfg.max_position_embeddings < 4096 ? e->cfg.max_position_embeddings : 4096;
-        CHECK(ch >= PT_CHUNK_MIN && ch <= PT_CHUNK_MAX && (ch & (ch - 1)) == 0);
-        if (ch > PT_CHUNK_MIN) CHECK(session_scratch_estimate(&e->cfg, ctx, ch) <= o.mem_budget / PT_CHUNK_BUDGET_DIV);
-        if (ch < PT_CHUNK_MAX) CHECK(session_scratch_estimate(&e->cfg, ctx, ch * 2) > o.mem_budget / PT_CHUNK_BUDGET_DIV);
         petrel_session *s = NULL;
-        if (petrel_session_create(e, 300, &s, &err) == 0) {
-            CHECK(s->max_batch == (300 < ch ? 300 : ch));
+        if (petrel_session_create(e, caps[k], &s, &err) == 0) {
+            CHECK_EQ_INT(s->max_batch, caps[k] < 16 ? caps[k] : 16);
+            CHECK_EQ_INT(s->pf.rows, caps[k] == 10 ? 0 : caps[k] == 70 ? 64 : 96);
             petrel_session_free(s);
         }
-        petrel_engine_close(e);
     }
+    petrel_engine_close(e);
 }
 
 /* --trace-out: the engine records every token's experts per MoE layer, in token order, and the
@@ -315,3 +346,74 @@ TEST(stream, lookahead_reads_ranks_over_the_gate) {
     petrel_session_free(s);
     petrel_engine_close(e);
 }
+
+/* Layer-major streaming prefill (fwd_prompt_layers): spans of pf_rows rows run every layer's
+ * attention chunk by chunk and its MoE once over the span. Logits equal the resident chunk-by-
+ * chunk run bitwise, in one call, in two calls and in decode after it, while each expert is read
+ * fewer times than chunk by chunk. Chunks of 8 rows and spans of 24 make a 61-token prompt
+ * cross spans, chunks and a short tail. */
+static petrel_engine *open_chunked(const char *pk, int slots, int chunk, int pf_rows) {
+    petrel_error err = {0};
+    petrel_engine *e = NULL;
+    petrel_open_opts o = {0};
+    o.expert_slots = slots;
+    if (petrel_engine_open(pk, &o, &e, &err)) {
+        test_fail(__FILE__, __LINE__, "open %s: %s", pk, err.msg);
+        return NULL;
+    }
+    e->chunk = chunk;
+    e->pf_rows = pf_rows;
+    return e;
+}
+
+static void run_split(petrel_engine *e, const int32_t *ids, int n, int split, int decode, float *lg, uint64_t *reads) {
+    petrel_error err = {0};
+    petrel_session *s = NULL;
+    int V = e->cfg.vocab_size;
+    xs_stats a = {0}, b = {0};
+    if (e->xs) xs_store_stats(e->xs, &a);
+    CHECK(petrel_session_create(e, n + decode, &s, &err) == 0);
+    if (!s) return;
+    CHECK_MSG(petrel_session_forward(s, ids, split, lg, 1, &err) == 0, "%s", err.msg);
+    if (split < n) CHECK_MSG(petrel_session_forward(s, ids + split, n - split, lg + (size_t)split * V, 1, &err) == 0, "%s", err.msg);
+    for (int t = 0; t < decode; t++) CHECK(petrel_session_forward(s, ids + t, 1, lg + (size_t)(n + t) * V, 0, &err) == 0);
+    CHECK_EQ_INT(petrel_session_len(s), n + decode);
+    petrel_session_free(s);
+    if (e->xs) xs_store_stats(e->xs, &b);
+    *reads = b.reads - a.reads;
+}
+
+static void check_layer_major(const char *fixture, int quant) {
+    const char *pk = make_pack(fixture, quant);
+    petrel_engine *res = open_chunked(pk, 0, 8, 0), *lm = open_chunked(pk, 4, 8, 24), *cm = open_chunked(pk, 4, 8, 0);
+    if (!res || !lm || !cm) { petrel_engine_close(res); petrel_engine_close(lm); petrel_engine_close(cm); return; }
+    int n = 61, dec = 3, V = res->cfg.vocab_size;
+    int32_t ids[61];
+    for (int i = 0; i < n; i++) ids[i] = (int32_t)((i * 7919 + 13) % V);
+    size_t bytes = sizeof(float) * (size_t)(n + dec) * V;
+    float *a = malloc(bytes), *b = malloc(bytes), *c2 = malloc(bytes);
+    uint64_t r_res, r_lm, r_cm;
+    for (int split = n; split >= 20; split -= 41) { /* one call; then 20 + 41 (the second starts mid-span) */
+        run_split(res, ids, n, split, dec, a, &r_res);
+        run_split(lm, ids, n, split, dec, b, &r_lm);
+        run_split(cm, ids, n, split, dec, c2, &r_cm);
+        CHECK_MSG(!memcmp(a, b, bytes), "%s split %d: layer-major prefill logits differ from resident", fixture, split);
+        CHECK_MSG(!memcmp(a, c2, bytes), "%s split %d: chunked streamed logits differ from resident", fixture, split);
+        CHECK_MSG(r_lm < r_cm, "%s split %d: layer-major read %llu experts, chunk by chunk %llu", fixture, split,
+                  (unsigned long long)r_lm, (unsigned long long)r_cm);
+    }
+    petrel_session *s = NULL;
+    petrel_error err = {0};
+    CHECK(petrel_session_create(lm, 64, &s, &err) == 0);
+    if (s) CHECK_EQ_INT(s->pf.rows, 24);
+    petrel_session_free(s);
+    free(a);
+    free(b);
+    free(c2);
+    petrel_engine_close(res);
+    petrel_engine_close(lm);
+    petrel_engine_close(cm);
+}
+
+TEST(stream, layer_major_prefill_tiny_q8) { check_layer_major("tiny", CVQ_Q8); }
+TEST(stream, layer_major_prefill_odd_q4) { check_layer_major("odd", CVQ_Q4); }

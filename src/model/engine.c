@@ -127,6 +127,11 @@ static size_t scratch_bytes(const petrel_config *c, size_t T, size_t N) {
     return f * 4 + 64 * 64 + 4096;
 }
 
+size_t session_prefill_row_bytes(const petrel_config *c, int ctx) {
+    size_t kst = (size_t)(c->index_topk < ctx ? c->index_topk : ctx);
+    return 4 * (3 * (size_t)c->hidden_size + 3 * (size_t)c->num_experts_per_tok + kst + 1 + (size_t)c->qk_rope_head_dim);
+}
+
 size_t session_scratch_estimate(const petrel_config *c, int ctx, int chunk) {
     return scratch_bytes(c, (size_t)(ctx < chunk ? ctx : chunk), (size_t)ctx);
 }
@@ -158,6 +163,24 @@ int petrel_session_create(petrel_engine *e, int max_tokens, petrel_session **out
         s->ar.cap = scratch_bytes(c, (size_t)s->max_batch, (size_t)max_tokens);
         ok = (s->ar.base = malloc(s->ar.cap)) != NULL;
     }
+    int M = (max_tokens < e->pf_rows ? max_tokens : e->pf_rows) / s->max_batch * s->max_batch; /* whole chunks */
+    if (ok && M > s->max_batch) {
+        size_t H = (size_t)c->hidden_size, K = (size_t)c->num_experts_per_tok, Dr = (size_t)c->qk_rope_head_dim;
+        int kst = c->index_topk < max_tokens ? c->index_topk : max_tokens;
+        s->pf.rows = M;
+        s->pf.sel_stride = kst;
+        s->pf.h = malloc(sizeof(float) * (size_t)M * H);
+        s->pf.x = malloc(sizeof(float) * (size_t)M * H);
+        s->pf.out = malloc(sizeof(float) * (size_t)M * H);
+        s->pf.wts = malloc(sizeof(float) * (size_t)M * K);
+        s->pf.idx = malloc(sizeof(int32_t) * (size_t)M * K);
+        s->pf.rl = malloc(sizeof(int32_t) * (size_t)M * K);
+        s->pf.sel = malloc(sizeof(int32_t) * (size_t)M * (size_t)kst);
+        s->pf.sel_n = malloc(sizeof(int) * (size_t)M);
+        s->pf.cs = malloc(sizeof(float) * (size_t)M * (Dr / 2));
+        s->pf.sn = malloc(sizeof(float) * (size_t)M * (Dr / 2));
+        ok = s->pf.h && s->pf.x && s->pf.out && s->pf.wts && s->pf.idx && s->pf.rl && s->pf.sel && s->pf.sel_n && s->pf.cs && s->pf.sn;
+    }
     if (!ok) {
         petrel_session_free(s);
         return pt_err(err, PETREL_ENOMEM, "out of memory for a session of %d tokens", max_tokens);
@@ -178,6 +201,16 @@ void petrel_session_free(petrel_session *s) {
     free(s->kv_pe);
     free(s->idx_k);
     free(s->ar.base);
+    free(s->pf.h);
+    free(s->pf.x);
+    free(s->pf.out);
+    free(s->pf.wts);
+    free(s->pf.idx);
+    free(s->pf.rl);
+    free(s->pf.sel);
+    free(s->pf.sel_n);
+    free(s->pf.cs);
+    free(s->pf.sn);
     free(s);
 }
 

@@ -48,6 +48,10 @@ struct petrel_engine {
      * routed experts expert-major per chunk, so a bigger chunk reads/streams each expert's
      * weights fewer times per prompt. */
     int chunk;
+    /* Streaming prefill runs up to pf_rows prompt rows layer-major (fwd_prompt_layers): every
+     * layer's attention chunk by chunk, then its MoE once over all of them, so each expert is
+     * read once per pf_rows rows instead of once per chunk. 0: off (chunk by chunk). */
+    int pf_rows;
     char trace_out[4096];
 };
 
@@ -63,8 +67,14 @@ int stream_trace_flush(petrel_engine *e, int T, petrel_error *err);
 #define PT_CHUNK_MIN 256
 #define PT_CHUNK_MAX 2048
 #define PT_CHUNK_BUDGET_DIV 10 /* a budgeted chunk's scratch stays within budget / this */
+#define PT_PF_BUDGET_DIV 16    /* the layer-major prefill rows (pf_rows) within budget / this */
 /* Arena bytes a session of ctx tokens with forward chunks of `chunk` rows takes (memory plans). */
 size_t session_scratch_estimate(const petrel_config *c, int ctx, int chunk);
+/* The forward chunk and layer-major prefill span for a budget (0: none) and planned context
+ * (stream.c), with the span's bytes. */
+void stream_chunk_plan(const petrel_config *c, int ctx, uint64_t budget, int *chunk, int *pf_rows, size_t *pf_bytes);
+/* Bytes per row of a session's layer-major prefill state (petrel_session.pf). */
+size_t session_prefill_row_bytes(const petrel_config *c, int ctx);
 
 typedef enum { MLA_AUTO = 0, MLA_ABSORBED = 1, MLA_RECONSTRUCTED = 2 } mla_mode;
 
@@ -102,6 +112,16 @@ struct petrel_session {
     int dsa_always_score; /* test hook: score and top-k even when every causal key fits */
     fwd_trace *trace;   /* test hook */
     fwd_stats stats;    /* accumulated timings; reset by the caller */
+    /* Layer-major prefill state for up to pf.rows rows (engine pf_rows; all NULL when off):
+     * residual h, normed MoE input x, MoE output out [rows][H]; routing idx/wts and the rows of
+     * each expert rl [rows][K]; DSA selection sel [rows][sel_stride] / sel_n [rows] (kept from
+     * a full indexer layer to the shared ones after it); RoPE cos/sin [rows][rope_dim/2]. */
+    struct {
+        float *h, *x, *out, *wts, *cs, *sn;
+        int32_t *idx, *rl, *sel;
+        int *sel_n;
+        int rows, sel_stride;
+    } pf;
 
 };
 
@@ -109,6 +129,9 @@ void *ar_alloc(arena *a, size_t bytes);
 /* Runs rows ids[0..T) at positions s->len.. ; logits [T][V] for rows from logits_from on (or
  * NULL). Appends to the cache. T <= max_batch. */
 int fwd_batch(petrel_session *s, const int32_t *ids, int T, float *logits, int logits_from, petrel_error *err);
+/* The same for M rows (max_batch < M <= pf.rows) run layer-major (streaming prefill): results
+ * bitwise equal to fwd_batch over chunks of max_batch rows. */
+int fwd_prompt_layers(petrel_session *s, const int32_t *ids, int M, float *logits, int logits_from, petrel_error *err);
 
 /* Per-layer pieces (forward.c drives them). */
 typedef struct rope_rows {
@@ -132,6 +155,11 @@ int dsa_select(petrel_session *s, int l, const layer_w *lw, const float *x, cons
 /* next_lw: the next MoE layer (its router predicts experts to prefetch), or NULL. */
 int moe_forward(petrel_session *s, int l, const layer_w *lw, const layer_w *next_lw, int next_l, const float *x, int T,
                 float *out, petrel_error *err);
+/* Layer-major MoE over M rows (fwd_prompt_layers): x [M][H] normed; routes into idx/wts, sorts
+ * the choices by expert into rl, runs each chosen expert once (ascending id) over its rows;
+ * out [M][H] = routed sum (ascending id per row, as moe_forward) + shared expert. */
+int moe_forward_all(petrel_session *s, int l, const layer_w *lw, const float *x, int M, int32_t *idx, float *wts, int32_t *rl,
+                    float *out, petrel_error *err);
 void moe_prefetch_next(petrel_session *s, const layer_w *next_lw, int next_l, const float *x, int T);
 int mlp_dense(petrel_session *s, const layer_w *lw, const float *x, int T, float *out, petrel_error *err);
 /* Routing for one row (exposed for tests): writes K expert ids (ascending selection order not

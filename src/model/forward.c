@@ -132,6 +132,84 @@ int fwd_batch(petrel_session *s, const int32_t *ids, int T, float *logits, int l
     return 0;
 }
 
+int fwd_prompt_layers(petrel_session *s, const int32_t *ids, int M, float *logits, int logits_from, petrel_error *err) {
+    const petrel_engine *e = s->eng;
+    const petrel_config *c = &e->cfg;
+    const model_w *w = &e->w;
+    int H = c->hidden_size, NH = c->num_attention_heads, Dqk = c->qk_head_dim, Dr = c->qk_rope_head_dim, V = c->vocab_size;
+    int Rq = c->q_lora_rank, Rkv = c->kv_lora_rank, Dv = c->v_head_dim, L = c->num_hidden_layers, C = s->max_batch;
+    int P0 = s->len, kst = s->pf.sel_stride;
+    if (M > s->pf.rows || M <= 0) return pt_err(err, PETREL_EINVAL, "layer-major prefill of %d rows exceeds its %d", M, s->pf.rows);
+    float *hh = s->pf.h;
+    for (int r = 0; r < M; r++) {
+        pt_dequant_row(&w->embed_tokens, ids[r], hh + (size_t)r * H);
+        op_rope_table(c->rope_theta, Dr, P0 + r, s->pf.cs + (size_t)r * (Dr / 2), s->pf.sn + (size_t)r * (Dr / 2));
+    }
+    if (e->pack) pack_release_on_disk(e->pack);
+    uint64_t *ns = s->stats.ns, t0, t1;
+    int rc = 0;
+#define LAP(part) (t1 = pt_now_ns(), ns[part] += t1 - t0, t0 = t1)
+    for (int l = 0; l < L && !rc; l++) {
+        const layer_w *lw = &w->layers[l];
+        /* attention (and a dense MLP) chunk by chunk, at the positions fwd_batch would use */
+        for (int r0 = 0; r0 < M && !rc; r0 += C) {
+            int T = M - r0 < C ? M - r0 : C;
+            float *h = hh + (size_t)r0 * H;
+            s->ar.used = 0;
+            attn_bufs b = {ar_alloc(&s->ar, sizeof(float) * (size_t)T * H), ar_alloc(&s->ar, sizeof(float) * (size_t)T * H),
+                           ar_alloc(&s->ar, sizeof(float) * (size_t)T * Rq), ar_alloc(&s->ar, sizeof(float) * (size_t)T * NH * Dqk),
+                           ar_alloc(&s->ar, sizeof(float) * (size_t)T * (Rkv + Dr)), ar_alloc(&s->ar, sizeof(float) * (size_t)T * NH * Dv)};
+            if (!b.x || !b.y || !b.qa || !b.q || !b.kva || !b.o) {
+                rc = pt_err(err, PETREL_ENOMEM, "forward scratch exhausted");
+                break;
+            }
+            t0 = pt_now_ns();
+            for (int r = 0; r < T; r++) op_rmsnorm(b.x + (size_t)r * H, h + (size_t)r * H, lw->input_layernorm, H, c->rms_norm_eps);
+            LAP(FS_ATTN);
+            rope_rows rope = {s->pf.cs + (size_t)r0 * (Dr / 2), s->pf.sn + (size_t)r0 * (Dr / 2)};
+            s->len = P0 + r0;
+            rc = attn_rows(s, l, lw, h, b.x, T, P0 + r0, &rope, s->pf.sel + (size_t)r0 * kst, s->pf.sel_n + r0, kst, &b, err);
+            if (rc) break;
+            t0 = pt_now_ns();
+            float *xo = lw->is_moe ? s->pf.x + (size_t)r0 * H : b.x;
+            for (int r = 0; r < T; r++) op_rmsnorm(xo + (size_t)r * H, h + (size_t)r * H, lw->post_attention_layernorm, H, c->rms_norm_eps);
+            LAP(FS_ATTN);
+            if (!lw->is_moe) {
+                rc = mlp_dense(s, lw, b.x, T, b.y, err);
+                for (int i = 0; i < T * H && !rc; i++) h[i] += b.y[i];
+                LAP(FS_DENSE);
+            }
+        }
+        if (rc || !lw->is_moe) continue;
+        /* the MoE once over every row: each expert read once for all of them */
+        s->ar.used = 0;
+        rc = moe_forward_all(s, l, lw, s->pf.x, M, s->pf.idx, s->pf.wts, s->pf.rl, s->pf.out, err);
+        for (size_t i = 0; i < (size_t)M * H && !rc; i++) hh[i] += s->pf.out[i];
+    }
+    for (int r0 = logits_from; r0 < M && logits && !rc; r0 += C) {
+        int T = M - r0 < C ? M - r0 : C;
+        s->ar.used = 0;
+        float *x = ar_alloc(&s->ar, sizeof(float) * (size_t)T * H);
+        if (!x) {
+            rc = pt_err(err, PETREL_ENOMEM, "forward scratch exhausted");
+            break;
+        }
+        t0 = pt_now_ns();
+        for (int r = 0; r < T; r++) op_rmsnorm(x + (size_t)r * H, hh + (size_t)(r0 + r) * H, w->norm, H, c->rms_norm_eps);
+        LAP(FS_OTHER);
+        kn_matmul(&w->lm_head, x, T, logits + (size_t)(r0 - logits_from) * V);
+        LAP(FS_HEAD);
+    }
+#undef LAP
+    if (rc) {
+        s->len = P0;
+        return rc;
+    }
+    s->stats.rows += (uint64_t)M;
+    s->len = P0 + M;
+    return 0;
+}
+
 int petrel_session_forward(petrel_session *s, const int32_t *ids, int n, float *logits, int all_logits, petrel_error *err) {
     const petrel_config *c = &s->eng->cfg;
     if (n <= 0) return pt_err(err, PETREL_EINVAL, "empty prompt: nothing to run");
@@ -147,14 +225,17 @@ int petrel_session_forward(petrel_session *s, const int32_t *ids, int n, float *
                       "out-idx-*.safetensors shards): only contexts up to index_topk = %d tokens are exact",
                       s->len + n, s->eng->path, c->index_topk);
     int start = s->len;
+    /* streaming prefill longer than a chunk: layer-major spans of up to pf.rows rows (not while
+     * recording a trace, which follows the chunks) */
+    int span = s->pf.rows > s->max_batch && !s->trace && !s->eng->trace ? s->pf.rows : s->max_batch;
     for (int done = 0; done < n;) {
-        int T = n - done < s->max_batch ? n - done : s->max_batch;
+        int T = n - done < span ? n - done : span;
         int last = done + T == n;
         float *lg = NULL;
         int from = T;
         if (logits && all_logits) { lg = logits + (size_t)done * c->vocab_size; from = 0; }
         else if (logits && last) { lg = logits; from = T - 1; }
-        int rc = fwd_batch(s, ids + done, T, lg, from, err);
+        int rc = T > s->max_batch ? fwd_prompt_layers(s, ids + done, T, lg, from, err) : fwd_batch(s, ids + done, T, lg, from, err);
         if (rc < 0) {
             s->len = start;
             return rc;

@@ -190,6 +190,83 @@ static int run_experts(petrel_session *s, const int32_t *ids, int n, const exper
     return 0;
 }
 
+int moe_forward_all(petrel_session *s, int l, const layer_w *lw, const float *x, int M, int32_t *idx, float *wts, int32_t *rl,
+                    float *out, petrel_error *err) {
+    const petrel_engine *eng = s->eng;
+    const petrel_config *c = &eng->cfg;
+    int E = c->n_routed_experts, K = c->num_experts_per_tok, H = c->hidden_size, C = s->max_batch;
+    xs_store *xst = eng->xs;
+    int ml = xst ? eng->moe_index[l] : -1;
+    size_t mark = s->ar.used;
+    float *lg = ar_alloc(&s->ar, sizeof(float) * (size_t)C * E), *scratch = ar_alloc(&s->ar, sizeof(float) * 2 * (size_t)E);
+    int32_t *start = ar_alloc(&s->ar, sizeof(int32_t) * (size_t)(E + 1)), *pos = ar_alloc(&s->ar, sizeof(int32_t) * (size_t)E);
+    int32_t *ids = ar_alloc(&s->ar, sizeof(int32_t) * (size_t)E);
+    float *xs = ar_alloc(&s->ar, sizeof(float) * (size_t)C * H), *ys = ar_alloc(&s->ar, sizeof(float) * (size_t)C * H);
+    if (!lg || !scratch || !start || !pos || !ids || !xs || !ys) return pt_err(err, PETREL_ENOMEM, "MoE scratch exhausted");
+    uint64_t *ns = s->stats.ns, t0 = pt_now_ns(), t1;
+    for (int r0 = 0; r0 < M; r0 += C) {
+        int T = M - r0 < C ? M - r0 : C;
+        kn_matmul(&lw->router, x + (size_t)r0 * H, T, lg);
+        for (int r = 0; r < T; r++)
+            moe_route(c, lg + (size_t)r * E, lw->e_score_correction_bias, idx + (size_t)(r0 + r) * K, wts + (size_t)(r0 + r) * K, scratch);
+    }
+    /* the choices by expert (counting sort; rows ascending within an expert) */
+    memset(start, 0, sizeof(int32_t) * (size_t)(E + 1));
+    for (int i = 0; i < M * K; i++) start[idx[i] + 1]++;
+    int n = 0;
+    for (int e = 0; e < E; e++) {
+        if (start[e + 1]) ids[n++] = e;
+        start[e + 1] += start[e];
+        pos[e] = start[e];
+    }
+    for (int i = 0; i < M * K; i++) rl[pos[idx[i]]++] = i;
+    t1 = pt_now_ns();
+    ns[FS_ROUTER] += t1 - t0;
+    t0 = t1;
+    /* Experts in ascending id: each row then adds its experts' outputs in ascending id, the order
+     * moe_forward sums them in, with no per-choice buffer. Reads run up to 16 experts ahead. */
+    memset(out, 0, sizeof(float) * (size_t)M * H);
+    uint64_t io = 0;
+    for (int i = 0; i < n; i++) {
+        int e = ids[i];
+        xs_expert_ref ref;
+        const pt_wview *g = &lw->exp_gate[e], *u = &lw->exp_up[e], *d = &lw->exp_down[e];
+        if (ml >= 0) {
+            int ahead = n - i < 16 ? n - i : 16;
+            if (ahead > xs_store_slots(xst) - 1) ahead = xs_store_slots(xst) - 1;
+            if (ahead > 0) xs_prefetch(xst, ml, ids + i, ahead);
+            uint64_t w0 = pt_now_ns();
+            PT_TRY(xs_acquire(xst, ml, &e, 1, &ref, err));
+            io += pt_now_ns() - w0;
+            g = &ref.gate, u = &ref.up, d = &ref.down;
+        }
+        int rc = 0;
+        for (int j0 = start[e]; j0 < start[e + 1] && !rc; j0 += C) {
+            int m = start[e + 1] - j0 < C ? start[e + 1] - j0 : C;
+            for (int j = 0; j < m; j++) memcpy(xs + (size_t)j * H, x + (size_t)(rl[j0 + j] / K) * H, sizeof(float) * (size_t)H);
+            rc = swiglu(s, g, u, d, xs, m, ys, err);
+            for (int j = 0; j < m && !rc; j++)
+                kn_axpy(out + (size_t)(rl[j0 + j] / K) * H, wts[rl[j0 + j]], ys + (size_t)j * H, H);
+        }
+        if (ml >= 0) xs_release(xst, ml, &ref, 1);
+        if (rc) return rc;
+    }
+    s->stats.io_ns += io;
+    t1 = pt_now_ns();
+    ns[FS_EXPERTS] += t1 - t0;
+    t0 = t1;
+    if (lw->has_shared)
+        for (int r0 = 0; r0 < M; r0 += C) {
+            int T = M - r0 < C ? M - r0 : C;
+            PT_TRY(swiglu(s, &lw->sh_gate, &lw->sh_up, &lw->sh_down, x + (size_t)r0 * H, T, ys, err));
+            float *o = out + (size_t)r0 * H;
+            for (int i = 0; i < T * H; i++) o[i] += ys[i];
+        }
+    ns[FS_SHARED] += pt_now_ns() - t0;
+    s->ar.used = mark;
+    return 0;
+}
+
 /* Lookahead for streaming: applies the next MoE layer's router to x (this layer's normed input)
  * and starts reading the experts it predicts, so their reads overlap this layer's compute.
  * Every prediction is scored when the layer routes (moe_forward), per rank: a row's best guess

@@ -36,6 +36,32 @@ static int views_cb(void *ctx, int layer, int expert, const uint8_t *rec, pt_wvi
     return pt_err(err, PETREL_EINVAL, "pack has no expert layout for MoE layer %d", layer);
 }
 
+/* Under a budget prefill is read-bound: a span of rows reads nearly every expert of every layer
+ * once. The forward chunk takes the largest size whose scratch stays within
+ * budget / PT_CHUNK_BUDGET_DIV (attention over a long prompt costs more in small chunks); the
+ * layer-major prefill rows (pf_rows: whole chunks, at most the planned context, 0 when that is
+ * not more than one chunk) take up to budget / PT_PF_BUDGET_DIV more. No budget: resident chunks,
+ * no spans. */
+void stream_chunk_plan(const petrel_config *c, int ctx, uint64_t budget, int *chunk, int *pf_rows, size_t *pf_bytes) {
+    *chunk = PT_CHUNK_RESIDENT;
+    *pf_rows = 0;
+    *pf_bytes = 0;
+    if (!budget) return;
+    *chunk = PT_CHUNK_MIN;
+    for (int ch = PT_CHUNK_MAX; ch > PT_CHUNK_MIN; ch /= 2)
+        if (session_scratch_estimate(c, ctx, ch) <= budget / PT_CHUNK_BUDGET_DIV) {
+            *chunk = ch;
+            break;
+        }
+    uint64_t rb = session_prefill_row_bytes(c, ctx), rows = budget / PT_PF_BUDGET_DIV / rb;
+    if (rows > (uint64_t)ctx) rows = (uint64_t)ctx;
+    rows = rows / (uint64_t)*chunk * (uint64_t)*chunk;
+    if (rows > (uint64_t)*chunk) {
+        *pf_rows = (int)rows;
+        *pf_bytes = (size_t)(rows * rb);
+    }
+}
+
 int stream_open(petrel_engine *e, const petrel_open_opts *o, petrel_error *err) {
     const petrel_config *c = &e->cfg;
     int L = c->num_hidden_layers, nm = 0;
@@ -45,17 +71,8 @@ int stream_open(petrel_engine *e, const petrel_open_opts *o, petrel_error *err) 
     e->n_moe = nm;
     int ctx = o && o->plan_context > 0 ? o->plan_context : 4096;
     if (ctx > c->max_position_embeddings) ctx = c->max_position_embeddings;
-    /* forward chunk: under a budget, the largest whose scratch stays within 1/10 of it (prefill
-     * under a budget is read-bound: each chunk reads nearly every expert of every layer once) */
-    e->chunk = PT_CHUNK_RESIDENT;
-    if (o && o->mem_budget) {
-        e->chunk = PT_CHUNK_MIN;
-        for (int ch = PT_CHUNK_MAX; ch > PT_CHUNK_MIN; ch /= 2)
-            if (session_scratch_estimate(c, ctx, ch) <= o->mem_budget / PT_CHUNK_BUDGET_DIV) {
-                e->chunk = ch;
-                break;
-            }
-    }
+    size_t pf_bytes = 0;
+    stream_chunk_plan(c, ctx, o ? o->mem_budget : 0, &e->chunk, &e->pf_rows, &pf_bytes);
     if (o && o->trace_out && nm) {
         e->trace = calloc(1, sizeof(xs_trace));
         e->trace_buf = malloc(sizeof(int32_t) * (size_t)e->chunk * (size_t)nm * (size_t)c->num_experts_per_tok);
@@ -84,7 +101,7 @@ int stream_open(petrel_engine *e, const petrel_open_opts *o, petrel_error *err) 
     for (int l = 0; l < L; l++)
         kv += (uint64_t)ctx * 4 * (uint64_t)(c->kv_lora_rank + c->qk_rope_head_dim + (c->layer_indexer_full[l] ? c->index_head_dim : 0));
     xs_plan_in in = {.budget = o->mem_budget, .expert_slots = o->expert_slots, .resident_bytes = resident, .kv_bytes = kv,
-                     .scratch_bytes = session_scratch_estimate(c, ctx, e->chunk) + (64u << 20), /* + code, allocator, I/O queues */
+                     .scratch_bytes = session_scratch_estimate(c, ctx, e->chunk) + pf_bytes + (64u << 20), /* + code, allocator, I/O queues */
                      .record_bytes = rec_max, .n_layers = nm, .n_experts = c->n_routed_experts, .min_slots = 1}; /* fewer slots than top-k work: experts then run in chunks */
     xs_plan plan;
     PT_TRY(xs_plan_make(&in, &plan, err));
