@@ -30,6 +30,15 @@ typedef struct cli_model_opts {
 int cli_model_opt(int argc, char **argv, int *i, cli_model_opts *mo);
 /* petrel_engine_open with the options; prints the memory plan on stderr when streaming. */
 int cli_engine_open(const cli_model_opts *mo, petrel_engine **eng, petrel_error *err);
+/* A prompt's progress on stderr ("prompt: 12345 tokens, 37%"), for petrel_session_set_progress:
+ * printed only once a forward call has run for a second, and only when stderr is a terminal or
+ * `verbose`; user is a cli_progress. */
+typedef struct cli_progress {
+    int verbose, shown, last_pct;
+    double t0;
+    long long total;
+} cli_progress;
+void cli_progress_fn(void *user, long long done, long long total);
 #define CLI_MODEL_OPTS_HELP                                                        \
     "  --model DIR|FILE     Hugging Face folder, petrel pack or colibri folder\n"  \
     "  --threads N          compute threads (default: all cores)\n"                \

@@ -197,6 +197,8 @@ CLI_CMD(chat) {
     int ctx = ctx_opt < maxpos ? (int)ctx_opt : maxpos;
     if (gen_init(&g, eng, tok, ctx, &sp, &err) < 0) { rc = cli_fail_err("chat", &err); goto done; }
     have_gen = 1;
+    cli_progress pg = {.verbose = verbose};
+    petrel_session_set_progress(g.s, cli_progress_fn, &pg);
     int32_t stops[3];
     int n_stop = 0;
     static const char *const stop_names[] = {"<|user|>", "<|observation|>", "<|endoftext|>"};

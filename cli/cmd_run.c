@@ -227,7 +227,8 @@ CLI_CMD(run) {
         static const char *const stop_names[] = {"<|user|>", "<|observation|>", "<|endoftext|>"};
         for (int k = 0; chat && k < 3; k++)
             if ((stops[n_stop] = tok_token_to_id(tok, stop_names[k])) >= 0) n_stop++;
-        gen_opts go = {.max_tokens = (int)ngen, .stop_ids = stops, .n_stop = n_stop};
+        cli_progress pg = {.verbose = verbose};
+        gen_opts go = {.max_tokens = (int)ngen, .stop_ids = stops, .n_stop = n_stop, .progress = cli_progress_fn, .progress_user = &pg};
         gen_stats st = {0};
         run_out o = {0};
         if (generate_text(eng, tok, prompt, plen, &sp, &go, on_piece, &o, &st, &err) < 0) rc = cli_fail_err("run", &err);

@@ -3,11 +3,38 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "model/engine.h"
 #include "kernels/kernels.h"
 #include "io/pack.h"
+
+void cli_progress_fn(void *user, long long done, long long total) {
+    cli_progress *p = user;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    double now = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+    if (total != p->total || done <= 0 || p->t0 == 0) { /* a new forward call */
+        p->total = total;
+        p->t0 = now;
+        p->shown = 0;
+        p->last_pct = -1;
+    }
+    if (!p->verbose && !isatty(STDERR_FILENO)) return;
+    int pct = total > 0 ? (int)(100 * done / total) : 100;
+    if (!p->shown && now - p->t0 < 1.0) return;
+    if (pct == p->last_pct) return;
+    p->shown = 1;
+    p->last_pct = pct;
+    fprintf(stderr, "\rprompt: %3d%% (%.0f s)", pct, now - p->t0);
+    if (done >= total) {
+        fputc('\n', stderr);
+        p->t0 = 0;
+    }
+    fflush(stderr);
+}
 
 int cli_fail(const char *fmt, ...) {
     va_list ap;

@@ -71,6 +71,11 @@ int petrel_session_truncate(petrel_session *s, int n_past, petrel_error *err);
  * logits: NULL, or [n, vocab] (all rows) when all_logits, else [vocab] for the last row. */
 int petrel_session_forward(petrel_session *s, const int32_t *ids, int n, float *logits,
                            int all_logits, petrel_error *err);
+/* Progress of long forward calls (prompts): fn(user, done, total) after each chunk or layer of
+ * work, done rising to total within one petrel_session_forward call (units: rows x layers).
+ * fn NULL: none. */
+typedef void (*petrel_progress_fn)(void *user, long long done, long long total);
+void petrel_session_set_progress(petrel_session *s, petrel_progress_fn fn, void *user);
 
 #ifdef __cplusplus
 }

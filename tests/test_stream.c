@@ -417,3 +417,42 @@ static void check_layer_major(const char *fixture, int quant) {
 
 TEST(stream, layer_major_prefill_tiny_q8) { check_layer_major("tiny", CVQ_Q8); }
 TEST(stream, layer_major_prefill_odd_q4) { check_layer_major("odd", CVQ_Q4); }
+
+/* The progress hook: within one forward call done rises to total (rows x layers), after every
+ * chunk (chunk by chunk) or every layer of a span (layer-major); a one-row call reports nothing. */
+typedef struct { long long last, total; int calls, bad; } pg_rec;
+static void pg_hook(void *u, long long done, long long total) {
+    pg_rec *r = u;
+    if (done < r->last || done > total || (r->total && total != r->total)) r->bad++;
+    r->last = done;
+    r->total = total;
+    r->calls++;
+}
+
+TEST(stream, progress_hook) {
+    const char *pk = make_pack("tiny", CVQ_Q8);
+    for (int lm = 0; lm < 2; lm++) {
+        petrel_engine *e = open_chunked(pk, 4, 8, lm ? 24 : 0);
+        if (!e) return;
+        petrel_error err = {0};
+        petrel_session *s = NULL;
+        CHECK(petrel_session_create(e, 64, &s, &err) == 0);
+        if (s) {
+            pg_rec r = {0};
+            petrel_session_set_progress(s, pg_hook, &r);
+            int32_t ids[40];
+            for (int i = 0; i < 40; i++) ids[i] = (int32_t)((i * 31 + 7) % e->cfg.vocab_size);
+            CHECK(petrel_session_forward(s, ids, 40, NULL, 0, &err) == 0);
+            int L = e->cfg.num_hidden_layers;
+            CHECK_EQ_INT(r.bad, 0);
+            CHECK(r.total == 40LL * L && r.last == r.total);
+            /* chunk by chunk: 5 chunks of 8; layer-major: spans of 24 and 16 rows, each per layer and once done */
+            CHECK_EQ_INT(r.calls, lm ? 2 * (L + 1) : 5);
+            r = (pg_rec){0};
+            CHECK(petrel_session_forward(s, ids, 1, NULL, 0, &err) == 0);
+            CHECK_EQ_INT(r.calls, 0);
+            petrel_session_free(s);
+        }
+        petrel_engine_close(e);
+    }
+}

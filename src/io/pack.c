@@ -366,6 +366,15 @@ void pack_release_on_disk(const pack *p) {
 
 uint64_t pack_on_disk_bytes(const pack *p) { return p->on_disk ? p->on_disk->bytes + p->on_disk->scale_bytes : 0; }
 
+static const pack_tensor *embed_to_skip(const pack *p) {
+    return pack_find(p, "lm_head.weight") ? pack_find(p, "model.embed_tokens.weight") : NULL;
+}
+
+uint64_t pack_embed_on_disk_bytes(const pack *p) {
+    const pack_tensor *t = embed_to_skip(p);
+    return t ? t->bytes + t->scale_bytes : 0;
+}
+
 /* XXH64 of a tensor read through the map, 64 MiB at a time, each step's pages dropped after. */
 static uint64_t hash_from_map(const pack *p, const pack_tensor *t, int *oom) {
     XXH64_state_t *st = XXH64_createState();
@@ -387,7 +396,7 @@ int pack_load_resident(pack *p, int experts, int embed_on_disk, uint64_t *copied
                        void *ud, petrel_error *err) {
     *copied_bytes = 0;
     if (!p->map || p->copy) return 0;
-    const pack_tensor *skip = embed_on_disk && pack_find(p, "lm_head.weight") ? pack_find(p, "model.embed_tokens.weight") : NULL;
+    const pack_tensor *skip = embed_on_disk ? embed_to_skip(p) : NULL;
     uint64_t res = 0, exp = 0;
     for (int i = 0; i < p->n_tensors; i++)
         if (&p->tensors[i] != skip) res += p->tensors[i].bytes + p->tensors[i].scale_bytes;

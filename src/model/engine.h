@@ -112,6 +112,9 @@ struct petrel_session {
     int dsa_always_score; /* test hook: score and top-k even when every causal key fits */
     fwd_trace *trace;   /* test hook */
     fwd_stats stats;    /* accumulated timings; reset by the caller */
+    petrel_progress_fn progress; /* optional, with progress_user (petrel_session_set_progress) */
+    void *progress_user;
+    long long pg_done, pg_total; /* units of the running forward call done before this batch / in all */
     /* Layer-major prefill state for up to pf.rows rows (engine pf_rows; all NULL when off):
      * residual h, normed MoE input x, MoE output out [rows][H]; routing idx/wts and the rows of
      * each expert rl [rows][K]; DSA selection sel [rows][sel_stride] / sel_n [rows] (kept from

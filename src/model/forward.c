@@ -180,11 +180,12 @@ int fwd_prompt_layers(petrel_session *s, const int32_t *ids, int M, float *logit
                 LAP(FS_DENSE);
             }
         }
-        if (rc || !lw->is_moe) continue;
-        /* the MoE once over every row: each expert read once for all of them */
-        s->ar.used = 0;
-        rc = moe_forward_all(s, l, lw, s->pf.x, M, s->pf.idx, s->pf.wts, s->pf.rl, s->pf.out, err);
-        for (size_t i = 0; i < (size_t)M * H && !rc; i++) hh[i] += s->pf.out[i];
+        if (!rc && lw->is_moe) { /* the MoE once over every row: each expert read once for all of them */
+            s->ar.used = 0;
+            rc = moe_forward_all(s, l, lw, s->pf.x, M, s->pf.idx, s->pf.wts, s->pf.rl, s->pf.out, err);
+            for (size_t i = 0; i < (size_t)M * H && !rc; i++) hh[i] += s->pf.out[i];
+        }
+        if (!rc && s->progress) s->progress(s->progress_user, s->pg_done + (long long)M * (l + 1), s->pg_total);
     }
     for (int r0 = logits_from; r0 < M && logits && !rc; r0 += C) {
         int T = M - r0 < C ? M - r0 : C;
@@ -210,6 +211,11 @@ int fwd_prompt_layers(petrel_session *s, const int32_t *ids, int M, float *logit
     return 0;
 }
 
+void petrel_session_set_progress(petrel_session *s, petrel_progress_fn fn, void *user) {
+    s->progress = fn;
+    s->progress_user = user;
+}
+
 int petrel_session_forward(petrel_session *s, const int32_t *ids, int n, float *logits, int all_logits, petrel_error *err) {
     const petrel_config *c = &s->eng->cfg;
     if (n <= 0) return pt_err(err, PETREL_EINVAL, "empty prompt: nothing to run");
@@ -228,6 +234,8 @@ int petrel_session_forward(petrel_session *s, const int32_t *ids, int n, float *
     /* streaming prefill longer than a chunk: layer-major spans of up to pf.rows rows (not while
      * recording a trace, which follows the chunks) */
     int span = s->pf.rows > s->max_batch && !s->trace && !s->eng->trace ? s->pf.rows : s->max_batch;
+    s->pg_total = (long long)n * c->num_hidden_layers;
+    s->pg_done = 0;
     for (int done = 0; done < n;) {
         int T = n - done < span ? n - done : span;
         int last = done + T == n;
@@ -241,6 +249,8 @@ int petrel_session_forward(petrel_session *s, const int32_t *ids, int n, float *
             return rc;
         }
         done += T;
+        s->pg_done = (long long)done * c->num_hidden_layers;
+        if (s->progress && n > 1) s->progress(s->progress_user, s->pg_done, s->pg_total);
     }
     return 0;
 }

@@ -97,7 +97,8 @@ int stream_open(petrel_engine *e, const petrel_open_opts *o, petrel_error *err) 
     uint64_t resident = 0, kv = 0;
     for (int k = 0; k < WK_COUNT; k++)
         if (k != WK_EXPERTS) resident += e->w.kind_bytes[k];
-    resident -= pack_on_disk_bytes(e->pack); /* the embedding, read a row at a time (engine.c) */
+    uint64_t embed_off = o->mem_budget ? pack_embed_on_disk_bytes(e->pack) : 0; /* read a row at a time (engine.c) */
+    resident -= embed_off;
     for (int l = 0; l < L; l++)
         kv += (uint64_t)ctx * 4 * (uint64_t)(c->kv_lora_rank + c->qk_rope_head_dim + (c->layer_indexer_full[l] ? c->index_head_dim : 0));
     xs_plan_in in = {.budget = o->mem_budget, .expert_slots = o->expert_slots, .resident_bytes = resident, .kv_bytes = kv,
@@ -106,9 +107,13 @@ int stream_open(petrel_engine *e, const petrel_open_opts *o, petrel_error *err) 
     xs_plan plan;
     PT_TRY(xs_plan_make(&in, &plan, err));
     int pw = xs_plan_format(&plan, e->plan_text, sizeof e->plan_text);
-    if (pack_on_disk_bytes(e->pack) && pw >= 0 && (size_t)pw < sizeof e->plan_text)
+    if (e->pf_rows && pw >= 0 && (size_t)pw < sizeof e->plan_text)
+        pw += snprintf(e->plan_text + pw, sizeof e->plan_text - (size_t)pw,
+                       "\n(scratch: prompts run in chunks of %d rows, layer-major spans of %d rows, %.2f GiB of it)", e->chunk, e->pf_rows,
+                       (double)pf_bytes / 1073741824.0);
+    if (embed_off && pw >= 0 && (size_t)pw < sizeof e->plan_text)
         snprintf(e->plan_text + pw, sizeof e->plan_text - (size_t)pw, "\n(not counted: embed_tokens, %.2f GiB, stays in the pack; a token reads its row)",
-                 (double)pack_on_disk_bytes(e->pack) / 1073741824.0);
+                 (double)embed_off / 1073741824.0);
     xs_source src = {.ctx = e, .path = pack_path(e->pack), .fd = -1, .n_layers = nm, .n_experts = c->n_routed_experts,
                      .record = rec_cb, .views = views_cb};
     PT_TRY(xs_store_create(&src, &plan, NULL, &e->xs, err));

@@ -180,6 +180,7 @@ int generate_text(petrel_engine *eng, const tokenizer *tok, const char *prompt, 
         free(ids);
         return rc;
     }
+    if (o && o->progress) petrel_session_set_progress(g.s, o->progress, o->progress_user);
     rc = gen_prompt(&g, ids, (int)n, st, err);
     free(ids);
     if (rc >= 0) rc = gen_generate(&g, o, fn, user, st, err);

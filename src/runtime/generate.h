@@ -32,6 +32,8 @@ typedef struct gen_opts {
     int max_tokens;           /* < 0: no limit (until a stop id or the context is full) */
     const int32_t *stop_ids;  /* extra stop ids besides the model's eos ids (may be NULL) */
     int n_stop;
+    petrel_progress_fn progress; /* generate_text: the prompt's progress (may be NULL) */
+    void *progress_user;
 } gen_opts;
 
 typedef struct gen_stats {
