@@ -3,6 +3,9 @@
  * fwd_batch runs T consecutive positions of one session as one batch of rows:
  *   embed -> for each layer: RMSNorm, MLA (+ DSA selection), residual, RMSNorm, MLP/MoE,
  *   residual -> final norm -> lm_head on the rows that want logits.
+ * fwd_prompt_layers runs a longer span of a streaming prompt layer by layer instead: each
+ * layer's attention in the same chunks fwd_batch would take, then the layer's MoE once over the
+ * whole span (moe_forward_all), so the expert store reads each expert once per span.
  * The cache is written before attention reads it, so row r sees keys 0..P+r. If a call fails,
  * the session's length is left where it was (the rows written past it are ignored). */
 #include <libgen.h>
@@ -25,6 +28,14 @@ void *ar_alloc(arena *a, size_t bytes) {
     if (off + bytes > a->cap) return NULL;
     a->used = off + bytes;
     return a->base + off;
+}
+
+static attn_bufs attn_bufs_alloc(arena *a, const petrel_config *c, int T) {
+    size_t t = (size_t)T, H = (size_t)c->hidden_size, NH = (size_t)c->num_attention_heads;
+    return (attn_bufs){ar_alloc(a, sizeof(float) * t * H), ar_alloc(a, sizeof(float) * t * H), ar_alloc(a, sizeof(float) * t * (size_t)c->q_lora_rank),
+                       ar_alloc(a, sizeof(float) * t * NH * (size_t)c->qk_head_dim),
+                       ar_alloc(a, sizeof(float) * t * (size_t)(c->kv_lora_rank + c->qk_rope_head_dim)),
+                       ar_alloc(a, sizeof(float) * t * NH * (size_t)c->v_head_dim)};
 }
 
 int attn_rows(petrel_session *s, int l, const layer_w *lw, float *h, const float *x, int T, int P, const rope_rows *rope,
@@ -69,15 +80,12 @@ int fwd_batch(petrel_session *s, const int32_t *ids, int T, float *logits, int l
     const petrel_engine *e = s->eng;
     const petrel_config *c = &e->cfg;
     const model_w *w = &e->w;
-    int H = c->hidden_size, NH = c->num_attention_heads, Dqk = c->qk_head_dim, Dr = c->qk_rope_head_dim;
-    int Rq = c->q_lora_rank, Rkv = c->kv_lora_rank, Dv = c->v_head_dim, L = c->num_hidden_layers;
+    int H = c->hidden_size, Dr = c->qk_rope_head_dim, L = c->num_hidden_layers;
     int P = s->len;
     int kmax = c->index_topk < P + T ? c->index_topk : P + T;
     s->ar.used = 0;
     float *h = ar_alloc(&s->ar, sizeof(float) * (size_t)T * H);
-    attn_bufs b = {ar_alloc(&s->ar, sizeof(float) * (size_t)T * H), ar_alloc(&s->ar, sizeof(float) * (size_t)T * H),
-                   ar_alloc(&s->ar, sizeof(float) * (size_t)T * Rq), ar_alloc(&s->ar, sizeof(float) * (size_t)T * NH * Dqk),
-                   ar_alloc(&s->ar, sizeof(float) * (size_t)T * (Rkv + Dr)), ar_alloc(&s->ar, sizeof(float) * (size_t)T * NH * Dv)};
+    attn_bufs b = attn_bufs_alloc(&s->ar, c, T);
     float *x = b.x, *y = b.y;
     rope_rows rope = {ar_alloc(&s->ar, sizeof(float) * (size_t)T * (Dr / 2)), ar_alloc(&s->ar, sizeof(float) * (size_t)T * (Dr / 2))};
     int32_t *sel = ar_alloc(&s->ar, sizeof(int32_t) * (size_t)T * kmax);
@@ -136,8 +144,7 @@ int fwd_prompt_layers(petrel_session *s, const int32_t *ids, int M, float *logit
     const petrel_engine *e = s->eng;
     const petrel_config *c = &e->cfg;
     const model_w *w = &e->w;
-    int H = c->hidden_size, NH = c->num_attention_heads, Dqk = c->qk_head_dim, Dr = c->qk_rope_head_dim, V = c->vocab_size;
-    int Rq = c->q_lora_rank, Rkv = c->kv_lora_rank, Dv = c->v_head_dim, L = c->num_hidden_layers, C = s->max_batch;
+    int H = c->hidden_size, Dr = c->qk_rope_head_dim, V = c->vocab_size, L = c->num_hidden_layers, C = s->max_batch;
     int P0 = s->len, kst = s->pf.sel_stride;
     if (M > s->pf.rows || M <= 0) return pt_err(err, PETREL_EINVAL, "layer-major prefill of %d rows exceeds its %d", M, s->pf.rows);
     float *hh = s->pf.h;
@@ -156,9 +163,7 @@ int fwd_prompt_layers(petrel_session *s, const int32_t *ids, int M, float *logit
             int T = M - r0 < C ? M - r0 : C;
             float *h = hh + (size_t)r0 * H;
             s->ar.used = 0;
-            attn_bufs b = {ar_alloc(&s->ar, sizeof(float) * (size_t)T * H), ar_alloc(&s->ar, sizeof(float) * (size_t)T * H),
-                           ar_alloc(&s->ar, sizeof(float) * (size_t)T * Rq), ar_alloc(&s->ar, sizeof(float) * (size_t)T * NH * Dqk),
-                           ar_alloc(&s->ar, sizeof(float) * (size_t)T * (Rkv + Dr)), ar_alloc(&s->ar, sizeof(float) * (size_t)T * NH * Dv)};
+            attn_bufs b = attn_bufs_alloc(&s->ar, c, T);
             if (!b.x || !b.y || !b.qa || !b.q || !b.kva || !b.o) {
                 rc = pt_err(err, PETREL_ENOMEM, "forward scratch exhausted");
                 break;
