@@ -465,6 +465,7 @@ CLI_CMD(bench) {
      * ever slows a run down); its per-part breakdown is reported with it. */
     if (eng->xs) prefill_runs = 1;
     xs_stats xp0 = {0};
+    uint64_t prefill_reads = 0;
     if (eng->xs) xs_store_stats(eng->xs, &xp0);
     double pre_s[100], prefill_s = 0;
     fwd_stats pre_st[100], pst;
@@ -503,8 +504,9 @@ CLI_CMD(bench) {
             xs_stats xp1;
             xs_store_stats(eng->xs, &xp1);
             double busy = (double)(xp1.io_busy_ns - xp0.io_busy_ns) / 1e9;
-            printf("prefill expert reads: %" PRIu64 " (%.2f GB), I/O wait %.2f s, disk busy %.2f s (%.2f GB/s while busy)\n",
-                   xp1.reads - xp0.reads, (double)(xp1.bytes_read - xp0.bytes_read) / 1e9,
+            prefill_reads = xp1.reads - xp0.reads;
+            printf("prefill expert reads: %" PRIu64 " (%.2f GB; chunks of %d rows, layer-major spans of %d), I/O wait %.2f s, disk busy %.2f s (%.2f GB/s while busy)\n",
+                   xp1.reads - xp0.reads, (double)(xp1.bytes_read - xp0.bytes_read) / 1e9, s->max_batch, s->pf.rows,
                    (double)(xp1.io_wait_ns - xp0.io_wait_ns) / 1e9, busy,
                    busy > 0 ? (double)(xp1.bytes_read - xp0.bytes_read) / busy / 1e9 : 0);
         }
@@ -640,9 +642,10 @@ CLI_CMD(bench) {
             printf("{\"decode_ms\": %.4f, \"decode_tok_s\": %.4f, \"prefill_tok_s\": %.3f, \"prefill_best_tok_s\": %.3f, \"prefill_runs\": %ld, \"bytes_per_token\": %" PRIu64
                    ", \"mem_bw_gbs\": %.3f, \"decode_floor_ratio\": %.4f, \"decode_floor_ratio_unpaired\": %.4f, \"floor_ms\": %.4f, \"ctx\": %ld, \"prompt\": %ld, \"steps\": %ld, "
                    "\"decode_mean_ms\": %.4f, \"decode_min_ms\": %.4f, \"threads\": %d, \"isa\": \"%s\", \"cpu\": \"%s\", \"cores\": %ld, "
-                   "\"expert_hit_rate\": %.5f, \"ssd_bw_gbs\": %.3f, \"ssd_probe_gbs\": %.3f, \"ssd_seen_gbs\": %.3f, \"miss_bytes_per_token\": %.0f, \"prefill_expert_gflops\": %.2f, \"fma_peak_gflops\": %.1f, \"int8_peak_gops\": %.1f, \"prefill_expert_peak_fraction\": %.4f, \"decode_breakdown_ms\": {",
+                   "\"expert_hit_rate\": %.5f, \"ssd_bw_gbs\": %.3f, \"ssd_probe_gbs\": %.3f, \"ssd_seen_gbs\": %.3f, \"miss_bytes_per_token\": %.0f, \"prefill_expert_gflops\": %.2f, \"fma_peak_gflops\": %.1f, \"int8_peak_gops\": %.1f, \"prefill_expert_peak_fraction\": %.4f, \"prefill_expert_reads\": %" PRIu64 ", \"prefill_chunk\": %d, \"prefill_span\": %d, \"decode_breakdown_ms\": {",
                    dms, 1e3 / dms, pf, prefill_best > 0 ? (double)prompt / prefill_best : 0, prefill_runs, bytes_tok, bw, ratio, ratio_unpaired, floor_ms, ctx, prompt, steps, mean_ms, min_ms, threads, kn_isa_name(), cpu, cores,
-                   hit_rate, ssd_gbs, ssd_probe_gbs, ssd_seen_gbs, miss_bytes_tok, expert_gflops, peak, peak_int8, expert_peak_frac);
+                   hit_rate, ssd_gbs, ssd_probe_gbs, ssd_seen_gbs, miss_bytes_tok, expert_gflops, peak, peak_int8, expert_peak_frac, prefill_reads,
+                   s->max_batch, s->pf.rows);
             for (int p = 0; p < FS_COUNT; p++) printf("%s\"%s\": %.4f", p ? ", " : "", fwd_part_names[p], (double)s->stats.ns[p] / 1e6 / (double)steps);
             printf("}, \"prefill_breakdown_ms\": {");
             for (int p = 0; p < FS_COUNT; p++) printf("%s\"%s\": %.3f", p ? ", " : "", fwd_part_names[p], (double)pst.ns[p] / 1e6);
