@@ -361,11 +361,22 @@ TEST(experts, prefetch_hits) {
     CHECK_EQ_INT(s.prefetch_used, 3);
     CHECK_EQ_INT(s.prefetch_wasted, 0); /* the second hint evicted 3, 5, 8 (used, not wasted) */
     CHECK_EQ_INT(xs_store_slot_of(st, 1, 3), -1);
+    /* the bank now holds six pending hints: another hint evicts none of them */
+    int32_t late[2] = {10, 11};
+    CHECK_EQ_INT(xs_prefetch(st, 1, late, 2), 0);
+    CHECK(xs_store_slot_of(st, 1, 0) >= 0 && xs_store_slot_of(st, 1, 7) >= 0);
     xs_expert_ref r9;
-    CHECK_EQ_INT(acq1(st, 1, 9, &r9, &err), 0); /* evicts an unused prefetched expert */
+    CHECK_EQ_INT(acq1(st, 1, 9, &r9, &err), 0); /* demand does evict an unused prefetched expert */
     xs_release(st, 1, &r9, 1);
     xs_store_stats(st, &s);
     CHECK_EQ_INT(s.prefetch_wasted, 1);
+    CHECK_EQ_INT(s.prefetch_issued, 9);
+    /* once used, a hint's expert is ordinary and a later hint may take its slot */
+    xs_expert_ref r0;
+    CHECK_EQ_INT(acq1(st, 1, 0, &r0, &err), 0);
+    xs_release(st, 1, &r0, 1);
+    CHECK_EQ_INT(xs_prefetch(st, 1, late, 1), 1);
+    xs_store_drain(st);
     char line[512];
     xs_store_note_tokens(st, 1);
     xs_stats_format(&s, line, sizeof line);

@@ -220,7 +220,10 @@ void xs_store_free(xs_store *s) {
  * nothing else is left: it was read because it is about to be needed, and the policy, which
  * has not seen it used, would rank it coldest (a prefill chunk that needs more experts than
  * slots would evict its own reads before using them). Returns -1 if none. Caller holds mu. */
-static int take_slot(xs_store *s, int layer, int allow_pinned) {
+/* A free slot, else the best victim: a ready unreferenced expert, not pinned unless
+ * allow_pinned, an ordinary one before a pending prefetch (one not yet used nor resolved by its
+ * layer's routing), which only allow_pending may take. */
+static int take_slot(xs_store *s, int layer, int allow_pinned, int allow_pending) {
     xs_pol *p = &s->pol[layer];
     int victim = -1;
     for (int i = 0; i < s->S; i++) {
@@ -228,6 +231,7 @@ static int take_slot(xs_store *s, int layer, int allow_pinned) {
         if (sl->state == SL_FREE) return i;
         if (sl->state != SL_READY || sl->refs) continue;
         if (!allow_pinned && p->pinned[sl->expert]) continue;
+        if (!allow_pending && sl->prefetched) continue;
         if (victim >= 0) {
             int vp = slot_at(s, layer, victim)->prefetched;
             if (sl->prefetched > vp) continue;
@@ -320,8 +324,8 @@ int xs_acquire(xs_store *s, int layer, const int32_t *experts, int n, xs_expert_
         }
         int sl;
         for (;;) {
-            sl = take_slot(s, layer, 0);
-            if (sl < 0) sl = take_slot(s, layer, 1);
+            sl = take_slot(s, layer, 0, 1);
+            if (sl < 0) sl = take_slot(s, layer, 1, 1);
             if (sl >= 0) break;
             /* a prefetch still in flight holds the slot: it becomes evictable when it lands */
             int pending = 0;
@@ -404,7 +408,7 @@ int xs_prefetch(xs_store *s, int layer, const int32_t *experts, int n) {
     for (int i = 0; i < n; i++) {
         int e = experts[i];
         if (e < 0 || e >= s->E || m[e] >= 0) continue;
-        int sl = take_slot(s, layer, 0); /* a hint never evicts a pinned expert */
+        int sl = take_slot(s, layer, 0, 0); /* a hint never evicts a pinned expert, nor a hint still pending */
         if (sl < 0) break;
         start_load(s, layer, sl, e, batch, &nb);
         slot_at(s, layer, sl)->prefetched = 1;

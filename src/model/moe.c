@@ -224,7 +224,9 @@ int moe_forward_all(petrel_session *s, int l, const layer_w *lw, const float *x,
     ns[FS_ROUTER] += t1 - t0;
     t0 = t1;
     /* Experts in ascending id: each row then adds its experts' outputs in ascending id, the order
-     * moe_forward sums them in, with no per-choice buffer. Reads run up to 16 experts ahead. */
+     * moe_forward sums them in, with no per-choice buffer. Reads run as far ahead as the bank
+     * allows (the experts already run are the ones a hint may replace; it never replaces a hint
+     * not yet used). */
     memset(out, 0, sizeof(float) * (size_t)M * H);
     uint64_t io = 0;
     for (int i = 0; i < n; i++) {
@@ -232,8 +234,8 @@ int moe_forward_all(petrel_session *s, int l, const layer_w *lw, const float *x,
         xs_expert_ref ref;
         const pt_wview *g = &lw->exp_gate[e], *u = &lw->exp_up[e], *d = &lw->exp_down[e];
         if (ml >= 0) {
-            int ahead = n - i < 16 ? n - i : 16;
-            if (ahead > xs_store_slots(xst) - 1) ahead = xs_store_slots(xst) - 1;
+            int ahead = n - i, room = xs_store_slots(xst) - 1; /* as far as the bank allows: hints stop at pending hints */
+            if (ahead > room) ahead = room;
             if (ahead > 0) xs_prefetch(xst, ml, ids + i, ahead);
             uint64_t w0 = pt_now_ns();
             PT_TRY(xs_acquire(xst, ml, &e, 1, &ref, err));
