@@ -365,3 +365,24 @@ TEST(tokenizer, nfc_chunked_matches_full) {
     }
     tok_free(t);
 }
+
+/* Found by fuzz_tokenizer: an empty token listed first (the byte arena was still unallocated)
+ * and a word that encodes to no ids (bytes outside a vocabulary without byte fallback) must load
+ * and encode cleanly (make asan stops on the undefined behaviour they used to hit). */
+TEST(tokenizer, empty_token_and_empty_word) {
+    const char *json = "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"\":0,\"a\":1,\"b\":2},\"merges\":[]}," PRE_OK "}";
+    tokenizer *t = NULL;
+    petrel_error err = {0};
+    CHECK_MSG(tok_load_json(json, strlen(json), "empty.json", &t, &err) == 0, "%s", err.msg);
+    if (!t) return;
+    for (int rep = 0; rep < 2; rep++) { /* the second pass hits the word cache */
+        int32_t *ids = NULL;
+        size_t n = 0;
+        CHECK(tok_encode(t, "a zz b", 6, &ids, &n, &err) == 0);
+        int a = 0, b = 0;
+        for (size_t i = 0; i < n; i++) a += ids[i] == 1, b += ids[i] == 2;
+        CHECK(a == 1 && b == 1);
+        free(ids);
+    }
+    tok_free(t);
+}

@@ -82,7 +82,7 @@ static int bl_decode(loader *L, const char *s, size_t *out_len) {
 }
 
 static int arena_add(tokenizer *t, const char *s, size_t n, uint32_t *off, petrel_error *err) {
-    if (t->arena_len + n > t->arena_cap) {
+    if (!t->arena || t->arena_len + n > t->arena_cap) { /* allocated even for an empty token: offsets index it */
         size_t c = t->arena_cap ? t->arena_cap * 2 : 1 << 16;
         while (c < t->arena_len + n) c *= 2;
         if (c > UINT32_MAX) return pt_err(err, PETREL_ENOMEM, "tokenizer: token bytes exceed 4 GiB");
@@ -91,7 +91,7 @@ static int arena_add(tokenizer *t, const char *s, size_t n, uint32_t *off, petre
         t->arena = p;
         t->arena_cap = c;
     }
-    memcpy(t->arena + t->arena_len, s, n);
+    if (n) memcpy(t->arena + t->arena_len, s, n);
     *off = (uint32_t)t->arena_len;
     t->arena_len += n;
     return 0;

@@ -344,7 +344,7 @@ static int bpe_cached(enc *E, const unsigned char *s, size_t n) {
                 E->ids = p;
                 E->cap = c;
             }
-            memcpy(E->ids + E->n, E->wids + w->ids, w->nids * sizeof *E->wids);
+            if (w->nids) memcpy(E->ids + E->n, E->wids + w->ids, w->nids * sizeof *E->wids); /* a word may encode to nothing */
             E->n += w->nids;
             return 0;
         }
@@ -378,7 +378,7 @@ static int bpe_cached(enc *E, const unsigned char *s, size_t n) {
     w->nids = (uint32_t)k;
     memcpy(E->wbytes + E->wb_len, s, n);
     E->wb_len += n;
-    memcpy(E->wids + E->wi_len, E->ids + n0, k * sizeof *E->wids);
+    if (k) memcpy(E->wids + E->wi_len, E->ids + n0, k * sizeof *E->wids);
     E->wi_len += k;
     E->wc_used++;
     return 0;
