@@ -348,6 +348,24 @@ TEST(pack, corrupt_refused) {
     pack_close(p);
     petrel_engine *eng = NULL;
     CHECK(petrel_engine_open(bad, NULL, &eng, &err) == PETREL_EFORMAT && !eng);
+    /* the embedding left on disk under a budget is still checked, through the map */
+    memcpy(c, b, n);
+    CHECK(pack_open(good, &p, &err) == 0);
+    const pack_tensor *et = pack_find(p, "model.embed_tokens.weight");
+    CHECK(et != NULL && pack_find(p, "lm_head.weight") != NULL);
+    if (et) c[et->offset + et->bytes / 2] ^= 0x10;
+    pack_close(p);
+    spit(bad, c, n);
+    CHECK(pack_open(bad, &p, &err) == 0);
+    err.msg[0] = 0;
+    CHECK(pack_load_resident(p, 0, 1, &off, NULL, NULL, &err) == PETREL_EFORMAT && !p->copy && !p->on_disk);
+    CHECK_MSG(strstr(err.msg, "embed_tokens") && strstr(err.msg, "checksum"), "message: %s", err.msg);
+    pack_close(p);
+    petrel_open_opts bo = {0};
+    bo.mem_budget = 1ull << 30;
+    CHECK(petrel_engine_open(bad, &bo, &eng, &err) == PETREL_EFORMAT && !eng);
+    CHECK(petrel_engine_open(good, &bo, &eng, &err) == 0 && eng && eng->pack->on_disk == pack_find(eng->pack, "model.embed_tokens.weight"));
+    petrel_engine_close(eng);
     free(c);
     free(b);
 }

@@ -386,17 +386,26 @@ static void run_split(petrel_engine *e, const int32_t *ids, int n, int split, in
 static void check_layer_major(const char *fixture, int quant) {
     const char *pk = make_pack(fixture, quant);
     petrel_engine *res = open_chunked(pk, 0, 8, 0), *lm = open_chunked(pk, 4, 8, 24), *cm = open_chunked(pk, 4, 8, 0);
-    if (!res || !lm || !cm) { petrel_engine_close(res); petrel_engine_close(lm); petrel_engine_close(cm); return; }
+    petrel_engine *rlm = open_chunked(pk, 0, 8, 24); /* layer-major over resident experts (no store) */
+    if (!res || !lm || !cm || !rlm) {
+        petrel_engine_close(res);
+        petrel_engine_close(lm);
+        petrel_engine_close(cm);
+        petrel_engine_close(rlm);
+        return;
+    }
     int n = 61, dec = 3, V = res->cfg.vocab_size;
     int32_t ids[61];
     for (int i = 0; i < n; i++) ids[i] = (int32_t)((i * 7919 + 13) % V);
     size_t bytes = sizeof(float) * (size_t)(n + dec) * V;
-    float *a = malloc(bytes), *b = malloc(bytes), *c2 = malloc(bytes);
-    uint64_t r_res, r_lm, r_cm;
+    float *a = malloc(bytes), *b = malloc(bytes), *c2 = malloc(bytes), *d2 = malloc(bytes);
+    uint64_t r_res, r_lm, r_cm, r_rlm;
     for (int split = n; split >= 20; split -= 41) { /* one call; then 20 + 41 (the second starts mid-span) */
         run_split(res, ids, n, split, dec, a, &r_res);
         run_split(lm, ids, n, split, dec, b, &r_lm);
         run_split(cm, ids, n, split, dec, c2, &r_cm);
+        run_split(rlm, ids, n, split, dec, d2, &r_rlm);
+        CHECK_MSG(!memcmp(a, d2, bytes), "%s split %d: resident layer-major logits differ from resident", fixture, split);
         CHECK_MSG(!memcmp(a, b, bytes), "%s split %d: layer-major prefill logits differ from resident", fixture, split);
         CHECK_MSG(!memcmp(a, c2, bytes), "%s split %d: chunked streamed logits differ from resident", fixture, split);
         CHECK_MSG(r_lm < r_cm, "%s split %d: layer-major read %llu experts, chunk by chunk %llu", fixture, split,
@@ -410,9 +419,11 @@ static void check_layer_major(const char *fixture, int quant) {
     free(a);
     free(b);
     free(c2);
+    free(d2);
     petrel_engine_close(res);
     petrel_engine_close(lm);
     petrel_engine_close(cm);
+    petrel_engine_close(rlm);
 }
 
 TEST(stream, layer_major_prefill_tiny_q8) { check_layer_major("tiny", CVQ_Q8); }

@@ -364,8 +364,6 @@ void pack_release_on_disk(const pack *p) {
     release_range(p, p->on_disk->scale_offset, p->on_disk->scale_bytes);
 }
 
-uint64_t pack_on_disk_bytes(const pack *p) { return p->on_disk ? p->on_disk->bytes + p->on_disk->scale_bytes : 0; }
-
 static const pack_tensor *embed_to_skip(const pack *p) {
     return pack_find(p, "lm_head.weight") ? pack_find(p, "model.embed_tokens.weight") : NULL;
 }

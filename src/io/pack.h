@@ -114,8 +114,6 @@ int pack_load_resident(pack *p, int experts, int embed_on_disk, uint64_t *copied
 /* Drops this process's pages of the tensor kept on disk (no-op without one): its rows were read
  * through the map; the kernel keeps them in the page cache, not in our resident set. */
 void pack_release_on_disk(const pack *p);
-/* Bytes of the tensor kept on disk (data + scales), 0 without one. */
-uint64_t pack_on_disk_bytes(const pack *p);
 /* Bytes pack_load_resident leaves on disk with embed_on_disk (the embedding when the pack has a
  * separate lm_head, else 0), whether or not it ran: memory plans of inspect-only opens. */
 uint64_t pack_embed_on_disk_bytes(const pack *p);

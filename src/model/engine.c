@@ -169,17 +169,21 @@ int petrel_session_create(petrel_engine *e, int max_tokens, petrel_session **out
         int kst = c->index_topk < max_tokens ? c->index_topk : max_tokens;
         s->pf.rows = M;
         s->pf.sel_stride = kst;
-        s->pf.h = malloc(sizeof(float) * (size_t)M * H);
-        s->pf.x = malloc(sizeof(float) * (size_t)M * H);
-        s->pf.out = malloc(sizeof(float) * (size_t)M * H);
-        s->pf.wts = malloc(sizeof(float) * (size_t)M * K);
-        s->pf.idx = malloc(sizeof(int32_t) * (size_t)M * K);
-        s->pf.rl = malloc(sizeof(int32_t) * (size_t)M * K);
-        s->pf.sel = malloc(sizeof(int32_t) * (size_t)M * (size_t)kst);
-        s->pf.sel_n = malloc(sizeof(int) * (size_t)M);
-        s->pf.cs = malloc(sizeof(float) * (size_t)M * (Dr / 2));
-        s->pf.sn = malloc(sizeof(float) * (size_t)M * (Dr / 2));
-        ok = s->pf.h && s->pf.x && s->pf.out && s->pf.wts && s->pf.idx && s->pf.rl && s->pf.sel && s->pf.sel_n && s->pf.cs && s->pf.sn;
+        /* one block, sliced; every piece 4-byte elements (session_prefill_row_bytes per row) */
+        float *b = malloc(session_prefill_row_bytes(c, max_tokens) * (size_t)M);
+        if ((ok = b != NULL)) {
+            size_t m = (size_t)M;
+            s->pf.h = b, b += m * H;
+            s->pf.x = b, b += m * H;
+            s->pf.out = b, b += m * H;
+            s->pf.wts = b, b += m * K;
+            s->pf.cs = b, b += m * (Dr / 2);
+            s->pf.sn = b, b += m * (Dr / 2);
+            s->pf.idx = (int32_t *)b, b += m * K;
+            s->pf.rl = (int32_t *)b, b += m * K;
+            s->pf.sel_n = (int *)b, b += m;
+            s->pf.sel = (int32_t *)b;
+        }
     }
     if (!ok) {
         petrel_session_free(s);
@@ -201,16 +205,7 @@ void petrel_session_free(petrel_session *s) {
     free(s->kv_pe);
     free(s->idx_k);
     free(s->ar.base);
-    free(s->pf.h);
-    free(s->pf.x);
-    free(s->pf.out);
-    free(s->pf.wts);
-    free(s->pf.idx);
-    free(s->pf.rl);
-    free(s->pf.sel);
-    free(s->pf.sel_n);
-    free(s->pf.cs);
-    free(s->pf.sn);
+    free(s->pf.h); /* the block the other span pieces are cut from */
     free(s);
 }
 

@@ -118,7 +118,8 @@ struct petrel_session {
     /* Layer-major prefill state for up to pf.rows rows (engine pf_rows; all NULL when off):
      * residual h, normed MoE input x, MoE output out [rows][H]; routing idx/wts and the rows of
      * each expert rl [rows][K]; DSA selection sel [rows][sel_stride] / sel_n [rows] (kept from
-     * a full indexer layer to the shared ones after it); RoPE cos/sin [rows][rope_dim/2]. */
+     * a full indexer layer to the shared ones after it); RoPE cos/sin [rows][rope_dim/2]. One
+     * allocation, owned through h, the others cut from it. */
     struct {
         float *h, *x, *out, *wts, *cs, *sn;
         int32_t *idx, *rl, *sel;
