@@ -109,7 +109,7 @@ TEST(core, topk_matches_sort) {
         int in = 0;
         for (int i = 0; i < n; i++) {
             int above = 0;
-            for (int j = 0; j < n; j++) above += v[j] > v[i] || (v[j] == v[i] && j < i);
+            for (int j = 0; j < n; j++) above += v[j] > v[i] || (v[j] == v[i] && j > i);
             int want = above < k, got = 0;
             for (int t = 0; t < k; t++) got |= idx[t] == i;
             in += got;
@@ -121,6 +121,28 @@ TEST(core, topk_matches_sort) {
         free(idx);
         free(tmp);
     }
+}
+
+/* The DSA tie rule on constructed ties: among equal scores the later position is kept, so the
+ * cut inside a run of zeros (a trained indexer's ReLU'd scores) keeps the most recent keys. */
+TEST(core, topk_ties_keep_later) {
+    float v[12] = {0, 0, 3, 0, 0, 0, 2, 0, 0, 0, 0, 0}; /* two positive, ten zero */
+    int32_t idx[12], tmp[12];
+    op_topk(v, 12, 5, idx, tmp); /* 2, 6 and the three latest zeros: 9, 10, 11 */
+    int32_t want[5] = {2, 6, 9, 10, 11};
+    for (int i = 0; i < 5; i++) CHECK_EQ_INT(idx[i], want[i]);
+    float all[7] = {1, 1, 1, 1, 1, 1, 1}; /* all tied: the k latest */
+    op_topk(all, 7, 3, idx, tmp);
+    for (int i = 0; i < 3; i++) CHECK_EQ_INT(idx[i], 4 + i);
+    float neg[6] = {-1, -0.0f, 0.0f, -1, -0.0f, -1}; /* -0 == +0: later of the three zeros wins */
+    op_topk(neg, 6, 2, idx, tmp);
+    CHECK_EQ_INT(idx[0], 2);
+    CHECK_EQ_INT(idx[1], 4);
+    float nan[5] = {NAN, 0, NAN, 0, 1}; /* NaN ranks below every number */
+    op_topk(nan, 5, 3, idx, tmp);
+    CHECK_EQ_INT(idx[0], 1);
+    CHECK_EQ_INT(idx[1], 3);
+    CHECK_EQ_INT(idx[2], 4);
 }
 
 /* Brute force: try every set of topk_group groups, keep the one with the largest summed group

@@ -67,6 +67,11 @@ TEST(golden, odd2_decode) { check_logits("odd2", 1); }
  * v_head_dim above qk_nope, index_topk 64 (> two of the prompts), a 1-token prompt */
 TEST(golden, odd3_prefill) { check_logits("odd3", 0); }
 TEST(golden, odd3_decode) { check_logits("odd3", 1); }
+/* tests/data/trained: a model trained on real text (the Python documentation), with a real
+ * 4096-token tokenizer; prompt 0 is 307 tokens where DSA keeps 32 keys and the indexer's cut
+ * falls inside exact ties (45 rows): only the reference's tie rule (later position) matches */
+TEST(golden, trained_prefill) { check_logits("trained", 0); }
+TEST(golden, trained_decode) { check_logits("trained", 1); }
 
 static void check_greedy(const char *name) {
     fixture f;
@@ -102,6 +107,7 @@ TEST(golden, fp8_greedy) { check_greedy("tiny-fp8"); }
 TEST(golden, odd_greedy) { check_greedy("odd"); }
 TEST(golden, odd2_greedy) { check_greedy("odd2"); }
 TEST(golden, odd3_greedy) { check_greedy("odd3"); }
+TEST(golden, trained_greedy) { check_greedy("trained"); }
 
 static int cmp_i32(const void *a, const void *b) { return *(const int32_t *)a - *(const int32_t *)b; }
 
@@ -164,3 +170,4 @@ TEST(golden, fp8_hidden_topk) { check_hidden_topk("tiny-fp8"); }
 TEST(golden, odd_hidden_topk) { check_hidden_topk("odd"); }
 TEST(golden, odd2_hidden_topk) { check_hidden_topk("odd2"); }
 TEST(golden, odd3_hidden_topk) { check_hidden_topk("odd3"); }
+TEST(golden, trained_hidden_topk) { check_hidden_topk("trained"); }

@@ -41,12 +41,15 @@ void op_rope(float *x, const float *cos_, const float *sin_, int dim, int interl
     }
 }
 
-/* "a ranks above b": larger value, then lower index. NaN ranks lowest. */
+/* "a ranks above b": larger value, then the later position (the DSA reference's tie rule:
+ * a trained indexer's ReLU'd scores are often exactly equal, mostly 0, and the cut falls inside
+ * the tie). NaN ranks lowest; -0 and +0 are equal. A total order on indices, so the selection
+ * is a pure function of the scores, whatever order quickselect visits them in. */
 static int above(const float *v, int32_t a, int32_t b) {
     float x = v[a], y = v[b];
-    if (x != x) return 0;
+    if (x != x) return y != y && a > b;
     if (y != y) return 1;
-    return x > y || (x == y && a < b);
+    return x > y || (x == y && a > b);
 }
 
 static int cmp_i32(const void *a, const void *b) {

@@ -15,7 +15,8 @@ void op_layernorm(float *y, const float *x, const float *w, const float *b, int 
 void op_rope(float *x, const float *cos_, const float *sin_, int dim, int interleave);
 /* cos/sin tables [dim/2] for one position, angle computed in double. */
 void op_rope_table(double theta, int dim, int64_t pos, float *cos_, float *sin_);
-/* Indices of the k largest v[0..n) (ties: lower index wins), written to idx[0..k) in ascending
+/* Indices of the k largest v[0..n) (ties: the higher index, i.e. the later
+ * position, wins; NaN ranks lowest), written to idx[0..k) in ascending
  * index order. tmp needs n entries. k <= n. */
 void op_topk(const float *v, int n, int k, int32_t *idx, int32_t *tmp);
 #endif
