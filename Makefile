@@ -5,7 +5,8 @@
 #   make fuzz       libFuzzer targets (clang) in build-fuzz/
 #   make bench      the benchmark on a synthetic GLM-5.2 slice
 #   make deps       installs missing Debian packages (also run by the targets above)
-#   make run-tiny   builds and runs the bundled tiny model (the README's first command)
+#   make demo       builds and runs the bundled trained model on a prompt (the README's first
+#                   command; `make run-tiny` is the same)
 BUILD  ?= build
 CC     ?= cc
 OPT    ?= -O2
@@ -27,7 +28,7 @@ LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 CLI_OBJ   := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_OBJ  := $(TEST_SRC:%.c=$(BUILD)/obj/%.o)
 
-.PHONY: all deps test asan fuzz bench run-tiny clean
+.PHONY: all deps test asan fuzz bench demo run-tiny clean
 all: deps $(BUILD)/petrel
 
 deps:
@@ -71,12 +72,17 @@ bench: all
 	./$(BUILD)/petrel synth --shape glm5.2 --dense-layers 1 --moe-layers 1 --out $(BUILD)/glm52-slice.pack
 	./$(BUILD)/petrel bench --model $(BUILD)/glm52-slice.pack
 
-run-tiny: all
-	@echo "--- greedy token ids from the bundled tiny model (random weights) ---"
-	./$(BUILD)/petrel generate --model tests/data/tiny --ids 5,17,300,42,7 -n 16
-	@echo "--- text in, text out (random weights: the text is gibberish by design) ---"
-	./$(BUILD)/petrel run --model tests/data/tiny -p "Once upon a time" -n 32 --seed 1
+# The bundled model (tests/data/trained) was trained on the Python documentation: it writes
+# documentation-like text (reStructuredText), streamed token by token as it is produced.
+demo: all
+	@echo "--- tests/data/trained: a small GLM-5-architecture model trained on the Python docs ---"
+	@echo "--- greedy (--temp 0), prompt: The os module provides"
+	./$(BUILD)/petrel run --model tests/data/trained -p 'The os module provides' -n 64 --temp 0
 	@echo
+	@echo "--- sampled (--temp 0.7 --seed 1: the same text every run), prompt: To read a file line by line,"
+	./$(BUILD)/petrel run --model tests/data/trained -p 'To read a file line by line,' -n 96 --temp 0.7 --seed 1 -v
+	@echo
+run-tiny: demo
 
 clean:
 	rm -rf build build-asan build-fuzz
