@@ -17,6 +17,7 @@ static const command commands[] = {
     {"convert", cmd_convert, "write a petrel pack (quantized) from a Hugging Face checkpoint"},
     {"synth", cmd_synth, "write a GLM-5.2-shaped pack with random weights (benchmarks)"},
     {"bench", cmd_bench, "measure decode/prefill speed against the memory-bandwidth floor"},
+    {"perplexity", cmd_perplexity, "perplexity of a text file (and KL divergence from saved logits)"},
 };
 #define N_COMMANDS (sizeof commands / sizeof commands[0])
 

@@ -118,6 +118,7 @@ int cli_model_opt(int argc, char **argv, int *i, cli_model_opts *mo) {
     int is_trace = !strcmp(a, "--trace-out");
     int is_verbose = !strcmp(a, "--verbose") || !strcmp(a, "-v");
     if (is_verbose) { mo->open.verbose = 1; return 1; }
+    if (!strcmp(a, "--no-verify")) { mo->open.no_verify = 1; return 1; }
     if (!is_model && !is_thr && !is_bud && !is_slots && !is_trace) return 0;
     if (*i + 1 >= argc) { cli_fail("%s needs a value", a); return -1; }
     const char *v = argv[++*i];

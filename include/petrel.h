@@ -47,6 +47,9 @@ typedef struct petrel_open_opts {
     const char *trace_out;  /* write the routing trace (layer, token, expert ids) here at close */
     int inspect_only;       /* weights stay mapped from the file (no copy into memory, no
                                relayout): for reading the model's description, not for speed */
+    int no_verify;          /* packs opened with every expert resident: skip the checksums of the
+                               routed-expert records read at open (resident tensors and experts
+                               streamed under a budget are still checked) */
 } petrel_open_opts;
 
 /* Opens a model folder (Hugging Face checkpoint) or file. */

@@ -426,14 +426,14 @@ TEST(experts, faults_injected) {
         xs_expert_ref r[4];
         /* error on every attempt: fails after 1 + 2 retries, clear message, nothing stale */
         CHECK_EQ_INT(xs_acquire(st, 1, ids, 3, r, &err), PETREL_EIO);
-        CHECK_MSG(strstr(err.msg, "expert 1/3 read failed") != NULL, "msg: %s", err.msg);
+        CHECK_MSG(strstr(err.msg, "layer 1 expert 3: read failed") != NULL, "msg: %s", err.msg);
         CHECK_EQ_INT(fp.calls, 3);
         CHECK_EQ_INT(xs_store_slot_of(st, 1, 3), -1);
         /* short read on every attempt */
         fp.kind = XS_FAULT_SHORT;
         fp.short_bytes = 100;
         CHECK_EQ_INT(xs_acquire(st, 1, ids, 3, r, &err), PETREL_EIO);
-        CHECK_MSG(strstr(err.msg, "expert 1/3 short read") && strstr(err.msg, "100 of"), "msg: %s", err.msg);
+        CHECK_MSG(strstr(err.msg, "layer 1 expert 3: short read") && strstr(err.msg, "100 of"), "msg: %s", err.msg);
         /* short read once: the retry succeeds */
         fp.fail_attempts = 1;
         fp.calls = 0;
@@ -548,7 +548,7 @@ TEST(experts, checksum_mismatch) {
     petrel_error err = {0};
     xs_expert_ref r;
     CHECK_EQ_INT(acq1(st, 0, 2, &r, &err), PETREL_EFORMAT);
-    CHECK_MSG(strstr(err.msg, "expert 0/2 checksum mismatch") != NULL, "msg: %s", err.msg);
+    CHECK_MSG(strstr(err.msg, "layer 0 expert 2: checksum mismatch") != NULL, "msg: %s", err.msg);
     CHECK_EQ_INT(xs_store_slot_of(st, 0, 2), -1);
     CHECK_EQ_INT(acq1(st, 0, 1, &r, &err), 0);
     CHECK(bytes_ok(&sy, 0, 1, &r));

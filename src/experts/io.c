@@ -10,8 +10,8 @@
  * The fault seam: every completed read attempt, from either backend, goes through
  * read_finished(), which consults xs_io_fault_hook (tests inject errors, short reads, delays).
  * A failed or short attempt is retried up to `retries` times, then the request fails with
- * "expert L/E ..." in its msg. Every successful read is checked with XXH64 (unless verify is
- * off); a mismatch fails the request as "expert L/E checksum mismatch" (not retried: the bytes
+ * "layer L expert E: ..." in its msg (L: the request's layer_id, the number `petrel info` uses). Every successful read is checked with XXH64 (unless verify is
+ * off); a mismatch fails the request as "layer L expert E: checksum mismatch" (not retried: the bytes
  * on disk are wrong). done() is called exactly once per request. */
 #include "experts/xs_io.h"
 
@@ -97,12 +97,12 @@ static int read_finished(xs_io *io, xs_ioreq *r, int64_t res) {
         }
         r->status = PETREL_EIO;
         if (res < 0)
-            snprintf(r->msg, sizeof r->msg, "expert %d/%d read failed at offset %llu (%llu bytes, %d attempts): %s",
-                     r->layer, r->expert, (unsigned long long)r->off, (unsigned long long)r->bytes, r->attempt + 1,
+            snprintf(r->msg, sizeof r->msg, "layer %d expert %d: read failed at offset %llu (%llu bytes, %d attempts): %s",
+                     r->layer_id, r->expert, (unsigned long long)r->off, (unsigned long long)r->bytes, r->attempt + 1,
                      strerror((int)-res));
         else
-            snprintf(r->msg, sizeof r->msg, "expert %d/%d short read at offset %llu: %lld of %llu bytes (%d attempts)",
-                     r->layer, r->expert, (unsigned long long)r->off, (long long)res, (unsigned long long)r->bytes,
+            snprintf(r->msg, sizeof r->msg, "layer %d expert %d: short read at offset %llu: %lld of %llu bytes (%d attempts)",
+                     r->layer_id, r->expert, (unsigned long long)r->off, (long long)res, (unsigned long long)r->bytes,
                      r->attempt + 1);
     } else {
         return 2;
@@ -117,8 +117,8 @@ static void check_finish(xs_io *io, xs_ioreq *r) {
     if (io->verify && XXH64(r->buf, (size_t)r->bytes, 0) != r->xxh) {
         r->status = PETREL_EFORMAT;
         r->checksum_bad = 1;
-        snprintf(r->msg, sizeof r->msg, "expert %d/%d checksum mismatch (offset %llu, %llu bytes): the file is corrupt",
-                 r->layer, r->expert, (unsigned long long)r->off, (unsigned long long)r->bytes);
+        snprintf(r->msg, sizeof r->msg, "layer %d expert %d: checksum mismatch (bytes %llu..%llu): the file is corrupted",
+                 r->layer_id, r->expert, (unsigned long long)r->off, (unsigned long long)(r->off + r->bytes));
     }
     io->done(io->ctx, r);
 }

@@ -66,7 +66,7 @@ static void on_done(void *ctx, xs_ioreq *r) {
         petrel_error e = {0};
         if (s->src.views(s->src.ctx, r->layer, r->expert, r->buf, &sl->gate, &sl->up, &sl->down, &e)) {
             r->status = e.code ? e.code : PETREL_EFORMAT;
-            snprintf(r->msg, sizeof r->msg, "expert %d/%d: %.200s", r->layer, r->expert, e.msg);
+            snprintf(r->msg, sizeof r->msg, "layer %d expert %d: %.200s", r->layer_id, r->expert, e.msg);
         }
     }
     if (r->status == 0) {
@@ -151,12 +151,12 @@ int xs_store_create(const xs_source *src, const xs_plan *plan, const xs_store_op
             s->map[i] = -1;
             petrel_error e2 = {0};
             if (src->record(src->ctx, l, e, &s->rec_off[i], &s->rec_bytes[i], &s->rec_xxh[i], &e2)) {
-                rc = pt_err(err, e2.code ? e2.code : PETREL_EFORMAT, "expert %d/%d: %s", l, e, e2.msg);
+                rc = pt_err(err, e2.code ? e2.code : PETREL_EFORMAT, "layer %d expert %d: %s", src->layer_ids ? src->layer_ids[l] : l, e, e2.msg);
                 goto fail;
             }
             if (s->rec_bytes[i] == 0 || s->rec_bytes[i] > s->slot_bytes) {
-                rc = pt_err(err, PETREL_EFORMAT, "expert %d/%d: record of %llu bytes does not fit a %llu-byte slot", l,
-                            e, (unsigned long long)s->rec_bytes[i], (unsigned long long)s->slot_bytes);
+                rc = pt_err(err, PETREL_EFORMAT, "layer %d expert %d: record of %llu bytes does not fit a %llu-byte slot",
+                            src->layer_ids ? src->layer_ids[l] : l, e, (unsigned long long)s->rec_bytes[i], (unsigned long long)s->slot_bytes);
                 goto fail;
             }
             if (s->rec_off[i] % XS_ALIGN) aligned = 0;
@@ -262,6 +262,7 @@ static void start_load(xs_store *s, int layer, int i, int e, xs_ioreq **batch, i
     memset(&sl->up, 0, sizeof sl->up);
     memset(&sl->down, 0, sizeof sl->down);
     sl->req.layer = layer;
+    sl->req.layer_id = s->src.layer_ids ? s->src.layer_ids[layer] : layer;
     sl->req.expert = e;
     sl->req.off = s->rec_off[ri];
     sl->req.bytes = s->rec_bytes[ri];
@@ -369,7 +370,8 @@ int xs_acquire(xs_store *s, int layer, const int32_t *experts, int n, xs_expert_
         for (int i = 0; i < n; i++) {
             xs_slot *sl = slot_at(s, layer, out[i].slot);
             if (sl->state == SL_FAILED) {
-                rc = pt_err(err, sl->req.status ? sl->req.status : PETREL_EIO, "%s", sl->req.msg);
+                if (s->src.path) rc = pt_err(err, sl->req.status ? sl->req.status : PETREL_EIO, "%s: %s", s->src.path, sl->req.msg);
+                else rc = pt_err(err, sl->req.status ? sl->req.status : PETREL_EIO, "%s", sl->req.msg);
                 break;
             }
         }

@@ -71,6 +71,9 @@ typedef struct xs_source {
      * NULL (views are then zeroed; tests use the raw bytes). */
     int (*views)(void *ctx, int layer, int expert, const uint8_t *rec, pt_wview *gate,
                  pt_wview *up, pt_wview *down, petrel_error *err);
+    /* Borrowed [n_layers] or NULL: the number messages give layer l ("layer 2 expert 5", the
+     * checkpoint layer, as `petrel info` and the pack's own messages count); NULL names it l. */
+    const int *layer_ids;
 } xs_source;
 
 /* ---------------------------------------------------------------- policy */
@@ -205,6 +208,19 @@ xs_pol *xs_store_policy(xs_store *s, int layer);
 void xs_usage_path(const char *model_path, char *buf, size_t n);
 int xs_usage_save(const xs_store *s, const char *path, petrel_error *err);
 int xs_usage_load(xs_store *s, const char *path, int *loaded, petrel_error *err);
+
+/* ---------------------------------------------------------------- bulk load */
+/* Reads every record of src (n_layers x n_experts) once, through the I/O pool and its fault
+ * seam (opts: io_mode, backend, io_threads, io_depth, retries, verify as for the store; NULL =
+ * defaults, buffered): with base, into base + the record's file offset (memory laid out like the
+ * file, e.g. a pack's resident copy; 4096-aligned); with base NULL, into a few scratch buffers,
+ * only to check the records. Each record is checked against its xxh64 on the pool's threads
+ * unless verify is -1. progress(done, total, ud) in bytes, on the calling thread, may be NULL.
+ * At most a few reads per thread are in flight, so a failure stops the load soon; returns 0 or
+ * that failure (PETREL_EIO, PETREL_EFORMAT for a checksum), its message naming the record. */
+int xs_load_all(const xs_source *src, uint8_t *base, const xs_store_opts *opts,
+                void (*progress)(uint64_t done, uint64_t total, void *ud), void *ud,
+                petrel_error *err);
 
 /* ---------------------------------------------------------------- I/O fault seam */
 enum { XS_FAULT_NONE = 0, XS_FAULT_ERROR = 1, XS_FAULT_SHORT = 2 };

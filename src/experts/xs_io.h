@@ -19,6 +19,7 @@ typedef struct xs_iopart {
 typedef struct xs_ioreq {
     struct xs_ioreq *next;   /* queue link (I/O internal) */
     int layer, expert;
+    int layer_id;            /* the layer number messages name (xs_source.layer_ids) */
     uint8_t *buf;            /* view: the slot, XS_ALIGN-aligned, >= len bytes */
     uint64_t off, bytes, len;/* file offset, record bytes, bytes to read (aligned for O_DIRECT) */
     uint64_t xxh;            /* expected checksum */

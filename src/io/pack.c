@@ -390,6 +390,19 @@ static uint64_t hash_from_map(const pack *p, const pack_tensor *t, int *oom) {
     return h;
 }
 
+/* Without a copy the tensors are served from the map: their checksums are still checked, through
+ * it (a load that does not fit must not skip them). */
+static int check_from_map(const pack *p, petrel_error *err) {
+    for (int i = 0; i < p->n_tensors; i++) {
+        const pack_tensor *t = &p->tensors[i];
+        int oom = 0;
+        uint64_t h = hash_from_map(p, t, &oom);
+        if (oom) return pt_err(err, PETREL_ENOMEM, "out of memory");
+        if (h != t->xxh64) return pt_err(err, PETREL_EFORMAT, "%s: checksum mismatch in tensor \"%s\": the pack is corrupted", p->path, t->name);
+    }
+    return 0;
+}
+
 int pack_load_resident(pack *p, int experts, int embed_on_disk, uint64_t *copied_bytes, void (*progress)(uint64_t, uint64_t, void *),
                        void *ud, petrel_error *err) {
     *copied_bytes = 0;
@@ -400,11 +413,11 @@ int pack_load_resident(pack *p, int experts, int embed_on_disk, uint64_t *copied
         if (&p->tensors[i] != skip) res += p->tensors[i].bytes + p->tensors[i].scale_bytes;
     for (int i = 0; i < p->n_elayers; i++) exp += (uint64_t)p->elayers[i].n_experts * p->elayers[i].record_bytes;
     uint64_t avail = mem_available(), room = avail - avail / 8; /* leave an eighth to everything else */
-    if (avail && res > room) return 0;                          /* the map pages it in, slowly */
+    if (avail && res > room) return check_from_map(p, err);     /* the map pages it in, slowly */
     if (avail && res + exp > room) experts = 0;
-    uint64_t total = res + (experts ? exp : 0), done = 0;
+    uint64_t total = res, done = 0;
     void *m = mmap(NULL, (size_t)p->file_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (m == MAP_FAILED) return 0; /* no address space for a copy: keep serving from the map */
+    if (m == MAP_FAILED) return check_from_map(p, err); /* no address space for a copy: keep serving from the map */
     madvise(m, (size_t)p->file_size, MADV_HUGEPAGE);
     p->copy = m;
     int rc = 0;
@@ -429,9 +442,6 @@ int pack_load_resident(pack *p, int experts, int embed_on_disk, uint64_t *copied
         XXH64_freeState(st);
         if (h != t->xxh64) rc = pt_err(err, PETREL_EFORMAT, "%s: checksum mismatch in tensor \"%s\": the pack is corrupted", p->path, t->name);
     }
-    for (int i = 0; i < p->n_elayers && experts && !rc; i++)
-        rc = copy_range(p, p->elayers[i].first_offset, (uint64_t)p->elayers[i].n_experts * p->elayers[i].record_bytes, &done, total,
-                        progress, ud, err);
     if (rc) {
         munmap(p->copy, (size_t)p->file_size);
         p->copy = NULL;
@@ -439,7 +449,7 @@ int pack_load_resident(pack *p, int experts, int embed_on_disk, uint64_t *copied
     }
     p->copy_experts = experts;
     p->on_disk = skip;
-    *copied_bytes = total;
+    *copied_bytes = total + (experts ? exp : 0);
     return 0;
 }
 

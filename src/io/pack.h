@@ -98,12 +98,15 @@ typedef struct pack {
     uint64_t data_start;        /* first byte after the header region */
 } pack;
 
-/* Copies the resident tensors (and, with experts != 0, every expert record) into anonymous
- * memory backed by transparent huge pages, checking each resident tensor's checksum on the way;
- * the weight source then serves views into the copy. Decode reads every resident byte per token:
+/* Copies the resident tensors into anonymous memory backed by transparent huge pages, checking
+ * each resident tensor's checksum on the way; the weight source then serves views into the copy.
+ * With experts != 0 the copy also gets room for every expert record (copy_experts = 1 when they
+ * fit): the caller fills it before binding weights (the engine reads and checks every record
+ * through the expert I/O pool, stream_load_experts); otherwise records are served from the map. Decode reads every resident byte per token:
  * from the file map that costs a TLB miss per 4 KiB page (about 20 % of the bandwidth here).
  * Only what fits into the memory the kernel reports as available is copied (the rest stays on
- * the map); *copied_bytes says how much was. progress (may be NULL) gets (done, total) bytes.
+ * the map, its checksums checked through it); *copied_bytes says how much the copy holds (expert
+ * records included). progress (may be NULL) gets (done, total) bytes of the resident tensors.
  * With embed_on_disk, the token embedding (one row per token, ~1 GB at GLM-5's vocabulary) is not
  * copied either when the pack has a separate lm_head: its view then points into the file map and
  * the caller drops the pages it touched (pack_release_on_disk), so they never add up in RSS. Its

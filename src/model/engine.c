@@ -1,6 +1,7 @@
 /* engine.c: opening a model (Hugging Face checkpoint folder or file, colibri folder) into an
  * immutable petrel_engine, and sessions: the per-timeline latent KV cache and scratch arena,
  * sized once at create so the token loop never allocates. */
+#include <errno.h>
 #include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,14 +40,41 @@ static int open_pack(petrel_engine *e, const char *path, const petrel_open_opts 
     PT_TRY(pack_load_config(e->pack, &e->cfg, err));
     int streaming = o && (o->mem_budget || o->expert_slots), last = -10;
     uint64_t copied = 0;
-    if (!o || !o->inspect_only)
+    if (!o || !o->inspect_only) {
         PT_TRY(pack_load_resident(e->pack, !streaming, o && o->mem_budget, &copied, o && o->verbose ? load_progress : NULL, &last, err));
+        if (!streaming) PT_TRY(stream_load_experts(e, o, err)); /* every record read and checked */
+    }
     wsource ws;
     wsource_pack(&ws, e->pack);
     PT_TRY(weights_bind(&e->w, &e->cfg, &ws, err));
     if (e->pack->copy && kn_r16_available()) weights_relayout_r16(&e->w, &e->cfg, e->pack->copy, e->pack->copy + e->pack->file_size);
     pack_seal(e->pack);
     return 0;
+}
+
+/* A model given as a file that is not a pack must be a safetensors file (its folder holds
+ * config.json): anything else gets a line saying what the file is not, instead of the folder's
+ * missing config.json. A file whose header says petrel-pack behind a wrong magic is a damaged
+ * pack. */
+static int check_model_file(const char *path, petrel_error *err) {
+    uint8_t b[96] = {0};
+    FILE *f = fopen(path, "rb");
+    if (!f) return pt_err(err, PETREL_EIO, "cannot open model %s: %s", path, strerror(errno));
+    size_t n = fread(b, 1, sizeof b, f);
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    fclose(f);
+    static const char pk[] = "{\"format\":\"petrel-pack\"";
+    if (n >= PACK_PREFIX + sizeof pk - 1 && !memcmp(b + PACK_PREFIX, pk, sizeof pk - 1))
+        return pt_err(err, PETREL_EFORMAT, "%s: bad magic: a petrel pack header follows, but the file does not start with \"%s\" (the pack is "
+                                           "corrupted; convert it again)", path, PACK_MAGIC);
+    uint64_t hl = 0;
+    if (n >= 9) memcpy(&hl, b, 8);
+    size_t pl = strlen(path);
+    int st_name = pl >= 12 && !strcmp(path + pl - 12, ".safetensors");
+    if (st_name || (n >= 9 && b[8] == '{' && hl >= 2 && size > 8 && hl <= (uint64_t)size - 8)) return 0; /* safetensors: st_open judges it */
+    return pt_err(err, PETREL_EFORMAT, "%s is not a model: not a folder, not a petrel pack (no \"%s\" magic), not a .safetensors file "
+                                       "(give a Hugging Face folder, a .safetensors file or a pack)", path, PACK_MAGIC);
 }
 
 int petrel_engine_open(const char *path, const petrel_open_opts *opts, petrel_engine **out, petrel_error *err) {
@@ -65,9 +93,16 @@ int petrel_engine_open(const char *path, const petrel_open_opts *opts, petrel_en
         snprintf(dir, sizeof dir, "%s", dirname(tmp));
     }
     int is_pack = !S_ISDIR(st.st_mode) && pack_is_pack(path);
+    if (!S_ISDIR(st.st_mode) && !is_pack) {
+        int rc = check_model_file(path, err);
+        if (rc < 0) {
+            free(e);
+            return rc;
+        }
+    }
     int rc = is_pack ? open_pack(e, path, opts, err) : config_load_dir(dir, &e->cfg, err);
     if (is_pack) {
-        if (rc < 0) pt_err_ctx(err, "%s", path);
+        if (rc < 0 && err && strncmp(err->msg, path, strlen(path))) pt_err_ctx(err, "%s", path); /* pack messages name the file */
     } else if (rc == 0 && S_ISDIR(st.st_mode) && colibri_detect(path)) {
         rc = open_colibri(e, path, err);
         if (rc < 0) pt_err_ctx(err, "%s", path);

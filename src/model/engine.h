@@ -30,6 +30,7 @@ struct petrel_engine {
      * instead of the map. moe_index[l] is layer l's MoE index (store layer) or -1. */
     struct xs_store *xs;  /* owned, NULL when every expert is resident */
     int *moe_index;       /* owned [L + 1] (the MTP layer last) */
+    int *moe_layer;       /* owned [L + 1]: MoE index -> checkpoint layer (messages name layers so) */
     char plan_text[1024]; /* the memory plan, printed at open when verbose */
     int n_moe;            /* MoE layers with routed experts (store / trace layers) */
     /* Lookahead quality: the experts predicted for each MoE layer are compared with what the
@@ -58,6 +59,10 @@ struct petrel_engine {
 /* Expert streaming glue (stream.c). */
 int stream_open(petrel_engine *e, const petrel_open_opts *opts, petrel_error *err);
 void stream_close(petrel_engine *e);
+/* A pack opened with every expert resident: reads every record into the pack's copy when it
+ * holds them, else only checks them (o->no_verify: skips the checksums, and the check-only
+ * pass entirely), through the expert I/O pool. */
+int stream_load_experts(petrel_engine *e, const petrel_open_opts *o, petrel_error *err);
 /* Trace recording: note one MoE layer's routing of a batch; flush the batch in token order. */
 void stream_trace_note(petrel_engine *e, int layer, const int32_t *idx, int T, int K);
 int stream_trace_flush(petrel_engine *e, int T, petrel_error *err);

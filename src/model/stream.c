@@ -36,6 +36,48 @@ static int views_cb(void *ctx, int layer, int expert, const uint8_t *rec, pt_wvi
     return pt_err(err, PETREL_EINVAL, "pack has no expert layout for MoE layer %d", layer);
 }
 
+/* The fully resident path: every record of the pack through the expert I/O pool (xs_load_all),
+ * into the pack's copy when it holds the experts, else only to check them (they are then served
+ * from the file map). Store layers here are the pack's expert layers (the MTP layer included);
+ * messages name them by checkpoint layer, as `petrel info` does. */
+typedef struct { const pack *p; } load_src;
+
+static int load_rec_cb(void *ctx, int layer, int expert, uint64_t *off, uint64_t *bytes, uint64_t *xxh, petrel_error *err) {
+    const pack *p = ((const load_src *)ctx)->p;
+    if (pack_expert_record(p, p->elayers[layer].layer, expert, off, bytes, xxh))
+        return pt_err(err, PETREL_EFORMAT, "the pack has no record for it (layer %d has %d experts)", p->elayers[layer].layer,
+                      p->elayers[layer].n_experts);
+    return 0;
+}
+
+static void load_progress(uint64_t done, uint64_t total, void *ud) {
+    int *last = ud, pct = total ? (int)(done * 100 / total) : 100;
+    if (pct / 10 == last[0] / 10 && pct != 100) return;
+    last[0] = pct;
+    fprintf(stderr, "\rloading experts: %3d%% of %.2f GB (%s)", pct, (double)total / 1e9, last[1] ? "checksums checked" : "not checked: no_verify");
+    if (pct == 100) fputc('\n', stderr);
+}
+
+int stream_load_experts(petrel_engine *e, const petrel_open_opts *o, petrel_error *err) {
+    const pack *p = e->pack;
+    int verify = !(o && o->no_verify);
+    if (!p || !p->n_elayers || (!p->copy_experts && !verify)) return 0;
+    int E = 0, *ids = malloc(sizeof(int) * (size_t)p->n_elayers);
+    if (!ids) return pt_err(err, PETREL_ENOMEM, "out of memory");
+    for (int i = 0; i < p->n_elayers; i++) {
+        ids[i] = p->elayers[i].layer;
+        if (p->elayers[i].n_experts > E) E = p->elayers[i].n_experts;
+    }
+    load_src ls = {p};
+    xs_source src = {.ctx = &ls, .path = pack_path(p), .fd = pack_fd(p), .n_layers = p->n_elayers, .n_experts = E,
+                     .record = load_rec_cb, .layer_ids = ids};
+    xs_store_opts so = {.io_mode = XS_IO_BUFFERED, .retries = 1, .verify = verify ? 1 : -1};
+    int last[2] = {-10, verify};
+    int rc = xs_load_all(&src, p->copy_experts ? p->copy : NULL, &so, o && o->verbose ? load_progress : NULL, last, err);
+    free(ids);
+    return rc;
+}
+
 /* Under a budget prefill is read-bound: a span of rows reads nearly every expert of every layer
  * once. The forward chunk takes the largest size whose scratch stays within
  * budget / PT_CHUNK_BUDGET_DIV (attention over a long prompt costs more in small chunks); the
@@ -66,7 +108,8 @@ int stream_open(petrel_engine *e, const petrel_open_opts *o, petrel_error *err) 
     const petrel_config *c = &e->cfg;
     int L = c->num_hidden_layers, nm = 0;
     e->moe_index = malloc(sizeof(int) * (size_t)(L + 1));
-    if (!e->moe_index) return pt_err(err, PETREL_ENOMEM, "out of memory");
+    e->moe_layer = malloc(sizeof(int) * (size_t)(L + 1));
+    if (!e->moe_index || !e->moe_layer) return pt_err(err, PETREL_ENOMEM, "out of memory");
     for (int l = 0; l <= L; l++) e->moe_index[l] = l < L && c->layer_is_moe[l] ? nm++ : -1;
     e->n_moe = nm;
     int ctx = o && o->plan_context > 0 ? o->plan_context : 4096;
@@ -114,8 +157,10 @@ int stream_open(petrel_engine *e, const petrel_open_opts *o, petrel_error *err) 
     if (embed_off && pw >= 0 && (size_t)pw < sizeof e->plan_text)
         snprintf(e->plan_text + pw, sizeof e->plan_text - (size_t)pw, "\n(not counted: embed_tokens, %.2f GiB, stays in the pack; a token reads its row)",
                  (double)embed_off / 1073741824.0);
+    for (int l = 0; l <= L; l++)
+        if (e->moe_index[l] >= 0) e->moe_layer[e->moe_index[l]] = l;
     xs_source src = {.ctx = e, .path = pack_path(e->pack), .fd = -1, .n_layers = nm, .n_experts = c->n_routed_experts,
-                     .record = rec_cb, .views = views_cb};
+                     .record = rec_cb, .views = views_cb, .layer_ids = e->moe_layer};
     PT_TRY(xs_store_create(&src, &plan, NULL, &e->xs, err));
     e->la_pred = calloc((size_t)nm * (size_t)c->n_routed_experts, 1);
     int K = c->num_experts_per_tok;
@@ -167,6 +212,8 @@ void stream_close(petrel_engine *e) {
     }
     free(e->moe_index);
     e->moe_index = NULL;
+    free(e->moe_layer);
+    e->moe_layer = NULL;
     free(e->la_pred);
     e->la_pred = NULL;
     free(e->la_precision);
