@@ -45,6 +45,9 @@ void cli_progress_fn(void *user, long long done, long long total);
     "  --mem-budget SIZE    whole-process memory budget, e.g. 4G (default: none)\n" \
     "  --expert-slots N     routed-expert slots per layer (default: all resident, or from budget)\n" \
     "  --trace-out FILE     record the routing (token, MoE layer, expert ids) to FILE\n"  \
+    "  --no-verify          pack with every expert resident: skip the checksums of its\n"       \
+    "                       routed-expert records at open (resident tensors and experts\n"     \
+    "                       streamed under --mem-budget / --expert-slots are still checked)\n" \
     "  -v, --verbose        print the memory plan and progress on stderr\n"
 
 #define CLI_CMD(name) int cmd_##name(int argc, char **argv)
