@@ -15,10 +15,26 @@ int cli_fail_err(const char *what, const petrel_error *err);
 
 /* Parses "1,2,3" (or space separated) into a malloc'd array; returns count or -1 with msg. */
 int cli_parse_ids(const char *s, int32_t **out, char *msg, size_t msgsz);
-/* Parses sizes like 4096, 512M, 4G, 1.5G into bytes; returns 0 or -1. */
+/* The strict parsers (cli/parse.c). A count: decimal digits only ('-' only where lo < 0), in
+ * [lo, hi]. A size: a whole number of bytes with an optional K/M/G/T suffix (Ki/KiB/KB... too,
+ * all powers of 1024), no fractions, in [lo, hi], no overflow. The _msg forms fill `why` (e.g.
+ * "is out of range: want 1..1024") and return -1 on a bad value; cli_opt_* print the one line
+ * "petrel: CMD: FLAG: "VALUE" WHY" and return -1. */
+#define CLI_SIZE_MAX (1ull << 60) /* 1 EiB: larger sizes are refused */
+int cli_parse_count_msg(const char *s, long lo, long hi, long *out, char *why, size_t whysz);
+int cli_parse_size_msg(const char *s, uint64_t lo, uint64_t hi, uint64_t *out, char *why, size_t whysz);
+int cli_opt_count(const char *cmd, const char *flag, const char *v, long lo, long hi, long *out);
+int cli_opt_size(const char *cmd, const char *flag, const char *v, uint64_t lo, uint64_t hi, uint64_t *out);
+/* Short forms without the message: 0 or -1. cli_parse_size allows 0..CLI_SIZE_MAX. */
 int cli_parse_size(const char *s, uint64_t *out);
-/* Parses an int option value with range check; returns 0 or -1. */
 int cli_parse_int(const char *s, long lo, long hi, long *out);
+/* An unsigned 64-bit decimal (digits only); 0 or -1. */
+int cli_parse_u64(const char *s, uint64_t *out);
+
+/* Output files (src/base/outfile.h): refuses (one line printed, returns 1) a target that is not
+ * a regular file, is in a missing folder, or is the input (input: a file or model folder, may be
+ * NULL); 0 if it may be written. */
+int cli_out_check(const char *cmd, const char *path, const char *input);
 
 /* Common model-loading options understood by every command that loads a model. */
 typedef struct cli_model_opts {
@@ -28,8 +44,13 @@ typedef struct cli_model_opts {
 /* If argv[*i] is a model option (--model, --threads, --mem-budget, --expert-slots), consumes it
  * (and its value) and returns 1; returns 0 if not one; -1 on a bad value (message printed). */
 int cli_model_opt(int argc, char **argv, int *i, cli_model_opts *mo);
-/* petrel_engine_open with the options; prints the memory plan on stderr when streaming. */
+/* petrel_engine_open with the options; prints the memory plan on stderr when streaming. Checks
+ * the --trace-out target first. */
 int cli_engine_open(const cli_model_opts *mo, petrel_engine **eng, petrel_error *err);
+/* The end of a command that opened an engine: when rc is 0, writes what the engine owes (the
+ * --trace-out file) and turns a failure into rc 1 with one line; then closes eng (may be NULL).
+ * Returns the command's exit status. */
+int cli_engine_close(const char *cmd, petrel_engine *eng, int rc);
 /* A prompt's progress on stderr ("prompt: 12345 tokens, 37%"), for petrel_session_set_progress:
  * printed only once a forward call has run for a second, and only when stderr is a terminal or
  * `verbose`; user is a cli_progress. */
@@ -41,10 +62,12 @@ typedef struct cli_progress {
 void cli_progress_fn(void *user, long long done, long long total);
 #define CLI_MODEL_OPTS_HELP                                                        \
     "  --model DIR|FILE     Hugging Face folder, petrel pack or colibri folder\n"  \
-    "  --threads N          compute threads (default: all cores)\n"                \
-    "  --mem-budget SIZE    whole-process memory budget, e.g. 4G (default: none)\n" \
-    "  --expert-slots N     routed-expert slots per layer (default: all resident, or from budget)\n" \
-    "  --trace-out FILE     record the routing (token, MoE layer, expert ids) to FILE\n"  \
+    "  --threads N          compute threads; 0 = all cores (the default)\n"            \
+    "  --mem-budget SIZE    whole-process memory budget: a whole number of bytes with an optional\n" \
+    "                       K/M/G/T suffix, powers of 1024 (4G, 1536M; no fractions; default: none)\n" \
+    "  --expert-slots N     routed-expert slots per layer, >= 1 (default: all resident, or from budget)\n" \
+    "  --trace-out FILE     record the routing (token, MoE layer, expert ids) to FILE (written whole\n" \
+    "                       at the end; a symlink, FIFO, device or the model itself is refused)\n"  \
     "  --no-verify          pack with every expert resident: skip the checksums of its\n"       \
     "                       routed-expert records at open (resident tensors and experts\n"     \
     "                       streamed under --mem-budget / --expert-slots are still checked)\n" \

@@ -415,8 +415,7 @@ CLI_CMD(bench) {
     if (cli_engine_open(&mo, &eng, &err)) return cli_fail_err("bench", &err);
     if (golden) {
         int grc = bench_golden(eng, golden, json);
-        petrel_engine_close(eng);
-        return grc;
+        return cli_engine_close("bench", eng, grc);
     }
     const petrel_config *c = &eng->cfg;
     int threads = kn_threads();
@@ -659,6 +658,6 @@ CLI_CMD(bench) {
     free(lg);
     free(ids);
     petrel_session_free(s);
-    petrel_engine_close(eng);
+    rc = cli_engine_close("bench", eng, rc);
     return rc;
 }

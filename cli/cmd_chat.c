@@ -28,7 +28,9 @@ static const char *usage =
     "prefixed \"[thinking] \", so stdout holds only the answers. A reply ends at an eos id of the\n"
     "model or at <|user|>, <|observation|> or <|endoftext|>. When the context is full the reply\n"
     "is cut (said on stderr); when the conversation no longer fits, the oldest messages are dropped\n"
-    "(said on stderr).\n"
+    "(said on stderr). A message that cannot fit even alone is refused, saying how many tokens fit,\n"
+    "and so is a line that is not valid UTF-8; the chat goes on with the next line. The line /clear\n"
+    "drops the conversation so far (the system message stays).\n"
     "  --system TEXT        a system message at the start of the conversation\n"
     "  --no-think           render with enable_thinking=false (no thinking)\n"
     "  --hide-thinking      do not show the thinking at all\n"
@@ -103,21 +105,73 @@ static char *slurp(const char *path, size_t *len, petrel_error *err) {
     return pt_read_file(path, 64u << 20, &s, len, err) < 0 ? NULL : s;
 }
 
+/* Renders msgs (add_generation_prompt) and encodes the text. */
+static int render_ids(const jinja_template *t, const tokenizer *tok, const cJSON *msgs, int think, int32_t **ids, size_t *n,
+                      int *in_think, petrel_error *err) {
+    char *text = NULL;
+    size_t tl = 0;
+    int rc = chat_render(t, msgs, 1, think, &text, &tl, err);
+    if (rc < 0) return rc;
+    if (in_think) *in_think = chat_ends_in_think(text, tl);
+    rc = tok_encode(tok, text, tl, ids, n, err);
+    free(text);
+    return rc;
+}
+
+/* Tokens of the conversation made of the system messages and the last message of msgs (with
+ * that message's content replaced by "" when empty_last): what the last message needs alone. */
+static int alone_tokens(const jinja_template *t, const tokenizer *tok, const cJSON *msgs, int think, int empty_last, size_t *n,
+                        petrel_error *err) {
+    cJSON *a = cJSON_CreateArray();
+    int sz = cJSON_GetArraySize(msgs);
+    for (int k = 0; a && k < sz; k++) {
+        const cJSON *m = cJSON_GetArrayItem(msgs, k);
+        const cJSON *r = cJSON_GetObjectItemCaseSensitive(m, "role");
+        int sys = cJSON_IsString(r) && !strcmp(r->valuestring, "system");
+        if (!sys && k != sz - 1) continue;
+        cJSON *d = cJSON_Duplicate(m, 1);
+        if (!d) { cJSON_Delete(a); a = NULL; break; }
+        if (k == sz - 1 && empty_last) cJSON_ReplaceItemInObjectCaseSensitive(d, "content", cJSON_CreateString(""));
+        cJSON_AddItemToArray(a, d);
+    }
+    if (!a) return pt_err(err, PETREL_ENOMEM, "out of memory");
+    int32_t *ids = NULL;
+    int rc = render_ids(t, tok, a, think, &ids, n, NULL, err);
+    free(ids);
+    cJSON_Delete(a);
+    return rc;
+}
+
 /* Renders the conversation and encodes it, dropping the oldest non-system messages while it
- * does not fit in ctx - 1 tokens (room for at least one reply token). */
+ * does not fit in ctx - 1 tokens (room for at least one reply token). A last message that cannot
+ * fit even alone is refused before anything is dropped: PETREL_ERANGE with *refused = 1 and
+ * *need / *fit its tokens and the most that fit (what the system messages and the template's
+ * framing leave). */
 static int build_prompt(const jinja_template *t, const tokenizer *tok, cJSON *msgs, int think, int ctx,
-                        int32_t **ids, size_t *n, int *in_think, petrel_error *err) {
+                        int32_t **ids, size_t *n, int *in_think, int *refused, long *need, long *fit, petrel_error *err) {
     int dropped = 0;
+    *refused = 0;
     for (;;) {
-        char *text = NULL;
-        size_t tl = 0;
-        int rc = chat_render(t, msgs, 1, think, &text, &tl, err);
-        if (rc < 0) return rc;
-        *in_think = chat_ends_in_think(text, tl);
-        rc = tok_encode(tok, text, tl, ids, n, err);
-        free(text);
+        int rc = render_ids(t, tok, msgs, think, ids, n, in_think, err);
         if (rc < 0) return rc;
         if (*n < (size_t)ctx) break;
+        if (!dropped) { /* too long: does the new message fit at all? */
+            size_t na = 0, nb = 0;
+            if ((rc = alone_tokens(t, tok, msgs, think, 0, &na, err)) < 0 || (rc = alone_tokens(t, tok, msgs, think, 1, &nb, err)) < 0) {
+                free(*ids);
+                *ids = NULL;
+                return rc;
+            }
+            if (na >= (size_t)ctx) {
+                free(*ids);
+                *ids = NULL;
+                *refused = 1;
+                *need = (long)(na > nb ? na - nb : na);
+                *fit = (long)ctx - 1 - (long)nb;
+                if (*fit < 0) *fit = 0;
+                return pt_err(err, PETREL_ERANGE, "message refused: it takes %ld tokens and at most %ld fit", *need, *fit);
+            }
+        }
         /* too long: drop the first message that is not a system message, unless it is the last */
         int sz = cJSON_GetArraySize(msgs), k = 0;
         while (k < sz) {
@@ -219,15 +273,36 @@ CLI_CMD(chat) {
         if (ll < 0) break;
         while (ll > 0 && (line[ll - 1] == '\n' || line[ll - 1] == '\r')) line[--ll] = 0;
         if (ll == 0) continue;
-        char *user_text = chat_utf8_clean(line, (size_t)ll);
-        if (!user_text) { rc = cli_fail("chat: out of memory"); break; }
-        int arc = chat_add_message(msgs, "user", user_text, NULL, &err);
-        free(user_text);
+        if (!strcmp(line, "/clear")) { /* drop the history; the system message stays */
+            cJSON_Delete(msgs);
+            msgs = cJSON_CreateArray();
+            if (!msgs || (system && chat_add_message(msgs, "system", system, NULL, &err) < 0)) { rc = cli_fail("chat: out of memory"); break; }
+            fprintf(stderr, "petrel chat: history cleared\n");
+            continue;
+        }
+        /* a bad line is refused and the chat goes on (run refuses such a prompt too) */
+        size_t bad = memchr(line, 0, (size_t)ll) ? (size_t)((char *)memchr(line, 0, (size_t)ll) - line) : chat_utf8_check(line, (size_t)ll);
+        if (bad < (size_t)ll) {
+            fprintf(stderr, "petrel chat: message refused: %s at byte %zu (send UTF-8 text)\n", line[bad] ? "invalid UTF-8" : "a NUL byte", bad);
+            continue;
+        }
+        int arc = chat_add_message(msgs, "user", line, NULL, &err);
         if (arc < 0) { rc = cli_fail_err("chat", &err); break; }
         int32_t *ids = NULL;
         size_t n = 0;
-        int in_think = 0;
-        if (build_prompt(tmpl, tok, msgs, think, ctx, &ids, &n, &in_think, &err) < 0) { rc = cli_fail_err("chat", &err); break; }
+        int in_think = 0, refused = 0;
+        long need = 0, fit = 0;
+        if (build_prompt(tmpl, tok, msgs, think, ctx, &ids, &n, &in_think, &refused, &need, &fit, &err) < 0) {
+            if (!refused) { rc = cli_fail_err("chat", &err); break; }
+            cJSON_DeleteItemFromArray(msgs, cJSON_GetArraySize(msgs) - 1); /* the chat goes on without it */
+            if (ctx < maxpos)
+                fprintf(stderr, "petrel chat: message refused: it takes %ld tokens and at most %ld fit in the %d-token context; send a shorter message (or raise --ctx, up to %d)\n",
+                        need, fit, ctx, maxpos);
+            else
+                fprintf(stderr, "petrel chat: message refused: it takes %ld tokens and at most %ld fit in the %d-token context (the model's maximum); send a shorter message\n",
+                        need, fit, ctx);
+            continue;
+        }
         gen_stats st = {0};
         int grc = gen_prompt(&g, ids, (int)n, &st, &err);
         free(ids);
@@ -243,7 +318,8 @@ CLI_CMD(chat) {
         if (fflush(stdout) != 0 || o.write_failed) { rc = cli_fail("chat: writing to stdout failed"); break; }
         if (o.content.oom || o.reasoning.oom) { rc = cli_fail("chat: out of memory"); break; }
         if (st.stop == GEN_STOP_CONTEXT)
-            fprintf(stderr, "petrel chat: context full (%d tokens): the reply was cut off (raise --ctx)\n", ctx);
+            fprintf(stderr, "petrel chat: context full (%d tokens): the reply was cut off (/clear drops the history%s)\n", ctx,
+                    ctx < maxpos ? "; or raise --ctx" : "");
         if (verbose)
             fprintf(stderr, "petrel chat: prompt %d tokens (%d cached) in %.3f s; reply %d tokens in %.3f s (%.2f tok/s); stop: %s\n",
                     st.n_prompt, st.n_reused, st.prompt_s, st.n_gen, st.gen_s, st.gen_s > 0 ? st.n_gen / st.gen_s : 0.0,
@@ -265,7 +341,7 @@ done:
     free(o.reasoning.p);
     cJSON_Delete(msgs);
     if (have_gen) gen_free(&g);
-    petrel_engine_close(eng);
+    rc = cli_engine_close("chat", eng, rc);
     jinja_free(tmpl);
     tok_free(tok);
     return rc;

@@ -13,6 +13,10 @@ static const char *usage =
     "usage: petrel convert --in SRC --out PACK [--quant bf16|q8|q4] [class overrides]\n"
     "Writes a petrel pack from a Hugging Face folder (bf16 or FP8, sharded or not) or a colibri\n"
     "artifact folder (out-*.safetensors shards; int4/int8 payloads are decoded exactly).\n"
+    "  --out PACK       written as PACK.partial (+ PACK.partial.journal) and renamed to PACK only\n"
+    "                   when complete and verified; a failed run leaves only those two, for resuming\n"
+    "                   (rerun the same command). A symlink, FIFO, device or a file of the input\n"
+    "                   model as PACK is refused.\n"
     "  --quant Q        format for every class (default bf16; bf16 keeps FP8/f16 sources as they are)\n"
     "  --experts Q      routed experts            --attention Q  attention incl. indexer\n"
     "  --dense Q        dense MLPs + shared experts --embed Q     embeddings + lm_head\n"
@@ -71,6 +75,7 @@ CLI_CMD(convert) {
     }
     if (!in) return cli_fail("convert: --in is required");
     if (!out) return cli_fail("convert: --out is required");
+    if (cli_out_check("convert", out, in)) return 1; /* not a link, FIFO, device, nor the input */
     kn_init((int)thr);
     petrel_error err = {0};
     convert_result res;

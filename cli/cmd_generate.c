@@ -44,7 +44,8 @@ CLI_CMD(generate) {
     petrel_session *s = NULL;
     float *lg = malloc(sizeof(float) * (size_t)V);
     if (!lg) rc = cli_fail("generate: out of memory");
-    if (!rc && petrel_session_create(eng, n + (int)ngen, &s, &err)) rc = cli_fail_err("generate", &err);
+    /* the last generated id is printed, never fed back: n + ngen - 1 positions suffice */
+    if (!rc && petrel_session_create(eng, n + (ngen > 0 ? (int)ngen - 1 : 0), &s, &err)) rc = cli_fail_err("generate", &err);
     if (!rc && ngen > 0 && petrel_session_forward(s, ids, n, lg, 0, &err)) rc = cli_fail_err("generate", &err);
     for (long g = 0; !rc && g < ngen; g++) {
         int32_t best = 0;
@@ -56,7 +57,7 @@ CLI_CMD(generate) {
     }
     if (!rc) printf("\n");
     petrel_session_free(s);
-    petrel_engine_close(eng);
+    rc = cli_engine_close("generate", eng, rc);
     free(lg);
     free(ids);
     return rc;

@@ -83,6 +83,5 @@ CLI_CMD(info) {
         kv += (uint64_t)(c->kv_lora_rank + c->qk_rope_head_dim + (c->layer_indexer_full[l] ? c->index_head_dim : 0)) * 4;
     human(kv, b, sizeof b);
     printf("\nkv cache         %s per token (f32 latent c + k_pe, indexer keys on full layers)\n", b);
-    petrel_engine_close(eng);
-    return 0;
+    return cli_engine_close("info", eng, 0);
 }

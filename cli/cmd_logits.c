@@ -4,13 +4,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/outfile.h"
 #include "cli.h"
 
 static const char *usage =
     "usage: petrel logits --model DIR --ids 1,2,3 --out FILE [--decode]\n"
     "Writes little-endian float32 logits [T, vocab] for every prompt position to FILE.\n"
     "  --ids LIST           prompt token ids, comma separated\n"
-    "  --out FILE           output file\n"
+    "  --out FILE           output file (written whole at the end, or not at all; a symlink,\n"
+    "                       FIFO, device or a file of the model is refused)\n"
     "  --decode             feed the prompt one token at a time through the KV cache\n" CLI_MODEL_OPTS_HELP;
 
 CLI_CMD(logits) {
@@ -30,6 +32,7 @@ CLI_CMD(logits) {
     if (!mo.model) return cli_fail("logits: --model is required");
     if (!ids_s) return cli_fail("logits: --ids is required");
     if (!out) return cli_fail("logits: --out is required");
+    if (cli_out_check("logits", out, mo.model)) return 1; /* before the model runs */
     char msg[256];
     int32_t *ids;
     int n = cli_parse_ids(ids_s, &ids, msg, sizeof msg);
@@ -50,15 +53,15 @@ CLI_CMD(logits) {
         } else if (petrel_session_forward(s, ids, n, lg, 1, &err)) rc = cli_fail_err("logits", &err);
     }
     if (!rc) {
-        FILE *f = fopen(out, "wb");
-        if (!f) rc = cli_fail("logits: cannot create %s", out);
-        else {
-            if (fwrite(lg, sizeof(float), (size_t)n * V, f) != (size_t)n * V) rc = cli_fail("logits: write to %s failed", out);
-            if (fclose(f) != 0 && !rc) rc = cli_fail("logits: write to %s failed", out);
+        pt_outfile f; /* whole or nothing: a failed write leaves no file */
+        if (pt_out_open(&f, out, mo.model, &err) < 0 || pt_out_write(&f, lg, sizeof(float) * (size_t)n * V, &err) < 0 ||
+            pt_out_commit(&f, &err) < 0) {
+            pt_out_abort(&f);
+            rc = cli_fail_err("logits", &err);
         }
     }
     petrel_session_free(s);
-    petrel_engine_close(eng);
+    rc = cli_engine_close("logits", eng, rc);
     free(lg);
     free(ids);
     return rc;

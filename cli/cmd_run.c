@@ -78,10 +78,8 @@ int cli_sampling_opt(const char *cmd, int argc, char **argv, int *i, struct samp
     case 7: bad = parse_float(v, -1e6, 1e6, &sp->frequency_penalty); break;
     case 8: bad = cli_parse_int(v, 0, 1 << 24, &n); sp->penalty_last_n = (int)n; break;
     case 9: {
-        char *end;
-        errno = 0;
-        unsigned long long s = strtoull(v, &end, 0);
-        bad = end == v || *end || errno || v[0] == '-';
+        uint64_t s = 0;
+        bad = cli_parse_u64(v, &s) < 0; /* decimal digits only (cli/parse.c) */
         sp->seed = s;
         if (seed_set) *seed_set = 1;
         break;
@@ -245,7 +243,7 @@ CLI_CMD(run) {
             }
         }
     }
-    petrel_engine_close(eng);
+    rc = cli_engine_close("run", eng, rc);
     tok_free(tok);
     free(rendered);
     free(stdin_text);

@@ -47,6 +47,7 @@ CLI_CMD(synth) {
     }
     if (!shape || strcmp(shape, "glm5.2")) return cli_fail("synth: --shape glm5.2 is required (the only shape so far)");
     if (!out) return cli_fail("synth: --out is required");
+    if (cli_out_check("synth", out, NULL)) return 1;
     if (dense < 0) dense = 1;
     if (moe < 0) moe = 1;
     if (dense + moe < 1 || dense + moe > 78) return cli_fail("synth: need 1..78 layers in all");

@@ -1,4 +1,5 @@
 /* petrel.c: the command-line entry point; dispatches to one subcommand per file. */
+#include <errno.h>
 #include <string.h>
 
 #include "cli.h"
@@ -27,13 +28,28 @@ static void usage(FILE *f) {
     for (size_t i = 0; i < N_COMMANDS; i++) fprintf(f, "  %-11s %s\n", commands[i].name, commands[i].help);
 }
 
+/* Every command returns through here: output still buffered for stdout is written now, and a
+ * stdout that could not take it all (a full disk, /dev/full, a closed pipe) fails the command
+ * with one line, unless it already failed (and said why). */
+static int finish_stdout(const char *cmd, int rc) {
+    errno = 0;
+    int bad = fflush(stdout) != 0 || ferror(stdout);
+    int e = errno;
+    if (fclose(stdout) != 0 && !bad) { bad = 1; e = errno; }
+    if (bad && rc == 0) {
+        fprintf(stderr, "petrel: %s: writing to stdout failed: %s\n", cmd, e ? strerror(e) : "write error");
+        return 1;
+    }
+    return rc;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
     for (size_t i = 0; i < N_COMMANDS; i++)
-        if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
+        if (!strcmp(argv[1], commands[i].name)) return finish_stdout(commands[i].name, commands[i].fn(argc - 1, argv + 1));
     fprintf(stderr, "petrel: unknown command \"%s\" (petrel --help lists them)\n", argv[1]);
     return 2;
 }

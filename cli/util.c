@@ -6,6 +6,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/err.h"
+#include "base/outfile.h"
 #include "cli.h"
 #include "model/engine.h"
 #include "kernels/kernels.h"
@@ -80,33 +82,12 @@ int cli_parse_ids(const char *s, int32_t **out, char *msg, size_t msgsz) {
     return (int)n;
 }
 
-int cli_parse_size(const char *s, uint64_t *out) {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (end == s || errno || v < 0) return -1;
-    double mul = 1;
-    switch (*end) {
-    case 'k': case 'K': mul = 1024.0; end++; break;
-    case 'm': case 'M': mul = 1024.0 * 1024; end++; break;
-    case 'g': case 'G': mul = 1024.0 * 1024 * 1024; end++; break;
-    case 't': case 'T': mul = 1024.0 * 1024 * 1024 * 1024; end++; break;
-    default: break;
-    }
-    if (*end == 'i' || *end == 'B' || *end == 'b') end++;
-    if (*end == 'B') end++;
-    if (*end) return -1;
-    *out = (uint64_t)(v * mul);
-    return 0;
-}
+/* cli_parse_size / cli_parse_int and the other strict parsers: cli/parse.c */
 
-int cli_parse_int(const char *s, long lo, long hi, long *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (end == s || *end || errno || v < lo || v > hi) return -1;
-    *out = v;
-    return 0;
+int cli_out_check(const char *cmd, const char *path, const char *input) {
+    petrel_error e = {0};
+    if (pt_out_check(path, input, &e) == 0) return 0;
+    return cli_fail("%s: %s", cmd, e.msg);
 }
 
 int cli_model_opt(int argc, char **argv, int *i, cli_model_opts *mo) {
@@ -126,18 +107,21 @@ int cli_model_opt(int argc, char **argv, int *i, cli_model_opts *mo) {
     if (is_model) mo->model = v;
     else if (is_trace) mo->open.trace_out = v;
     else if (is_thr) {
-        if (cli_parse_int(v, 0, 1024, &n)) { cli_fail("--threads: \"%s\" is not a number in 0..1024", v); return -1; }
+        if (cli_opt_count(NULL, "--threads", v, 0, 1024, &n)) return -1;
         mo->open.n_threads = (int)n;
     } else if (is_bud) {
-        if (cli_parse_size(v, &mo->open.mem_budget)) { cli_fail("--mem-budget: \"%s\" is not a size (e.g. 4G, 512M)", v); return -1; }
+        if (cli_opt_size(NULL, "--mem-budget", v, 1, CLI_SIZE_MAX, &mo->open.mem_budget)) return -1;
     } else {
-        if (cli_parse_int(v, 1, 1 << 16, &n)) { cli_fail("--expert-slots: \"%s\" is not a number >= 1", v); return -1; }
+        if (cli_opt_count(NULL, "--expert-slots", v, 1, 1 << 16, &n)) return -1;
         mo->open.expert_slots = (int)n;
     }
     return 1;
 }
 
 int cli_engine_open(const cli_model_opts *mo, petrel_engine **eng, petrel_error *err) {
+    *eng = NULL;
+    if (mo->open.trace_out && pt_out_check(mo->open.trace_out, mo->model, err) < 0) /* before minutes of loading */
+        return pt_err_ctx(err, "--trace-out");
     int rc = petrel_engine_open(mo->model, &mo->open, eng, err);
     if (rc == 0 && (mo->open.mem_budget || mo->open.expert_slots)) {
         const char *plan = petrel_engine_plan(*eng);
@@ -146,5 +130,12 @@ int cli_engine_open(const cli_model_opts *mo, petrel_engine **eng, petrel_error 
     if (rc == 0 && (*eng)->pack && pack_has_r16((*eng)->pack) && !kn_r16_available())
         fprintf(stderr, "petrel: note: %s stores its experts for AVX-512 VNNI kernels, which this CPU lacks; they run on the slow scalar path "
                         "(reconvert with --expert-layout plain)\n", mo->model);
+    return rc;
+}
+
+int cli_engine_close(const char *cmd, petrel_engine *eng, int rc) {
+    petrel_error err = {0};
+    if (rc == 0 && eng && petrel_engine_finish(eng, &err) < 0) rc = cli_fail_err(cmd, &err);
+    petrel_engine_close(eng);
     return rc;
 }

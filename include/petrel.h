@@ -44,7 +44,8 @@ typedef struct petrel_open_opts {
     uint64_t mem_budget;    /* whole-process budget in bytes; 0 = unlimited */
     int expert_slots;       /* per-layer expert slots; 0 = derive from the budget / resident */
     int plan_context;       /* tokens of KV the memory plan reserves; 0 = 4096 */
-    const char *trace_out;  /* write the routing trace (layer, token, expert ids) here at close */
+    const char *trace_out;  /* write the routing trace (layer, token, expert ids) here at
+                               petrel_engine_finish (or close); checked at open */
     int inspect_only;       /* weights stay mapped from the file (no copy into memory, no
                                relayout): for reading the model's description, not for speed */
     int no_verify;          /* packs opened with every expert resident: skip the checksums of the
@@ -56,6 +57,10 @@ typedef struct petrel_open_opts {
 int petrel_engine_open(const char *path, const petrel_open_opts *opts, petrel_engine **out,
                        petrel_error *err);
 void petrel_engine_close(petrel_engine *eng);
+/* Writes what the engine owes at the end of a run (the routing trace of trace_out) and reports
+ * whether that worked; close then writes nothing more. Without it, close writes the trace but
+ * cannot report a failure. */
+int petrel_engine_finish(petrel_engine *eng, petrel_error *err);
 const petrel_config *petrel_engine_config(const petrel_engine *eng);
 int petrel_engine_vocab_size(const petrel_engine *eng);
 /* The memory plan made at open (resident weights, KV, scratch, expert slots), one item per line;

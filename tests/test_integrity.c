@@ -15,6 +15,7 @@
 #include "io/pack.h"
 #include "model/config.h"
 #include "model/engine.h"
+#include "text/jinja.h"
 #include "test.h"
 
 static const char *tmp(const char *name) {
@@ -257,4 +258,47 @@ TEST(integrity, cli_non_model_file_one_line) {
     snprintf(cmd, sizeof cmd, "%s info --model %s/config.json", b, test_data("tiny"));
     CHECK(test_sh(cmd, out, sizeof out, err, sizeof err) != 0);
     CHECK_MSG(test_count_lines(err) == 1 && strstr(err, "is not a model") && !strstr(err, "cannot open"), "stderr: %s", err);
+}
+
+/* ---------------------------------------------------------------- config and template errors */
+
+TEST(integrity, first_k_dense_replace_disagreeing_with_mlp_layer_types) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/config.json", test_data("tiny"));
+    size_t n;
+    uint8_t *b = slurp(path, &n);
+    if (!b) { test_fail(__FILE__, __LINE__, "cannot read %s", path); return; }
+    b[n] = 0;
+    char *at = strstr((char *)b, "\"first_k_dense_replace\": 1");
+    CHECK(at != NULL);
+    petrel_config cfg;
+    petrel_error err = {0};
+    CHECK_MSG(config_parse((const char *)b, n, "tiny/config.json", &cfg, &err) == 0, "%s", err.msg);
+    config_deinit(&cfg);
+    if (at) at[strlen("\"first_k_dense_replace\": ")] = '2'; /* the list still says 1 dense layer */
+    err.msg[0] = 0;
+    CHECK_EQ_INT(config_parse((const char *)b, n, "tiny/config.json", &cfg, &err), PETREL_EFORMAT);
+    CHECK_MSG(strstr(err.msg, "first_k_dense_replace") && strstr(err.msg, "mlp_layer_types") && !strchr(err.msg, '\n'), "msg: %s", err.msg);
+    free(b);
+}
+
+TEST(integrity, jinja_division_by_zero_raises) {
+    const char *bad[] = {"{{ 1/0 }}", "{{ 1.5 / 0.0 }}", "{{ 7 // 0 }}", "{{ 7 % 0 }}", "{% set x = 0 %}{{ 3 / x }}"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char *out = NULL;
+        petrel_error err = {0};
+        int rc = jinja_render(bad[i], strlen(bad[i]), NULL, &out, NULL, &err);
+        CHECK_MSG(rc < 0, "%s rendered \"%s\"", bad[i], out ? out : "");
+        CHECK_MSG(strstr(err.msg, "by zero"), "%s: %s", bad[i], err.msg);
+        free(out);
+    }
+    /* non-zero divisors are unchanged */
+    const char *ok[][2] = {{"{{ 7 // 2 }}", "3"}, {"{{ 1 / 4 }}", "0.25"}, {"{{ 6 % 3 }}", "0"}, {"{{ 7.5 % 2 }}", "1.5"}};
+    for (size_t i = 0; i < sizeof ok / sizeof *ok; i++) {
+        char *out = NULL;
+        petrel_error err = {0};
+        CHECK_MSG(jinja_render(ok[i][0], strlen(ok[i][0]), NULL, &out, NULL, &err) == 0, "%s: %s", ok[i][0], err.msg);
+        CHECK_MSG(out && !strcmp(out, ok[i][1]), "%s gave \"%s\", want %s", ok[i][0], out ? out : "", ok[i][1]);
+        free(out);
+    }
 }

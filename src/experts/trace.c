@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "base/err.h"
+#include "base/outfile.h"
 #include "experts/xs.h"
 
 int xs_trace_init(xs_trace *t, int n_layers, int n_experts, int topk) {
@@ -62,20 +63,19 @@ int xs_trace_add(xs_trace *t, int token, int layer, const int32_t *ids, int k, p
 }
 
 int xs_trace_write(const xs_trace *t, const char *path, petrel_error *err) {
-    FILE *f = fopen(path, "w");
-    if (!f) return pt_err(err, PETREL_EIO, "trace: cannot create %s: %s", path, strerror(errno));
-    fprintf(f, "# petrel-trace v1 layers=%d experts=%d topk=%d tokens=%d\n", t->n_layers, t->n_experts, t->topk,
-            t->n_tokens);
-    for (int tok = 0; tok < t->n_tokens; tok++)
+    pt_outfile f; /* whole or nothing: a failed write leaves no partial trace */
+    if (pt_out_open(&f, path, NULL, err) < 0) return pt_err_ctx(err, "trace");
+    pt_out_printf(&f, "# petrel-trace v1 layers=%d experts=%d topk=%d tokens=%d\n", t->n_layers, t->n_experts, t->topk,
+                  t->n_tokens);
+    for (int tok = 0; tok < t->n_tokens && !f.failed; tok++)
         for (int l = 0; l < t->n_layers; l++) {
             const int16_t *d = t->ids + ((size_t)tok * t->n_layers + l) * t->topk;
             if (d[0] < 0) continue;
-            fprintf(f, "%d %d", tok, l);
-            for (int k = 0; k < t->topk && d[k] >= 0; k++) fprintf(f, " %d", d[k]);
-            fputc('\n', f);
+            pt_out_printf(&f, "%d %d", tok, l);
+            for (int k = 0; k < t->topk && d[k] >= 0; k++) pt_out_printf(&f, " %d", d[k]);
+            pt_out_write(&f, "\n", 1, NULL);
         }
-    int bad = ferror(f);
-    if (fclose(f) || bad) return pt_err(err, PETREL_EIO, "trace: write error on %s", path);
+    if (pt_out_commit(&f, err) < 0) return pt_err_ctx(err, "trace");
     return 0;
 }
 

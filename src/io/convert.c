@@ -21,6 +21,7 @@
 #include <xxhash.h>
 
 #include "base/err.h"
+#include "base/outfile.h"
 #include "base/pool.h"
 #include "io/pack.h"
 #include "kernels/kernels.h"
@@ -143,6 +144,8 @@ typedef struct cv {
     uint64_t written;
     uint64_t t_start, t_last;
     FILE *journal;
+    int header_written;         /* OUT.partial holds a pack header (a failure must spoil it) */
+    int opened;                 /* this run opened (or created) OUT.partial */
 } cv;
 
 static int cls_of(const ent *e, int L) {
@@ -429,9 +432,9 @@ static int convert_rows(cv *c, const ent *e, const pt_wview *src, const tplan *t
 static int pwrite_all(int fd, const void *buf, size_t n, uint64_t off, petrel_error *err, const char *what) {
     const uint8_t *p = buf;
     while (n) {
-        ssize_t w = pwrite(fd, p, n, (off_t)off);
+        ssize_t w = pt_pwrite(fd, p, n, off); /* the write seam (base/outfile.h) */
         if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return pt_err(err, PETREL_EIO, "write of %s failed: %s", what, w < 0 ? strerror(errno) : "no progress");
+        if (w <= 0) return pt_err(err, PETREL_EIO, "write of %s failed: %s", what, w < 0 ? strerror(errno) : "no progress (disk full?)");
         p += w;
         n -= (size_t)w;
         off += (uint64_t)w;
@@ -587,6 +590,14 @@ static void item_set_hash(cv *c, int item, uint64_t h) {
     else c->el[(item - c->n_res) / c->E].xxh[(item - c->n_res) % c->E] = h;
 }
 
+/* The journal, created through no symbolic link (a link planted at the name is refused). */
+static FILE *journal_create(const char *jpath) {
+    int fd = open(jpath, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
+    FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+    if (fd >= 0 && !f) close(fd);
+    return f;
+}
+
 /* Opens OUT.partial, resuming from the journal when it matches this plan. */
 static int open_output(cv *c, const char *partial, const char *jpath, uint64_t fp, uint8_t *buf, size_t cap, convert_result *res) {
     FILE *j = fopen(jpath, "r");
@@ -595,7 +606,8 @@ static int open_output(cv *c, const char *partial, const char *jpath, uint64_t f
         char line[256];
         uint64_t jfp = 0;
         if (fgets(line, sizeof line, j) && sscanf(line, "petrel-convert-journal 1 %" SCNx64, &jfp) == 1 && jfp == fp) {
-            c->fd = open(partial, O_RDWR | O_CLOEXEC);
+            c->fd = open(partial, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+            c->opened = c->fd >= 0;
             while (c->fd >= 0 && fgets(line, sizeof line, j)) {
                 int item;
                 uint64_t h, o1, n1, o2, n2, got;
@@ -614,7 +626,7 @@ static int open_output(cv *c, const char *partial, const char *jpath, uint64_t f
     if (res) res->resumed = kept;
     if (c->fd >= 0 && kept) {
         if (c->o->progress) fprintf(stderr, "%s: resuming %s: %d of %d items already written and verified\n", c->o->label ? c->o->label : "convert", partial, kept, c->items);
-        c->journal = fopen(jpath, "w");
+        c->journal = journal_create(jpath);
         if (!c->journal) return pt_err(c->err, PETREL_EIO, "cannot write %s: %s", jpath, strerror(errno));
         fprintf(c->journal, "petrel-convert-journal 1 %016" PRIx64 "\n", fp);
         for (int i = 0; i < c->items; i++)
@@ -627,13 +639,14 @@ static int open_output(cv *c, const char *partial, const char *jpath, uint64_t f
     }
     if (c->fd >= 0) close(c->fd);
     memset(c->done, 0, (size_t)c->items);
-    c->fd = open(partial, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    c->fd = open(partial, O_RDWR | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (c->fd < 0) return pt_err(c->err, PETREL_EIO, "cannot create %s: %s", partial, strerror(errno));
+    c->opened = 1;
     if (ftruncate(c->fd, (off_t)c->file_size) < 0) return pt_err(c->err, PETREL_EIO, "cannot size %s to %" PRIu64 " bytes: %s", partial, c->file_size, strerror(errno));
-    c->journal = fopen(jpath, "w");
+    c->journal = journal_create(jpath);
     if (!c->journal) return pt_err(c->err, PETREL_EIO, "cannot write %s: %s", jpath, strerror(errno));
     fprintf(c->journal, "petrel-convert-journal 1 %016" PRIx64 "\n", fp);
-    fflush(c->journal);
+    if (fflush(c->journal) != 0) return pt_err(c->err, PETREL_EIO, "cannot write %s: %s", jpath, strerror(errno));
     return 0;
 }
 
@@ -652,8 +665,36 @@ static int write_header(cv *c, const char *partial) {
     memcpy(pre + 32, &hh, 8);
     PT_TRY(pwrite_all(c->fd, pre, PACK_PREFIX, 0, c->err, partial));
     PT_TRY(pwrite_all(c->fd, c->json, c->json_len, PACK_PREFIX, c->err, partial));
-    if (fdatasync(c->fd) < 0) return pt_err(c->err, PETREL_EIO, "fdatasync %s: %s", partial, strerror(errno));
+    c->header_written = 1;
+    if (pt_fsync(c->fd) < 0) return pt_err(c->err, PETREL_EIO, "fdatasync %s: %s", partial, strerror(errno));
     return 0;
+}
+
+/* After a failure: nothing may look like a good pack. OUT.partial and its journal stay only when
+ * the journal holds finished items to resume from (and the message says so); a header already
+ * written is spoiled first (its magic zeroed), and if even that fails both are removed. */
+static void failed_output(cv *c, const char *partial, const char *jpath, petrel_error *err) {
+    int kept = 0;
+    for (int i = 0; i < c->items; i++) kept += c->done[i];
+    if (c->header_written) {
+        int fd = c->fd >= 0 ? c->fd : open(partial, O_WRONLY | O_NOFOLLOW | O_CLOEXEC);
+        static const uint8_t zero[8] = {0};
+        int ok = fd >= 0 && pwrite(fd, zero, sizeof zero, 0) == (ssize_t)sizeof zero && fdatasync(fd) == 0;
+        if (fd >= 0 && fd != c->fd) close(fd);
+        if (!ok) kept = 0;
+    }
+    if (c->journal) { fclose(c->journal); c->journal = NULL; }
+    if (!kept) {
+        if (c->fd >= 0) { close(c->fd); c->fd = -1; }
+        unlink(partial);
+        unlink(jpath);
+        return;
+    }
+    char note[600];
+    snprintf(note, sizeof note, " (%d of %d items kept in %.400s for resuming: run the same command again; delete it to start over)", kept,
+             c->items, partial);
+    size_t l = strlen(err->msg), nl = strlen(note);
+    if (l + nl < sizeof err->msg) memcpy(err->msg + l, note, nl + 1);
 }
 
 static void cv_free(cv *c) {
@@ -679,6 +720,9 @@ int convert_from_wsource(const convert_src *src, const char *out_path, const con
     c.err = err;
     c.fd = -1;
     if (res) memset(res, 0, sizeof *res);
+    /* 0. the target: a new or regular file (never through a link, FIFO or device); callers that
+     * know the input also refuse the input itself (pt_out_check with it) */
+    PT_TRY(pt_out_check(out_path, NULL, err));
     /* 1. list */
     lister ls = {src->ws, NULL, 0, 0, 0};
     wsource lw = {&ls, ls_matrix, ls_vector, ls_has};
@@ -734,7 +778,10 @@ int convert_from_wsource(const convert_src *src, const char *out_path, const con
         }
         if (rc < 0) pt_err_ctx(err, "verifying the written pack");
     }
+    if (rc == 0) rc = pt_out_check(out_path, NULL, err); /* again: it may have changed meanwhile */
     if (rc == 0 && rename(partial, out_path) < 0) rc = pt_err(err, PETREL_EIO, "cannot rename %s to %s: %s", partial, out_path, strerror(errno));
+    if (rc == 0) pt_sync_parent(out_path);
+    if (rc < 0 && c.opened) failed_output(&c, partial, jpath, err);
     if (rc == 0) {
         unlink(jpath);
         if (res) {

@@ -203,6 +203,13 @@ static int resolve_layers(ctx *c, petrel_config *cfg) {
             else if (cJSON_IsString(it) && !strcmp(it->valuestring, "sparse")) cfg->layer_is_moe[i] = 1;
             else return pt_err(err, PETREL_EFORMAT, "%s: field \"mlp_layer_types\"[%d] must be \"dense\" or \"sparse\"", c->where, i);
         }
+        /* both given: they must describe the same layers (the list wins at run time, so a
+         * disagreement means one of them is wrong, and which one is not ours to guess) */
+        int lead = 0;
+        while (lead < L && !cfg->layer_is_moe[lead]) lead++;
+        if (cJSON_GetObjectItemCaseSensitive(c->root, "first_k_dense_replace") && lead != cfg->first_k_dense_replace)
+            return pt_err(err, PETREL_EFORMAT, "%s: field \"first_k_dense_replace\" (%d) disagrees with \"mlp_layer_types\" (%d leading \"dense\" layers)",
+                          c->where, cfg->first_k_dense_replace, lead);
     } else {
         for (int i = 0; i < L; i++) cfg->layer_is_moe[i] = i >= cfg->first_k_dense_replace && i % cfg->moe_layer_freq == 0;
     }

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "base/err.h"
+#include "base/outfile.h"
 #include "experts/xs.h"
 #include "io/pack.h"
 #include "model/engine.h"
@@ -122,6 +123,7 @@ int stream_open(petrel_engine *e, const petrel_open_opts *o, petrel_error *err) 
         if (!e->trace || !e->trace_buf || xs_trace_init(e->trace, nm, c->n_routed_experts, c->num_experts_per_tok))
             return pt_err(err, PETREL_ENOMEM, "out of memory for the routing trace");
         snprintf(e->trace_out, sizeof e->trace_out, "%s", o->trace_out);
+        PT_TRY(pt_out_check(e->trace_out, e->path, err)); /* refuse a bad target now, not after the run */
     }
     if (!o || (!o->mem_budget && !o->expert_slots)) return 0;
     if (!e->pack)
@@ -189,6 +191,15 @@ int stream_trace_flush(petrel_engine *e, int T, petrel_error *err) {
         for (int ml = 0; ml < e->n_moe; ml++) PT_TRY(xs_trace_add(e->trace, tok, ml, e->trace_buf + ((size_t)r * e->n_moe + ml) * K, K, err));
     }
     return 0;
+}
+
+int petrel_engine_finish(petrel_engine *e, petrel_error *err) {
+    if (!e || !e->trace) return 0;
+    int rc = e->trace->n_tokens ? xs_trace_write(e->trace, e->trace_out, err) : 0;
+    xs_trace_deinit(e->trace); /* written (or failed, said): close writes nothing more */
+    free(e->trace);
+    e->trace = NULL;
+    return rc;
 }
 
 void stream_close(petrel_engine *e) {

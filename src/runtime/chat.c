@@ -90,6 +90,16 @@ static size_t utf8_seq(const unsigned char *s, size_t n) {
     return len;
 }
 
+size_t chat_utf8_check(const char *s, size_t n) {
+    const unsigned char *u = (const unsigned char *)s;
+    for (size_t i = 0; i < n;) {
+        size_t k = utf8_seq(u + i, n - i);
+        if (!k) return i;
+        i += k;
+    }
+    return n;
+}
+
 char *chat_utf8_clean(const char *s, size_t n) {
     char *o = malloc(n * 3 + 1), *p = o;
     if (!o) return NULL;

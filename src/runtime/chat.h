@@ -27,6 +27,9 @@ int chat_ends_in_think(const char *text, size_t len);
  * UTF-8 sequence is replaced by U+FFFD (generated text may hold stray bytes; the tokenizer
  * refuses invalid UTF-8). NULL when out of memory. */
 char *chat_utf8_clean(const char *s, size_t n);
+/* The offset of the first byte of s[0..n) that is not part of a valid UTF-8 sequence; n if the
+ * text is valid UTF-8. */
+size_t chat_utf8_check(const char *s, size_t n);
 
 /* Streaming split of generated pieces into thinking and answer. The tags are recognized as
  * the tokenizer's single "<think>" / "</think>" tokens (as GLM generates them) and are not

@@ -172,7 +172,8 @@ int generate_text(petrel_engine *eng, const tokenizer *tok, const char *prompt, 
         return pt_err(err, PETREL_ERANGE, "the prompt is %zu tokens, more than the model's %d positions", n, maxpos);
     }
     int max = o ? o->max_tokens : -1;
-    long ctx = max < 0 ? maxpos : (long)n + max;
+    /* the last sampled token is emitted, never fed back: n + max - 1 positions suffice */
+    long ctx = max < 0 ? maxpos : (long)n + (max > 0 ? max - 1 : 0);
     if (ctx > maxpos) ctx = maxpos;
     gen_ctx g;
     rc = gen_init(&g, eng, tok, (int)ctx, sp, err);

@@ -76,8 +76,8 @@ int gen_generate(gen_ctx *g, const gen_opts *o, gen_piece_fn fn, void *user, gen
                  petrel_error *err);
 
 /* One-shot completion: encodes prompt (special tokens recognized, nothing added), opens a session
- * of n_prompt + max_tokens positions (capped at max_position_embeddings; max_tokens < 0 takes
- * the cap), and generates. */
+ * of n_prompt + max_tokens - 1 positions (the last token is never fed back; capped at
+ * max_position_embeddings; max_tokens < 0 takes the cap), and generates. */
 int generate_text(petrel_engine *eng, const tokenizer *tok, const char *prompt, size_t prompt_len,
                   const sampler_params *sp, const gen_opts *o, gen_piece_fn fn, void *user,
                   gen_stats *st, petrel_error *err);

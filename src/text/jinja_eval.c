@@ -683,9 +683,14 @@ static jv binop(R *r, int op, jv l, jv rv, int line) {
         case OP_ADD: return jv_num(a + b, !fl);
         case OP_SUB: return jv_num(a - b, !fl);
         case OP_MUL: return jv_num(a * b, !fl);
-        case OP_DIV: return jv_num(a / b, 0);
-        case OP_FLOORDIV: return jv_num(floor(a / b), !fl);
-        case OP_MOD: return jv_num(fmod(a, b), !fl);
+        case OP_DIV:
+        case OP_FLOORDIV:
+        case OP_MOD:
+            /* Jinja (Python) raises ZeroDivisionError where C would give inf / nan */
+            if (b == 0) rt_err(r, line, "%s by zero (ZeroDivisionError)", op == OP_MOD ? "modulo" : "division");
+            if (op == OP_DIV) return jv_num(a / b, 0);
+            if (op == OP_FLOORDIV) return jv_num(floor(a / b), !fl);
+            return jv_num(fmod(a, b), !fl);
         case OP_LT: return jv_bool(a < b);
         case OP_GT: return jv_bool(a > b);
         case OP_LE: return jv_bool(a <= b);
