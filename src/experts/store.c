@@ -20,6 +20,7 @@
 
 #include "base/clock.h"
 #include "base/err.h"
+#include "base/outfile.h"
 #include "experts/xs_io.h"
 
 enum { SL_FREE = 0, SL_LOADING = 1, SL_READY = 2, SL_FAILED = 3 };
@@ -531,24 +532,18 @@ void xs_usage_path(const char *model_path, char *buf, size_t n) {
 }
 
 int xs_usage_save(const xs_store *s, const char *path, petrel_error *err) {
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "w");
-    if (!f) return pt_err(err, PETREL_EIO, "cannot write usage file %s: %s", tmp, strerror(errno));
+    pt_outfile f; /* whole or nothing, never through a link (base/outfile.h) */
+    if (pt_out_open(&f, path, NULL, err) < 0) return pt_err_ctx(err, "usage file");
     xs_store *m = (xs_store *)s;
     pthread_mutex_lock(&m->mu);
-    fprintf(f, "# petrel-usage v1 layers=%d experts=%d\n", s->L, s->E);
+    pt_out_printf(&f, "# petrel-usage v1 layers=%d experts=%d\n", s->L, s->E);
     for (int l = 0; l < s->L; l++) {
-        fprintf(f, "%d", l);
-        for (int e = 0; e < s->E; e++) fprintf(f, " %llu", (unsigned long long)s->pol[l].uses[e]);
-        fputc('\n', f);
+        pt_out_printf(&f, "%d", l);
+        for (int e = 0; e < s->E; e++) pt_out_printf(&f, " %llu", (unsigned long long)s->pol[l].uses[e]);
+        pt_out_write(&f, "\n", 1, NULL);
     }
     pthread_mutex_unlock(&m->mu);
-    int bad = ferror(f);
-    if (fclose(f) || bad || rename(tmp, path)) {
-        remove(tmp);
-        return pt_err(err, PETREL_EIO, "cannot write usage file %s", path);
-    }
+    if (pt_out_commit(&f, err) < 0) return pt_err_ctx(err, "usage file");
     return 0;
 }
 
