@@ -24,7 +24,7 @@
  * agreement = argmax of both float log-prob rows equal (first maximum), and the 99th percentile
  * of the per-token KL (nearest rank: the ceil(0.99 n)-th smallest).
  *
- * The --save-logits file (version 1, little-endian, written through FILE.tmp.PID and renamed):
+ * The --save-logits file (version 1, little-endian; written whole or not at all, base/outfile.h):
  *   offset 0   char[8]  magic "PTRLLOGP"
  *          8   u32      version = 1
  *         12   u32      vocab V
@@ -49,6 +49,7 @@
 #include <xxhash.h>
 
 #include "base/file.h"
+#include "base/outfile.h"
 #include "cli.h"
 #include "model/config.h"
 #include "text/tokenizer.h"
@@ -215,27 +216,27 @@ done:
     return rc;
 }
 
-/* ---- the saved file (--save-logits): written through a temporary name, hashed as it goes ---- */
+/* ---- the saved file (--save-logits): a whole-or-nothing output (base/outfile.h), hashed as it
+ * goes ---- */
 
 typedef struct lp_writer {
-    FILE *f;
-    char tmp[4200];
-    XXH64_state_t *xs;
+    pt_outfile o;
+    XXH64_state_t *xs; /* owned; NULL when not open */
+    petrel_error err;  /* the first write error */
     int failed;
 } lp_writer;
 
 static void lp_write(lp_writer *w, const void *p, size_t n) {
     if (w->failed) return;
     XXH64_update(w->xs, p, n);
-    if (fwrite(p, 1, n, w->f) != n) w->failed = 1;
+    if (pt_out_write(&w->o, p, n, &w->err) < 0) w->failed = 1;
 }
 
-static int lp_writer_open(lp_writer *w, const char *path, const lp_header *h, const int32_t *ids) {
-    snprintf(w->tmp, sizeof w->tmp, "%s.tmp.%ld", path, (long)getpid());
-    w->f = fopen(w->tmp, "wb");
-    if (!w->f) return cli_fail("perplexity: --save-logits: cannot create %s: %s", w->tmp, strerror(errno));
+static int lp_writer_open(lp_writer *w, const char *path, const char *model, const lp_header *h, const int32_t *ids) {
+    petrel_error err = {0};
+    if (pt_out_open(&w->o, path, model, &err) < 0) return cli_fail("perplexity: --save-logits: %s", err.msg);
     w->xs = XXH64_createState();
-    if (!w->xs) { fclose(w->f); unlink(w->tmp); w->f = NULL; return cli_fail("perplexity: out of memory"); }
+    if (!w->xs) { pt_out_abort(&w->o); return cli_fail("perplexity: out of memory"); }
     XXH64_reset(w->xs, 0);
     unsigned char hb[LP_HEADER];
     lp_header_pack(h, hb);
@@ -244,21 +245,20 @@ static int lp_writer_open(lp_writer *w, const char *path, const lp_header *h, co
     return 0;
 }
 
-/* Finishes (checksum, flush, fsync, rename) when ok, else removes the temporary file. */
-static int lp_writer_close(lp_writer *w, const char *path, int ok) {
-    if (!w->f) return 0;
+/* Appends the checksum and commits (the file appears whole) when ok, else removes the
+ * temporary; a no-op when not open. */
+static int lp_writer_close(lp_writer *w, int ok) {
+    if (!w->xs) return 0;
     int rc = 0;
     if (ok) {
         uint64_t sum = XXH64_digest(w->xs);
-        if (!w->failed && fwrite(&sum, 1, 8, w->f) != 8) w->failed = 1;
-        if (!w->failed && (fflush(w->f) || fsync(fileno(w->f)))) w->failed = 1;
-    }
-    if (fclose(w->f)) w->failed = 1;
-    w->f = NULL;
+        if (!w->failed && pt_out_write(&w->o, &sum, 8, &w->err) < 0) w->failed = 1;
+        if (!w->failed && pt_out_commit(&w->o, &w->err) < 0) w->failed = 1;
+        else if (w->failed) pt_out_abort(&w->o);
+        if (w->failed) rc = cli_fail("perplexity: --save-logits: %s", w->err.msg);
+    } else pt_out_abort(&w->o);
     XXH64_freeState(w->xs);
-    if (ok && w->failed) rc = cli_fail("perplexity: --save-logits: writing %s failed: %s", w->tmp, strerror(errno));
-    if (ok && !rc && rename(w->tmp, path)) rc = cli_fail("perplexity: --save-logits: cannot rename %s to %s: %s", w->tmp, path, strerror(errno));
-    if (!ok || rc) unlink(w->tmp);
+    w->xs = NULL;
     return rc;
 }
 
@@ -266,7 +266,7 @@ static int lp_writer_close(lp_writer *w, const char *path, int ok) {
 
 typedef struct ppl_progress {
     int verbose, shown;
-    double t0;
+    double t0, last; /* start, last line printed (at most 4 lines a second) */
 } ppl_progress;
 
 static double now_s(void) {
@@ -279,7 +279,9 @@ static void progress(ppl_progress *p, long long done, long long total) {
     if (!p->verbose && !isatty(STDERR_FILENO)) return;
     double t = now_s() - p->t0;
     if (!p->shown && (t < 1.0 || done >= total)) return;
+    if (p->shown && done < total && t - p->last < 0.25) return;
     p->shown = 1;
+    p->last = t;
     fprintf(stderr, "\rperplexity: %lld / %lld tokens (%d%%, %.0f s)", done, total, (int)(100 * done / (total ? total : 1)), t);
     if (done >= total) fputc('\n', stderr);
     fflush(stderr);
@@ -358,14 +360,16 @@ CLI_CMD(perplexity) {
         else if (!strcmp(a, "--save-logits") && has) save = argv[++i];
         else if (!strcmp(a, "--kl-base") && has) base_path = argv[++i];
         else if (!strcmp(a, "--ctx") && has) {
-            if (cli_parse_int(argv[++i], 2, 1 << 24, &ctx)) return cli_fail("perplexity: --ctx: \"%s\" is not a window length of at least 2 tokens", argv[i]);
+            if (cli_opt_count("perplexity", "--ctx", argv[++i], 2, 1 << 24, &ctx)) return 1;
         } else if (!strcmp(a, "--stride") && has) {
-            if (cli_parse_int(argv[++i], 1, 1 << 24, &stride)) return cli_fail("perplexity: --stride: \"%s\" is not a number of tokens >= 1", argv[i]);
+            if (cli_opt_count("perplexity", "--stride", argv[++i], 1, 1 << 24, &stride)) return 1;
         } else return cli_fail("perplexity: unknown or incomplete option \"%s\" (petrel perplexity --help)", a);
     }
     if (!mo.model) return cli_fail("perplexity: --model is required");
     if (!file) return cli_fail("perplexity: --file TEXT is required");
     if (ctx && stride > ctx) return cli_fail("perplexity: --stride %ld is larger than --ctx %ld (windows would skip tokens)", stride, ctx);
+    /* an output that must not be replaced is refused before the model runs */
+    if (save && (cli_out_check("perplexity: --save-logits", save, mo.model) || cli_out_check("perplexity: --save-logits", save, file))) return 1;
     char tbuf[4096];
     const char *tok_path = cli_tokenizer_path("perplexity", tok_opt, mo.model, tbuf, sizeof tbuf);
     if (!tok_path) return 1;
@@ -432,7 +436,7 @@ CLI_CMD(perplexity) {
     if (!rc && petrel_session_create(eng, (int)ctx, &s, &err)) rc = cli_fail_err("perplexity", &err);
     if (!rc && save) {
         lp_header h = {LP_VERSION, (uint32_t)V, (uint32_t)ctx, (uint32_t)stride, (uint64_t)N, (uint64_t)N - 1};
-        rc = lp_writer_open(&w, save, &h, ids);
+        rc = lp_writer_open(&w, save, mo.model, &h, ids);
     }
     /* the windows (see the file's opening comment) */
     ppl_progress pg = {.verbose = mo.open.verbose, .t0 = now_s()};
@@ -452,9 +456,8 @@ CLI_CMD(perplexity) {
         }
         scored_end = s1;
     }
-    if (!rc && w.failed) rc = cli_fail("perplexity: --save-logits: writing %s failed", w.tmp);
     if (save) {
-        int wrc = lp_writer_close(&w, save, !rc);
+        int wrc = lp_writer_close(&w, !rc);
         if (!rc) rc = wrc;
     }
     if (!rc) {
@@ -505,7 +508,7 @@ CLI_CMD(perplexity) {
     }
     if (base) fclose(base);
     petrel_session_free(s);
-    petrel_engine_close(eng);
+    rc = cli_engine_close("perplexity", eng, rc); /* writes --trace-out */
     free(lg);
     free(run.ld);
     free(run.lf);

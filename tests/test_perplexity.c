@@ -248,6 +248,8 @@ TEST(perplexity, bad_input_is_one_line) {
     gold0 g;
     if (gold0_open(&g)) return;
     const char *d = test_tmpdir(), *m = test_data("trained");
+    char mcfg[600];
+    snprintf(mcfg, sizeof mcfg, "%s/config.json", m);
     char empty[600], nul[600], badu[600], one[600], base[600], trunc[600], corrupt[600], tinyb[600], other[600], cmd[2000], out[8192], err[4096];
     snprintf(empty, sizeof empty, "%s/empty.txt", d);
     snprintf(nul, sizeof nul, "%s/nul.txt", d);
@@ -309,6 +311,8 @@ TEST(perplexity, bad_input_is_one_line) {
         {"--file %T --ctx 100 --kl-base /nonexistent.logp", "nonexistent"},
         {"--file %T --ctx 90 --kl-base %B", "--ctx 100 --stride 100"},
         {"--file %T --ctx 100 --save-logits /nonexistent/dir/x.logp", "save-logits"},
+        {"--file %T --ctx 100 --save-logits %T", "is the input"},
+        {"--file %T --ctx 100 --save-logits %M", "input model folder"},
         {"--file %T --bogus", "bogus"},
         {"", "--file"},
     };
@@ -328,6 +332,7 @@ TEST(perplexity, bad_input_is_one_line) {
             case 'R': sub = trunc; break;
             case 'C': sub = corrupt; break;
             case 'B': sub = base; break;
+            case 'M': sub = mcfg; break;
             }
             strcat(args, sub);
         }
