@@ -295,7 +295,10 @@ CLI_CMD(chat) {
         if (build_prompt(tmpl, tok, msgs, think, ctx, &ids, &n, &in_think, &refused, &need, &fit, &err) < 0) {
             if (!refused) { rc = cli_fail_err("chat", &err); break; }
             cJSON_DeleteItemFromArray(msgs, cJSON_GetArraySize(msgs) - 1); /* the chat goes on without it */
-            if (ctx < maxpos)
+            if (fit == 0)
+                fprintf(stderr, "petrel chat: message refused: the system message and the template's framing fill the %d-token context; shorten --system%s\n",
+                        ctx, ctx < maxpos ? " or raise --ctx" : "");
+            else if (ctx < maxpos)
                 fprintf(stderr, "petrel chat: message refused: it takes %ld tokens and at most %ld fit in the %d-token context; send a shorter message (or raise --ctx, up to %d)\n",
                         need, fit, ctx, maxpos);
             else

@@ -1,5 +1,6 @@
 /* cmd_generate.c: `petrel generate` greedy-decodes N token ids after a prompt of ids and
  * prints them space-separated on stdout. Stops early at an eos id only with --stop-at-eos. */
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -51,7 +52,7 @@ CLI_CMD(generate) {
         int32_t best = 0;
         for (int v = 1; v < V; v++) if (lg[v] > lg[best]) best = v;
         printf(g ? " %d" : "%d", best);
-        fflush(stdout);
+        if (fflush(stdout) != 0) { rc = cli_fail("generate: writing to stdout failed: %s", strerror(errno)); break; } /* stop at once */
         if (stop_eos && config_is_eos(cfg, best)) break;
         if (g + 1 < ngen && petrel_session_forward(s, &best, 1, lg, 0, &err)) rc = cli_fail_err("generate", &err);
     }

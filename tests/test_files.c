@@ -486,3 +486,90 @@ TEST(files, outfile_whole_or_nothing) {
     snprintf(cfg, sizeof cfg, "%s/config.json", test_data("tiny"));
     CHECK(pt_out_check(cfg, test_data("tiny"), &e) < 0);
 }
+
+/* More targets of the same kinds: a socket, a link to a folder, a trailing slash, the input
+ * reached through "..", through a linked folder, or as a hard link of a pack. */
+TEST(files, more_refused_targets) {
+    const char *dir = tpath("more");
+    char cmd[2400];
+    snprintf(cmd, sizeof cmd,
+             "rm -rf '%s' && mkdir -p '%s/sub' && cp -r '%s' '%s/m' && ln -s m '%s/mlink' && ln -s sub '%s/dlink' && "
+             "python3 -c \"import socket,sys; socket.socket(socket.AF_UNIX).bind(sys.argv[1])\" '%s/sock'",
+             dir, dir, test_data("tiny"), dir, dir, dir, dir);
+    int have_sock = system(cmd) == 0;
+    petrel_error e = {0};
+    char p[900], m[900];
+    snprintf(m, sizeof m, "%s/m", dir);
+    if (have_sock) {
+        snprintf(p, sizeof p, "%s/sock", dir);
+        CHECK(pt_out_check(p, NULL, &e) < 0 && strstr(e.msg, "socket"));
+    }
+    snprintf(p, sizeof p, "%s/dlink", dir);
+    CHECK(pt_out_check(p, NULL, &e) < 0 && strstr(e.msg, "symbolic link"));
+    snprintf(p, sizeof p, "%s/new/", dir);
+    CHECK(pt_out_check(p, NULL, &e) < 0);
+    snprintf(p, sizeof p, "%s/sub/../m/config.json", dir);
+    CHECK_MSG(pt_out_check(p, m, &e) < 0 && strstr(e.msg, "input"), "%s: %s", p, e.msg);
+    snprintf(p, sizeof p, "%s/mlink/model.safetensors", dir);
+    CHECK_MSG(pt_out_check(p, m, &e) < 0 && strstr(e.msg, "input"), "%s: %s", p, e.msg);
+    snprintf(p, sizeof p, "%s/m/model.safetensors", dir);
+    CHECK_MSG(pt_out_check(p, m, &e) < 0, "%s: %s", p, e.msg);
+    /* the input given as its single file: the file and its folder's model files are refused */
+    char mf[900];
+    snprintf(mf, sizeof mf, "%s/m/model.safetensors", dir);
+    snprintf(p, sizeof p, "%s/m/config.json", dir);
+    CHECK(pt_out_check(p, mf, &e) < 0);
+    /* fine: a new name in the model folder that the model does not read, and a new file */
+    snprintf(p, sizeof p, "%s/m/model.pack", dir);
+    CHECK_MSG(pt_out_check(p, m, &e) == 0, "%s: %s", p, e.msg);
+    snprintf(p, sizeof p, "%s/sub/out.bin", dir);
+    CHECK_MSG(pt_out_check(p, m, &e) == 0, "%s: %s", p, e.msg);
+    /* a hard link of a pack is the pack: logits --out refuses it */
+    const char *b = bin();
+    if (!b) return;
+    snprintf(cmd, sizeof cmd, "%s convert --in %s --out %s/t.pack --quiet 2>/dev/null && ln %s/t.pack %s/t2.pack", b, test_data("tiny"), dir, dir, dir);
+    CHECK_EQ_INT(system(cmd), 0);
+    snprintf(cmd, sizeof cmd, "%s logits --model %s/t.pack --ids 1,2 --out %s/t2.pack", b, dir, dir);
+    must_fail(cmd, "input");
+    snprintf(cmd, sizeof cmd, "%s generate --model %s/t.pack --ids 1,2 -n 2 --trace-out %s/t.pack", b, dir, dir);
+    must_fail(cmd, "input");
+    snprintf(p, sizeof p, "%s/t.pack", dir);
+    CHECK(good_pack(p));
+}
+
+TEST(files, more_sizes_and_counts) {
+    const char *b = bin();
+    if (!b) return;
+    const char *m = test_data("tiny");
+    char cmd[1024];
+    const char *good[] = {"4gib", "00004G", "4KiB", "1B", "8tb"};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        snprintf(cmd, sizeof cmd, "%s info --model %s --mem-budget '%s'", b, m, good[i]);
+        must_fail(cmd, "petrel pack"); /* parsed; then refused: budgets need a pack */
+    }
+    const char *bad[] = {"1E", "4iB", "4Bi", "4G ", "4,5G", "18446744073709551616", "16777216T", "-0", "Infinity", "1G1"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(cmd, sizeof cmd, "%s info --model %s --mem-budget '%s'", b, m, bad[i]);
+        must_fail(cmd, "--mem-budget");
+    }
+    const char *bad_counts[] = {"generate --model %s --ids 1 -n 99999999999999999999", "generate --model %s --ids 1 -n 16777217",
+                                "chat --model %s --ctx 1", "info --model %s --threads 1025", "run --model %s -p hi -n -2",
+                                "run --model %s -p hi --seed -1", "run --model %s -p hi --seed 18446744073709551616",
+                                "synth --shape glm5.2 --dense-layers 79 --out /nonexistent/x.pack"};
+    for (size_t i = 0; i < sizeof bad_counts / sizeof bad_counts[0]; i++) {
+        char c2[512];
+        snprintf(c2, sizeof c2, bad_counts[i], m);
+        snprintf(cmd, sizeof cmd, "%s %s </dev/null", b, c2);
+        must_fail(cmd, NULL);
+    }
+    /* the system message alone filling the context: every message refused, said once each */
+    const char *in = tpath("chat-sys.txt");
+    write_text(in, "hi\nthere\n");
+    static char sys[4000];
+    size_t k = 0;
+    for (int i = 0; i < 600; i++) k += (size_t)snprintf(sys + k, sizeof sys - k, "sys ");
+    static char c3[6000];
+    snprintf(c3, sizeof c3, "%s chat --model %s -n 2 --no-think --system '%s' < %s", b, m, sys, in);
+    CHECK_EQ_INT(test_sh(c3, g_out, sizeof g_out, g_err, sizeof g_err), 0);
+    CHECK_MSG(test_count_lines(g_err) == 2 && strstr(g_err, "shorten --system"), "stderr: %s", g_err);
+}
