@@ -372,6 +372,13 @@ static void check_failed(int rc, const petrel_error *e, const char *out, const c
         int opened = pack_open(partial, &p, &pe) == 0;
         if (opened) pack_close(p);
         CHECK_MSG(!opened, "%s opens as a pack after a failure", partial);
+        char mark[9] = {0};
+        FILE *f = fopen(partial, "rb");
+        if (f) {
+            CHECK(fread(mark, 1, 8, f) == 8);
+            fclose(f);
+        }
+        CHECK_MSG(!strcmp(mark, "PETRELPT"), "%s does not say it is an unfinished conversion", partial);
         CHECK_MSG(strstr(e->msg, "resum") != NULL, "a partial output is kept but the message does not say so: %s", e->msg);
     }
 }

@@ -590,6 +590,11 @@ static void item_set_hash(cv *c, int item, uint64_t h) {
     else c->el[(item - c->n_res) / c->E].xxh[(item - c->n_res) % c->E] = h;
 }
 
+/* What OUT.partial starts with until its pack header is written (and again after a failure):
+ * not PACK_MAGIC, so it never opens as a pack, and it says what it is to anyone who looks. */
+#define CV_PARTIAL_MARK "PETRELPT unfinished petrel convert output (resumable)\n"
+_Static_assert(sizeof CV_PARTIAL_MARK - 1 <= PACK_PREFIX, "the mark fits the prefix");
+
 /* The journal, created through no symbolic link (a link planted at the name is refused). */
 static FILE *journal_create(const char *jpath) {
     int fd = open(jpath, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
@@ -643,6 +648,7 @@ static int open_output(cv *c, const char *partial, const char *jpath, uint64_t f
     if (c->fd < 0) return pt_err(c->err, PETREL_EIO, "cannot create %s: %s", partial, strerror(errno));
     c->opened = 1;
     if (ftruncate(c->fd, (off_t)c->file_size) < 0) return pt_err(c->err, PETREL_EIO, "cannot size %s to %" PRIu64 " bytes: %s", partial, c->file_size, strerror(errno));
+    PT_TRY(pwrite_all(c->fd, CV_PARTIAL_MARK, sizeof CV_PARTIAL_MARK - 1, 0, c->err, partial)); /* says what it is until the header */
     c->journal = journal_create(jpath);
     if (!c->journal) return pt_err(c->err, PETREL_EIO, "cannot write %s: %s", jpath, strerror(errno));
     fprintf(c->journal, "petrel-convert-journal 1 %016" PRIx64 "\n", fp);
@@ -672,14 +678,13 @@ static int write_header(cv *c, const char *partial) {
 
 /* After a failure: nothing may look like a good pack. OUT.partial and its journal stay only when
  * the journal holds finished items to resume from (and the message says so); a header already
- * written is spoiled first (its magic zeroed), and if even that fails both are removed. */
+ * written is replaced by CV_PARTIAL_MARK first, and if even that fails both are removed. */
 static void failed_output(cv *c, const char *partial, const char *jpath, petrel_error *err) {
     int kept = 0;
     for (int i = 0; i < c->items; i++) kept += c->done[i];
     if (c->header_written) {
         int fd = c->fd >= 0 ? c->fd : open(partial, O_WRONLY | O_NOFOLLOW | O_CLOEXEC);
-        static const uint8_t zero[8] = {0};
-        int ok = fd >= 0 && pwrite(fd, zero, sizeof zero, 0) == (ssize_t)sizeof zero && fdatasync(fd) == 0;
+        int ok = fd >= 0 && pwrite(fd, CV_PARTIAL_MARK, sizeof CV_PARTIAL_MARK - 1, 0) == (ssize_t)sizeof CV_PARTIAL_MARK - 1 && fdatasync(fd) == 0;
         if (fd >= 0 && fd != c->fd) close(fd);
         if (!ok) kept = 0;
     }
