@@ -74,6 +74,7 @@ static const char *usage =
     "                       (to compare another model or format against this one later)\n"
     "  --kl-base FILE       a --save-logits file of the same text, ctx and stride: also report\n"
     "                       mean KL(base || this) in nats, its 99th percentile, top-1 agreement\n"
+    "                       (without --ctx, the window and stride are the file's)\n"
     "  --json               print one JSON object instead of the text report\n"
     "  --tokenizer FILE     tokenizer.json (default: DIR/tokenizer.json; needed for a pack)\n"
     "  Progress (tokens scored / total) goes to stderr after the first second (terminal or -v).\n"
@@ -214,6 +215,24 @@ done:
     if (rc) fclose(f);
     else *out = f;
     return rc;
+}
+
+/* The window a --kl-base file was saved with (its header only; base_open checks the rest):
+ * 0, or -1 when it has no readable header of this version. */
+static int base_peek(const char *path, long *ctx, long *stride) {
+    FILE *f = fopen(path, "rb");
+    unsigned char hb[LP_HEADER];
+    int ok = f && fread(hb, 1, LP_HEADER, f) == LP_HEADER && !memcmp(hb, LP_MAGIC, 8);
+    if (f) fclose(f);
+    uint32_t v, c, st;
+    if (!ok) return -1;
+    memcpy(&v, hb + 8, 4);
+    memcpy(&c, hb + 16, 4);
+    memcpy(&st, hb + 20, 4);
+    if (v != LP_VERSION || c < 2 || c > (1u << 24) || st < 1 || st > c) return -1;
+    *ctx = c;
+    *stride = st;
+    return 0;
 }
 
 /* ---- the saved file (--save-logits): a whole-or-nothing output (base/outfile.h), hashed as it
@@ -397,12 +416,19 @@ CLI_CMD(perplexity) {
     if (!rc && N > (size_t)1 << 31) rc = cli_fail("perplexity: %s holds %zu tokens; at most 2^31 are supported", file, N);
     if (rc) { free(ids); return rc; }
 
+    /* without --ctx, a --kl-base file's window (and stride, unless given) */
+    const char *ctx_from = ctx ? "" : " (the default)";
+    long bctx, bstride;
+    if (!ctx && base_path && base_peek(base_path, &bctx, &bstride) == 0) {
+        ctx = bctx;
+        if (!stride) stride = bstride;
+        ctx_from = " (from --kl-base)";
+    }
     petrel_engine *eng = NULL;
     if (ctx && !mo.open.plan_context) mo.open.plan_context = (int)ctx;
     if (cli_engine_open(&mo, &eng, &err) < 0) { free(ids); return cli_fail_err("perplexity", &err); }
     const petrel_config *cfg = petrel_engine_config(eng);
     int V = petrel_engine_vocab_size(eng), maxpos = cfg->max_position_embeddings;
-    int ctx_given = ctx != 0;
     if (!ctx) ctx = maxpos > 0 && maxpos < 512 ? maxpos : 512;
     if (!stride) stride = ctx;
     petrel_session *s = NULL;
@@ -413,10 +439,10 @@ CLI_CMD(perplexity) {
     if (maxpos > 0 && ctx > maxpos)
         rc = cli_fail("perplexity: --ctx %ld is above the model's context (max_position_embeddings %d)", ctx, maxpos);
     else if (stride > ctx)
-        rc = cli_fail("perplexity: --stride %ld is larger than the window (--ctx %ld%s)", stride, ctx, ctx_given ? "" : ", the default");
+        rc = cli_fail("perplexity: --stride %ld is larger than the window, --ctx %ld%s", stride, ctx, ctx_from);
     else if (N < (size_t)ctx + 1)
         rc = cli_fail("perplexity: %s holds %zu tokens, fewer than one window of --ctx %ld%s plus the token it predicts: use --ctx %zu or less",
-                      file, N, ctx, ctx_given ? "" : " (the default)", N - 1);
+                      file, N, ctx, ctx_from, N - 1);
     for (size_t t = 0; !rc && t < N; t++)
         if (ids[t] < 0 || ids[t] >= V)
             rc = cli_fail("perplexity: token %zu of %s is id %d, outside the model's vocab of %d (wrong --tokenizer?)", t, file, ids[t], V);

@@ -191,9 +191,12 @@ TEST(perplexity, kl_same_model_is_zero) {
     CHECK(stat(lp, &st) == 0);
     /* header 40, ids, one float row per scored token, checksum */
     CHECK_EQ_INT(st.st_size, 40 + 4 * g.T + 4LL * g.V * (g.T - 1) + 8);
-    snprintf(args, sizeof args, "--model %s --file %s --ctx 200 --stride 150 --kl-base %s", test_data("trained"), g.text, lp);
+    /* without --ctx the run takes the base file's window and stride */
+    snprintf(args, sizeof args, "--model %s --file %s --kl-base %s", test_data("trained"), g.text, lp);
     j = ppl_json(args);
     if (j) {
+        CHECK_EQ_INT(jnum(j, "ctx"), 200);
+        CHECK_EQ_INT(jnum(j, "stride"), 150);
         CHECK(fabs(jnum(j, "kl_mean")) < 1e-9);
         CHECK(fabs(jnum(j, "kl_p99")) < 1e-9);
         CHECK_NEAR(jnum(j, "top1_agreement"), 1.0, 0);
