@@ -97,10 +97,15 @@ int cli_sampling_opt(const char *cmd, int argc, char **argv, int *i, struct samp
                      int *seed_set);
 /* A seed from the clock and the pid, for runs without --seed. */
 uint64_t cli_random_seed(void);
-/* The tokenizer.json to use: --tokenizer FILE if given, else MODEL/tokenizer.json when the model
- * is a folder; NULL (message printed) when there is none. buf holds the result. */
+/* The tokenizer.json to use: --tokenizer FILE if given, else the model's own: MODEL/tokenizer.json
+ * for a folder (or the folder of a .safetensors file), the pack itself when it stores one (load
+ * it with cli_tok_load); NULL (message printed) when there is none. buf may hold the result. */
 const char *cli_tokenizer_path(const char *cmd, const char *tok_opt, const char *model, char *buf,
                                size_t bufsz);
+/* Loads the tokenizer at path (what cli_tokenizer_path gave): a tokenizer.json, or a pack whose
+ * stored copy is read (checksum checked). */
+struct tokenizer;
+int cli_tok_load(const char *path, struct tokenizer **out, petrel_error *err);
 #define CLI_SAMPLING_OPTS_HELP                                                                   \
     "  --temp T             temperature; 0 = greedy (default 0.8)\n"                             \
     "  --top-k K            keep the K most likely tokens; 0 = off (default 40)\n"               \

@@ -36,9 +36,11 @@ static const char *usage =
     "  --hide-thinking      do not show the thinking at all\n"
     "  -n N                 most tokens per reply (default -1: until eos or the context is full)\n"
     "  --ctx N              context size in tokens (default 4096, capped at max_position_embeddings)\n"
-    "  --template FILE      the Jinja chat template (default: the model folder's\n"
-    "                       chat_template.jinja or tokenizer_config.json chat_template)\n"
-    "  --tokenizer FILE     tokenizer.json (default: DIR/tokenizer.json)\n"
+    "  --template FILE      the Jinja chat template (default: the model's own,\n"
+    "                       chat_template.jinja or tokenizer_config.json chat_template, from its\n"
+    "                       folder or stored in its pack)\n"
+    "  --tokenizer FILE     tokenizer.json, or a pack holding one (default: the model's own,\n"
+    "                       DIR/tokenizer.json or the copy stored in its pack)\n"
     "With -v, stderr also gets per-turn token counts, cache reuse and speed.\n" CLI_SAMPLING_OPTS_HELP
     CLI_MODEL_OPTS_HELP
     "The bundled tests/data/tiny model has random weights: its replies are gibberish by design.\n";
@@ -227,9 +229,6 @@ CLI_CMD(chat) {
     char tbuf[4096];
     const char *tok_path = cli_tokenizer_path("chat", tok_opt, mo.model, tbuf, sizeof tbuf);
     if (!tok_path) return 1;
-    struct stat stt;
-    if (!tmpl_path && (stat(mo.model, &stt) || !S_ISDIR(stt.st_mode)))
-        return cli_fail("chat: %s is not a model folder: give the chat template with --template FILE", mo.model);
 
     petrel_error err = {0};
     tokenizer *tok = NULL;
@@ -241,9 +240,9 @@ CLI_CMD(chat) {
     char *src = NULL, *line = NULL;
     size_t sl = 0, lcap = 0;
     turn_out o = {0};
-    if (tok_load(tok_path, &tok, &err) < 0) { rc = cli_fail_err("chat", &err); goto done; }
+    if (cli_tok_load(tok_path, &tok, &err) < 0) { rc = cli_fail_err("chat", &err); goto done; }
     if (tmpl_path) src = slurp(tmpl_path, &sl, &err);
-    else if (jinja_load_chat_template(mo.model, &src, &sl, &err) < 0) src = NULL;
+    else if (petrel_model_chat_template(mo.model, &src, &sl, &err) < 0) src = NULL;
     if (!src) { rc = cli_fail_err("chat", &err); goto done; }
     if (jinja_compile(src, sl, &tmpl, &err) < 0) { rc = cli_fail_err("chat: chat template", &err); goto done; }
     if (cli_engine_open(&mo, &eng, &err) < 0) { rc = cli_fail_err("chat", &err); goto done; }

@@ -4,6 +4,7 @@
 
 #include "cli.h"
 #include "io/colibri.h"
+#include "io/pack.h"
 #include "model/engine.h"
 
 static const char *usage =
@@ -34,6 +35,7 @@ CLI_CMD(info) {
     if (cli_engine_open(&mo, &eng, &err)) return cli_fail_err("info", &err);
     const petrel_config *c = &eng->cfg;
     const model_w *w = &eng->w;
+    char b0[32];
     printf("model            %s\n", mo.model);
     printf("model_type       %s\n", c->model_type);
     printf("vocab_size %d, hidden_size %d, num_hidden_layers %d\n", c->vocab_size, c->hidden_size, c->num_hidden_layers);
@@ -67,6 +69,19 @@ CLI_CMD(info) {
     if (w->has_mtp) printf("mtp              present: layer %d (enorm, hnorm, eh_proj, shared_head.norm, MoE decoder layer%s)\n",
                            c->num_hidden_layers, w->mtp.has_indexer ? " with indexer" : ", no indexer");
     else printf("mtp              %s\n", c->num_nextn_predict_layers ? "declared in config.json but its tensors are absent" : "none");
+    if (eng->pack) { /* what run / chat take from the pack itself */
+        const pack *p = eng->pack;
+        printf("stored files     ");
+        for (int i = 0; i < p->n_files; i++) {
+            human(p->files[i].bytes, b0, sizeof b0);
+            printf("%s%s (%s)", i ? ", " : "", p->files[i].name, b0);
+        }
+        if (p->generation_config_json) printf("%sgeneration_config.json", p->n_files ? ", " : "");
+        if (!p->n_files && !p->generation_config_json) printf("none");
+        int tmpl = pack_find_file(p, "chat_template.jinja") || pack_find_file(p, "tokenizer_config.json");
+        printf("\n                 %s\n", pack_find_file(p, "tokenizer.json") && tmpl ? "run and chat need no --tokenizer / --template"
+                                       : "run needs --tokenizer, chat --tokenizer and --template (the pack does not store them)");
+    }
     printf("\ntensors by kind                  count        memory\n");
     uint64_t total = 0;
     char b[32];

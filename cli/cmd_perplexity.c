@@ -76,7 +76,8 @@ static const char *usage =
     "                       mean KL(base || this) in nats, its 99th percentile, top-1 agreement\n"
     "                       (without --ctx, the window and stride are the file's)\n"
     "  --json               print one JSON object instead of the text report\n"
-    "  --tokenizer FILE     tokenizer.json (default: DIR/tokenizer.json; needed for a pack)\n"
+    "  --tokenizer FILE     tokenizer.json (default: the model's own, DIR/tokenizer.json or the\n"
+    "                       copy a pack stores)\n"
     "  Progress (tokens scored / total) goes to stderr after the first second (terminal or -v).\n"
     CLI_MODEL_OPTS_HELP;
 
@@ -408,7 +409,7 @@ CLI_CMD(perplexity) {
     int32_t *ids = NULL;
     size_t N = 0;
     int rc = 0;
-    if (tok_load(tok_path, &tok, &err) < 0) rc = cli_fail_err("perplexity", &err);
+    if (cli_tok_load(tok_path, &tok, &err) < 0) rc = cli_fail_err("perplexity", &err);
     else if (tok_encode(tok, text, tlen, &ids, &N, &err) < 0) rc = cli_fail_err("perplexity: tokenizing", &err);
     tok_free(tok);
     free(text);

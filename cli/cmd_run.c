@@ -3,6 +3,7 @@
  * wraps it as one user message through the model's chat template. Also holds the sampling-option
  * parser and tokenizer lookup shared with `petrel chat`. */
 #include <errno.h>
+#include <libgen.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +13,7 @@
 
 #include "base/err.h"
 #include "base/file.h"
+#include "io/pack.h"
 #include "cli.h"
 #include "model/config.h"
 #include "runtime/chat.h"
@@ -36,9 +38,11 @@ static const char *usage =
     "  --chat               wrap TEXT as a user message through the chat template\n"
     "  --system TEXT        with --chat: a system message before it\n"
     "  --no-think           with --chat: render with enable_thinking=false\n"
-    "  --template FILE      with --chat: the Jinja chat template (default: the model folder's\n"
-    "                       chat_template.jinja or tokenizer_config.json chat_template)\n"
-    "  --tokenizer FILE     tokenizer.json (default: DIR/tokenizer.json)\n"
+    "  --template FILE      with --chat: the Jinja chat template (default: the model's own,\n"
+    "                       chat_template.jinja or tokenizer_config.json chat_template, from its\n"
+    "                       folder or stored in its pack)\n"
+    "  --tokenizer FILE     tokenizer.json, or a pack holding one (default: the model's own,\n"
+    "                       DIR/tokenizer.json or the copy stored in its pack)\n"
     "With -v, stderr also gets the seed, prompt size, speed and stop reason.\n" CLI_SAMPLING_OPTS_HELP
     CLI_MODEL_OPTS_HELP
     "The bundled tests/data/tiny model has random weights: its text is gibberish by design.\n";
@@ -118,16 +122,40 @@ const char *cli_tokenizer_path(const char *cmd, const char *tok_opt, const char 
         cli_fail("%s: --model %s: no such folder or file", cmd, model);
         return NULL;
     }
-    if (!S_ISDIR(st.st_mode)) {
-        cli_fail("%s: %s is not a model folder: give the tokenizer with --tokenizer FILE", cmd, model);
-        return NULL;
+    if (!S_ISDIR(st.st_mode) && pack_is_pack(model)) { /* the copy stored in the pack (cli_tok_load) */
+        pack *p = NULL;
+        petrel_error e = {0};
+        if (pack_open(model, &p, &e) < 0) {
+            cli_fail("%s: %s", cmd, e.msg);
+            return NULL;
+        }
+        int has = pack_find_file(p, "tokenizer.json") != NULL;
+        pack_close(p);
+        if (!has) cli_fail("%s: %s stores no tokenizer.json (converted before packs carried one, or from a folder without it): give "
+                           "--tokenizer FILE", cmd, model);
+        return has ? model : NULL;
     }
-    snprintf(buf, bufsz, "%s/tokenizer.json", model);
+    if (!S_ISDIR(st.st_mode)) { /* a .safetensors file: its folder's */
+        char tmp[4096];
+        snprintf(tmp, sizeof tmp, "%s", model);
+        snprintf(buf, bufsz, "%s/tokenizer.json", dirname(tmp));
+    } else snprintf(buf, bufsz, "%s/tokenizer.json", model);
     if (stat(buf, &st) || !S_ISREG(st.st_mode)) {
         cli_fail("%s: no tokenizer: %s does not exist (give one with --tokenizer FILE)", cmd, buf);
         return NULL;
     }
     return buf;
+}
+
+int cli_tok_load(const char *path, struct tokenizer **out, petrel_error *err) {
+    if (!pack_is_pack(path)) return tok_load(path, out, err);
+    char *json = NULL, name[4200];
+    size_t len = 0;
+    PT_TRY(petrel_model_file(path, "tokenizer.json", &json, &len, err));
+    snprintf(name, sizeof name, "%s (its tokenizer.json)", path);
+    int rc = tok_load_json(json, len, name, out, err);
+    free(json);
+    return rc;
 }
 
 /* ---- run ---- */
@@ -150,7 +178,7 @@ static int chat_wrap(const char *tmpl_path, const char *model, const char *syste
     size_t sl = 0;
     int rc;
     if (tmpl_path) rc = pt_read_file(tmpl_path, 64u << 20, &src, &sl, err);
-    else rc = jinja_load_chat_template(model, &src, &sl, err);
+    else rc = petrel_model_chat_template(model, &src, &sl, err);
     if (rc < 0) return rc;
     jinja_template *t = NULL;
     rc = jinja_compile(src, sl, &t, err);
@@ -211,7 +239,7 @@ CLI_CMD(run) {
     tokenizer *tok = NULL;
     petrel_engine *eng = NULL;
     int rc = 0;
-    if (tok_load(tok_path, &tok, &err) < 0) rc = cli_fail_err("run", &err);
+    if (cli_tok_load(tok_path, &tok, &err) < 0) rc = cli_fail_err("run", &err);
     if (!rc && chat) {
         if (chat_wrap(tmpl_path, mo.model, system, prompt, think, &rendered, &plen, &err) < 0) rc = cli_fail_err("run", &err);
         else prompt = rendered;

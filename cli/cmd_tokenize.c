@@ -72,7 +72,7 @@ static int load(const char *cmd, const tok_args *a, tokenizer **t) {
         else snprintf(path, sizeof path, "%s/tokenizer.json", a->model);
     }
     petrel_error err = {0};
-    if (tok_load(path, t, &err) < 0) {
+    if (cli_tok_load(path, t, &err) < 0) {
         fprintf(stderr, "petrel %s: %s\n", cmd, err.msg);
         return 1;
     }

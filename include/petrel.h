@@ -67,6 +67,19 @@ int petrel_engine_vocab_size(const petrel_engine *eng);
  * "" when every expert is resident. */
 const char *petrel_engine_plan(const petrel_engine *eng);
 
+/* A model's side files, for front ends (no weights are read): `name` (tokenizer.json,
+ * tokenizer_config.json, generation_config.json, chat_template.jinja) of the model at path:
+ * MODEL/name for a folder (the folder of a .safetensors file), the copy stored inside a pack
+ * (checked against its checksum). *out is malloc'd and NUL-terminated (free() it); *len is its
+ * length without the NUL (len may be NULL). PETREL_EIO naming the model when it has no such
+ * file. */
+int petrel_model_file(const char *model, const char *name, char **out, size_t *len,
+                      petrel_error *err);
+/* The model's chat template, from the same places: chat_template.jinja, else the
+ * "chat_template" of tokenizer_config.json (a string, or a list of {name, template} from which
+ * "default" is taken, else the first). Same ownership as petrel_model_file. */
+int petrel_model_chat_template(const char *model, char **out, size_t *len, petrel_error *err);
+
 /* A session with room for max_tokens positions (prompt plus generation). */
 int petrel_session_create(petrel_engine *eng, int max_tokens, petrel_session **out,
                           petrel_error *err);

@@ -302,3 +302,174 @@ TEST(integrity, jinja_division_by_zero_raises) {
         free(out);
     }
 }
+
+/* ---------------------------------------------------------------- self-contained packs */
+
+static const char *pack_of(const char *fixture) {
+    static char paths[2][512];
+    int k = !strcmp(fixture, "trained");
+    if (paths[k][0]) return paths[k];
+    char name[64];
+    snprintf(name, sizeof name, "integrity-%s-self.pack", fixture);
+    snprintf(paths[k], sizeof paths[k], "%s", tmp(name));
+    convert_opts o = {0};
+    petrel_error err = {0};
+    convert_result r;
+    if (convert_hf(test_data(fixture), paths[k], &o, &r, &err)) {
+        test_fail(__FILE__, __LINE__, "convert %s: %s", fixture, err.msg);
+        paths[k][0] = 0;
+        return NULL;
+    }
+    return paths[k];
+}
+
+TEST(integrity, pack_stores_side_files) {
+    const char *fx[2] = {"trained", "tiny"};
+    for (int k = 0; k < 2; k++) {
+        const char *pk = pack_of(fx[k]);
+        if (!pk) return;
+        const char *names[3] = {"tokenizer.json", "tokenizer_config.json", "generation_config.json"};
+        for (int i = 0; i < 3; i++) {
+            char src[600];
+            snprintf(src, sizeof src, "%s/%s", test_data(fx[k]), names[i]);
+            size_t n1 = 0, n2 = 0;
+            uint8_t *want = slurp(src, &n1);
+            char *got = NULL;
+            petrel_error err = {0};
+            int rc = petrel_model_file(pk, names[i], &got, &n2, &err);
+            if (!want) { /* tiny has no generation_config.json: the pack has none either */
+                CHECK_MSG(rc == PETREL_EIO && strstr(err.msg, "stores no"), "%s %s: rc %d %s", fx[k], names[i], rc, err.msg);
+                continue;
+            }
+            CHECK_MSG(rc == 0, "%s %s: %s", fx[k], names[i], err.msg);
+            CHECK_MSG(got && n1 == n2 && !memcmp(want, got, n1), "%s %s differs from the source", fx[k], names[i]);
+            free(want);
+            free(got);
+        }
+        /* the chat template comes out the same as from the folder */
+        char *t1 = NULL, *t2 = NULL;
+        size_t l1 = 0, l2 = 0;
+        petrel_error err = {0};
+        CHECK_MSG(petrel_model_chat_template(test_data(fx[k]), &t1, &l1, &err) == 0, "%s", err.msg);
+        CHECK_MSG(petrel_model_chat_template(pk, &t2, &l2, &err) == 0, "%s", err.msg);
+        CHECK(t1 && t2 && l1 == l2 && !memcmp(t1, t2, l1));
+        free(t1);
+        free(t2);
+    }
+    /* a flipped byte in a stored file: pack_verify and the reader refuse it */
+    const char *pk = pack_of("trained");
+    if (!pk) return;
+    pack *p;
+    petrel_error err = {0};
+    CHECK(pack_open(pk, &p, &err) == 0);
+    const pack_file *f = pack_find_file(p, "tokenizer.json");
+    CHECK(f != NULL);
+    uint64_t off = f ? f->offset + f->bytes / 2 : 0;
+    CHECK(pack_verify(p, &err) == 0);
+    pack_close(p);
+    size_t n;
+    uint8_t *b = slurp(pk, &n);
+    if (!b || !off) { free(b); return; }
+    b[off] ^= 0x01;
+    const char *bad = tmp("integrity-sidefile.pack");
+    spit(bad, b, n);
+    free(b);
+    CHECK(pack_open(bad, &p, &err) == 0);
+    CHECK_EQ_INT(pack_verify(p, &err), PETREL_EFORMAT);
+    CHECK_MSG(strstr(err.msg, "tokenizer.json"), "msg: %s", err.msg);
+    char *got = NULL;
+    CHECK_EQ_INT(pack_read_file(p, "tokenizer.json", &got, NULL, &err), PETREL_EFORMAT);
+    CHECK(got == NULL);
+    pack_close(p);
+}
+
+/* run / chat on a pack need neither --tokenizer nor --template and give the folder's text. */
+TEST(integrity, cli_pack_runs_without_tokenizer_or_template) {
+    const char *b = bin();
+    if (!b) return;
+    const char *fx[2] = {"trained", "tiny"};
+    for (int k = 0; k < 2; k++) {
+        const char *pk = pack_of(fx[k]);
+        if (!pk) return;
+        const char *modes[3] = {"run -p 'Once upon a time' -n 8 --seed 1", "run --chat -p 'Hello there' -n 8 --seed 1",
+                                "chat -n 8 --seed 1 < /dev/null"};
+        for (int m = 0; m < 3; m++) {
+            char cmd[2048], o1[8192], o2[8192], e1[4096], e2[4096];
+            if (m == 2) {
+                snprintf(cmd, sizeof cmd, "echo 'Hi, who are you?' | %s chat --model %s -n 8 --seed 1", b, test_data(fx[k]));
+                CHECK_MSG(test_sh(cmd, o1, sizeof o1, e1, sizeof e1) == 0, "%s: %s", cmd, e1);
+                snprintf(cmd, sizeof cmd, "echo 'Hi, who are you?' | %s chat --model %s -n 8 --seed 1", b, pk);
+            } else {
+                snprintf(cmd, sizeof cmd, "%s %s --model %s", b, modes[m], test_data(fx[k]));
+                CHECK_MSG(test_sh(cmd, o1, sizeof o1, e1, sizeof e1) == 0, "%s: %s", cmd, e1);
+                snprintf(cmd, sizeof cmd, "%s %s --model %s", b, modes[m], pk);
+            }
+            CHECK_MSG(test_sh(cmd, o2, sizeof o2, e2, sizeof e2) == 0, "%s: %s", cmd, e2);
+            CHECK_MSG(o1[0] && !strcmp(o1, o2), "%s: folder \"%s\" vs pack \"%s\"", cmd, o1, o2);
+        }
+        char cmd[2048], out[16384], err[4096];
+        snprintf(cmd, sizeof cmd, "%s info --model %s", b, pk);
+        CHECK(test_sh(cmd, out, sizeof out, err, sizeof err) == 0);
+        CHECK_MSG(strstr(out, "stored files") && strstr(out, "tokenizer.json (") && strstr(out, "need no --tokenizer"), "info: %s", out);
+    }
+    /* explicit flags still win: with a damaged stored tokenizer, --tokenizer FILE runs, the
+     * default refuses with one line */
+    const char *pk = pack_of("trained");
+    pack *p;
+    petrel_error pe = {0};
+    if (pack_open(pk, &p, &pe)) return;
+    const pack_file *f = pack_find_file(p, "tokenizer.json");
+    uint64_t off = f ? f->offset + 10 : 0;
+    pack_close(p);
+    size_t n;
+    uint8_t *buf = slurp(pk, &n);
+    if (!buf || !off) { free(buf); return; }
+    buf[off] ^= 0x01;
+    const char *bad = tmp("integrity-badtok.pack");
+    spit(bad, buf, n);
+    free(buf);
+    char cmd[2048], out[8192], err[4096];
+    snprintf(cmd, sizeof cmd, "%s run --model %s -p 'Once upon a time' -n 4 --seed 1", b, bad);
+    CHECK(test_sh(cmd, out, sizeof out, err, sizeof err) != 0);
+    CHECK_MSG(test_count_lines(err) == 1 && strstr(err, "checksum mismatch") && strstr(err, "tokenizer.json"), "stderr: %s", err);
+    snprintf(cmd, sizeof cmd, "%s run --model %s --tokenizer %s/tokenizer.json -p 'Once upon a time' -n 4 --seed 1", b, bad, test_data("trained"));
+    CHECK_MSG(test_sh(cmd, out, sizeof out, err, sizeof err) == 0, "stderr: %s", err);
+    /* --template overrides the stored one */
+    const char *tp = tmp("integrity-tmpl.jinja");
+    spit(tp, (const uint8_t *)"{{ messages[0].content }} and more", 34);
+    char o1[8192], o2[8192];
+    snprintf(cmd, sizeof cmd, "%s run --chat --model %s --template %s -p 'Once upon a time' -n 6 --seed 1", b, pk, tp);
+    CHECK_MSG(test_sh(cmd, o1, sizeof o1, err, sizeof err) == 0, "stderr: %s", err);
+    snprintf(cmd, sizeof cmd, "%s run --model %s -p 'Once upon a time and more' -n 6 --seed 1", b, pk);
+    CHECK_MSG(test_sh(cmd, o2, sizeof o2, err, sizeof err) == 0, "stderr: %s", err);
+    CHECK_MSG(!strcmp(o1, o2), "--template ignored: \"%s\" vs \"%s\"", o1, o2);
+}
+
+/* a pack without side files (from a folder without them, or written before packs carried them)
+ * opens, stores none, and run says what to give in one line */
+TEST(integrity, pack_without_side_files) {
+    char dir[600], cmd[2048], out[8192], err[4096];
+    snprintf(dir, sizeof dir, "%s/integrity-bare", test_tmpdir());
+    snprintf(cmd, sizeof cmd, "mkdir -p %s && cp %s/config.json %s/ && ln -sf \"$(cd %s && pwd)/model.safetensors\" %s/model.safetensors", dir,
+             test_data("tiny"), dir, test_data("tiny"), dir);
+    CHECK_EQ_INT(test_sh(cmd, out, sizeof out, err, sizeof err), 0);
+    const char *pk = tmp("integrity-bare.pack");
+    convert_opts o = {0};
+    petrel_error e = {0};
+    convert_result r;
+    CHECK_MSG(convert_hf(dir, pk, &o, &r, &e) == 0, "%s", e.msg);
+    pack *p;
+    CHECK_MSG(pack_open(pk, &p, &e) == 0, "%s", e.msg);
+    if (p) CHECK_EQ_INT(p->n_files, 0);
+    pack_close(p);
+    char *t = NULL;
+    CHECK_EQ_INT(petrel_model_chat_template(pk, &t, NULL, &e), PETREL_EIO);
+    CHECK_MSG(strstr(e.msg, "stores no chat template") && strstr(e.msg, "--template"), "msg: %s", e.msg);
+    const char *b = bin();
+    if (!b) return;
+    snprintf(cmd, sizeof cmd, "%s run --model %s -p hi -n 2", b, pk);
+    CHECK(test_sh(cmd, out, sizeof out, err, sizeof err) != 0);
+    CHECK_MSG(test_count_lines(err) == 1 && strstr(err, "stores no tokenizer.json") && strstr(err, "--tokenizer"), "stderr: %s", err);
+    snprintf(cmd, sizeof cmd, "%s run --model %s --tokenizer %s/tokenizer.json -p hi -n 2 --seed 1", b, pk, test_data("tiny"));
+    CHECK_MSG(test_sh(cmd, out, sizeof out, err, sizeof err) == 0, "stderr: %s", err);
+}

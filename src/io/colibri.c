@@ -408,7 +408,7 @@ int colibri_convert(const char *dir, const char *out_path, const convert_opts *o
     if (rc == 0) {
         wsource ws;
         colibri_wsource(c, &ws);
-        convert_src src = {cc.config_json, cc.generation_config_json, &cc.cfg, &ws, NULL, NULL};
+        convert_src src = {cc.config_json, cc.generation_config_json, &cc.cfg, &ws, NULL, NULL, cc.files, cc.n_files};
         rc = convert_from_wsource(&src, out_path, o, res, err);
         colibri_close(c);
     }

@@ -135,6 +135,7 @@ typedef struct cv {
     elayer_plan *el;
     int n_el;
     uint64_t data_start, file_size;
+    uint64_t file_off[PACK_MAX_FILES]; /* side files (src->files) */
     char *json;                 /* current header text */
     size_t json_len;
     /* run state */
@@ -287,6 +288,20 @@ static int build_json(cv *c) {
         }
         cJSON_AddItemToArray(ex, o);
     }
+    if (c->src->n_files) { /* side files (pack.h "files"), listed last */
+        cJSON *fs = cJSON_AddArrayToObject(root, "files");
+        for (int i = 0; i < c->src->n_files; i++) {
+            const convert_file *f = &c->src->files[i];
+            cJSON *o = cJSON_CreateObject();
+            char hx[17];
+            snprintf(hx, sizeof hx, "%016" PRIx64, XXH64(f->data, f->len, 0));
+            cJSON_AddStringToObject(o, "name", f->name);
+            cJSON_AddNumberToObject(o, "offset", (double)c->file_off[i]);
+            cJSON_AddNumberToObject(o, "bytes", (double)f->len);
+            cJSON_AddStringToObject(o, "xxh64", hx);
+            cJSON_AddItemToArray(fs, o);
+        }
+    }
     char *s = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
     if (!s) return pt_err(c->err, PETREL_ENOMEM, "out of memory");
@@ -353,6 +368,11 @@ static int plan(cv *c) {
     c->data_start = PACK_ALIGN;
     for (int iter = 0; iter < 8; iter++) {
         uint64_t cur = c->data_start;
+        for (int i = 0; i < c->src->n_files; i++) { /* side files first, then the resident tensors */
+            cur = up_to(cur, PACK_TALIGN);
+            c->file_off[i] = cur;
+            cur += c->src->files[i].len;
+        }
         for (int i = 0; i < c->n_res; i++) PT_TRY(fill_tensor(c, &c->e[c->res[i]], c->e[c->res[i]].vector ? NULL : &c->rtp[i], &cur, &c->rt[i]));
         cur = up_to(cur, PACK_ALIGN);
         for (int k = 0; k < c->n_el; k++) {
@@ -770,6 +790,8 @@ int convert_from_wsource(const convert_src *src, const char *out_path, const con
     if (rc == 0) progress(&c, "done", 1);
     else if (o->progress) fputc('\n', stderr);
     /* 5. header, verify, rename */
+    for (int i = 0; rc == 0 && i < src->n_files; i++) /* small, rewritten on every run; checked by pack_verify */
+        rc = pwrite_all(c.fd, src->files[i].data, src->files[i].len, c.file_off[i], err, src->files[i].name);
     if (rc == 0) rc = write_header(&c, partial);
     if (rc == 0) {
         close(c.fd);
@@ -811,13 +833,23 @@ int convert_configs_load(const char *dir, convert_configs *cc, petrel_error *err
     snprintf(path, sizeof path, "%s/generation_config.json", dir);
     if (pt_read_file(path, 16u << 20, &cc->generation_config_json, NULL, NULL) < 0) cc->generation_config_json = NULL;
     int rc = config_load_dir(dir, &cc->cfg, err);
+    cc->loaded = rc == 0;
+    /* the tokenizer and chat template, so the pack is self-contained: absent is fine, present
+     * but unreadable is an error (the pack would silently lack it) */
+    static const char *const side[CONVERT_N_SIDE] = CONVERT_SIDE_FILES;
+    for (int i = 0; rc == 0 && i < CONVERT_N_SIDE; i++) {
+        struct stat st;
+        snprintf(path, sizeof path, "%s/%s", dir, side[i]);
+        if (stat(path, &st) < 0 && errno == ENOENT) continue;
+        char *data = NULL;
+        size_t len = 0;
+        rc = pt_read_file(path, (size_t)PACK_FILE_MAX_BYTES, &data, &len, err);
+        if (rc == 0) cc->files[cc->n_files++] = (convert_file){side[i], data, len};
+    }
     if (rc < 0) {
-        free(cc->config_json);
-        free(cc->generation_config_json);
-        memset(cc, 0, sizeof *cc);
+        convert_configs_free(cc);
         return rc;
     }
-    cc->loaded = 1;
     return 0;
 }
 
@@ -825,6 +857,7 @@ void convert_configs_free(convert_configs *cc) {
     if (cc->loaded) config_deinit(&cc->cfg);
     free(cc->config_json);
     free(cc->generation_config_json);
+    for (int i = 0; i < cc->n_files; i++) free((char *)cc->files[i].data);
     memset(cc, 0, sizeof *cc);
 }
 
@@ -845,7 +878,7 @@ int convert_hf(const char *in, const char *out_path, const convert_opts *o, conv
         st_wsource sws;
         wsource ws;
         wsource_safetensors(&ws, &sws, set, &cc.cfg);
-        convert_src src = {cc.config_json, cc.generation_config_json, &cc.cfg, &ws, NULL, NULL};
+        convert_src src = {cc.config_json, cc.generation_config_json, &cc.cfg, &ws, NULL, NULL, cc.files, cc.n_files};
         rc = convert_from_wsource(&src, out_path, o, res, err);
         st_close(set);
     }

@@ -55,6 +55,16 @@ typedef struct convert_result {
 /* Produces f32 row r of matrix `name` ([rows, cols]) into out[cols]; must be thread-safe. */
 typedef void (*convert_row_fn)(void *ctx, const char *name, int64_t rows, int64_t cols, int64_t r, float *out);
 
+/* A side file stored verbatim in the pack (pack.h "files"). */
+typedef struct convert_file {
+    const char *name;                   /* e.g. "tokenizer.json" */
+    const char *data;                   /* borrowed, len bytes */
+    size_t len;
+} convert_file;
+/* The side files convert_configs_load takes from a model folder when present. */
+#define CONVERT_SIDE_FILES {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja"}
+#define CONVERT_N_SIDE 3
+
 typedef struct convert_src {
     const char *config_json;            /* config.json text, stored verbatim */
     const char *generation_config_json; /* or NULL */
@@ -62,6 +72,8 @@ typedef struct convert_src {
     const wsource *ws;                  /* tensors by HF name */
     convert_row_fn row;                 /* NULL: rows come from ws's views (pt_dequant_row) */
     void *row_ctx;
+    const convert_file *files;          /* side files to store (borrowed [n_files], <= PACK_MAX_FILES) */
+    int n_files;
 } convert_src;
 
 int convert_from_wsource(const convert_src *src, const char *out_path, const convert_opts *o, convert_result *res, petrel_error *err);
@@ -72,6 +84,8 @@ typedef struct convert_configs {
     char *generation_config_json; /* owned or NULL */
     petrel_config cfg;
     int loaded;
+    convert_file files[CONVERT_N_SIDE]; /* the side files present (CONVERT_SIDE_FILES), data owned */
+    int n_files;
 } convert_configs;
 int convert_configs_load(const char *dir, convert_configs *cc, petrel_error *err);
 void convert_configs_free(convert_configs *cc);

@@ -183,6 +183,25 @@ static int parse_json(pctx *c, const cJSON *root, uint64_t file_size, pack *p) {
     if (!(p->config_json = strdup(cfg->valuestring))) return pt_err(err, PETREL_ENOMEM, "out of memory");
     const cJSON *gc = cJSON_GetObjectItemCaseSensitive(root, "generation_config");
     if (cJSON_IsString(gc) && !(p->generation_config_json = strdup(gc->valuestring))) return pt_err(err, PETREL_ENOMEM, "out of memory");
+    const cJSON *fs = cJSON_GetObjectItemCaseSensitive(root, "files");
+    if (fs && !cJSON_IsArray(fs)) return pt_err(err, PETREL_EFORMAT, "%s: header \"files\" is not a list", c->where);
+    for (const cJSON *o = fs ? fs->child : NULL; o; o = o->next) {
+        char ctx[64];
+        snprintf(ctx, sizeof ctx, "side file %d", p->n_files);
+        if (p->n_files == PACK_MAX_FILES) return pt_err(err, PETREL_EFORMAT, "%s: more than %d side files", c->where, PACK_MAX_FILES);
+        pack_file *pf = &p->files[p->n_files];
+        const cJSON *nm = cJSON_GetObjectItemCaseSensitive(o, "name");
+        if (!cJSON_IsObject(o) || !cJSON_IsString(nm) || !nm->valuestring[0] || strlen(nm->valuestring) >= sizeof pf->name || strchr(nm->valuestring, '/'))
+            return pt_err(err, PETREL_EFORMAT, "%s: %s needs a \"name\" (a file name of 1-63 bytes, no folder)", c->where, ctx);
+        snprintf(pf->name, sizeof pf->name, "%s", nm->valuestring);
+        PT_TRY(get_u64(c, o, "offset", pf->name, &pf->offset));
+        PT_TRY(get_u64(c, o, "bytes", pf->name, &pf->bytes));
+        PT_TRY(get_hex(c, cJSON_GetObjectItemCaseSensitive(o, "xxh64"), pf->name, &pf->xxh64));
+        if (pf->bytes > PACK_FILE_MAX_BYTES || pf->offset < p->data_start || pf->offset > file_size || pf->bytes > file_size - pf->offset)
+            return pt_err(err, PETREL_EFORMAT, "%s: side file \"%s\": range out of bounds", c->where, pf->name);
+        if (pack_find_file(p, pf->name)) return pt_err(err, PETREL_EFORMAT, "%s: side file \"%s\" is listed twice", c->where, pf->name);
+        p->n_files++;
+    }
     const cJSON *ts = cJSON_GetObjectItemCaseSensitive(root, "tensors");
     if (!cJSON_IsArray(ts)) return pt_err(err, PETREL_EFORMAT, "%s: header has no \"tensors\" list", c->where);
     int n = cJSON_GetArraySize(ts);
@@ -538,8 +557,47 @@ int pack_read_expert(const pack *p, int layer, int expert, uint8_t *buf, petrel_
     return pack_check_expert(p, layer, expert, buf, err);
 }
 
+const pack_file *pack_find_file(const pack *p, const char *name) {
+    for (int i = 0; i < p->n_files; i++)
+        if (!strcmp(p->files[i].name, name)) return &p->files[i];
+    return NULL;
+}
+
+int pack_read_file(const pack *p, const char *name, char **out, size_t *len, petrel_error *err) {
+    *out = NULL;
+    const pack_file *f = pack_find_file(p, name);
+    if (!f && !strcmp(name, "generation_config.json") && p->generation_config_json) {
+        if (!(*out = strdup(p->generation_config_json))) return pt_err(err, PETREL_ENOMEM, "out of memory");
+        if (len) *len = strlen(*out);
+        return 0;
+    }
+    if (!f) return pt_err(err, PETREL_EIO, "%s stores no %s", p->path[0] ? p->path : "the pack", name);
+    char *b = malloc((size_t)f->bytes + 1);
+    if (!b) return pt_err(err, PETREL_ENOMEM, "out of memory for %s (%" PRIu64 " bytes)", name, f->bytes);
+    for (uint64_t done = 0; done < f->bytes;) {
+        ssize_t r = p->fd >= 0 ? pread(p->fd, b + done, (size_t)(f->bytes - done), (off_t)(f->offset + done)) : -1;
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            free(b);
+            return pt_err(err, PETREL_EIO, "%s: reading its %s failed: %s", p->path, name, r < 0 ? strerror(errno) : "end of file");
+        }
+        done += (uint64_t)r;
+    }
+    if (XXH64(b, (size_t)f->bytes, 0) != f->xxh64) {
+        free(b);
+        return pt_err(err, PETREL_EFORMAT, "%s: checksum mismatch in its %s: the pack is corrupted", p->path, name);
+    }
+    b[f->bytes] = 0;
+    *out = b;
+    if (len) *len = (size_t)f->bytes;
+    return 0;
+}
+
 int pack_verify(const pack *p, petrel_error *err) {
     if (!p->map) return pt_err(err, PETREL_EINVAL, "pack_verify needs an opened pack");
+    for (int i = 0; i < p->n_files; i++)
+        if (XXH64(p->map + p->files[i].offset, (size_t)p->files[i].bytes, 0) != p->files[i].xxh64)
+            return pt_err(err, PETREL_EFORMAT, "%s: checksum mismatch in its %s: the pack is corrupted", p->path, p->files[i].name);
     for (int i = 0; i < p->n_tensors; i++) {
         const pack_tensor *t = &p->tensors[i];
         XXH64_state_t *st = XXH64_createState();

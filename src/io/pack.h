@@ -7,6 +7,10 @@
  *                    "format": "petrel-pack", "version": 1,
  *                    "config": the model's config.json text, verbatim (a JSON string),
  *                    "generation_config": generation_config.json text or null,
+ *                    "files": [ {name, offset, bytes, xxh64} ... ]   optional (packs written since
+ *                                  2026-12; readers before ignore it): the source folder's
+ *                                  tokenizer.json, tokenizer_config.json, chat_template.jinja,
+ *                                  verbatim, so a pack is self-contained (pack_read_file)
  *                    "tensors": [ {name, qtype, rows, cols, offset, bytes, scale_offset,
  *                                  scale_bytes, scale_dtype, group, block_rows, block_cols,
  *                                  vector, xxh64} ... ]   resident tensors (absolute offsets)
@@ -15,14 +19,15 @@
  *                                  record start; version 2: optional "layout": "r16" when
  *                                  the part is stored row-interleaved, quant/qtypes.h),
  *                                  xxh64: [hex per expert]} ... ]
- *   then, 4096-aligned: the resident region (every payload and scale array 64-byte aligned),
+ *   then, 4096-aligned: the side files (each 64-byte aligned), then the resident region (every
+ *   payload and scale array 64-byte aligned),
  *   then, 4096-aligned: the expert region. Record (layer, e) is the byte range
  *   [first_offset + e * record_bytes, + record_bytes): gate payload, gate scales, up payload,
  *   up scales, down payload, down scales (each 64-aligned), zero padding to a multiple of 4096.
  *   Offsets and lengths of records are multiples of 4096, so one O_DIRECT read fetches an expert.
  *
  * Checksums are XXH64 with seed 0, written as 16 lowercase hex digits: a resident tensor's over
- * its payload bytes followed by its scale bytes; a record's over all record_bytes (padding
+ * its payload bytes followed by its scale bytes; a side file's over its bytes; a record's over all record_bytes (padding
  * included); the header's over the JSON text.
  *
  * Vectors (norms, biases, e_score_correction_bias) are stored as f32 [cols] with rows = 1 and
@@ -67,6 +72,14 @@ typedef struct pack_tensor {
     int layout;                 /* PT_LAYOUT_PLAIN, or PT_LAYOUT_R16 ("layout": "r16"; expert parts) */
 } pack_tensor;
 
+/* A side file stored in the pack ("files"): name without a folder, bytes at offset (absolute). */
+#define PACK_MAX_FILES 8
+#define PACK_FILE_MAX_BYTES (1ull << 30)
+typedef struct pack_file {
+    char name[64];
+    uint64_t offset, bytes, xxh64;
+} pack_file;
+
 typedef struct pack_expert_layer {
     int layer;                  /* checkpoint layer index (num_hidden_layers = the MTP layer) */
     int n_experts;
@@ -89,6 +102,8 @@ typedef struct pack {
     uint64_t header_len;
     char *config_json;          /* owned, NUL-terminated */
     char *generation_config_json; /* owned or NULL */
+    int n_files;                /* side files ("files"; 0 in packs written before them) */
+    pack_file files[PACK_MAX_FILES];
     int n_tensors;
     pack_tensor *tensors;       /* owned, sorted by name */
     int n_elayers;
@@ -151,7 +166,13 @@ int pack_check_expert(const pack *p, int layer, int expert, const uint8_t *buf, 
 /* Reads record (layer, expert) with pread into buf (record_bytes; 4096-aligned for O_DIRECT
  * users, any alignment here) and checks its checksum. */
 int pack_read_expert(const pack *p, int layer, int expert, uint8_t *buf, petrel_error *err);
-/* Full check: every resident tensor and every record against its checksum. */
+/* Side files. pack_find_file: the entry named name, or NULL. pack_read_file: its bytes, checked
+ * against its checksum, into a malloc'd NUL-terminated *out (*len without the NUL; len may be
+ * NULL); "generation_config.json" is served from the header's text. PETREL_EIO naming the pack
+ * when it stores no such file, PETREL_EFORMAT on a checksum mismatch. */
+const pack_file *pack_find_file(const pack *p, const char *name);
+int pack_read_file(const pack *p, const char *name, char **out, size_t *len, petrel_error *err);
+/* Full check: every side file, resident tensor and record against its checksum. */
 int pack_verify(const pack *p, petrel_error *err);
 
 /* A view of a tensor whose bytes start at base (the map for resident tensors, a record buffer

@@ -131,7 +131,7 @@ int synth_write(const char *config_json, const char *out_path, const convert_opt
     PT_TRY(config_parse(config_json, strlen(config_json), "synth config", &cfg, err));
     synth s = {&cfg, seed, with_mtp};
     wsource ws = {&s, sy_matrix, sy_vector, sy_has};
-    convert_src src = {config_json, NULL, &cfg, &ws, synth_row, &s};
+    convert_src src = {config_json, NULL, &cfg, &ws, synth_row, &s, NULL, 0};
     int rc = convert_from_wsource(&src, out_path, o, res, err);
     config_deinit(&cfg);
     return rc;

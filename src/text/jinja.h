@@ -50,4 +50,7 @@ int jinja_render(const char *tmpl, size_t len, const cJSON *vars, char **out, si
  * of DIR/tokenizer_config.json (a string, or a list of {name, template} from which "default"
  * is taken, else the first). *out is malloc'd, NUL-terminated. */
 int jinja_load_chat_template(const char *model_dir, char **out, size_t *out_len, petrel_error *err);
+/* The chat template in a tokenizer_config.json's text (as above; path names it in messages). */
+int jinja_chat_template_from_config(const char *json, size_t len, const char *path, char **out, size_t *out_len,
+                                    petrel_error *err);
 #endif

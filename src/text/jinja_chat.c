@@ -26,8 +26,14 @@ int jinja_load_chat_template(const char *dir, char **out, size_t *out_len, petre
     char *text;
     int rc = pt_read_file(path, (size_t)1 << 30, &text, &len, err);
     if (rc < 0) return pt_err(err, PETREL_EIO, "%s has no chat_template.jinja and no readable tokenizer_config.json", dir);
-    cJSON *j = cJSON_ParseWithLength(text, len);
+    rc = jinja_chat_template_from_config(text, len, path, out, out_len, err);
     free(text);
+    return rc;
+}
+
+int jinja_chat_template_from_config(const char *text, size_t len, const char *path, char **out, size_t *out_len, petrel_error *err) {
+    *out = NULL;
+    cJSON *j = cJSON_ParseWithLength(text, len);
     if (!j) return pt_err(err, PETREL_EFORMAT, "%s is not valid JSON", path);
     const cJSON *ct = cJSON_GetObjectItemCaseSensitive(j, "chat_template");
     const char *tmpl = NULL;
