@@ -11,13 +11,14 @@
  * exactly once, by the first window whose positions include t-1 and whose earlier windows did not
  * score it: window 0 scores x[1..e_0] (all of its positions predict), window w > 0 scores
  * x[e_{w-1}+1 .. e_w] (its last `stride` positions; each of those saw at least ctx - stride + 1
- * tokens). The last window may be shorter; the windows stop once x[N-1] is scored. Default stride
+ * tokens), both ranges ending at x[N-1] at most. The last window may be shorter; the windows
+ * stop once x[N-1] is scored. Default stride
  * = ctx: windows that do not overlap, and every token after the first is scored with the
  * context of its own window (token b_w from the end of window w-1). Per token NLL = -log
  * softmax(logits)[x[t]], computed in double (max-shifted log-sum-exp); mean NLL over the N-1
- * scored tokens, PPL = exp(mean NLL). A file needs at least ctx + 1 tokens (one full window and
- * the token its last position predicts); fewer is refused with the count, so the figure always
- * means "windows of ctx".
+ * scored tokens, PPL = exp(mean NLL). A file needs at least ctx tokens (one full window; with
+ * exactly ctx, its ctx - 1 predictions, the usual one-window cross entropy); fewer is refused with
+ * the count, so the figure always means "windows of ctx".
  *
  * With --kl-base, per scored token: KL(base || this) = sum_v p_b(v) (log p_b(v) - log p(v)) in
  * nats (p_b renormalized from the stored float log-probs, so KL >= 0 up to rounding), top-1
@@ -66,7 +67,7 @@ static const char *usage =
     "w*stride+ctx); each token after the first is scored once, from the logits of the position\n"
     "before it: window 0 scores every token its positions predict, a later window only the\n"
     "tokens after the previous window's end (its last `stride` positions). PPL = exp(mean NLL),\n"
-    "NLL = -log softmax(logits)[next token] in double. Needs at least ctx + 1 tokens.\n"
+    "NLL = -log softmax(logits)[next token] in double. Needs at least ctx tokens.\n"
     "  --file TEXT          UTF-8 text file to score\n"
     "  --ctx N              window length in tokens (default: min(max_position_embeddings, 512))\n"
     "  --stride N           tokens between window starts, 1..ctx (default: ctx, no overlap)\n"
@@ -441,9 +442,8 @@ CLI_CMD(perplexity) {
         rc = cli_fail("perplexity: --ctx %ld is above the model's context (max_position_embeddings %d)", ctx, maxpos);
     else if (stride > ctx)
         rc = cli_fail("perplexity: --stride %ld is larger than the window, --ctx %ld%s", stride, ctx, ctx_from);
-    else if (N < (size_t)ctx + 1)
-        rc = cli_fail("perplexity: %s holds %zu tokens, fewer than one window of --ctx %ld%s plus the token it predicts: use --ctx %zu or less",
-                      file, N, ctx, ctx_from, N - 1);
+    else if (N < (size_t)ctx)
+        rc = cli_fail("perplexity: %s holds %zu tokens, fewer than one window of --ctx %ld%s: use --ctx %zu or less", file, N, ctx, ctx_from, N);
     for (size_t t = 0; !rc && t < N; t++)
         if (ids[t] < 0 || ids[t] >= V)
             rc = cli_fail("perplexity: token %zu of %s is id %d, outside the model's vocab of %d (wrong --tokenizer?)", t, file, ids[t], V);

@@ -115,6 +115,15 @@ TEST(perplexity, matches_reference_cross_entropy) {
         if (getenv("PETREL_TEST_VERBOSE")) fprintf(stderr, "  perplexity %.9g, reference %.9g\n", ppl, want);
         cJSON_Delete(j);
     }
+    /* a window of all T tokens scores the same T - 1 predictions */
+    snprintf(args, sizeof args, "--model %s --file %s --ctx %d", test_data("trained"), g.text, g.T);
+    j = ppl_json(args);
+    if (j) {
+        CHECK_MSG(fabs(jnum(j, "ppl") - want) <= 1e-4 * want, "--ctx T: PPL %.9g, reference %.9g", jnum(j, "ppl"), want);
+        CHECK_EQ_INT(jnum(j, "scored"), g.T - 1);
+        CHECK_EQ_INT(jnum(j, "windows"), 1);
+        cJSON_Delete(j);
+    }
     /* the text report says the same */
     char cmd[2000], out[4096], err[4096];
     snprintf(cmd, sizeof cmd, "%s perplexity %s", bin(), args);
@@ -301,8 +310,8 @@ TEST(perplexity, bad_input_is_one_line) {
         {"--file %N", "NUL byte"},
         {"--file %U", "not UTF-8"},
         {"--file %O", "nothing to score"},
-        {"--file %T --ctx 307", "307 tokens"},  /* one window of 307 needs 308 tokens */
-        {"--file %T", "--ctx 306 or less"},     /* the default window (512) */
+        {"--file %T --ctx 308", "307 tokens"},
+        {"--file %T", "--ctx 307 or less"}, /* the default window (512) */
         {"--file %T --ctx 2000", "max_position_embeddings 1024"},
         {"--file %T --ctx 1", "--ctx"},
         {"--file %T --ctx abc", "--ctx"},
