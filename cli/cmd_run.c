@@ -122,6 +122,10 @@ const char *cli_tokenizer_path(const char *cmd, const char *tok_opt, const char 
         cli_fail("%s: --model %s: no such folder or file", cmd, model);
         return NULL;
     }
+    if (!S_ISDIR(st.st_mode) && !S_ISREG(st.st_mode)) {
+        cli_fail("%s: --model %s is not a model: not a folder or a regular file", cmd, model);
+        return NULL;
+    }
     if (!S_ISDIR(st.st_mode) && pack_is_pack(model)) { /* the copy stored in the pack (cli_tok_load) */
         pack *p = NULL;
         petrel_error e = {0};

@@ -120,6 +120,13 @@ TEST(integrity, resident_expert_corruption_refused) {
     CHECK_MSG(petrel_engine_open(bad, &io, &eng, &err) == 0, "%s", err.msg);
     petrel_engine_close(eng);
     eng = NULL;
+    /* the MTP layer's records are checked as well (checkpoint layer num_hidden_layers = 6) */
+    const char *bad_mtp = corrupt_expert("integrity-expert-mtp.pack", 6, 15);
+    CHECK(bad_mtp != NULL);
+    if (bad_mtp) {
+        CHECK_EQ_INT(petrel_engine_open(bad_mtp, NULL, &eng, &err), PETREL_EFORMAT);
+        CHECK_MSG(strstr(err.msg, "layer 6 expert 15: checksum mismatch"), "msg: %s", err.msg);
+    }
     /* the intact pack still opens and its copy holds every record, checked */
     CHECK_MSG(petrel_engine_open(tiny_pack(), NULL, &eng, &err) == 0, "%s", err.msg);
     if (eng) {
@@ -249,6 +256,34 @@ TEST(integrity, non_model_files_say_what_they_are) {
     CHECK_MSG(strstr(err.msg, "truncated") && occurrences(err.msg, bad) == 1, "msg: %s", err.msg);
     free(b);
     CHECK(eng == NULL);
+}
+
+/* special files and folders without a config say what they are, and never block (a FIFO) */
+TEST(integrity, special_files_are_not_models) {
+    char fifo[600], dir[600], cmd[2400], out[1024], err[1024];
+    snprintf(fifo, sizeof fifo, "%s/integrity.fifo", test_tmpdir());
+    snprintf(dir, sizeof dir, "%s/integrity-empty", test_tmpdir());
+    snprintf(cmd, sizeof cmd, "rm -f %s && mkfifo %s && mkdir -p %s", fifo, fifo, dir);
+    CHECK_EQ_INT(test_sh(cmd, out, sizeof out, err, sizeof err), 0);
+    const char *paths[3] = {fifo, "/dev/null", dir};
+    const char *want[3] = {"a FIFO", "a character device", "has no config.json"};
+    for (int i = 0; i < 3; i++) {
+        petrel_engine *eng = NULL;
+        petrel_error e = {0};
+        CHECK(petrel_engine_open(paths[i], NULL, &eng, &e) < 0 && !eng);
+        CHECK_MSG(strstr(e.msg, want[i]) && occurrences(e.msg, paths[i]) == 1, "%s: %s", paths[i], e.msg);
+        CHECK(!pack_is_pack(paths[i]));
+        char *t = NULL;
+        CHECK(petrel_model_file(paths[i], "tokenizer.json", &t, NULL, &e) < 0 && !t);
+    }
+    const char *b = bin();
+    if (!b) return;
+    const char *cmds[3] = {"info", "run -p hi", "generate --ids 1"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(cmd, sizeof cmd, "timeout 20 %s %s --model %s < /dev/null", b, cmds[i], fifo);
+        int rc = test_sh(cmd, out, sizeof out, err, sizeof err);
+        CHECK_MSG(rc != 0 && rc != 124 && test_count_lines(err) == 1 && strstr(err, "not a model"), "%s: rc %d: %s", cmds[i], rc, err);
+    }
 }
 
 TEST(integrity, cli_non_model_file_one_line) {

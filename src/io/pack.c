@@ -306,10 +306,11 @@ void pack_deinit(pack *p) {
 }
 
 int pack_is_pack(const char *path) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO must not block the probe */
     if (fd < 0) return 0;
     char m[8];
-    int ok = pread(fd, m, 8, 0) == 8 && !memcmp(m, PACK_MAGIC, 8);
+    struct stat st;
+    int ok = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && pread(fd, m, 8, 0) == 8 && !memcmp(m, PACK_MAGIC, 8);
     close(fd);
     return ok;
 }

@@ -137,7 +137,7 @@ void pack_release_on_disk(const pack *p);
 uint64_t pack_embed_on_disk_bytes(const pack *p);
 /* Makes the copy read-only (after any in-place relayout of its tensors). */
 void pack_seal(pack *p);
-/* 1 if the file at path starts with PACK_MAGIC. */
+/* 1 if the file at path is a regular file starting with PACK_MAGIC (never blocks on a FIFO). */
 int pack_is_pack(const char *path);
 /* Opens and validates a pack; maps it read-only. */
 int pack_open(const char *path, pack **out, petrel_error *err);

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "base/err.h"
 #include "io/colibri.h"
@@ -82,6 +83,14 @@ int petrel_engine_open(const char *path, const petrel_open_opts *opts, petrel_en
     if (!path || !*path) return pt_err(err, PETREL_EINVAL, "no model path given");
     struct stat st;
     if (stat(path, &st) < 0) return pt_err(err, PETREL_EIO, "cannot open model %s: no such file or folder", path);
+    if (!S_ISDIR(st.st_mode) && !S_ISREG(st.st_mode))
+        return pt_err(err, PETREL_EINVAL, "%s is not a model: a %s, not a folder or a regular file (give a Hugging Face folder, a .safetensors file or a pack)",
+                      path, S_ISFIFO(st.st_mode) ? "FIFO" : S_ISCHR(st.st_mode) ? "character device" : S_ISBLK(st.st_mode) ? "block device"
+                                                         : S_ISSOCK(st.st_mode) ? "socket" : "special file");
+    char cj[4200];
+    snprintf(cj, sizeof cj, "%s/config.json", path);
+    if (S_ISDIR(st.st_mode) && access(cj, F_OK) < 0)
+        return pt_err(err, PETREL_EIO, "%s is not a model folder: it has no config.json (a Hugging Face checkpoint or colibri folder has one)", path);
     petrel_engine *e = calloc(1, sizeof *e);
     if (!e) return pt_err(err, PETREL_ENOMEM, "out of memory");
     snprintf(e->path, sizeof e->path, "%s", path);
