@@ -342,7 +342,7 @@ int xs_acquire(xs_store *s, int layer, const int32_t *experts, int n, xs_expert_
             rc = pt_err(err, PETREL_ERANGE,
                         "expert store: layer %d has %d slots, %d busy; cannot hold %d experts at once (acquire in "
                         "chunks of at most %d)",
-                        layer, s->S, used, n, s->S);
+                        s->src.layer_ids ? s->src.layer_ids[layer] : layer, s->S, used, n, s->S);
             break;
         }
         s->st.misses++;

@@ -22,7 +22,7 @@ static int rec_cb(void *ctx, int layer, int expert, uint64_t *off, uint64_t *byt
     for (int l = 0; l < e->cfg.num_hidden_layers; l++)
         if (e->moe_index[l] == layer) L = l;
     if (L < 0 || pack_expert_record(e->pack, L, expert, off, bytes, xxh))
-        return pt_err(err, PETREL_EINVAL, "pack has no expert record for MoE layer %d expert %d", layer, expert);
+        return pt_err(err, PETREL_EINVAL, "the pack has no record for it"); /* the store names layer and expert */
     return 0;
 }
 
@@ -34,7 +34,7 @@ static int views_cb(void *ctx, int layer, int expert, const uint8_t *rec, pt_wvi
             if (pack_expert_views(e->pack, l, rec, g, u, d)) break;
             return 0;
         }
-    return pt_err(err, PETREL_EINVAL, "pack has no expert layout for MoE layer %d", layer);
+    return pt_err(err, PETREL_EINVAL, "the pack has no expert layout for this layer"); /* named by the store */
 }
 
 /* The fully resident path: every record of the pack through the expert I/O pool (xs_load_all),
@@ -135,7 +135,7 @@ int stream_open(petrel_engine *e, const petrel_open_opts *o, petrel_error *err) 
         uint64_t off, bytes, x;
         if (e->moe_index[l] < 0) continue;
         if (pack_expert_record(e->pack, l, 0, &off, &bytes, &x))
-            return pt_err(err, PETREL_EFORMAT, "%s: no expert records for MoE layer %d", e->path, l);
+            return pt_err(err, PETREL_EFORMAT, "%s: no expert records for layer %d (an MoE layer in config.json)", e->path, l);
         if (bytes > rec_max) rec_max = bytes;
     }
     if (!nm) return 0;
