@@ -17,8 +17,9 @@ static const char HELP[] =
     "the prompt to stdout exactly, with no newline added.\n"
     "\n"
     "  --template FILE   the template text (e.g. chat_template.jinja)\n"
-    "  --model DIR       take DIR/chat_template.jinja, else the chat_template of\n"
-    "                    DIR/tokenizer_config.json (a named list picks \"default\")\n"
+    "  --model DIR|PACK  take DIR/chat_template.jinja, else the chat_template of\n"
+    "                    DIR/tokenizer_config.json (a named list picks \"default\"); of a\n"
+    "                    pack, the copies it stores\n"
     "  --input FILE      request JSON object, '-' for stdin; each top-level key is a variable:\n"
     "                    messages, tools, add_generation_prompt, enable_thinking,\n"
     "                    reasoning_effort, bos_token, ... (absent keys are undefined)\n"
@@ -47,7 +48,7 @@ CLI_CMD(template) {
     size_t tlen = 0;
     if (tmpl_path) {
         if (pt_read_file(tmpl_path, (size_t)1 << 30, &tmpl, &tlen, &err)) return cli_fail_err("template", &err);
-    } else if (jinja_load_chat_template(model, &tmpl, &tlen, &err) < 0) {
+    } else if (petrel_model_chat_template(model, &tmpl, &tlen, &err) < 0) {
         return cli_fail_err("template", &err);
     }
     size_t ilen = 0;

@@ -555,3 +555,14 @@ TEST(integrity, load_all_into_copy_and_check_only) {
             pack_close(p);
         }
 }
+
+TEST(integrity, cli_template_from_pack) {
+    const char *b = bin(), *pk = pack_of("trained");
+    if (!b || !pk) return;
+    char cmd[2048], o1[8192], o2[8192], err[4096];
+    snprintf(cmd, sizeof cmd, "%s template --model %s --input %s/jinja/conversations/basic.json", b, test_data("trained"), test_data("."));
+    CHECK_MSG(test_sh(cmd, o1, sizeof o1, err, sizeof err) == 0, "%s", err);
+    snprintf(cmd, sizeof cmd, "%s template --model %s --input %s/jinja/conversations/basic.json", b, pk, test_data("."));
+    CHECK_MSG(test_sh(cmd, o2, sizeof o2, err, sizeof err) == 0, "%s", err);
+    CHECK_MSG(o1[0] && !strcmp(o1, o2), "folder \"%s\" vs pack \"%s\"", o1, o2);
+}
