@@ -23,13 +23,14 @@
 #include "base/err.h"
 #include "base/outfile.h"
 #include "base/pool.h"
+#include "io/calib.h"
 #include "io/pack.h"
 #include "kernels/kernels.h"
 #include "model/engine.h"
 #include "quant/quant.h"
 
 const char *const convert_class_names[CV_CLASS_COUNT] = {"experts", "attention", "dense", "embed", "mtp"};
-static const char *const qnames[CVQ_COUNT] = {"default", "f32", "bf16", "q8", "q8row", "q4"};
+static const char *const qnames[CVQ_COUNT] = {"default", "f32", "bf16", "q8", "q8row", "q4", "q4x"};
 
 int convert_quant_parse(const char *s) {
     for (int i = 1; i < CVQ_COUNT; i++)
@@ -108,6 +109,7 @@ typedef struct tplan {
     pt_qtype q;
     int scale_dtype;
     int copy;                   /* source already in this format: copy bytes */
+    int q4x;                    /* PT_Q4_G64 through pt_quant_row_q4x */
     int block_rows, block_cols; /* FP8 */
 } tplan;
 
@@ -167,7 +169,10 @@ static int class_quant(const convert_opts *o, int cls) {
     int q = o->cls[cls];
     if (q != CVQ_DEFAULT) return q;
     q = o->quant != CVQ_DEFAULT ? o->quant : CVQ_BF16;
-    if (cls == CV_MTP && q == CVQ_Q4) q = CVQ_Q8;
+    if (cls == CV_MTP && (q == CVQ_Q4 || q == CVQ_Q4X)) q = CVQ_Q8;
+    /* --quant q4x: the always-active dense MLPs and shared experts stay int8 (a few % of a
+     * small model's bytes, ~0.5 % of GLM-5.2's; they carry every token) */
+    if (cls == CV_DENSE && q == CVQ_Q4X) q = CVQ_Q8;
     return q;
 }
 
@@ -177,6 +182,9 @@ static int plan_matrix(cv *c, const ent *e, int cls, tplan *tp) {
     const pt_wview *s = &e->src;
     int virt = c->src->row != NULL;
     int q = is_router(e->name) ? CVQ_F32 : class_quant(c->o, cls);
+    /* --quant q4x is a recipe: the DSA indexer (small, and its top-k cut turns small errors
+     * into other keys) stays int8 unless --attention names a format itself */
+    if (q == CVQ_Q4X && cls == CV_ATTN && c->o->cls[CV_ATTN] == CVQ_DEFAULT && strstr(e->name, ".self_attn.indexer.")) q = CVQ_Q8;
     switch (q) {
     case CVQ_F32: tp->q = PT_F32; break;
     case CVQ_BF16:
@@ -186,6 +194,7 @@ static int plan_matrix(cv *c, const ent *e, int cls, tplan *tp) {
     case CVQ_Q8: tp->q = PT_Q8_G32; tp->scale_dtype = PT_BF16; break;
     case CVQ_Q8ROW: tp->q = PT_Q8_ROW; tp->scale_dtype = PT_F32; break;
     case CVQ_Q4: tp->q = PT_Q4_G64; tp->scale_dtype = PT_BF16; break;
+    case CVQ_Q4X: tp->q = PT_Q4_G64; tp->scale_dtype = PT_BF16; tp->q4x = 1; break;
     default: return pt_err(c->err, PETREL_EINVAL, "bad quant choice %d", q);
     }
     if (!virt && s->qtype == tp->q && s->row_bytes == pt_qtype_row_bytes(tp->q, e->cols)) {
@@ -405,6 +414,7 @@ typedef struct rowjob {
     const tplan *tp;
     int64_t r0, n, per_task;
     uint8_t *pay, *sc;          /* destination of row r0 (payload, scales) */
+    const pt_q4x_ctx *q4x;      /* q4x calibration statistics (borrowed) or NULL */
     float **fbuf;               /* per thread [cols] */
     int bad;
 } rowjob;
@@ -430,7 +440,9 @@ static void row_task(void *ctx, int task, int thread) {
         }
         if (c->src->row) c->src->row(c->src->row_ctx, j->e->name, j->e->rows, cols, r, f);
         else pt_dequant_row(j->src, r, f);
-        if (pt_quant_row(tp->q, f, cols, dst, spr ? j->sc + i * spr * es : NULL, tp->scale_dtype) < 0) j->bad = 1;
+        int qr = tp->q4x ? pt_quant_row_q4x(f, cols, j->q4x, dst, j->sc + i * spr * es, tp->scale_dtype)
+                         : pt_quant_row(tp->q, f, cols, dst, spr ? j->sc + i * spr * es : NULL, tp->scale_dtype);
+        if (qr < 0) j->bad = 1;
     }
 }
 
@@ -439,7 +451,8 @@ static int convert_rows(cv *c, const ent *e, const pt_wview *src, const tplan *t
                         float **fbuf) {
     pt_pool *pool = kn_pool();
     int nt = pool_threads(pool);
-    rowjob j = {c, e, src, tp, r0, n, 0, pay, sc, fbuf, 0};
+    rowjob j = {c, e, src, tp, r0, n, 0, pay, sc, NULL, fbuf, 0};
+    if (tp->q4x && c->o->calib) j.q4x = calib_q4x(c->o->calib, e->name, e->cols);
     int tasks = nt * 4;
     if (tasks > n) tasks = (int)n;
     j.per_task = (n + tasks - 1) / tasks;

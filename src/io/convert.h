@@ -17,7 +17,8 @@
  * Number formats (per class, see convert_quant): norms, biases and the router stay f32;
  * bf16 is lossless for bf16, f16 and FP8 sources (FP8 stays FP8 with its block scales, f16 stays
  * f16); q8 = int8 per group of 32 with bf16 scales; q8row = int8 per row with f32 scales;
- * q4 = int4 per group of 64 with bf16 scales. A source already in the target format is copied
+ * q4 = int4 per group of 64 with bf16 scales, round to nearest; q4x = the same bytes chosen by
+ * pt_quant_row_q4x's search (importance-weighted when opts.calib is set). A source already in the target format is copied
  * bit-exactly (e.g. colibri int4 into q4 keeps its scales). */
 #ifndef PETREL_IO_CONVERT_H
 #define PETREL_IO_CONVERT_H
@@ -28,22 +29,25 @@
 #include "petrel.h"
 
 typedef enum { CV_EXPERTS, CV_ATTN, CV_DENSE, CV_EMBED, CV_MTP, CV_CLASS_COUNT } convert_class;
-typedef enum { CVQ_DEFAULT = 0, CVQ_F32, CVQ_BF16, CVQ_Q8, CVQ_Q8ROW, CVQ_Q4, CVQ_COUNT } convert_quant;
+typedef enum { CVQ_DEFAULT = 0, CVQ_F32, CVQ_BF16, CVQ_Q8, CVQ_Q8ROW, CVQ_Q4, CVQ_Q4X, CVQ_COUNT } convert_quant;
 extern const char *const convert_class_names[CV_CLASS_COUNT]; /* "experts", "attention", ... */
-/* "f32", "bf16", "q8", "q8row", "q4" -> CVQ_*; -1 if unknown. */
+/* "f32", "bf16", "q8", "q8row", "q4", "q4x" -> CVQ_*; -1 if unknown. */
 int convert_quant_parse(const char *s);
 const char *convert_quant_name(int q);
 
 typedef struct convert_opts {
     int quant;                     /* CVQ_* for every class (CVQ_DEFAULT = bf16) */
     int cls[CV_CLASS_COUNT];       /* per-class overrides, CVQ_DEFAULT = follow `quant` (MTP: q8
-                                      when `quant` is q4, since int4 breaks MTP drafting) */
+                                      when `quant` is q4 or q4x, since int4 breaks MTP drafting;
+                                      q4x: dense MLPs + shared experts and the DSA indexer q8) */
     int progress;                  /* progress lines on stderr */
     int stop_after;                /* test hook: stop (PETREL_ERANGE) after this many items */
     const char *label;             /* progress prefix, default "convert" */
     int expert_plain;              /* 1: routed experts in the plain layout; 0 (default): q8/q4
                                       expert parts row-interleaved (PT_LAYOUT_R16) where the
                                       shape allows, for the int8-activation kernels */
+    const struct calib_stats *calib; /* borrowed, or NULL: activation statistics (io/calib.h)
+                                      that weight q4x's error per input column */
 } convert_opts;
 
 typedef struct convert_result {

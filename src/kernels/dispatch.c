@@ -31,6 +31,14 @@ static int g_actq = 1;
 static int g_r16 = 1; /* PETREL_R16=0 turns the row-interleaved layout off */
 static pt_pool *g_pool;
 static int g_threads;
+/* kn_set_observer: a calibration hook (src/io/calib.c) shown every kn_matmul input */
+static kn_observer_fn g_obs;
+static void *g_obs_ctx;
+
+void kn_set_observer(kn_observer_fn fn, void *ctx) {
+    g_obs = fn;
+    g_obs_ctx = ctx;
+}
 
 /* CPUID + XGETBV directly (clang 14's __builtin_cpu_supports rejects "f16c"): the OS must save
  * the YMM (and for AVX-512 the opmask/ZMM) state, XCR0 bits 1-2 and 5-7. */
@@ -287,6 +295,7 @@ static void classify(mm_part *p, const pt_wview *W, const float *x, int n, float
 
 void kn_matmul(const pt_wview *W, const float *x, int n, float *y) {
     if (n <= 0 || W->rows <= 0) return;
+    if (g_obs) g_obs(g_obs_ctx, W, x, n);
     ensure_init();
     mm_part p;
     classify(&p, W, x, n, y);
@@ -297,10 +306,13 @@ void kn_matmul_many(const kn_job *jobs, int n_jobs) {
     ensure_init();
     mm_part stackp[32];
     mm_part *parts = n_jobs <= 32 ? stackp : malloc(sizeof(mm_part) * (size_t)n_jobs);
-    if (!parts) { /* out of memory: one at a time */
+    if (!parts) { /* out of memory: one at a time (kn_matmul shows each job to the observer) */
         for (int k = 0; k < n_jobs; k++) kn_matmul(jobs[k].W, jobs[k].x, jobs[k].n, jobs[k].y);
         return;
     }
+    if (g_obs)
+        for (int k = 0; k < n_jobs; k++)
+            if (jobs[k].n > 0 && jobs[k].W->rows > 0) g_obs(g_obs_ctx, jobs[k].W, jobs[k].x, jobs[k].n);
     int np = 0;
     for (int k = 0; k < n_jobs; k++)
         if (jobs[k].n > 0 && jobs[k].W->rows > 0)

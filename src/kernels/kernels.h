@@ -66,6 +66,13 @@ typedef struct kn_job {
 void kn_matmul_many(const kn_job *jobs, int n_jobs);
 void kn_ref_matmul_many(const kn_job *jobs, int n_jobs);
 
+/* Observer (calibration, src/io/calib.c): while set, kn_matmul and kn_matmul_many show fn each
+ * product's weight view and input rows x[n][W->cols] before computing it (kn_matmul_t is not
+ * shown). fn may be called from several threads at once and must not call kernels. NULL: off
+ * (one predictable branch per call). Not thread-safe against running kernels. */
+typedef void (*kn_observer_fn)(void *ctx, const pt_wview *W, const float *x, int n);
+void kn_set_observer(kn_observer_fn fn, void *ctx);
+
 /* Transposed product: y[n][W->cols] = x[n][W->rows] . W, i.e. y[i][c] = sum_r x[i][r] W[r][c]
  * (each weight row read once, accumulated axpy-style, r ascending, f32 fma). Any pt_qtype;
  * parallel over 64-column tiles; rows of y independent of n (bitwise). Exact f32 activations. */

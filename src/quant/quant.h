@@ -41,6 +41,32 @@ int pt_scale_dtype_bytes(int scale_dtype);
 int pt_quant_row(pt_qtype q, const float *w, int64_t cols, uint8_t *out, void *scales,
                  int scale_dtype);
 
+/* q4x: PT_Q4_G64 bytes (same layout and dequantization as above) chosen by a search
+ * (src/quant/q4x.c). Per group: all 16 levels (the scale may be negative), a grid of candidate
+ * scales with least-squares refinement, each judged by sum_j u_j (w_j - s q_j)^2 with the stored
+ * (rounded) scale; u_j = imp[j] + 0.02 * mean(imp over the group), or 1 without statistics. RTN
+ * (pt_quant_row's choice) is one of the candidates, so no group's error exceeds RTN's.
+ * With a calibration's second moments H = E[x x^T] of the matrix's input (ctx->H, ctx->U from
+ * pt_q4x_prepare) the row is also quantized GPTQ-style (columns in order, each rounding error
+ * spread over the later columns through the Cholesky factor of H^-1, group scales searched when
+ * a group is reached), and of {RTN, the group search, GPTQ} the row keeps the one with the
+ * smallest output error dw^T H dw. */
+typedef struct pt_q4x_ctx {
+    int64_t cols;
+    const float *imp;  /* [cols] mean x_j^2 (the diagonal of H), or NULL: unweighted */
+    const double *H;   /* [cols][cols] E[x x^T], or NULL: group search only */
+    const double *U;   /* [cols][cols] upper Cholesky factor of (H + damping)^-1, with H */
+} pt_q4x_ctx;
+/* ctx may be NULL (unweighted search). Returns 0, or -1 for a bad scale_dtype or out of memory. */
+int pt_quant_row_q4x(const float *w, int64_t cols, const pt_q4x_ctx *ctx, uint8_t *out, void *scales,
+                     int scale_dtype);
+/* U [cols][cols] from H (damped by 1 % of its mean diagonal, more if H is singular). Returns 0,
+ * or -1 if H is not usable (U then undefined). */
+int pt_q4x_prepare(const double *H, int64_t cols, double *U);
+/* The weighted error q4x minimizes for one group of n <= 64 values (imp as above, may be NULL)
+ * with scale s and levels q; for tests. */
+double pt_q4x_group_error(const float *w, const float *imp, int n, float s, const int8_t *q);
+
 /* Fills a view for row-major data written by pt_quant_row (not for FP8: its block scales come
  * from the checkpoint and the caller fills those fields). */
 pt_wview pt_wview_make(pt_qtype q, int64_t rows, int64_t cols, const void *data,
