@@ -122,7 +122,9 @@ int cli_engine_open(const cli_model_opts *mo, petrel_engine **eng, petrel_error 
     *eng = NULL;
     if (mo->open.trace_out && pt_out_check(mo->open.trace_out, mo->model, err) < 0) /* before minutes of loading */
         return pt_err_ctx(err, "--trace-out");
-    int rc = petrel_engine_open(mo->model, &mo->open, eng, err);
+    petrel_open_opts oo = mo->open;
+    oo.load_progress = oo.load_progress || isatty(STDERR_FILENO); /* a long load must not look hung */
+    int rc = petrel_engine_open(mo->model, &oo, eng, err);
     if (rc == 0 && (mo->open.mem_budget || mo->open.expert_slots)) {
         const char *plan = petrel_engine_plan(*eng);
         if (plan && *plan) fprintf(stderr, "petrel: memory plan for %s:\n%s%s", mo->model, plan, plan[strlen(plan) - 1] == '\n' ? "" : "\n");

@@ -48,6 +48,9 @@ typedef struct petrel_open_opts {
                                petrel_engine_finish (or close); checked at open */
     int inspect_only;       /* weights stay mapped from the file (no copy into memory, no
                                relayout): for reading the model's description, not for speed */
+    int load_progress;      /* print the load's progress on stderr (weights copied, expert records
+                               read and checked) once it has run a second, even when not verbose;
+                               the CLI sets it when stderr is a terminal */
     int no_verify;          /* packs opened with every expert resident: skip the checksums of the
                                routed-expert records read at open (resident tensors and experts
                                streamed under a budget are still checked) */

@@ -24,11 +24,15 @@ static int open_colibri(petrel_engine *e, const char *dir, petrel_error *err) {
     return weights_bind(&e->w, &e->cfg, &ws, err);
 }
 
-static void load_progress(uint64_t done, uint64_t total, void *ud) {
-    int *last = ud, pct = total ? (int)(done * 100 / total) : 100;
-    if (pct / 10 == *last / 10 && pct != 100) return;
-    *last = pct;
-    fprintf(stderr, "\rloading weights: %3d%% of %.2f GB", pct, (double)total / 1e9);
+void load_pg_fn(uint64_t done, uint64_t total, void *ud) {
+    load_pg *g = ud;
+    int pct = total ? (int)(done * 100 / total) : 100;
+    if (!g->t0) g->t0 = pt_now_ns();
+    if (!g->verbose && !g->shown && pt_now_ns() - g->t0 < 1000000000ull) return; /* quick loads stay quiet */
+    if (g->shown && pct / 10 == g->last / 10 && pct != 100) return;
+    g->shown = 1;
+    g->last = pct;
+    fprintf(stderr, "\rloading %s: %3d%% of %.2f GB%s", g->what, pct, (double)total / 1e9, g->note ? g->note : "");
     if (pct == 100) fputc('\n', stderr);
 }
 
@@ -39,10 +43,11 @@ static void load_progress(uint64_t done, uint64_t total, void *ud) {
 static int open_pack(petrel_engine *e, const char *path, const petrel_open_opts *o, petrel_error *err) {
     PT_TRY(pack_open(path, &e->pack, err));
     PT_TRY(pack_load_config(e->pack, &e->cfg, err));
-    int streaming = o && (o->mem_budget || o->expert_slots), last = -10;
+    int streaming = o && (o->mem_budget || o->expert_slots);
+    load_pg pg = {.what = "weights", .verbose = o && o->verbose};
     uint64_t copied = 0;
     if (!o || !o->inspect_only) {
-        PT_TRY(pack_load_resident(e->pack, !streaming, o && o->mem_budget, &copied, o && o->verbose ? load_progress : NULL, &last, err));
+        PT_TRY(pack_load_resident(e->pack, !streaming, o && o->mem_budget, &copied, o && (o->verbose || o->load_progress) ? load_pg_fn : NULL, &pg, err));
         if (!streaming) PT_TRY(stream_load_experts(e, o, err)); /* every record read and checked */
     }
     wsource ws;

@@ -59,6 +59,14 @@ struct petrel_engine {
 /* Expert streaming glue (stream.c). */
 int stream_open(petrel_engine *e, const petrel_open_opts *opts, petrel_error *err);
 void stream_close(petrel_engine *e);
+/* Load progress on stderr ("loading weights: 40% of 2.68 GB"), for pack_load_resident and
+ * xs_load_all: in steps of 10 %, only once the load has run a second unless verbose. */
+typedef struct load_pg {
+    const char *what, *note; /* "weights"; appended to each line, or NULL */
+    int verbose, shown, last;
+    uint64_t t0;
+} load_pg;
+void load_pg_fn(uint64_t done, uint64_t total, void *ud);
 /* A pack opened with every expert resident: reads every record into the pack's copy when it
  * holds them, else only checks them (o->no_verify: skips the checksums, and the check-only
  * pass entirely), through the expert I/O pool. */

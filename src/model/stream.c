@@ -51,14 +51,6 @@ static int load_rec_cb(void *ctx, int layer, int expert, uint64_t *off, uint64_t
     return 0;
 }
 
-static void load_progress(uint64_t done, uint64_t total, void *ud) {
-    int *last = ud, pct = total ? (int)(done * 100 / total) : 100;
-    if (pct / 10 == last[0] / 10 && pct != 100) return;
-    last[0] = pct;
-    fprintf(stderr, "\rloading experts: %3d%% of %.2f GB (%s)", pct, (double)total / 1e9, last[1] ? "checksums checked" : "not checked: no_verify");
-    if (pct == 100) fputc('\n', stderr);
-}
-
 int stream_load_experts(petrel_engine *e, const petrel_open_opts *o, petrel_error *err) {
     const pack *p = e->pack;
     int verify = !(o && o->no_verify);
@@ -73,8 +65,9 @@ int stream_load_experts(petrel_engine *e, const petrel_open_opts *o, petrel_erro
     xs_source src = {.ctx = &ls, .path = pack_path(p), .fd = pack_fd(p), .n_layers = p->n_elayers, .n_experts = E,
                      .record = load_rec_cb, .layer_ids = ids};
     xs_store_opts so = {.io_mode = XS_IO_BUFFERED, .retries = 1, .verify = verify ? 1 : -1};
-    int last[2] = {-10, verify};
-    int rc = xs_load_all(&src, p->copy_experts ? p->copy : NULL, &so, o && o->verbose ? load_progress : NULL, last, err);
+    load_pg pg = {.what = p->copy_experts ? "experts" : "experts (checking them)", .verbose = o && o->verbose,
+                  .note = verify ? ", checksums checked" : ", checksums not checked (no_verify)"};
+    int rc = xs_load_all(&src, p->copy_experts ? p->copy : NULL, &so, o && (o->verbose || o->load_progress) ? load_pg_fn : NULL, &pg, err);
     free(ids);
     return rc;
 }
