@@ -11,6 +11,8 @@
  *   io       one I/O thread on io_uring (or pread threads), O_DIRECT when the file system
  *            allows it, one read per expert, checksum on every read, and one fault seam
  *            (xs_io_fault_hook) that every completed read passes through
+ *   load     xs_load_all: every record read once through the same pool and checks (a model
+ *            whose experts are all resident)
  *   trace    routing traces (text, `# petrel-trace v1 ...`), replay of a policy against the
  *            offline optimum (Belady/MIN) at equal capacity
  *

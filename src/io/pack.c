@@ -1,8 +1,11 @@
 /* pack.c: opening, validating and reading petrel packs (format in pack.h), and the wsource that
  * binds an engine's weights to a pack. The header is untrusted: every field is type-checked,
  * every byte count must equal what qtype x shape implies, every range must lie inside the file
- * and past the header. Data checksums are checked on demand, never implicitly at open (a
- * 400 GB pack must open in milliseconds). */
+ * and past the header. pack_open checks no data checksum (a 400 GB pack must open in
+ * milliseconds, and an inspect-only open reads no weights); whoever reads data checks it:
+ * pack_load_resident the tensors it copies (or serves from the map), the engine every expert
+ * record of a fully resident load (stream_load_experts), the expert store every streamed read,
+ * pack_read_file a side file. */
 #include "io/pack.h"
 #include "kernels/kernels.h"
 

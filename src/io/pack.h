@@ -39,8 +39,10 @@
  *
  * Invariants checked at open (the header is untrusted input): magic, version, header length and
  * checksum, file size equal to the prefix's file_size, every range inside the file, byte counts
- * equal to what qtype x shape implies, record sizes and alignment. Data checksums are checked on
- * demand (pack_read_expert, pack_check_expert) or in full by pack_verify. */
+ * equal to what qtype x shape implies, record sizes and alignment. Data checksums are checked by
+ * whoever reads the data: pack_load_resident (resident tensors), pack_read_expert /
+ * pack_check_expert, pack_read_file (side files), the engine's load of resident experts and
+ * the expert store's reads (src/experts), or in full by pack_verify. */
 #ifndef PETREL_IO_PACK_H
 #define PETREL_IO_PACK_H
 #include <stddef.h>
