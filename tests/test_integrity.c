@@ -566,3 +566,21 @@ TEST(integrity, cli_template_from_pack) {
     CHECK_MSG(test_sh(cmd, o2, sizeof o2, err, sizeof err) == 0, "%s", err);
     CHECK_MSG(o1[0] && !strcmp(o1, o2), "folder \"%s\" vs pack \"%s\"", o1, o2);
 }
+
+/* a side file that is there but cannot be stored (here a FIFO, which must not block) fails the
+ * conversion in one line before any output exists: the pack would silently lack it */
+TEST(integrity, convert_refuses_unreadable_side_file) {
+    char dir[600], cmd[8192], out[1024], err[1024];
+    snprintf(dir, sizeof dir, "%s/integrity-fifotok", test_tmpdir());
+    snprintf(cmd, sizeof cmd, "mkdir -p %s && cp %s/config.json %s/ && ln -sf \"$(cd %s && pwd)/model.safetensors\" %s/model.safetensors && "
+             "rm -f %s/tokenizer.json && mkfifo %s/tokenizer.json", dir, test_data("tiny"), dir, test_data("tiny"), dir, dir, dir);
+    CHECK_EQ_INT(test_sh(cmd, out, sizeof out, err, sizeof err), 0);
+    const char *pk = tmp("integrity-fifotok.pack");
+    convert_opts o = {0};
+    petrel_error e = {0};
+    convert_result r;
+    CHECK_EQ_INT(convert_hf(dir, pk, &o, &r, &e), PETREL_EIO);
+    CHECK_MSG(strstr(e.msg, "tokenizer.json is not a regular file"), "msg: %s", e.msg);
+    struct stat st;
+    CHECK(stat(pk, &st) < 0);
+}

@@ -854,6 +854,10 @@ int convert_configs_load(const char *dir, convert_configs *cc, petrel_error *err
         struct stat st;
         snprintf(path, sizeof path, "%s/%s", dir, side[i]);
         if (stat(path, &st) < 0 && errno == ENOENT) continue;
+        if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
+            rc = pt_err(err, PETREL_EIO, "%s is not a regular file (the pack would store it as the model's %s)", path, side[i]);
+            break;
+        }
         char *data = NULL;
         size_t len = 0;
         rc = pt_read_file(path, (size_t)PACK_FILE_MAX_BYTES, &data, &len, err);

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "base/err.h"
 #include "base/file.h"
@@ -15,9 +16,8 @@ int jinja_load_chat_template(const char *dir, char **out, size_t *out_len, petre
     *out = NULL;
     snprintf(path, sizeof path, "%s/chat_template.jinja", dir);
     size_t len;
-    FILE *probe = fopen(path, "rb");
-    if (probe) {
-        fclose(probe);
+    struct stat st;
+    if (stat(path, &st) == 0) { /* present: it must be readable (an unreadable one is an error, not skipped) */
         int rc = pt_read_file(path, (size_t)1 << 30, out, &len, err);
         if (rc == 0 && out_len) *out_len = len;
         return rc;
