@@ -114,6 +114,29 @@ TEST(integrity, resident_expert_corruption_refused) {
     CHECK(eng && eng->pack->copy_experts);
     petrel_engine_close(eng);
     eng = NULL;
+    /* ... and nothing else: a damaged resident tensor is still refused under no_verify */
+    {
+        const char *good = tiny_pack();
+        pack *p;
+        size_t n;
+        uint8_t *bb = NULL;
+        uint64_t off = 0;
+        if (good && pack_open(good, &p, &err) == 0) {
+            const pack_tensor *t = pack_find(p, "model.layers.2.self_attn.o_proj.weight");
+            off = t ? t->offset + 5 : 0;
+            pack_close(p);
+            bb = slurp(good, &n);
+        }
+        CHECK(bb && off);
+        if (bb && off) {
+            bb[off] ^= 0x08;
+            const char *badr = tmp("integrity-resident.pack");
+            spit(badr, bb, n);
+            CHECK_EQ_INT(petrel_engine_open(badr, &nv, &eng, &err), PETREL_EFORMAT);
+            CHECK_MSG(strstr(err.msg, "o_proj") && strstr(err.msg, "checksum"), "msg: %s", err.msg);
+        }
+        free(bb);
+    }
     /* inspect-only opens use no expert and check none */
     petrel_open_opts io = {0};
     io.inspect_only = 1;
@@ -161,6 +184,22 @@ TEST(integrity, streamed_expert_layers_numbered_as_info) {
     CHECK_EQ_INT(rc, PETREL_EFORMAT);
     CHECK_MSG(strstr(err.msg, "layer 2 expert 5: checksum mismatch") != NULL, "msg: %s", err.msg);
     CHECK_MSG(occurrences(err.msg, bad) == 1, "msg: %s", err.msg);
+    petrel_session_free(s);
+    petrel_engine_close(eng);
+    /* no_verify does not switch off the streamed reads' checks (help: "still checked") */
+    so.no_verify = 1;
+    eng = NULL;
+    s = NULL;
+    CHECK_MSG(petrel_engine_open(bad, &so, &eng, &err) == 0, "%s", err.msg);
+    if (!eng) return;
+    CHECK(petrel_session_create(eng, 8, &s, &err) == 0);
+    rc = 0;
+    for (int k = 0; k < 40 && rc == 0 && s; k++) {
+        petrel_session_truncate(s, 0, &err);
+        for (int i = 0; i < 6; i++) ids[i] = (ids[i] * 7 + 13 + k) % 1024;
+        rc = petrel_session_forward(s, ids, 6, NULL, 0, &err);
+    }
+    CHECK_EQ_INT(rc, PETREL_EFORMAT);
     petrel_session_free(s);
     petrel_engine_close(eng);
 }
