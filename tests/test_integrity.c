@@ -623,3 +623,27 @@ TEST(integrity, convert_refuses_unreadable_side_file) {
     struct stat st;
     CHECK(stat(pk, &st) < 0);
 }
+
+/* convert --in: a pack, a stray file or a FIFO is named for what it is (was "cannot open
+ * ./config.json" or a safetensors header error about config.json), and nothing is written */
+TEST(integrity, convert_input_not_a_model) {
+    const char *pk = tiny_pack();
+    if (!pk) return;
+    char cfg[600], fifo[600], cmd[1400], out[256], err[256];
+    snprintf(cfg, sizeof cfg, "%s/config.json", test_data("tiny"));
+    snprintf(fifo, sizeof fifo, "%s/integrity-in.fifo", test_tmpdir());
+    snprintf(cmd, sizeof cmd, "rm -f %s && mkfifo %s", fifo, fifo);
+    CHECK_EQ_INT(test_sh(cmd, out, sizeof out, err, sizeof err), 0);
+    const char *ins[3] = {pk, cfg, fifo};
+    const char *want[3] = {"is a petrel pack already", "is not a model", "not a folder or a regular file"};
+    for (int i = 0; i < 3; i++) {
+        const char *o = tmp("integrity-convert-out.pack");
+        convert_opts co = {0};
+        petrel_error e = {0};
+        convert_result r;
+        CHECK(convert_hf(ins[i], o, &co, &r, &e) < 0);
+        CHECK_MSG(strstr(e.msg, want[i]) && !strstr(e.msg, "config.json:") && !strchr(e.msg, '\n'), "%s: %s", ins[i], e.msg);
+        struct stat st;
+        CHECK(stat(o, &st) < 0);
+    }
+}

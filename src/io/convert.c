@@ -881,6 +881,11 @@ void convert_configs_free(convert_configs *cc) {
 int convert_hf(const char *in, const char *out_path, const convert_opts *o, convert_result *res, petrel_error *err) {
     struct stat st;
     if (stat(in, &st) < 0) return pt_err(err, PETREL_EIO, "cannot open %s: no such file or folder", in);
+    if (!S_ISDIR(st.st_mode) && !S_ISREG(st.st_mode))
+        return pt_err(err, PETREL_EINVAL, "%s is not a model: not a folder or a regular file", in);
+    if (!S_ISDIR(st.st_mode) && pack_is_pack(in))
+        return pt_err(err, PETREL_EINVAL, "%s is a petrel pack already: convert reads Hugging Face folders, .safetensors files and colibri folders", in);
+    if (!S_ISDIR(st.st_mode)) PT_TRY(engine_check_model_file(in, err));
     char dir[4096], tmp[4096];
     snprintf(dir, sizeof dir, "%s", in);
     if (!S_ISDIR(st.st_mode)) {

@@ -62,7 +62,7 @@ static int open_pack(petrel_engine *e, const char *path, const petrel_open_opts 
  * config.json): anything else gets a line saying what the file is not, instead of the folder's
  * missing config.json. A file whose header says petrel-pack behind a wrong magic is a damaged
  * pack. */
-static int check_model_file(const char *path, petrel_error *err) {
+int engine_check_model_file(const char *path, petrel_error *err) {
     uint8_t b[96] = {0};
     FILE *f = fopen(path, "rb");
     if (!f) return pt_err(err, PETREL_EIO, "cannot open model %s: %s", path, strerror(errno));
@@ -79,8 +79,8 @@ static int check_model_file(const char *path, petrel_error *err) {
     size_t pl = strlen(path);
     int st_name = pl >= 12 && !strcmp(path + pl - 12, ".safetensors");
     if (st_name || (n >= 9 && b[8] == '{' && hl >= 2 && size > 8 && hl <= (uint64_t)size - 8)) return 0; /* safetensors: st_open judges it */
-    return pt_err(err, PETREL_EFORMAT, "%s is not a model: not a folder, not a petrel pack (no \"%s\" magic), not a .safetensors file "
-                                       "(give a Hugging Face folder, a .safetensors file or a pack)", path, PACK_MAGIC);
+    return pt_err(err, PETREL_EFORMAT, "%s is not a model: not a folder, not a petrel pack (no \"%s\" magic), not a .safetensors file", path,
+                  PACK_MAGIC);
 }
 
 int petrel_engine_open(const char *path, const petrel_open_opts *opts, petrel_engine **out, petrel_error *err) {
@@ -108,7 +108,7 @@ int petrel_engine_open(const char *path, const petrel_open_opts *opts, petrel_en
     }
     int is_pack = !S_ISDIR(st.st_mode) && pack_is_pack(path);
     if (!S_ISDIR(st.st_mode) && !is_pack) {
-        int rc = check_model_file(path, err);
+        int rc = engine_check_model_file(path, err);
         if (rc < 0) {
             free(e);
             return rc;

@@ -56,6 +56,11 @@ struct petrel_engine {
     char trace_out[4096];
 };
 
+/* A model given as a regular file that is not a pack: 0 if it may be a safetensors file (st_open
+ * judges it), else PETREL_EFORMAT with a line saying what it is not (or that it is a pack whose
+ * magic is damaged). */
+int engine_check_model_file(const char *path, petrel_error *err);
+
 /* Expert streaming glue (stream.c). */
 int stream_open(petrel_engine *e, const petrel_open_opts *opts, petrel_error *err);
 void stream_close(petrel_engine *e);
