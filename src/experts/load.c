@@ -3,7 +3,8 @@
  * fully resident load checks each record exactly as a streamed read would, and tests inject
  * faults into it the same way.
  *
- * The calling thread keeps at most WINDOW_PER_THREAD reads per I/O thread queued (in file order)
+ * The calling thread keeps at most WINDOW_PER_THREAD reads per I/O thread queued (2 when only
+ * checking, since each then holds a scratch buffer; in file order)
  * and reports progress as they finish; after the first failure it queues nothing more, waits
  * for what is in flight and returns the failure with the lowest (layer, expert). With base NULL
  * (check only), each read in flight has its own scratch buffer of the largest record. */
@@ -55,7 +56,7 @@ int xs_load_all(const xs_source *src, uint8_t *base, const xs_store_opts *opts,
     if (n <= 0) return 0;
     int threads = o.io_threads > 0 ? o.io_threads : XS_IO_DEFAULT_THREADS;
     if (threads > XS_IO_MAX_THREADS) threads = XS_IO_MAX_THREADS;
-    int window = threads * WINDOW_PER_THREAD;
+    int window = threads * (base ? WINDOW_PER_THREAD : 2); /* check-only: each read in flight holds a scratch record */
     xs_ioreq *reqs = calloc((size_t)n, sizeof *reqs);
     if (!reqs) return pt_err(err, PETREL_ENOMEM, "out of memory for %ld expert reads", n);
     uint64_t total = 0, maxrec = 0;
