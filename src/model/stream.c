@@ -41,10 +41,8 @@ static int views_cb(void *ctx, int layer, int expert, const uint8_t *rec, pt_wvi
  * into the pack's copy when it holds the experts, else only to check them (they are then served
  * from the file map). Store layers here are the pack's expert layers (the MTP layer included);
  * messages name them by checkpoint layer, as `petrel info` does. */
-typedef struct { const pack *p; } load_src;
-
 static int load_rec_cb(void *ctx, int layer, int expert, uint64_t *off, uint64_t *bytes, uint64_t *xxh, petrel_error *err) {
-    const pack *p = ((const load_src *)ctx)->p;
+    const pack *p = ctx;
     if (pack_expert_record(p, p->elayers[layer].layer, expert, off, bytes, xxh))
         return pt_err(err, PETREL_EFORMAT, "the pack has no record for it (layer %d has %d experts)", p->elayers[layer].layer,
                       p->elayers[layer].n_experts);
@@ -61,8 +59,7 @@ int stream_load_experts(petrel_engine *e, const petrel_open_opts *o, petrel_erro
         ids[i] = p->elayers[i].layer;
         if (p->elayers[i].n_experts > E) E = p->elayers[i].n_experts;
     }
-    load_src ls = {p};
-    xs_source src = {.ctx = &ls, .path = pack_path(p), .fd = pack_fd(p), .n_layers = p->n_elayers, .n_experts = E,
+    xs_source src = {.ctx = (void *)p, .path = pack_path(p), .fd = pack_fd(p), .n_layers = p->n_elayers, .n_experts = E,
                      .record = load_rec_cb, .layer_ids = ids};
     xs_store_opts so = {.io_mode = XS_IO_BUFFERED, .retries = 1, .verify = verify ? 1 : -1};
     load_pg pg = {.what = p->copy_experts ? "experts" : "experts (checking them)", .verbose = o && o->verbose,
