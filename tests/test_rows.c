@@ -154,3 +154,157 @@ TEST(rows, reconstructed_twin_close) {
     free(b);
     petrel_engine_close(e);
 }
+
+/* Random mixes of sessions in batches: K sessions with sequences of different lengths (most
+ * longer than index_topk, so DSA selects), fed through petrel_batch_forward in random slices
+ * (0..7 rows per session per batch, sessions in random order); every row's logits must be
+ * bitwise those of its session run alone in one pass. */
+static void check_batches(const char *what, petrel_engine *e, int K, int maxlen, int rounds) {
+    int V = e->cfg.vocab_size;
+    petrel_error err = {0};
+    for (int round = 0; round < rounds; round++) {
+        int len[8], fed[8];
+        int32_t *ids[8];
+        float *ref[8];
+        petrel_session *ss[8];
+        for (int k = 0; k < K; k++) {
+            len[k] = 1 + (int)(rnd() % (uint32_t)maxlen);
+            ids[k] = malloc(sizeof(int32_t) * (size_t)len[k]);
+            for (int i = 0; i < len[k]; i++) ids[k][i] = (int32_t)(rnd() % (uint32_t)V);
+            ref[k] = run_chunks(e, ids[k], len[k], &len[k], 1, MLA_AUTO);
+            fed[k] = 0;
+            CHECK(petrel_session_create(e, len[k], &ss[k], &err) == 0);
+        }
+        petrel_batch *b = NULL;
+        CHECK(petrel_batch_create(e, 8 * K, &b, &err) == 0);
+        petrel_row rows[64];
+        float *lg = malloc(sizeof(float) * (size_t)(8 * K) * V);
+        int bad = 0, steps = 0;
+        for (;;) {
+            int order[8], n = 0, left = 0;
+            for (int k = 0; k < K; k++) order[k] = k;
+            for (int k = K - 1; k > 0; k--) { int j = (int)(rnd() % (uint32_t)(k + 1)), t = order[k]; order[k] = order[j]; order[j] = t; }
+            int who[64], at[64];
+            for (int q = 0; q < K; q++) {
+                int k = order[q], take = (int)(rnd() % 8u);
+                if (take > len[k] - fed[k]) take = len[k] - fed[k];
+                for (int i = 0; i < take; i++) {
+                    rows[n] = (petrel_row){ss[k], ids[k][fed[k] + i], 1};
+                    who[n] = k, at[n] = fed[k] + i, n++;
+                }
+            }
+            for (int k = 0; k < K; k++) left += len[k] - fed[k];
+            if (!left) break;
+            if (!n) continue;
+            if (petrel_batch_forward(b, rows, n, lg, &err)) { test_fail(__FILE__, __LINE__, "%s: batch: %s", what, err.msg); bad = 1; break; }
+            steps++;
+            for (int i = 0; i < n; i++) {
+                fed[who[i]]++;
+                if (ref[who[i]] && memcmp(lg + (size_t)i * V, ref[who[i]] + (size_t)at[i] * V, sizeof(float) * (size_t)V)) {
+                    if (bad++ < 3)
+                        test_fail(__FILE__, __LINE__, "%s round %d: session %d row %d (of %d) differs batched (batch of %d rows)", what, round, who[i],
+                                  at[i], len[who[i]], n);
+                }
+            }
+        }
+        CHECK(bad == 0 && steps > 0);
+        for (int k = 0; k < K; k++) {
+            CHECK_EQ_INT(petrel_session_len(ss[k]), len[k]);
+            petrel_session_free(ss[k]);
+            free(ids[k]);
+            free(ref[k]);
+        }
+        petrel_batch_free(b);
+        free(lg);
+    }
+}
+
+static petrel_engine *open_path(const char *path, int slots) {
+    petrel_engine *e = NULL;
+    petrel_error err = {0};
+    petrel_open_opts o = {0};
+    o.expert_slots = slots;
+    if (petrel_engine_open(path, &o, &e, &err)) test_fail(__FILE__, __LINE__, "open %s: %s", path, err.msg);
+    return e;
+}
+
+static const char *pack_of(const char *name, int quant) {
+    static char pk[4][600];
+    static int slot;
+    char *p = pk[slot++ & 3];
+    snprintf(p, 600, "%s/batch-%s-%d.pack", test_tmpdir(), name, quant);
+    convert_opts o;
+    memset(&o, 0, sizeof o);
+    o.quant = quant;
+    convert_result res;
+    petrel_error err = {0};
+    if (convert_hf(test_data(name), p, &o, &res, &err)) test_fail(__FILE__, __LINE__, "convert %s: %s", name, err.msg);
+    return p;
+}
+
+TEST(rows, batch_mix_tiny) {
+    petrel_engine *e = open_path(test_data("tiny"), 0);
+    if (e) check_batches("tiny", e, 5, 40, 3);
+    petrel_engine_close(e);
+}
+TEST(rows, batch_mix_trained) {
+    petrel_engine *e = open_path(test_data("trained"), 0);
+    if (e) check_batches("trained", e, 4, 90, 1);
+    petrel_engine_close(e);
+}
+TEST(rows, batch_mix_fp8) {
+    petrel_engine *e = open_path(test_data("tiny-fp8"), 0);
+    if (e) check_batches("tiny-fp8", e, 3, 30, 1);
+    petrel_engine_close(e);
+}
+TEST(rows, batch_mix_q4_pack) {
+    petrel_engine *e = open_path(pack_of("trained", CVQ_Q4), 0);
+    if (e) check_batches("trained q4 pack", e, 4, 60, 1);
+    petrel_engine_close(e);
+}
+TEST(rows, batch_mix_streamed) { /* experts streamed through one slot per layer */
+    const char *pk = pack_of("odd", CVQ_Q4);
+    petrel_engine *e = open_path(pk, 1);
+    if (e) {
+        CHECK(e->xs != NULL);
+        check_batches("odd q4 streamed", e, 4, 40, 1);
+    }
+    petrel_engine_close(e);
+}
+
+TEST(rows, batch_bad_input) {
+    petrel_engine *e = open_path(test_data("tiny"), 0), *e2 = open_path(test_data("odd"), 0);
+    if (!e || !e2) { petrel_engine_close(e); petrel_engine_close(e2); return; }
+    petrel_error err = {0};
+    petrel_session *a, *b2, *other;
+    CHECK(petrel_session_create(e, 4, &a, &err) == 0);
+    CHECK(petrel_session_create(e, 16, &b2, &err) == 0);
+    CHECK(petrel_session_create(e2, 16, &other, &err) == 0);
+    petrel_batch *b;
+    CHECK(petrel_batch_create(e, 8, &b, &err) == 0);
+    CHECK(petrel_batch_create(e, 0, &(petrel_batch *){NULL}, &err) == PETREL_EINVAL);
+    petrel_row r1[3] = {{a, 1, 1}, {b2, 2, 1}, {a, 3, 1}}; /* a's rows apart */
+    CHECK(petrel_batch_forward(b, r1, 3, NULL, &err) == PETREL_EINVAL && strstr(err.msg, "consecutive"));
+    petrel_row r2[1] = {{a, e->cfg.vocab_size, 1}};
+    CHECK(petrel_batch_forward(b, r2, 1, NULL, &err) == PETREL_EINVAL && strstr(err.msg, "out of range"));
+    petrel_row r3[5] = {{a, 1, 0}, {a, 1, 0}, {a, 1, 0}, {a, 1, 0}, {a, 1, 1}}; /* 5 > capacity 4 */
+    CHECK(petrel_batch_forward(b, r3, 5, NULL, &err) == PETREL_ERANGE);
+    petrel_row r4[1] = {{other, 1, 1}};
+    CHECK(petrel_batch_forward(b, r4, 1, NULL, &err) == PETREL_EINVAL);
+    CHECK(petrel_batch_forward(b, r4, 0, NULL, &err) == PETREL_EINVAL);
+    petrel_row r5[9];
+    for (int i = 0; i < 9; i++) r5[i] = (petrel_row){b2, 1, 0};
+    CHECK(petrel_batch_forward(b, r5, 9, NULL, &err) == PETREL_EINVAL); /* over the batch's 8 */
+    CHECK_EQ_INT(petrel_session_len(a), 0); /* nothing appended by failed calls */
+    CHECK_EQ_INT(petrel_session_len(b2), 0);
+    petrel_row ok[2] = {{a, 1, 0}, {b2, 2, 1}};
+    CHECK(petrel_batch_forward(b, ok, 2, NULL, &err) == 0);
+    CHECK_EQ_INT(petrel_session_len(a), 1);
+    CHECK_EQ_INT(petrel_session_len(b2), 1);
+    petrel_batch_free(b);
+    petrel_session_free(a);
+    petrel_session_free(b2);
+    petrel_session_free(other);
+    petrel_engine_close(e);
+    petrel_engine_close(e2);
+}
