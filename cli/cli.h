@@ -77,6 +77,7 @@ void cli_progress_fn(void *user, long long done, long long total);
 CLI_CMD(info);
 CLI_CMD(logits);
 CLI_CMD(generate);
+CLI_CMD(batch);
 CLI_CMD(tokenize); CLI_CMD(detokenize);
 CLI_CMD(template);
 CLI_CMD(run); CLI_CMD(chat);

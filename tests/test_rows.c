@@ -308,3 +308,80 @@ TEST(rows, batch_bad_input) {
     petrel_engine_close(e);
     petrel_engine_close(e2);
 }
+
+/* `petrel batch` == `petrel generate` per prompt: prompts of very different lengths (1 to 300
+ * tokens, longer than index_topk), more prompts than --max-batch so finished sessions hand
+ * their place on, small --max-rows so long prompts take several forwards, bad lines failing
+ * alone. */
+static void batch_vs_generate(const char *model, int nprompt, int maxlen, int ngen, const char *extra) {
+    const char *b = getenv("PETREL_BIN");
+    if (!b) { fprintf(stderr, "note: PETREL_BIN unset, batch CLI test skipped\n"); return; }
+    char path[600];
+    snprintf(path, sizeof path, "%s/prompts-%d.txt", test_tmpdir(), nprompt);
+    FILE *f = fopen(path, "w");
+    if (!f) { test_fail(__FILE__, __LINE__, "cannot write %s", path); return; }
+    int V = 1024;
+    char (*want)[4096] = calloc((size_t)nprompt + 2, 4096);
+    char *cmd = malloc(16384), *out = malloc(1 << 16), *err = malloc(8192);
+    for (int i = 0; i < nprompt; i++) {
+        int n = i == 0 ? 1 : i == 1 ? maxlen : 1 + (int)(rnd() % (uint32_t)maxlen);
+        char *ids = malloc((size_t)n * 8 + 8);
+        size_t o = 0;
+        for (int k = 0; k < n; k++) o += (size_t)sprintf(ids + o, k ? ",%u" : "%u", rnd() % (uint32_t)V);
+        fprintf(f, "%s\n", ids);
+        snprintf(cmd, 16384, "%s generate --model %s --ids %s -n %d", b, model, ids, ngen);
+        CHECK_EQ_INT(test_sh(cmd, want[i], 4096, err, 8192), 0);
+        free(ids);
+    }
+    fprintf(f, "\n5,%d,7\n", 999999); /* an empty prompt, an id outside the vocabulary */
+    fclose(f);
+    snprintf(cmd, 16384, "%s batch --model %s --prompts %s -n %d %s", b, model, path, ngen, extra);
+    int rc = test_sh(cmd, out, 1 << 16, err, 8192);
+    CHECK_EQ_INT(rc, 1); /* two prompts failed */
+    CHECK_MSG(strstr(err, "line ") && strstr(err, "empty prompt") && strstr(err, "outside the vocabulary"), "stderr: %s", err);
+    CHECK_EQ_INT(test_count_lines(out), nprompt);
+    char *line = out;
+    for (int i = 0; i < nprompt && line && *line; i++) {
+        char *nl = strchr(line, '\n');
+        if (nl) *nl = 0;
+        char head[32];
+        snprintf(head, sizeof head, "%d: ", i);
+        CHECK_MSG(!strncmp(line, head, strlen(head)), "line %d: %s", i, line);
+        char *w = want[i];
+        w[strcspn(w, "\n")] = 0;
+        CHECK_MSG(!strcmp(line + strlen(head), w), "prompt %d: batch \"%s\" vs generate \"%s\"", i, line + strlen(head), w);
+        line = nl ? nl + 1 : NULL;
+    }
+    free(want);
+    free(cmd);
+    free(out);
+    free(err);
+}
+TEST(rows, batch_cli_equals_generate) { batch_vs_generate(test_data("tiny"), 7, 120, 6, "--max-batch 3 --max-rows 40"); }
+TEST(rows, batch_cli_trained) { batch_vs_generate(test_data("trained"), 4, 300, 5, "--max-batch 2 --max-rows 64"); }
+
+TEST(rows, batch_cli_text) {
+    const char *b = getenv("PETREL_BIN");
+    if (!b) { fprintf(stderr, "note: PETREL_BIN unset, batch CLI test skipped\n"); return; }
+    char path[600], cmd[2048], out[8192], err[4096], one[4096];
+    snprintf(path, sizeof path, "%s/text-prompts.txt", test_tmpdir());
+    FILE *f = fopen(path, "w");
+    if (!f) return;
+    fputs("The os module provides\nTo read a file line by line,\n", f);
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "%s batch --model %s --prompts %s -n 12 --text", b, test_data("trained"), path);
+    CHECK_EQ_INT(test_sh(cmd, out, sizeof out, err, sizeof err), 0);
+    CHECK_EQ_INT(test_count_lines(out), 2);
+    /* the first line's text is what `run --temp 0` writes for that prompt (newlines escaped) */
+    snprintf(cmd, sizeof cmd, "%s run --model %s -p 'The os module provides' -n 12 --temp 0", b, test_data("trained"));
+    CHECK_EQ_INT(test_sh(cmd, one, sizeof one, err, sizeof err), 0);
+    char esc[8192];
+    size_t o = 0;
+    for (size_t k = 0; one[k] && o + 3 < sizeof esc; k++) {
+        if (one[k] == '\n') esc[o++] = '\\', esc[o++] = 'n';
+        else if (one[k] == '\\') esc[o++] = '\\', esc[o++] = '\\';
+        else esc[o++] = one[k];
+    }
+    esc[o] = 0;
+    CHECK_MSG(!strncmp(out, "0: ", 3) && !strncmp(out + 3, esc, strlen(esc)), "batch: %s\nrun: %s", out, esc);
+}
