@@ -96,6 +96,8 @@ extern const char *const fwd_part_names[FS_COUNT];
 typedef struct fwd_stats {
     uint64_t ns[FS_COUNT];
     uint64_t rows;      /* rows (tokens) run */
+    uint64_t experts_run; /* routed experts run, summed over MoE layers and forwards: a batch's
+                             union of its rows' choices counts each expert once per layer */
     uint64_t io_ns;     /* part of FS_EXPERTS spent waiting for expert reads */
 } fwd_stats;
 
