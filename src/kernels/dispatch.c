@@ -28,7 +28,7 @@ static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
 static int best_isa = ISA_SCALAR, cur_isa = ISA_SCALAR, has_vnni;
 /* int8 activations where the CPU has AVX-512 VNNI: 0 off, 1 q4_g64 (default), 2 q4_g64 + q8 */
 static int g_actq = 1;
-static int g_r16 = 1; /* PETREL_R16=0 turns the row-interleaved layout off */
+static int g_r16 = 1; /* kn_set_r16(0) (open option relayout, --relayout off) turns it off */
 static pt_pool *g_pool;
 static int g_threads;
 
@@ -55,15 +55,16 @@ static void detect_isa(void) {
 static void detect(void) {
     detect_isa();
     cur_isa = best_isa;
-    const char *aq = getenv("PETREL_ACT_QUANT"); /* default for kn_set_act_quant */
-    if (aq && *aq >= '0' && *aq <= '2') g_actq = *aq - '0';
-    const char *r16 = getenv("PETREL_R16");
-    if (r16 && !strcmp(r16, "0")) g_r16 = 0;
 }
 
 int kn_r16_available(void) {
     pthread_once(&detect_once, detect);
     return g_r16 && best_isa == ISA_AVX512 && has_vnni;
+}
+
+void kn_set_r16(int on) {
+    pthread_once(&detect_once, detect);
+    g_r16 = on != 0;
 }
 
 void kn_init(int n_threads) {
