@@ -262,7 +262,7 @@ CLI_CMD(batch) {
     free(lg);
     free(active);
     petrel_batch_free(b);
-    petrel_engine_close(eng);
+    rc = eng ? cli_engine_close("batch", eng, rc) : rc; /* writes --trace-out */
     tok_free(tok);
     if (!rc && fflush(stdout)) rc = cli_fail("batch: cannot write the results to stdout");
     return rc ? rc : any_failed;
