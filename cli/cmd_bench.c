@@ -227,6 +227,7 @@ static uint64_t layer_bytes(const petrel_config *c, const layer_w *lw, uint64_t 
 /* ---- batched decode (--batch B): B sessions, one row each per forward ---- */
 typedef struct batch_result {
     double step_ms, tok_s, row_ms, bytes_step, experts_step, floor_ratio, bw;
+    double part_ms[FS_COUNT]; /* per step, over the timed steps */
 } batch_result;
 
 /* B sessions filled to ctx tokens (random prompts), then `steps` timed forwards of B decode rows
@@ -259,9 +260,12 @@ static int bench_batch(petrel_engine *eng, int B, long ctx, long steps, uint64_t
         tok[k] = ids[ctx - 1];
     }
     const fwd_stats *st = b ? batch_stats(b) : NULL;
-    uint64_t ex0 = 0;
+    uint64_t ex0 = 0, ns0[FS_COUNT] = {0};
     for (long k = 0; k < 2 + steps && !rc; k++) { /* two untimed forwards first */
-        if (k == 2) ex0 = st->experts_run;
+        if (k == 2) {
+            ex0 = st->experts_run;
+            memcpy(ns0, st->ns, sizeof ns0);
+        }
         double g = 0;
         if (k >= 2)
             for (int rep = 0, parts = bw_mib >= 1024 ? 4 : 1; rep < 3; rep++) {
@@ -294,6 +298,7 @@ static int bench_batch(petrel_engine *eng, int B, long ctx, long steps, uint64_t
         out->row_ms = out->step_ms / B;
         out->tok_s = 1e3 * B / out->step_ms;
         out->floor_ratio = ratio[steps / 2];
+        for (int p = 0; p < FS_COUNT; p++) out->part_ms[p] = (double)(st->ns[p] - ns0[p]) / 1e6 / (double)steps;
     }
     for (int k = 0; ss && k < B; k++) petrel_session_free(ss[k]);
     petrel_batch_free(b);
@@ -737,6 +742,10 @@ CLI_CMD(bench) {
                    batch, ctx, br.step_ms, br.tok_s, br.tok_s * dms / 1e3, br.row_ms, br.experts_step,
                    br.experts_step / (expert1 ? (double)experts / (double)c->num_experts_per_tok / (double)expert1 : 1), br.bytes_step / 1e6,
                    br.floor_ratio, br.bw);
+        if (batch > 0) {
+            printf("batched step by part (ms):");
+            for (int p = 0; p < FS_COUNT; p++) printf(" %s %.2f%s", fwd_part_names[p], br.part_ms[p], p + 1 < FS_COUNT ? "," : "\n");
+        }
         printf("%-16s %12s %12s\n", "part", "decode ms/tok", "prefill ms");
         for (int p = 0; p < FS_COUNT; p++)
             printf("%-16s %12.3f %12.1f\n", fwd_part_names[p], (double)s->stats.ns[p] / 1e6 / (double)steps, (double)pst.ns[p] / 1e6);
@@ -752,6 +761,9 @@ CLI_CMD(bench) {
             printf("}, \"batch\": %ld, \"batch_step_ms\": %.4f, \"batch_tok_s\": %.3f, \"batch_speedup\": %.4f, \"batch_row_ms\": %.4f, \"batch_experts_per_step\": %.2f, "
                    "\"batch_bytes_per_step\": %.0f, \"batch_floor_ratio\": %.4f",
                    batch, br.step_ms, br.tok_s, batch ? br.tok_s * dms / 1e3 : 0, br.row_ms, br.experts_step, br.bytes_step, br.floor_ratio);
+            printf(", \"batch_breakdown_ms\": {");
+            for (int p = 0; p < FS_COUNT; p++) printf("%s\"%s\": %.4f", p ? ", " : "", fwd_part_names[p], br.part_ms[p]);
+            printf("}");
             printf(", \"prefill_breakdown_ms\": {");
             for (int p = 0; p < FS_COUNT; p++) printf("%s\"%s\": %.3f", p ? ", " : "", fwd_part_names[p], (double)pst.ns[p] / 1e6);
             printf("}}\n");

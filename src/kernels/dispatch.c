@@ -116,7 +116,11 @@ static const kn_mm_isa *mm_isa(void) {
 }
 
 /* Prepared activations live in a per-thread buffer that only grows: prefill calls it with
- * megabytes, and a fresh malloc (mmap + page faults) per matmul would cost more than the copy. */
+ * megabytes, and a fresh malloc (mmap + page faults) per matmul would cost more than the copy.
+ * It starts at XP_MIN_FLOATS, enough for decode and batched decode steps (up to 16 rows of
+ * 32768 columns), so which pool thread first meets which product never makes a token step
+ * allocate (tests/test_alloc.c). */
+#define XP_MIN_FLOATS ((size_t)1 << 19)
 static _Thread_local float *xp_buf;
 static _Thread_local size_t xp_cap;
 static pthread_key_t xp_key; /* frees a thread's buffer when the thread exits */
@@ -128,6 +132,7 @@ static float *xp_get(size_t floats) {
         pthread_once(&xp_key_once, xp_key_init);
         free(xp_buf);
         size_t cap = floats + floats / 4;
+        if (cap < XP_MIN_FLOATS) cap = XP_MIN_FLOATS;
         xp_buf = aligned_alloc(64, (cap * sizeof(float) + 63) & ~(size_t)63);
         xp_cap = xp_buf ? cap : 0;
         pthread_setspecific(xp_key, xp_buf);

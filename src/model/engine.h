@@ -144,6 +144,7 @@ typedef struct fwd_seg {
     petrel_session *s; /* borrowed */
     int r0, n;
 } fwd_seg;
+#define FWD_ROWS_GROUP 16 /* one-row segments whose attention shares its head products */
 /* THE layer loop: runs rows ids[0..T) of the segments through every layer. Scratch for the
  * rows comes from scr's arena (scr is one of the sessions, or a batch's cache-less scratch
  * session); each segment's DSA selection and attention run over its own session's cache with
@@ -182,6 +183,12 @@ int attn_segs(petrel_session *scr, int l, const layer_w *lw, float *h, const flo
 int mla_attention(petrel_session *s, int l, const layer_w *lw, const float *q, int T, const int32_t *sel, const int *sel_n,
                   int sel_stride, float *out, petrel_error *err);
 size_t mla_scratch_bytes(const petrel_config *c, int T, int N);
+/* Attention of m rows of m different sessions (sess[i]'s next row is batch row rows[i]; a
+ * batch's decode rows): the head products over all m rows at once, scratch from scr's arena
+ * (mla_rows_scratch_bytes), each row's scores from its own session's arena. */
+int mla_attention_rows(petrel_session *scr, int l, const layer_w *lw, petrel_session *const *sess, const int32_t *rows, int m,
+                       const float *q, const int32_t *sel, const int *sel_n, int sel_stride, float *out, petrel_error *err);
+size_t mla_rows_scratch_bytes(const petrel_config *c, int m);
 int dsa_select(petrel_session *s, int l, const layer_w *lw, const float *x, const float *qr, int T,
                const rope_rows *rope, int32_t *sel, int *sel_n, int sel_stride, petrel_error *err);
 /* next_lw: the next MoE layer (its router predicts experts to prefetch), or NULL. */

@@ -67,25 +67,44 @@ int attn_segs(petrel_session *scr, int l, const layer_w *lw, float *h, const flo
     t1 = pt_now_ns(), ns[FS_ATTN] += t1 - t0, t0 = t1;
     /* selection and attention per segment, over its own session's cache (its arena for scratch) */
     fwd_trace *tr = scr->trace;
-    for (int g = 0; g < nseg; g++) {
+    for (int g = 0; g < nseg && c->layer_indexer_full[l]; g++) {
         petrel_session *s = seg[g].s;
         int r0 = seg[g].r0, n = seg[g].n;
         rope_rows rs = {rope->cos_ + (size_t)r0 * (Dr / 2), rope->sin_ + (size_t)r0 * (Dr / 2)};
         int32_t *sg = sel + (size_t)r0 * sel_stride;
         int *sgn = sel_n + r0;
-        if (c->layer_indexer_full[l]) {
-            t0 = pt_now_ns();
-            PT_TRY(dsa_select(s, l, lw, x + (size_t)r0 * H, qa + (size_t)r0 * Rq, n, &rs, sg, sgn, sel_stride, err));
-            if (tr && tr->topk && tr->topk[l])
-                for (int r = 0; r < n; r++)
-                    for (int i = 0; i < tr->topk_stride; i++)
-                        tr->topk[l][(size_t)(r0 + r) * tr->topk_stride + i] = i < sgn[r] ? sg[(size_t)r * sel_stride + i] : -1;
-            ns[FS_INDEXER] += pt_now_ns() - t0;
-        }
         t0 = pt_now_ns();
-        PT_TRY(mla_attention(s, l, lw, q + (size_t)r0 * NH * Dqk, n, sg, sgn, sel_stride, o + (size_t)r0 * NH * Dv, err));
-        ns[FS_ATTN] += pt_now_ns() - t0;
+        PT_TRY(dsa_select(s, l, lw, x + (size_t)r0 * H, qa + (size_t)r0 * Rq, n, &rs, sg, sgn, sel_stride, err));
+        if (tr && tr->topk && tr->topk[l])
+            for (int r = 0; r < n; r++)
+                for (int i = 0; i < tr->topk_stride; i++)
+                    tr->topk[l][(size_t)(r0 + r) * tr->topk_stride + i] = i < sgn[r] ? sg[(size_t)r * sel_stride + i] : -1;
+        ns[FS_INDEXER] += pt_now_ns() - t0;
     }
+    t0 = pt_now_ns();
+    /* one-row segments (a batch's decode rows) share the head products, FWD_ROWS_GROUP at a
+     * time; longer segments (prompt chunks, windows) run alone */
+    petrel_session *gs[FWD_ROWS_GROUP];
+    int32_t gr[FWD_ROWS_GROUP];
+    int ng = 0;
+    for (int g = 0; g <= nseg; g++) {
+        int one = g < nseg && seg[g].n == 1 && seg[g].s->mla != MLA_RECONSTRUCTED && nseg > 1;
+        if (one) {
+            gs[ng] = seg[g].s;
+            gr[ng++] = seg[g].r0;
+        }
+        if (ng && (ng == FWD_ROWS_GROUP || g == nseg || (!one && g < nseg))) {
+            if (ng == 1) PT_TRY(mla_attention(gs[0], l, lw, q + (size_t)gr[0] * NH * Dqk, 1, sel + (size_t)gr[0] * sel_stride, sel_n + gr[0], sel_stride,
+                                              o + (size_t)gr[0] * NH * Dv, err));
+            else PT_TRY(mla_attention_rows(scr, l, lw, gs, gr, ng, q, sel, sel_n, sel_stride, o, err));
+            ng = 0;
+        }
+        if (g == nseg || one) continue;
+        int r0 = seg[g].r0, n = seg[g].n;
+        PT_TRY(mla_attention(seg[g].s, l, lw, q + (size_t)r0 * NH * Dqk, n, sel + (size_t)r0 * sel_stride, sel_n + r0, sel_stride,
+                             o + (size_t)r0 * NH * Dv, err));
+    }
+    ns[FS_ATTN] += pt_now_ns() - t0;
     t0 = pt_now_ns();
     kn_matmul(&lw->o_proj, o, T, y);
     for (int i = 0; i < T * H; i++) h[i] += y[i];

@@ -135,6 +135,46 @@ static void abp_task(void *ctx, int h, int thread) {
 
 /* ---- absorbed, one row at a time (rows with a DSA selection, or alone) ---- */
 
+/* The part of one row between its two head products: given q~ (qt [NH][Rkv]) and the row's
+ * q_pe (in qr), scores over its selected keys of session s's cache, softmax, and
+ * lat[h] = sum_i p[h][i] c_i. Scratch from s's arena (released on return). */
+static int row_core(petrel_session *s, int l, const float *qr, const float *qt, const int32_t *sr, int n, float *lat, petrel_error *err) {
+    const petrel_config *c = &s->eng->cfg;
+    int NH = c->num_attention_heads, Dn = c->qk_nope_head_dim, Dr = c->qk_rope_head_dim, Rkv = c->kv_lora_rank, Dqk = c->qk_head_dim;
+    const float scale = (float)(1.0 / sqrt((double)Dqk));
+    size_t mark = s->ar.used;
+    int prefix = n > 0 && sr[0] == 0 && sr[n - 1] == n - 1;
+    float *qpe = ar_alloc(&s->ar, sizeof(float) * (size_t)NH * Dr);
+    float *cg = prefix ? NULL : ar_alloc(&s->ar, sizeof(float) * (size_t)n * Rkv);
+    float *pg = prefix ? NULL : ar_alloc(&s->ar, sizeof(float) * (size_t)n * Dr);
+    float *sc = ar_alloc(&s->ar, sizeof(float) * (size_t)NH * n);
+    float *sp = ar_alloc(&s->ar, sizeof(float) * (size_t)NH * n);
+    if (!qpe || (!prefix && (!cg || !pg)) || !sc || !sp) return pt_err(err, PETREL_ENOMEM, "attention scratch exhausted (layer %d)", l);
+    for (int h = 0; h < NH; h++) memcpy(qpe + (size_t)h * Dr, qr + (size_t)h * Dqk + Dn, sizeof(float) * (size_t)Dr);
+    /* the selected keys, contiguous (a view when the selection is 0..n-1) */
+    const float *C = s->kv_c[l], *PE = s->kv_pe[l];
+    if (!prefix) {
+        for (int i = 0; i < n; i++) {
+            memcpy(cg + (size_t)i * Rkv, s->kv_c[l] + (size_t)sr[i] * Rkv, sizeof(float) * (size_t)Rkv);
+            memcpy(pg + (size_t)i * Dr, s->kv_pe[l] + (size_t)sr[i] * Dr, sizeof(float) * (size_t)Dr);
+        }
+        C = cg;
+        PE = pg;
+    }
+    pt_wview vc = f32_view(C, n, Rkv), vp = f32_view(PE, n, Dr);
+    kn_matmul(&vc, qt, NH, sc);   /* sc[h][i] = q~_h . c_i */
+    kn_matmul(&vp, qpe, NH, sp);  /* sp[h][i] = q_pe_h . k_pe_i */
+    for (int h = 0; h < NH; h++) {
+        float *row = sc + (size_t)h * n;
+        const float *rp = sp + (size_t)h * n;
+        for (int i = 0; i < n; i++) row[i] = scale * (row[i] + rp[i]);
+        kn_softmax(row, n);
+    }
+    kn_matmul_t(&vc, sc, NH, lat); /* the transposed product over the selected rows */
+    s->ar.used = mark;
+    return 0;
+}
+
 static int absorbed(petrel_session *s, int l, const layer_w *lw, const float *q, int T, const int32_t *sel, const int *sel_n,
                     int sel_stride, float *out, petrel_error *err) {
     const petrel_config *c = &s->eng->cfg;
@@ -145,13 +185,13 @@ static int absorbed(petrel_session *s, int l, const layer_w *lw, const float *q,
      * when there are several of them; the others one by one */
     int32_t *rows = ar_alloc(&s->ar, sizeof(int32_t) * (size_t)T);
     if (!rows) return pt_err(err, PETREL_ENOMEM, "attention scratch exhausted (layer %d)", l);
-    int m = 0, pmax = 0, maxn = 0;
+    int m = 0, pmax = 0;
     for (int r = 0; r < T; r++) {
         int n = sel_n[r];
         if (n > 0 && sel[(size_t)r * sel_stride + n - 1] == n - 1) {
             rows[m++] = r;
             if (n > pmax) pmax = n;
-        } else if (n > maxn) maxn = n;
+        }
     }
     if (m > 1) {
         abp_job j = {lw, q, s->kv_c[l], s->kv_pe[l], rows, sel_n, m, NH, Dn, Dr, Dv, Dqk, Rkv, pmax, scale, out, NULL, 0};
@@ -160,49 +200,83 @@ static int absorbed(petrel_session *s, int l, const layer_w *lw, const float *q,
         j.scr = ar_alloc(&s->ar, sizeof(float) * j.per * (size_t)nt);
         if (!j.scr) return pt_err(err, PETREL_ENOMEM, "attention scratch exhausted (layer %d)", l);
         pool_run(kn_pool(), NH, abp_task, &j);
-    } else if (m == 1 && pmax > maxn) maxn = pmax;
+    }
     if (m > 1 && m == T) return 0;
     float *qt = ar_alloc(&s->ar, sizeof(float) * (size_t)NH * Rkv);
-    float *qpe = ar_alloc(&s->ar, sizeof(float) * (size_t)NH * Dr);
-    float *cg = ar_alloc(&s->ar, sizeof(float) * (size_t)maxn * Rkv);
-    float *pg = ar_alloc(&s->ar, sizeof(float) * (size_t)maxn * Dr);
-    float *sc = ar_alloc(&s->ar, sizeof(float) * (size_t)NH * maxn);
-    float *sp = ar_alloc(&s->ar, sizeof(float) * (size_t)NH * maxn);
     float *lat = ar_alloc(&s->ar, sizeof(float) * (size_t)NH * Rkv);
-    if (!qt || !qpe || !cg || !pg || !sc || !sp || !lat) return pt_err(err, PETREL_ENOMEM, "attention scratch exhausted (layer %d)", l);
+    if (!qt || !lat) return pt_err(err, PETREL_ENOMEM, "attention scratch exhausted (layer %d)", l);
     for (int r = 0, k = 0; r < T; r++) {
         if (m > 1 && k < m && rows[k] == r) { k++; continue; } /* done above */
         const float *qr = q + (size_t)r * NH * Dqk;
-        const int32_t *sr = sel + (size_t)r * sel_stride;
-        int n = sel_n[r];
         uk_job uj = {lw, qr, qt, Dqk, Rkv};
         pool_run(kn_pool(), NH, uk_task, &uj);
-        for (int h = 0; h < NH; h++) memcpy(qpe + (size_t)h * Dr, qr + (size_t)h * Dqk + Dn, sizeof(float) * (size_t)Dr);
-        /* the selected keys, contiguous (a view when the selection is 0..n-1) */
-        const float *C = s->kv_c[l], *PE = s->kv_pe[l];
-        if (!(n > 0 && sr[0] == 0 && sr[n - 1] == n - 1)) {
-            for (int i = 0; i < n; i++) {
-                memcpy(cg + (size_t)i * Rkv, s->kv_c[l] + (size_t)sr[i] * Rkv, sizeof(float) * (size_t)Rkv);
-                memcpy(pg + (size_t)i * Dr, s->kv_pe[l] + (size_t)sr[i] * Dr, sizeof(float) * (size_t)Dr);
-            }
-            C = cg;
-            PE = pg;
-        }
-        pt_wview vc = f32_view(C, n, Rkv), vp = f32_view(PE, n, Dr);
-        kn_matmul(&vc, qt, NH, sc);   /* sc[h][i] = q~_h . c_i */
-        kn_matmul(&vp, qpe, NH, sp);  /* sp[h][i] = q_pe_h . k_pe_i */
-        for (int h = 0; h < NH; h++) {
-            float *row = sc + (size_t)h * n;
-            const float *rp = sp + (size_t)h * n;
-            for (int i = 0; i < n; i++) row[i] = scale * (row[i] + rp[i]);
-            kn_softmax(row, n);
-        }
-        /* lat[h] = sum_i p[h][i] c_i: the transposed product over the cached rows */
-        kn_matmul_t(&vc, sc, NH, lat);
+        PT_TRY(row_core(s, l, qr, qt, sel + (size_t)r * sel_stride, sel_n[r], lat, err));
         uv_job vj = {lw, lat, out + (size_t)r * NH * Dv, Rkv, Dv};
         pool_run(kn_pool(), NH, uv_task, &vj);
     }
     return 0;
+}
+
+/* ---- absorbed, one row each of several sessions (a batch's decode rows) ----
+ * W_UK^T q and W_UV lat run per head over all the rows at once (each head's weights read once
+ * for them, rows independent in kn_matmul_t / kn_matmul), the scores over each row's own
+ * session's keys in between (row_core, that session's arena): bitwise the one-row path. */
+
+typedef struct {
+    const layer_w *lw;
+    const float *q;           /* [T][NH][Dqk] of the batch */
+    const int32_t *rows;      /* the m rows */
+    int m, NH, Dn, Dqk, Dv, Rkv;
+    float *QT, *LAT;          /* [m][NH][Rkv] */
+    float *out;               /* [T][NH][Dv] */
+    float *scr;               /* per thread: m * (Dn + Rkv + Dv) floats */
+} abr_job;
+
+static void abr_uk_task(void *ctx, int h, int thread) {
+    const abr_job *j = ctx;
+    float *qn = j->scr + (size_t)thread * j->m * (j->Dn + j->Rkv + j->Dv), *qt = qn + (size_t)j->m * j->Dn;
+    for (int i = 0; i < j->m; i++) memcpy(qn + (size_t)i * j->Dn, j->q + ((size_t)j->rows[i] * j->NH + h) * j->Dqk, sizeof(float) * (size_t)j->Dn);
+    kn_matmul_t(&j->lw->w_uk[h], qn, j->m, qt);
+    for (int i = 0; i < j->m; i++) memcpy(j->QT + ((size_t)i * j->NH + h) * j->Rkv, qt + (size_t)i * j->Rkv, sizeof(float) * (size_t)j->Rkv);
+}
+
+static void abr_uv_task(void *ctx, int h, int thread) {
+    const abr_job *j = ctx;
+    float *lt = j->scr + (size_t)thread * j->m * (j->Dn + j->Rkv + j->Dv), *oh = lt + (size_t)j->m * j->Rkv;
+    for (int i = 0; i < j->m; i++) memcpy(lt + (size_t)i * j->Rkv, j->LAT + ((size_t)i * j->NH + h) * j->Rkv, sizeof(float) * (size_t)j->Rkv);
+    kn_matmul(&j->lw->w_uv[h], lt, j->m, oh);
+    for (int i = 0; i < j->m; i++) memcpy(j->out + ((size_t)j->rows[i] * j->NH + h) * j->Dv, oh + (size_t)i * j->Dv, sizeof(float) * (size_t)j->Dv);
+}
+
+int mla_attention_rows(petrel_session *scr, int l, const layer_w *lw, petrel_session *const *sess, const int32_t *rows, int m,
+                       const float *q, const int32_t *sel, const int *sel_n, int sel_stride, float *out, petrel_error *err) {
+    const petrel_config *c = &scr->eng->cfg;
+    int NH = c->num_attention_heads, Dn = c->qk_nope_head_dim, Dv = c->v_head_dim, Rkv = c->kv_lora_rank, Dqk = c->qk_head_dim;
+    size_t mark = scr->ar.used;
+    int nt = pool_threads(kn_pool());
+    abr_job j = {lw, q, rows, m, NH, Dn, Dqk, Dv, Rkv, NULL, NULL, out, NULL};
+    j.QT = ar_alloc(&scr->ar, sizeof(float) * (size_t)m * NH * Rkv);
+    j.LAT = ar_alloc(&scr->ar, sizeof(float) * (size_t)m * NH * Rkv);
+    j.scr = ar_alloc(&scr->ar, sizeof(float) * (size_t)m * (Dn + Rkv + Dv) * (size_t)nt);
+    if (!j.QT || !j.LAT || !j.scr) return pt_err(err, PETREL_ENOMEM, "attention scratch exhausted (layer %d)", l);
+    pool_run(kn_pool(), NH, abr_uk_task, &j);
+    for (int i = 0; i < m; i++) {
+        petrel_session *s = sess[i];
+        size_t smark = s->ar.used;
+        int rc = row_core(s, l, q + (size_t)rows[i] * NH * Dqk, j.QT + (size_t)i * NH * Rkv, sel + (size_t)rows[i] * sel_stride, sel_n[rows[i]],
+                          j.LAT + (size_t)i * NH * Rkv, err);
+        s->ar.used = smark;
+        if (rc) return rc;
+    }
+    pool_run(kn_pool(), NH, abr_uv_task, &j);
+    scr->ar.used = mark;
+    return 0;
+}
+
+size_t mla_rows_scratch_bytes(const petrel_config *c, int m) {
+    size_t nt = (size_t)pool_threads(kn_pool());
+    return sizeof(float) * ((size_t)m * c->num_attention_heads * c->kv_lora_rank * 2 +
+                            (size_t)m * (c->qk_nope_head_dim + c->kv_lora_rank + c->v_head_dim) * nt) + 3 * 64;
 }
 
 /* ---- reconstructed ---- */
