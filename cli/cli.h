@@ -71,12 +71,18 @@ void cli_progress_fn(void *user, long long done, long long total);
     "  --no-verify          pack with every expert resident: skip the checksums of its\n"       \
     "                       routed-expert records at open (resident tensors and experts\n"     \
     "                       streamed under --mem-budget / --expert-slots are still checked)\n" \
-    "  -v, --verbose        print the memory plan and progress on stderr\n"
+    "  -v, --verbose        print the memory plan and progress on stderr\n"                \
+    "  --act-quant on|off|q8 int8 activations for q4 weights (on, the default), also q8 (q8),\n" \
+    "                       or exact f32 activations for plain-layout weights (off)\n"    \
+    "  --relayout on|off    interleave q8/q4 matrices 16 rows at open for the AVX-512 VNNI\n" \
+    "                       kernels (on, the default, where the CPU has VNNI)\n"          \
+    "  --isa NAME           kernel set: auto (default), scalar, avx2, avx512\n"
 
 #define CLI_CMD(name) int cmd_##name(int argc, char **argv)
 CLI_CMD(info);
 CLI_CMD(logits);
 CLI_CMD(generate);
+CLI_CMD(batch);
 CLI_CMD(tokenize); CLI_CMD(detokenize);
 CLI_CMD(template);
 CLI_CMD(run); CLI_CMD(chat);

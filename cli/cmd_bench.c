@@ -33,6 +33,9 @@ static const char *usage =
     "  --steps N        timed decode steps (default 24)\n"
     "  --prefill-runs N prefill the prompt N times (default 3) and report the median run (with\n"
     "                   experts streaming: once, since a second run would find them cached)\n"
+    "  --batch B        also time B sessions decoding together at --ctx (petrel_batch_forward: one\n"
+    "                   row per session per step): aggregate tok/s, ms per row, experts run per step\n"
+    "                   (the union of the rows' choices), bytes per step, floor ratio of the step\n"
     "  --bw-mib N       size of the bandwidth probe buffer in MiB (default 1024; 128 with --mem-budget)\n"
     "  --json           print the result as one JSON object on the last line\n"
     "  --trace FILE     no model needed: replay a routing trace (.txt or .gz) through the expert\n"
@@ -221,6 +224,101 @@ static uint64_t layer_bytes(const petrel_config *c, const layer_w *lw, uint64_t 
     return b;
 }
 
+/* ---- batched decode (--batch B): B sessions, one row each per forward ---- */
+typedef struct batch_result {
+    double step_ms, tok_s, row_ms, bytes_step, experts_step, floor_ratio, bw;
+    double part_ms[FS_COUNT]; /* per step, over the timed steps */
+    double reads_step;        /* streaming: expert records read from the SSD per step */
+} batch_result;
+
+/* B sessions filled to ctx tokens (random prompts), then `steps` timed forwards of B decode rows
+ * through petrel_batch_forward. Bytes per step: the non-expert weights and the head once, plus
+ * each routed expert the step ran (the union of the rows' choices, per layer). The floor ratio
+ * is the median over steps of step time / (bytes / bandwidth probed right before the step). */
+static int bench_batch(petrel_engine *eng, int B, long ctx, long steps, uint64_t shared_bytes, uint64_t expert1, const uint64_t *bw_buf,
+                       size_t bw_n, long bw_mib, int threads, batch_result *out, petrel_error *err) {
+    const petrel_config *c = &eng->cfg;
+    int V = c->vocab_size, rc = 0;
+    petrel_session **ss = calloc((size_t)B, sizeof *ss);
+    petrel_row *rows = calloc((size_t)B, sizeof *rows);
+    float *lg = malloc(sizeof(float) * (size_t)B * (size_t)V);
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)ctx), *tok = calloc((size_t)B, sizeof(int32_t));
+    double *ms = calloc((size_t)steps, sizeof(double)), *ratio = calloc((size_t)steps, sizeof(double));
+    petrel_batch *b = NULL;
+    if (!ss || !rows || !lg || !ids || !tok || !ms || !ratio) {
+        snprintf(err->msg, sizeof err->msg, "out of memory");
+        rc = err->code = PETREL_ENOMEM;
+    }
+    if (!rc) rc = petrel_batch_create(eng, B, &b, err);
+    uint64_t x = 0x2545F4914F6CDD1Dull;
+    for (int k = 0; k < B && !rc; k++) {
+        for (long i = 0; i < ctx; i++) {
+            x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+            ids[i] = (int32_t)(x % (uint64_t)V);
+        }
+        rc = petrel_session_create(eng, (int)(ctx + steps + 4), &ss[k], err);
+        if (!rc) rc = petrel_session_forward(ss[k], ids, (int)ctx, lg, 0, err);
+        tok[k] = ids[ctx - 1];
+    }
+    const fwd_stats *st = b ? batch_stats(b) : NULL;
+    uint64_t ex0 = 0, ns0[FS_COUNT] = {0};
+    xs_stats x0 = {0}, x1 = {0};
+    for (long k = 0; k < 2 + steps && !rc; k++) { /* two untimed forwards first */
+        if (k == 2) {
+            ex0 = st->experts_run;
+            memcpy(ns0, st->ns, sizeof ns0);
+            if (eng->xs) xs_store_stats(eng->xs, &x0);
+        }
+        double g = 0;
+        if (k >= 2)
+            for (int rep = 0, parts = bw_mib >= 1024 ? 4 : 1; rep < 3; rep++) {
+                double v = bw_pass(bw_buf + (size_t)(rep % parts) * (bw_n / (size_t)parts), bw_n / (size_t)parts, threads);
+                if (v > g) g = v;
+            }
+        for (int r = 0; r < B; r++) rows[r] = (petrel_row){ss[r], tok[r], 1};
+        uint64_t e0 = st->experts_run, t0 = pt_now_ns();
+        rc = petrel_batch_forward(b, rows, B, lg, err);
+        if (rc) break;
+        if (k >= 2) {
+            ms[k - 2] = (double)(pt_now_ns() - t0) / 1e6;
+            double bytes = (double)shared_bytes + (double)(st->experts_run - e0) * (double)expert1;
+            ratio[k - 2] = ms[k - 2] / (bytes / (g * 1e9) * 1e3);
+            out->bw += g / (double)steps;
+        }
+        for (int r = 0; r < B; r++) {
+            const float *l = lg + (size_t)r * V;
+            int32_t best = 0;
+            for (int v = 1; v < V; v++) if (l[v] > l[best]) best = v;
+            tok[r] = best;
+        }
+    }
+    if (!rc) {
+        out->experts_step = (double)(st->experts_run - ex0) / (double)steps;
+        out->bytes_step = (double)shared_bytes + out->experts_step * (double)expert1;
+        qsort(ms, (size_t)steps, sizeof(double), cmp_double);
+        qsort(ratio, (size_t)steps, sizeof(double), cmp_double);
+        out->step_ms = ms[steps / 2];
+        out->row_ms = out->step_ms / B;
+        out->tok_s = 1e3 * B / out->step_ms;
+        out->floor_ratio = ratio[steps / 2];
+        for (int p = 0; p < FS_COUNT; p++) out->part_ms[p] = (double)(st->ns[p] - ns0[p]) / 1e6 / (double)steps;
+        if (eng->xs) {
+            xs_store_stats(eng->xs, &x1);
+            out->reads_step = (double)(x1.reads - x0.reads) / (double)steps;
+        }
+    }
+    for (int k = 0; ss && k < B; k++) petrel_session_free(ss[k]);
+    petrel_batch_free(b);
+    free(ss);
+    free(rows);
+    free(lg);
+    free(ids);
+    free(tok);
+    free(ms);
+    free(ratio);
+    return rc;
+}
+
 /* ---- arithmetic peak: f32 FMA throughput of this machine (AVX-512 when present) ---- */
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -390,7 +488,7 @@ CLI_CMD(bench) {
     cli_model_opts mo = {0};
     int json = 0;
     const char *golden = NULL, *trace = NULL;
-    long ctx = 0, prompt = 512, steps = 24, bw_mib = 1024, prefill_runs = 3;
+    long ctx = 0, prompt = 512, steps = 24, bw_mib = 1024, prefill_runs = 3, batch = 0;
     for (int i = 1; i < argc; i++) {
         int r = cli_model_opt(argc, argv, &i, &mo);
         if (r < 0) return 1;
@@ -403,6 +501,7 @@ CLI_CMD(bench) {
         else if (!strcmp(argv[i], "--prompt") && i + 1 < argc) { if (cli_parse_int(argv[++i], 1, 1 << 24, &prompt)) return cli_fail("bench: bad --prompt"); }
         else if (!strcmp(argv[i], "--steps") && i + 1 < argc) { if (cli_parse_int(argv[++i], 1, 1 << 20, &steps)) return cli_fail("bench: bad --steps"); }
         else if (!strcmp(argv[i], "--prefill-runs") && i + 1 < argc) { if (cli_parse_int(argv[++i], 1, 100, &prefill_runs)) return cli_fail("bench: bad --prefill-runs"); }
+        else if (!strcmp(argv[i], "--batch") && i + 1 < argc) { if (cli_parse_int(argv[++i], 1, 4096, &batch)) return cli_fail("bench: --batch: \"%s\" is not a count (1 .. 4096)", argv[i]); }
         else if (!strcmp(argv[i], "--bw-mib") && i + 1 < argc) { if (cli_parse_int(argv[++i], 16, 1 << 20, &bw_mib)) return cli_fail("bench: bad --bw-mib"); }
         else return cli_fail("bench: unknown or incomplete option \"%s\" (petrel bench --help)", argv[i]);
     }
@@ -433,6 +532,12 @@ CLI_CMD(bench) {
     for (int l = 0; l < c->num_hidden_layers; l++) resident += layer_bytes(c, &w->layers[l], &experts);
     uint64_t head = vbytes(&w->lm_head) + (uint64_t)w->embed_tokens.row_bytes + 4ull * (uint64_t)c->hidden_size;
     uint64_t bytes_tok = resident + experts + head;
+    uint64_t expert1 = experts / (uint64_t)c->num_experts_per_tok;
+    {
+        int n_moe = 0;
+        for (int l = 0; l < c->num_hidden_layers; l++) n_moe += c->layer_is_moe[l] && eng->w.layers[l].exp_gate;
+        if (n_moe) expert1 /= (uint64_t)n_moe; /* one expert of one layer (all alike) */
+    }
 
     /* warm the map so page faults are not timed (when streaming: the resident tensors only) */
     if (eng->pack && !eng->pack->copy) { /* (a copy made at open is resident already) */
@@ -562,6 +667,12 @@ CLI_CMD(bench) {
         for (int v = 1; v < V; v++) if (lg[v] > lg[best]) best = v;
         tok = best;
     }
+    /* the single session's store statistics end here, before any batched steps */
+    if (eng->xs) xs_store_stats(eng->xs, &xs1);
+    batch_result br = {0};
+    if (!rc && batch > 0) {
+        if (bench_batch(eng, (int)batch, ctx, steps, resident + head, expert1, bw_buf, bw_n, bw_mib, threads, &br, &err)) rc = cli_fail_err("bench", &err);
+    }
     if (!rc) {
         double mean_ms = 0;
         for (long i = 0; i < steps; i++) mean_ms += step_ms[i] / (double)steps;
@@ -574,7 +685,6 @@ CLI_CMD(bench) {
         double floor_ms = (double)bytes_tok / (bw * 1e9) * 1e3;
         double hit_rate = 1, miss_bytes_tok = 0, ssd_seen_gbs = 0, ssd_probe_gbs = 0;
         if (eng->xs) {
-            xs_store_stats(eng->xs, &xs1);
             double ssd1 = measure_ssd(eng, 16, 2ull << 30);
             if (ssd1 > ssd_gbs) ssd_gbs = ssd1;
             /* The store's own reads during decode are a lower bound on what the disk can do
@@ -634,6 +744,19 @@ CLI_CMD(bench) {
                experts / 1e6, head / 1e6);
         printf("decode at context %ld: %.2f ms/token = %.2f tok/s; floor %.2f ms; decode_floor_ratio %.2f (median of per-step ratios)\n", ctx, dms,
                1e3 / dms, floor_ms, ratio);
+        if (batch > 0)
+            printf("batched decode: %ld sessions at context %ld: %.2f ms/step = %.1f tok/s aggregate (%.2fx one session), %.2f ms/row; %.1f experts/step "
+                   "(union of the rows' choices; %.1f per layer), %.1f MB/step; floor ratio of the step %.2f (median; bandwidth %.1f GB/s)\n",
+                   batch, ctx, br.step_ms, br.tok_s, br.tok_s * dms / 1e3, br.row_ms, br.experts_step,
+                   br.experts_step / (expert1 ? (double)experts / (double)c->num_experts_per_tok / (double)expert1 : 1), br.bytes_step / 1e6,
+                   br.floor_ratio, br.bw);
+        if (batch > 0 && eng->xs)
+            printf("batched decode, streamed: %.1f expert records read per step (%.1f per row); the floor ratio above is against memory only\n",
+                   br.reads_step, br.reads_step / (double)batch);
+        if (batch > 0) {
+            printf("batched step by part (ms):");
+            for (int p = 0; p < FS_COUNT; p++) printf(" %s %.2f%s", fwd_part_names[p], br.part_ms[p], p + 1 < FS_COUNT ? "," : "\n");
+        }
         printf("%-16s %12s %12s\n", "part", "decode ms/tok", "prefill ms");
         for (int p = 0; p < FS_COUNT; p++)
             printf("%-16s %12.3f %12.1f\n", fwd_part_names[p], (double)s->stats.ns[p] / 1e6 / (double)steps, (double)pst.ns[p] / 1e6);
@@ -646,7 +769,13 @@ CLI_CMD(bench) {
                    hit_rate, ssd_gbs, ssd_probe_gbs, ssd_seen_gbs, miss_bytes_tok, expert_gflops, peak, peak_int8, expert_peak_frac, prefill_reads,
                    s->max_batch, s->pf.rows);
             for (int p = 0; p < FS_COUNT; p++) printf("%s\"%s\": %.4f", p ? ", " : "", fwd_part_names[p], (double)s->stats.ns[p] / 1e6 / (double)steps);
-            printf("}, \"prefill_breakdown_ms\": {");
+            printf("}, \"batch\": %ld, \"batch_step_ms\": %.4f, \"batch_tok_s\": %.3f, \"batch_speedup\": %.4f, \"batch_row_ms\": %.4f, \"batch_experts_per_step\": %.2f, "
+                   "\"batch_bytes_per_step\": %.0f, \"batch_floor_ratio\": %.4f, \"batch_expert_reads_per_step\": %.2f",
+                   batch, br.step_ms, br.tok_s, batch ? br.tok_s * dms / 1e3 : 0, br.row_ms, br.experts_step, br.bytes_step, br.floor_ratio, br.reads_step);
+            printf(", \"batch_breakdown_ms\": {");
+            for (int p = 0; p < FS_COUNT; p++) printf("%s\"%s\": %.4f", p ? ", " : "", fwd_part_names[p], br.part_ms[p]);
+            printf("}");
+            printf(", \"prefill_breakdown_ms\": {");
             for (int p = 0; p < FS_COUNT; p++) printf("%s\"%s\": %.3f", p ? ", " : "", fwd_part_names[p], (double)pst.ns[p] / 1e6);
             printf("}}\n");
         }

@@ -10,6 +10,7 @@ static const command commands[] = {
     {"info", cmd_info, "print a model's config, tensor inventory and memory"},
     {"logits", cmd_logits, "write float32 logits for every position of a prompt"},
     {"generate", cmd_generate, "greedy-generate token ids from token ids"},
+    {"batch", cmd_batch, "greedy-generate after many prompts at once (continuous batching)"},
     {"tokenize", cmd_tokenize, "encode text to token ids with a tokenizer.json"},
     {"detokenize", cmd_detokenize, "decode token ids to text with a tokenizer.json"},
     {"template", cmd_template, "render a chat template (Jinja) over a request's messages"},

@@ -90,7 +90,35 @@ int cli_out_check(const char *cmd, const char *path, const char *input) {
     return cli_fail("%s: %s", cmd, e.msg);
 }
 
+/* Kernel choices: --act-quant on|off|q8, --relayout on|off, --isa NAME (see petrel_open_opts). */
+static int kernel_opt(int argc, char **argv, int *i, cli_model_opts *mo) {
+    const char *a = argv[*i];
+    int aq = !strcmp(a, "--act-quant"), rl = !strcmp(a, "--relayout"), isa = !strcmp(a, "--isa");
+    if (!aq && !rl && !isa) return 0;
+    if (*i + 1 >= argc) { cli_fail("%s needs a value", a); return -1; }
+    const char *v = argv[++*i];
+    if (isa) {
+        if (strcmp(v, "auto") && strcmp(v, "scalar") && strcmp(v, "avx2") && strcmp(v, "avx512")) {
+            cli_fail("--isa: \"%s\" is not one of scalar, avx2, avx512, auto", v);
+            return -1;
+        }
+        mo->open.isa = v;
+    } else if (aq) {
+        if (!strcmp(v, "on")) mo->open.act_quant = 1;
+        else if (!strcmp(v, "off")) mo->open.act_quant = -1;
+        else if (!strcmp(v, "q8")) mo->open.act_quant = 2;
+        else { cli_fail("--act-quant: \"%s\" is not on, off or q8", v); return -1; }
+    } else {
+        if (!strcmp(v, "on")) mo->open.relayout = 1;
+        else if (!strcmp(v, "off")) mo->open.relayout = -1;
+        else { cli_fail("--relayout: \"%s\" is not on or off", v); return -1; }
+    }
+    return 1;
+}
+
 int cli_model_opt(int argc, char **argv, int *i, cli_model_opts *mo) {
+    int kr = kernel_opt(argc, argv, i, mo);
+    if (kr) return kr;
     const char *a = argv[*i];
     int is_model = !strcmp(a, "--model") || !strcmp(a, "-m");
     int is_thr = !strcmp(a, "--threads") || !strcmp(a, "-t");

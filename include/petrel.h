@@ -54,6 +54,16 @@ typedef struct petrel_open_opts {
     int no_verify;          /* packs opened with every expert resident: skip the checksums of the
                                routed-expert records read at open (resident tensors and experts
                                streamed under a budget are still checked) */
+    /* Kernel choices (process-wide today: they set the kernel table every engine uses; 0/NULL
+     * leaves the current choice, which starts as the defaults):
+     *   act_quant  1 int8 activations for q4 weights (the default), 2 also q8, -1 off (exact f32
+     *              activations for plain-layout weights; r16-laid weights always use int8)
+     *   relayout   1 lay q8/q4 matrices out 16 rows interleaved at open where the CPU has
+     *              AVX-512 VNNI (the default), -1 keep the stored layout
+     *   isa        "auto" (the default: the best this CPU has), "scalar", "avx2", "avx512" */
+    int act_quant;
+    int relayout;
+    const char *isa;
 } petrel_open_opts;
 
 /* Opens a model folder (Hugging Face checkpoint) or file. */
@@ -95,6 +105,29 @@ int petrel_session_truncate(petrel_session *s, int n_past, petrel_error *err);
  * logits: NULL, or [n, vocab] (all rows) when all_logits, else [vocab] for the last row. */
 int petrel_session_forward(petrel_session *s, const int32_t *ids, int n, float *logits,
                            int all_logits, petrel_error *err);
+/* Batches: rows of many sessions in one forward pass. A row is (session, token, wants logits)
+ * and takes its session's next position; a session may contribute several rows (a prompt chunk,
+ * a verify window), which must be consecutive in the list and at most its chunk (the largest
+ * petrel_session_forward would run at once: 512 rows resident, more under a budget). One call
+ * runs every row through the model once (each weight read once for all rows) and appends each
+ * row to its session's cache. A row's result never depends on which other rows share the
+ * batch: its logits are bitwise those of the same row run alone. A failed call appends nothing.
+ * The batch object holds the scratch for up to max_rows rows; sessions may be driven from
+ * different threads between batches, one batch (or session call) at a time per engine. */
+typedef struct petrel_row {
+    petrel_session *session; /* borrowed; must belong to the batch's engine */
+    int32_t token;
+    int want_logits;         /* 1: this row's logits are written */
+} petrel_row;
+typedef struct petrel_batch petrel_batch;
+int petrel_batch_create(petrel_engine *eng, int max_rows, petrel_batch **out, petrel_error *err);
+void petrel_batch_free(petrel_batch *b);
+/* logits: NULL, or [rows with want_logits][vocab] in row order. */
+int petrel_batch_forward(petrel_batch *b, const petrel_row *rows, int n, float *logits,
+                         petrel_error *err);
+/* The largest number of rows one session may contribute to a batch. */
+int petrel_session_chunk(const petrel_session *s);
+
 /* Progress of long forward calls (prompts): fn(user, done, total) after each chunk or layer of
  * work, done rising to total within one petrel_session_forward call (units: rows x layers).
  * fn NULL: none. */

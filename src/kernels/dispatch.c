@@ -28,7 +28,7 @@ static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
 static int best_isa = ISA_SCALAR, cur_isa = ISA_SCALAR, has_vnni;
 /* int8 activations where the CPU has AVX-512 VNNI: 0 off, 1 q4_g64 (default), 2 q4_g64 + q8 */
 static int g_actq = 1;
-static int g_r16 = 1; /* PETREL_R16=0 turns the row-interleaved layout off */
+static int g_r16 = 1; /* kn_set_r16(0) (open option relayout, --relayout off) turns it off */
 static pt_pool *g_pool;
 static int g_threads;
 /* kn_set_observer: a calibration hook (src/io/calib.c) shown every kn_matmul input */
@@ -63,15 +63,16 @@ static void detect_isa(void) {
 static void detect(void) {
     detect_isa();
     cur_isa = best_isa;
-    const char *aq = getenv("PETREL_ACT_QUANT"); /* default for kn_set_act_quant */
-    if (aq && *aq >= '0' && *aq <= '2') g_actq = *aq - '0';
-    const char *r16 = getenv("PETREL_R16");
-    if (r16 && !strcmp(r16, "0")) g_r16 = 0;
 }
 
 int kn_r16_available(void) {
     pthread_once(&detect_once, detect);
     return g_r16 && best_isa == ISA_AVX512 && has_vnni;
+}
+
+void kn_set_r16(int on) {
+    pthread_once(&detect_once, detect);
+    g_r16 = on != 0;
 }
 
 void kn_init(int n_threads) {
@@ -123,7 +124,11 @@ static const kn_mm_isa *mm_isa(void) {
 }
 
 /* Prepared activations live in a per-thread buffer that only grows: prefill calls it with
- * megabytes, and a fresh malloc (mmap + page faults) per matmul would cost more than the copy. */
+ * megabytes, and a fresh malloc (mmap + page faults) per matmul would cost more than the copy.
+ * It starts at XP_MIN_FLOATS, enough for decode and batched decode steps (up to 16 rows of
+ * 32768 columns), so which pool thread first meets which product never makes a token step
+ * allocate (tests/test_alloc.c). */
+#define XP_MIN_FLOATS ((size_t)1 << 19)
 static _Thread_local float *xp_buf;
 static _Thread_local size_t xp_cap;
 static pthread_key_t xp_key; /* frees a thread's buffer when the thread exits */
@@ -135,6 +140,7 @@ static float *xp_get(size_t floats) {
         pthread_once(&xp_key_once, xp_key_init);
         free(xp_buf);
         size_t cap = floats + floats / 4;
+        if (cap < XP_MIN_FLOATS) cap = XP_MIN_FLOATS;
         xp_buf = aligned_alloc(64, (cap * sizeof(float) + 63) & ~(size_t)63);
         xp_cap = xp_buf ? cap : 0;
         pthread_setspecific(xp_key, xp_buf);

@@ -30,8 +30,8 @@ void kn_ref_matmul(const pt_wview *W, const float *x, int n, float *y);
  * |y - y_f32| <= sum_j |w_j| max|x_g(j)| / 254; measured ~0.4 % of |y| (rms) on uniform random
  * x (bench/KERNELS.md). Rows stay bitwise independent of n, batching and threads. Other formats,
  * CPUs without VNNI, kn_force_isa "avx2"/"scalar": always exact f32 activations. The default
- * comes from the environment, PETREL_ACT_QUANT=0|1|2 (read once), else 1 (q4, where the
- * routed experts are: R16 matrices use int8 activations anyway, so plain q4 experts match). Not thread-safe
+ * is 1 (q4, where the routed experts are: R16 matrices use int8 activations anyway, so plain q4
+ * experts match); the engine's open options (act_quant, --act-quant) change it. Not thread-safe
  * against running kernels. kn_act_quant_active(W): would kn_matmul(W) quantize x? */
 void kn_set_act_quant(int mode);
 int kn_act_quant(void);
@@ -42,14 +42,16 @@ void kn_ref_matmul_actq(const pt_wview *W, const float *x, int n, float *y);
 
 /* Row-interleaved weights (PT_LAYOUT_R16, quant/qtypes.h; math in src/kernels/r16.c): the
  * int8-activation layout for PT_Q8_G32 / PT_Q4_G64 that kn_matmul streams at close to memory
- * bandwidth. kn_r16_available: this CPU has AVX-512 VNNI and PETREL_R16 is not "0" in the
- * environment (read once); without it callers keep the plain layout (the scalar R16 kernel is
- * correct but slow). kn_r16_supported: format and shape allow it (rows % 16, cols % group).
+ * bandwidth. kn_r16_available: this CPU has AVX-512 VNNI and kn_set_r16(0) was not called
+ * (open option relayout, --relayout off); without it callers keep the plain layout (the scalar
+ * R16 kernel is correct but slow). Process-wide, like the ISA and act-quant choices, until the
+ * kernel table becomes per engine. kn_r16_supported: format and shape allow it (rows % 16, cols % group).
  * kn_r16_repack rewrites W's data and scales IN PLACE (both must be writable) and sets
  * W->layout; returns 0, or -1 if unsupported or out of memory (W unchanged). kn_matmul and
  * kn_matmul_many then use int8 activations for W (error as described for kn_set_act_quant);
  * kn_ref_matmul and pt_dequant_row read the layout exactly. */
 int kn_r16_available(void);
+void kn_set_r16(int on);
 int kn_r16_supported(const pt_wview *W);
 int kn_r16_repack(pt_wview *W);
 

@@ -83,9 +83,22 @@ int engine_check_model_file(const char *path, petrel_error *err) {
                   PACK_MAGIC);
 }
 
+/* The kernel choices of the open options (process-wide, see petrel_open_opts). */
+static int apply_kernel_opts(const petrel_open_opts *o, petrel_error *err) {
+    if (!o) return 0;
+    if (o->isa && kn_force_isa(o->isa) < 0)
+        return pt_err(err, PETREL_EUNSUPPORTED, "kernel set \"%s\" is unknown or this CPU lacks it (scalar, avx2, avx512, auto)", o->isa);
+    if (o->act_quant < -1 || o->act_quant > 2) return pt_err(err, PETREL_EINVAL, "act_quant %d: want -1 (off), 0 (keep), 1 (q4) or 2 (q4 and q8)", o->act_quant);
+    if (o->act_quant) kn_set_act_quant(o->act_quant < 0 ? 0 : o->act_quant);
+    if (o->relayout < -1 || o->relayout > 1) return pt_err(err, PETREL_EINVAL, "relayout %d: want -1 (off), 0 (keep) or 1 (on)", o->relayout);
+    if (o->relayout) kn_set_r16(o->relayout > 0);
+    return 0;
+}
+
 int petrel_engine_open(const char *path, const petrel_open_opts *opts, petrel_engine **out, petrel_error *err) {
     *out = NULL;
     if (!path || !*path) return pt_err(err, PETREL_EINVAL, "no model path given");
+    PT_TRY(apply_kernel_opts(opts, err));
     struct stat st;
     if (stat(path, &st) < 0) return pt_err(err, PETREL_EIO, "cannot open model %s: no such file or folder", path);
     if (!S_ISDIR(st.st_mode) && !S_ISREG(st.st_mode))

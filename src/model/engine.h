@@ -109,6 +109,8 @@ extern const char *const fwd_part_names[FS_COUNT];
 typedef struct fwd_stats {
     uint64_t ns[FS_COUNT];
     uint64_t rows;      /* rows (tokens) run */
+    uint64_t experts_run; /* routed experts run, summed over MoE layers and forwards: a batch's
+                             union of its rows' choices counts each expert once per layer */
     uint64_t io_ns;     /* part of FS_EXPERTS spent waiting for expert reads */
 } fwd_stats;
 
@@ -148,6 +150,24 @@ struct petrel_session {
 };
 
 void *ar_alloc(arena *a, size_t bytes);
+
+/* A batch's rows, grouped: segment g is rows [r0, r0 + n) of session s, at positions
+ * s->len .. s->len + n - 1. */
+typedef struct fwd_seg {
+    petrel_session *s; /* borrowed */
+    int r0, n;
+} fwd_seg;
+#define FWD_ROWS_GROUP 16 /* one-row segments whose attention shares its head products */
+/* THE layer loop: runs rows ids[0..T) of the segments through every layer. Scratch for the
+ * rows comes from scr's arena (scr is one of the sessions, or a batch's cache-less scratch
+ * session); each segment's DSA selection and attention run over its own session's cache with
+ * that session's arena. logits: [nlog][V] for rows lrows[0..nlog) (ascending; lrows NULL: the
+ * last nlog rows), or NULL.
+ * Appends every row to its session (len += n) on success; on failure no length changes. */
+int fwd_rows(petrel_session *scr, const fwd_seg *seg, int nseg, const int32_t *ids, int T, float *logits,
+             const int32_t *lrows, int nlog, petrel_error *err);
+/* Timings accumulated by a batch's forwards (petrel bench --batch). */
+const fwd_stats *batch_stats(const petrel_batch *b);
 /* Runs rows ids[0..T) at positions s->len.. ; logits [T][V] for rows from logits_from on (or
  * NULL). Appends to the cache. T <= max_batch. */
 int fwd_batch(petrel_session *s, const int32_t *ids, int T, float *logits, int logits_from, petrel_error *err);
@@ -169,9 +189,19 @@ typedef struct attn_bufs {
 } attn_bufs;
 int attn_rows(petrel_session *s, int l, const layer_w *lw, float *h, const float *x, int T, int P, const rope_rows *rope,
               int32_t *sel, int *sel_n, int sel_stride, const attn_bufs *b, petrel_error *err);
+/* The same over the rows of several segments (fwd_rows): projections over all T rows with scr's
+ * scratch, cache writes, selection and attention per segment. */
+int attn_segs(petrel_session *scr, int l, const layer_w *lw, float *h, const float *x, int T, const fwd_seg *seg, int nseg,
+              const rope_rows *rope, int32_t *sel, int *sel_n, int sel_stride, const attn_bufs *b, petrel_error *err);
 int mla_attention(petrel_session *s, int l, const layer_w *lw, const float *q, int T, const int32_t *sel, const int *sel_n,
                   int sel_stride, float *out, petrel_error *err);
 size_t mla_scratch_bytes(const petrel_config *c, int T, int N);
+/* Attention of m rows of m different sessions (sess[i]'s next row is batch row rows[i]; a
+ * batch's decode rows): the head products over all m rows at once, scratch from scr's arena
+ * (mla_rows_scratch_bytes), each row's scores from its own session's arena. */
+int mla_attention_rows(petrel_session *scr, int l, const layer_w *lw, petrel_session *const *sess, const int32_t *rows, int m,
+                       const float *q, const int32_t *sel, const int *sel_n, int sel_stride, float *out, petrel_error *err);
+size_t mla_rows_scratch_bytes(const petrel_config *c, int m);
 int dsa_select(petrel_session *s, int l, const layer_w *lw, const float *x, const float *qr, int T,
                const rope_rows *rope, int32_t *sel, int *sel_n, int sel_stride, petrel_error *err);
 /* next_lw: the next MoE layer (its router predicts experts to prefetch), or NULL. */

@@ -38,68 +38,118 @@ static attn_bufs attn_bufs_alloc(arena *a, const petrel_config *c, int T) {
                        ar_alloc(a, sizeof(float) * t * NH * (size_t)c->v_head_dim)};
 }
 
-int attn_rows(petrel_session *s, int l, const layer_w *lw, float *h, const float *x, int T, int P, const rope_rows *rope,
-              int32_t *sel, int *sel_n, int sel_stride, const attn_bufs *b, petrel_error *err) {
-    const petrel_engine *e = s->eng;
+int attn_segs(petrel_session *scr, int l, const layer_w *lw, float *h, const float *x, int T, const fwd_seg *seg, int nseg,
+              const rope_rows *rope, int32_t *sel, int *sel_n, int sel_stride, const attn_bufs *b, petrel_error *err) {
+    const petrel_engine *e = scr->eng;
     const petrel_config *c = &e->cfg;
-    int H = c->hidden_size, NH = c->num_attention_heads, Dqk = c->qk_head_dim, Dr = c->qk_rope_head_dim;
+    int H = c->hidden_size, NH = c->num_attention_heads, Dqk = c->qk_head_dim, Dr = c->qk_rope_head_dim, Dv = c->v_head_dim;
     int Rq = c->q_lora_rank, Rkv = c->kv_lora_rank;
-    uint64_t *ns = s->stats.ns, t0 = pt_now_ns(), t1;
+    uint64_t *ns = scr->stats.ns, t0 = pt_now_ns(), t1;
     float *qa = b->qa, *q = b->q, *kva = b->kva, *o = b->o, *y = b->y;
+    /* the projections over every row at once (weights read once per batch) */
     kn_job a[2] = {{&lw->q_a_proj, x, T, qa}, {&lw->kv_a_proj_with_mqa, x, T, kva}}; /* one dispatch */
     kn_matmul_many(a, 2);
     for (int r = 0; r < T; r++) op_rmsnorm(qa + (size_t)r * Rq, qa + (size_t)r * Rq, lw->q_a_layernorm, Rq, 1e-6);
     kn_matmul(&lw->q_b_proj, qa, T, q);
-    for (int r = 0; r < T; r++) {
-        const float *cs = rope->cos_ + (size_t)r * (Dr / 2), *sn = rope->sin_ + (size_t)r * (Dr / 2);
-        for (int hh = 0; hh < NH; hh++) op_rope(q + ((size_t)r * NH + hh) * Dqk + c->qk_nope_head_dim, cs, sn, Dr, c->rope_interleave);
-        float *kv = kva + (size_t)r * (Rkv + Dr);
-        op_rmsnorm(s->kv_c[l] + (size_t)(P + r) * Rkv, kv, lw->kv_a_layernorm, Rkv, 1e-6);
-        float *pe = s->kv_pe[l] + (size_t)(P + r) * Dr;
-        memcpy(pe, kv + Rkv, sizeof(float) * (size_t)Dr);
-        op_rope(pe, cs, sn, Dr, c->rope_interleave);
+    for (int g = 0; g < nseg; g++) { /* RoPE; each row's latent KV into its session's cache */
+        petrel_session *s = seg[g].s;
+        for (int i = 0; i < seg[g].n; i++) {
+            int r = seg[g].r0 + i, pos = s->len + i;
+            const float *cs = rope->cos_ + (size_t)r * (Dr / 2), *sn = rope->sin_ + (size_t)r * (Dr / 2);
+            for (int hh = 0; hh < NH; hh++) op_rope(q + ((size_t)r * NH + hh) * Dqk + c->qk_nope_head_dim, cs, sn, Dr, c->rope_interleave);
+            float *kv = kva + (size_t)r * (Rkv + Dr);
+            op_rmsnorm(s->kv_c[l] + (size_t)pos * Rkv, kv, lw->kv_a_layernorm, Rkv, 1e-6);
+            float *pe = s->kv_pe[l] + (size_t)pos * Dr;
+            memcpy(pe, kv + Rkv, sizeof(float) * (size_t)Dr);
+            op_rope(pe, cs, sn, Dr, c->rope_interleave);
+        }
     }
     t1 = pt_now_ns(), ns[FS_ATTN] += t1 - t0, t0 = t1;
-    fwd_trace *tr = s->trace;
-    if (c->layer_indexer_full[l]) {
-        PT_TRY(dsa_select(s, l, lw, x, qa, T, rope, sel, sel_n, sel_stride, err));
+    /* selection and attention per segment, over its own session's cache (its arena for scratch) */
+    fwd_trace *tr = scr->trace;
+    for (int g = 0; g < nseg && c->layer_indexer_full[l]; g++) {
+        petrel_session *s = seg[g].s;
+        int r0 = seg[g].r0, n = seg[g].n;
+        rope_rows rs = {rope->cos_ + (size_t)r0 * (Dr / 2), rope->sin_ + (size_t)r0 * (Dr / 2)};
+        int32_t *sg = sel + (size_t)r0 * sel_stride;
+        int *sgn = sel_n + r0;
+        t0 = pt_now_ns();
+        PT_TRY(dsa_select(s, l, lw, x + (size_t)r0 * H, qa + (size_t)r0 * Rq, n, &rs, sg, sgn, sel_stride, err));
         if (tr && tr->topk && tr->topk[l])
-            for (int r = 0; r < T; r++)
+            for (int r = 0; r < n; r++)
                 for (int i = 0; i < tr->topk_stride; i++)
-                    tr->topk[l][(size_t)r * tr->topk_stride + i] = i < sel_n[r] ? sel[(size_t)r * sel_stride + i] : -1;
+                    tr->topk[l][(size_t)(r0 + r) * tr->topk_stride + i] = i < sgn[r] ? sg[(size_t)r * sel_stride + i] : -1;
+        ns[FS_INDEXER] += pt_now_ns() - t0;
     }
-    t1 = pt_now_ns(), ns[FS_INDEXER] += t1 - t0, t0 = t1;
-    PT_TRY(mla_attention(s, l, lw, q, T, sel, sel_n, sel_stride, o, err));
+    t0 = pt_now_ns();
+    /* one-row segments (a batch's decode rows) share the head products, FWD_ROWS_GROUP at a
+     * time; longer segments (prompt chunks, windows) run alone */
+    petrel_session *gs[FWD_ROWS_GROUP];
+    int32_t gr[FWD_ROWS_GROUP];
+    int ng = 0;
+    for (int g = 0; g <= nseg; g++) {
+        int one = g < nseg && seg[g].n == 1 && seg[g].s->mla != MLA_RECONSTRUCTED && nseg > 1;
+        if (one) {
+            gs[ng] = seg[g].s;
+            gr[ng++] = seg[g].r0;
+        }
+        if (ng && (ng == FWD_ROWS_GROUP || g == nseg || (!one && g < nseg))) {
+            if (ng == 1) PT_TRY(mla_attention(gs[0], l, lw, q + (size_t)gr[0] * NH * Dqk, 1, sel + (size_t)gr[0] * sel_stride, sel_n + gr[0], sel_stride,
+                                              o + (size_t)gr[0] * NH * Dv, err));
+            else PT_TRY(mla_attention_rows(scr, l, lw, gs, gr, ng, q, sel, sel_n, sel_stride, o, err));
+            ng = 0;
+        }
+        if (g == nseg || one) continue;
+        int r0 = seg[g].r0, n = seg[g].n;
+        PT_TRY(mla_attention(seg[g].s, l, lw, q + (size_t)r0 * NH * Dqk, n, sel + (size_t)r0 * sel_stride, sel_n + r0, sel_stride,
+                             o + (size_t)r0 * NH * Dv, err));
+    }
+    ns[FS_ATTN] += pt_now_ns() - t0;
+    t0 = pt_now_ns();
     kn_matmul(&lw->o_proj, o, T, y);
     for (int i = 0; i < T * H; i++) h[i] += y[i];
     ns[FS_ATTN] += pt_now_ns() - t0;
     return 0;
 }
 
-int fwd_batch(petrel_session *s, const int32_t *ids, int T, float *logits, int logits_from, petrel_error *err) {
-    const petrel_engine *e = s->eng;
+int attn_rows(petrel_session *s, int l, const layer_w *lw, float *h, const float *x, int T, int P, const rope_rows *rope,
+              int32_t *sel, int *sel_n, int sel_stride, const attn_bufs *b, petrel_error *err) {
+    if (s->len != P) return pt_err(err, PETREL_EINVAL, "attention rows at %d, session at %d", P, s->len);
+    fwd_seg one = {s, 0, T};
+    return attn_segs(s, l, lw, h, x, T, &one, 1, rope, sel, sel_n, sel_stride, b, err);
+}
+
+int fwd_rows(petrel_session *scr, const fwd_seg *seg, int nseg, const int32_t *ids, int T, float *logits,
+             const int32_t *lrows, int nlog, petrel_error *err) {
+    const petrel_engine *e = scr->eng;
     const petrel_config *c = &e->cfg;
     const model_w *w = &e->w;
     int H = c->hidden_size, Dr = c->qk_rope_head_dim, L = c->num_hidden_layers;
-    int P = s->len;
-    int kmax = c->index_topk < P + T ? c->index_topk : P + T;
-    s->ar.used = 0;
-    float *h = ar_alloc(&s->ar, sizeof(float) * (size_t)T * H);
-    attn_bufs b = attn_bufs_alloc(&s->ar, c, T);
+    int kmax = 1;
+    for (int g = 0; g < nseg; g++) {
+        int n = seg[g].s->len + seg[g].n;
+        if (n > kmax) kmax = n;
+    }
+    if (kmax > c->index_topk) kmax = c->index_topk;
+    scr->ar.used = 0;
+    float *h = ar_alloc(&scr->ar, sizeof(float) * (size_t)T * H);
+    attn_bufs b = attn_bufs_alloc(&scr->ar, c, T);
     float *x = b.x, *y = b.y;
-    rope_rows rope = {ar_alloc(&s->ar, sizeof(float) * (size_t)T * (Dr / 2)), ar_alloc(&s->ar, sizeof(float) * (size_t)T * (Dr / 2))};
-    int32_t *sel = ar_alloc(&s->ar, sizeof(int32_t) * (size_t)T * kmax);
-    int *sel_n = ar_alloc(&s->ar, sizeof(int) * (size_t)T);
+    rope_rows rope = {ar_alloc(&scr->ar, sizeof(float) * (size_t)T * (Dr / 2)), ar_alloc(&scr->ar, sizeof(float) * (size_t)T * (Dr / 2))};
+    int32_t *sel = ar_alloc(&scr->ar, sizeof(int32_t) * (size_t)T * kmax);
+    int *sel_n = ar_alloc(&scr->ar, sizeof(int) * (size_t)T);
     if (!h || !x || !y || !b.qa || !b.q || !b.kva || !b.o || !rope.cos_ || !rope.sin_ || !sel || !sel_n)
         return pt_err(err, PETREL_ENOMEM, "forward scratch exhausted");
-    for (int r = 0; r < T; r++) {
-        pt_dequant_row(&w->embed_tokens, ids[r], h + (size_t)r * H);
-        op_rope_table(c->rope_theta, Dr, P + r, rope.cos_ + (size_t)r * (Dr / 2), rope.sin_ + (size_t)r * (Dr / 2));
-    }
+    for (int g = 0; g < nseg; g++)
+        for (int i = 0; i < seg[g].n; i++) {
+            int r = seg[g].r0 + i;
+            pt_dequant_row(&w->embed_tokens, ids[r], h + (size_t)r * H);
+            op_rope_table(c->rope_theta, Dr, seg[g].s->len + i, rope.cos_ + (size_t)r * (Dr / 2), rope.sin_ + (size_t)r * (Dr / 2));
+        }
     if (e->pack) pack_release_on_disk(e->pack); /* embedding rows read through the file map */
-    fwd_trace *tr = s->trace;
+    fwd_trace *tr = scr->trace;
     if (tr && tr->hidden) memcpy(tr->hidden, h, sizeof(float) * (size_t)T * H);
-    uint64_t *ns = s->stats.ns, t0, t1;
+    uint64_t *ns = scr->stats.ns, t0, t1;
 #define LAP(part) (t1 = pt_now_ns(), ns[part] += t1 - t0, t0 = t1)
     for (int l = 0; l < L; l++) {
         const layer_w *lw = &w->layers[l];
@@ -109,19 +159,19 @@ int fwd_batch(petrel_session *s, const int32_t *ids, int T, float *logits, int l
                                        layer's guesses can start before its attention */
             int nm = l + 1;
             while (nm < L && !c->layer_is_moe[nm]) nm++;
-            if (nm < L) moe_prefetch_next(s, &w->layers[nm], nm, x, T);
+            if (nm < L) moe_prefetch_next(scr, &w->layers[nm], nm, x, T);
         }
         LAP(FS_ATTN);
-        PT_TRY(attn_rows(s, l, lw, h, x, T, P, &rope, sel, sel_n, kmax, &b, err));
+        PT_TRY(attn_segs(scr, l, lw, h, x, T, seg, nseg, &rope, sel, sel_n, kmax, &b, err));
         t0 = pt_now_ns();
         for (int r = 0; r < T; r++) op_rmsnorm(x + (size_t)r * H, h + (size_t)r * H, lw->post_attention_layernorm, H, c->rms_norm_eps);
         LAP(FS_ATTN);
         int nl = l + 1; /* the next MoE layer, whose experts a streaming store can start reading */
         while (nl < L && !c->layer_is_moe[nl]) nl++;
-        if (lw->is_moe) PT_TRY(moe_forward(s, l, lw, nl < L ? &w->layers[nl] : NULL, nl, x, T, y, err)); /* times its own parts */
+        if (lw->is_moe) PT_TRY(moe_forward(scr, l, lw, nl < L ? &w->layers[nl] : NULL, nl, x, T, y, err)); /* times its own parts */
         else {
-            if (e->xs && nl < L) moe_prefetch_next(s, &w->layers[nl], nl, x, T);
-            PT_TRY(mlp_dense(s, lw, x, T, y, err));
+            if (e->xs && nl < L) moe_prefetch_next(scr, &w->layers[nl], nl, x, T);
+            PT_TRY(mlp_dense(scr, lw, x, T, y, err));
             LAP(FS_DENSE);
         }
         for (int i = 0; i < T * H; i++) h[i] += y[i];
@@ -131,13 +181,27 @@ int fwd_batch(petrel_session *s, const int32_t *ids, int T, float *logits, int l
     for (int r = 0; r < T; r++) op_rmsnorm(x + (size_t)r * H, h + (size_t)r * H, w->norm, H, c->rms_norm_eps);
     if (tr && tr->hidden) memcpy(tr->hidden + (size_t)L * T * H, x, sizeof(float) * (size_t)T * H);
     LAP(FS_OTHER);
-    if (logits && logits_from < T) kn_matmul(&w->lm_head, x + (size_t)logits_from * H, T - logits_from, logits);
+    if (logits && nlog > 0) { /* the head over the rows that want logits, gathered when apart */
+        int contiguous = 1, first = lrows ? lrows[0] : T - nlog;
+        for (int i = 1; lrows && i < nlog && contiguous; i++) contiguous = lrows[i] == first + i;
+        const float *xl = x + (size_t)first * H;
+        if (!contiguous) {
+            for (int i = 0; i < nlog; i++) memcpy(y + (size_t)i * H, x + (size_t)lrows[i] * H, sizeof(float) * (size_t)H);
+            xl = y;
+        }
+        kn_matmul(&w->lm_head, xl, nlog, logits);
+    }
     LAP(FS_HEAD);
 #undef LAP
-    s->stats.rows += (uint64_t)T;
+    scr->stats.rows += (uint64_t)T;
     if (e->trace) PT_TRY(stream_trace_flush((petrel_engine *)e, T, err));
-    s->len = P + T;
+    for (int g = 0; g < nseg; g++) seg[g].s->len += seg[g].n;
     return 0;
+}
+
+int fwd_batch(petrel_session *s, const int32_t *ids, int T, float *logits, int logits_from, petrel_error *err) {
+    fwd_seg one = {s, 0, T};
+    return fwd_rows(s, &one, 1, ids, T, logits && logits_from < T ? logits : NULL, NULL, T - logits_from, err);
 }
 
 int fwd_prompt_layers(petrel_session *s, const int32_t *ids, int M, float *logits, int logits_from, petrel_error *err) {

@@ -1,10 +1,17 @@
 /* mla.c: Multi-head Latent Attention over the latent cache, in two forms that agree in exact
  * arithmetic (tests hold them to each other):
+ *   absorbed       q~ = W_UK^T q_nope (kv_lora_rank wide); scores = q~ . c_t + q_pe . k_pe_t over
+ *                  the row's selected keys; lat = P C; o = W_UV lat. THE form: every row runs it,
+ *                  alone or in any window, so a row's result never depends on the batch (row
+ *                  independence, bitwise). Rows whose selection is a prefix 0..n-1 (every causal
+ *                  key: prompts up to index_topk) share their products per head in blocks of
+ *                  rows (absorbed_prefix): each element is computed by the same kernel arithmetic
+ *                  as the one-row path (kn_matmul: per-element accumulators; kn_matmul_t: r
+ *                  ascending, and the zeros padding shorter rows add exactly nothing), so the
+ *                  blocked and the one-row results are bitwise equal (tests/test_core.c).
  *   reconstructed  per head, expand K = [W_UK c | k_pe] and V^T = W_UV C^T for the window's keys,
- *                  then S = Q K^T, masked softmax, O = S V. The form for prefill windows.
- *   absorbed       q~ = W_UK^T q_nope (kv_lora_rank wide); scores = q~ . c_t + q_pe . k_pe_t for
- *                  all heads at once over the selected keys; lat = P C; o = W_UV lat. The form
- *                  for one-token rows: the latent cache is read once for all 64 heads.
+ *                  then S = Q K^T, masked softmax, O = S V. The slower twin for tests
+ *                  (MLA_RECONSTRUCTED); differs from absorbed by float rounding (~1e-6).
  * Both attend over each row's selected keys (sel, ascending), scale 1/sqrt(qk_head_dim). The
  * heavy products go through kn_matmul (SIMD, threaded) with f32 views of cache buffers as the
  * "weight". Input q is [T][NH][nope + rope] with RoPE applied; the current rows' c / k_pe are
@@ -28,13 +35,8 @@ static pt_wview f32_view(const float *data, int64_t rows, int64_t cols) {
     return v;
 }
 
-static int use_absorbed(const petrel_session *s, int T, int N) {
-    if (s->mla == MLA_ABSORBED) return 1;
-    if (s->mla == MLA_RECONSTRUCTED) return 0;
-    /* Reconstruction costs one expansion per cached key; it wins when the window is a large
-     * share of the keys (prefill), absorption otherwise (decode, short verify windows). */
-    return T == 1 || N > 6 * T;
-}
+/* The form is never chosen by the batch: absorbed unless a test forces the reconstructed twin. */
+static int use_absorbed(const petrel_session *s) { return s->mla != MLA_RECONSTRUCTED; }
 
 /* ---- absorbed ---- */
 
@@ -65,55 +67,216 @@ static void uv_task(void *ctx, int h, int thread) {
     kn_matmul(&j->lw->w_uv[h], j->lat + (size_t)h * j->Rkv, 1, j->out + (size_t)h * j->Dv);
 }
 
+/* ---- absorbed, blocked over rows with a prefix selection ---- */
+
+#define ABP_ROWS 64 /* rows per block: scores [ABP_ROWS][keys] per head stay in L2 */
+
+typedef struct {
+    const layer_w *lw;
+    const float *q, *C, *PE;   /* q [T][NH][Dqk]; the layer's latent cache and rope keys */
+    const int32_t *rows;       /* the rows run here (ascending) */
+    const int *sel_n;          /* keys of row r: 0 .. sel_n[r]-1 */
+    int m, NH, Dn, Dr, Dv, Dqk, Rkv, nmax;
+    float scale;
+    float *out;                /* [T][NH][Dv] */
+    float *scr;                /* per thread: abp_floats() floats */
+    size_t per;
+} abp_job;
+
+static size_t abp_floats(int nmax, int Dn, int Dr, int Dv, int Rkv) {
+#define A16(x) (((size_t)(x) + 15) / 16 * 16)
+    return A16((size_t)ABP_ROWS * Dn) + 2 * A16((size_t)ABP_ROWS * Rkv) + A16((size_t)ABP_ROWS * Dr) +
+           2 * A16((size_t)ABP_ROWS * nmax) + A16((size_t)ABP_ROWS * Dv);
+}
+
+/* Head h over the job's rows, ABP_ROWS at a time. Per row the arithmetic is the one-row path's:
+ * q~ = W_UK^T q_nope (kn_matmul_t, rows independent), scores over the keys 0..Nc-1 of the block
+ * (the row's own n first; the rest are dropped), softmax over exactly n, lat = P C over Nc keys
+ * with P zero past n (fma(0, c, acc) == acc), o = W_UV lat. */
+static void abp_head(const abp_job *j, int h, float *scr) {
+    const int Dn = j->Dn, Dr = j->Dr, Dv = j->Dv, Dqk = j->Dqk, Rkv = j->Rkv, NH = j->NH;
+    float *qn = scr, *qt = qn + A16((size_t)ABP_ROWS * Dn), *qp = qt + A16((size_t)ABP_ROWS * Rkv);
+    float *S = qp + A16((size_t)ABP_ROWS * Dr), *Sp = S + A16((size_t)ABP_ROWS * j->nmax);
+    float *lat = Sp + A16((size_t)ABP_ROWS * j->nmax), *oh = lat + A16((size_t)ABP_ROWS * Rkv);
+#undef A16
+    for (int b0 = 0; b0 < j->m; b0 += ABP_ROWS) {
+        int nb = j->m - b0 < ABP_ROWS ? j->m - b0 : ABP_ROWS, Nc = 0;
+        for (int i = 0; i < nb; i++) {
+            int r = j->rows[b0 + i];
+            const float *qr = j->q + ((size_t)r * NH + h) * Dqk;
+            memcpy(qn + (size_t)i * Dn, qr, sizeof(float) * (size_t)Dn);
+            memcpy(qp + (size_t)i * Dr, qr + Dn, sizeof(float) * (size_t)Dr);
+            if (j->sel_n[r] > Nc) Nc = j->sel_n[r];
+        }
+        kn_matmul_t(&j->lw->w_uk[h], qn, nb, qt); /* q~ [nb][Rkv] */
+        pt_wview vc = f32_view(j->C, Nc, Rkv), vp = f32_view(j->PE, Nc, Dr);
+        kn_matmul(&vc, qt, nb, S);  /* S[i][t] = q~_i . c_t */
+        kn_matmul(&vp, qp, nb, Sp); /* Sp[i][t] = q_pe_i . k_pe_t */
+        for (int i = 0; i < nb; i++) {
+            int n = j->sel_n[j->rows[b0 + i]];
+            float *row = S + (size_t)i * Nc;
+            const float *rp = Sp + (size_t)i * Nc;
+            for (int t = 0; t < n; t++) row[t] = j->scale * (row[t] + rp[t]);
+            kn_softmax(row, n);
+            for (int t = n; t < Nc; t++) row[t] = 0.f;
+        }
+        kn_matmul_t(&vc, S, nb, lat);                 /* lat [nb][Rkv] */
+        kn_matmul(&j->lw->w_uv[h], lat, nb, oh);      /* o [nb][Dv] */
+        for (int i = 0; i < nb; i++)
+            memcpy(j->out + ((size_t)j->rows[b0 + i] * NH + h) * Dv, oh + (size_t)i * Dv, sizeof(float) * (size_t)Dv);
+    }
+}
+
+/* One head per task; its products run single-threaded inside (a nested pool_run is inline). */
+static void abp_task(void *ctx, int h, int thread) {
+    const abp_job *j = ctx;
+    abp_head(j, h, j->scr + (size_t)thread * j->per);
+}
+
+/* ---- absorbed, one row at a time (rows with a DSA selection, or alone) ---- */
+
+/* The part of one row between its two head products: given q~ (qt [NH][Rkv]) and the row's
+ * q_pe (in qr), scores over its selected keys of session s's cache, softmax, and
+ * lat[h] = sum_i p[h][i] c_i. Scratch from s's arena (released on return). */
+static int row_core(petrel_session *s, int l, const float *qr, const float *qt, const int32_t *sr, int n, float *lat, petrel_error *err) {
+    const petrel_config *c = &s->eng->cfg;
+    int NH = c->num_attention_heads, Dn = c->qk_nope_head_dim, Dr = c->qk_rope_head_dim, Rkv = c->kv_lora_rank, Dqk = c->qk_head_dim;
+    const float scale = (float)(1.0 / sqrt((double)Dqk));
+    size_t mark = s->ar.used;
+    int prefix = n > 0 && sr[0] == 0 && sr[n - 1] == n - 1;
+    float *qpe = ar_alloc(&s->ar, sizeof(float) * (size_t)NH * Dr);
+    float *cg = prefix ? NULL : ar_alloc(&s->ar, sizeof(float) * (size_t)n * Rkv);
+    float *pg = prefix ? NULL : ar_alloc(&s->ar, sizeof(float) * (size_t)n * Dr);
+    float *sc = ar_alloc(&s->ar, sizeof(float) * (size_t)NH * n);
+    float *sp = ar_alloc(&s->ar, sizeof(float) * (size_t)NH * n);
+    if (!qpe || (!prefix && (!cg || !pg)) || !sc || !sp) return pt_err(err, PETREL_ENOMEM, "attention scratch exhausted (layer %d)", l);
+    for (int h = 0; h < NH; h++) memcpy(qpe + (size_t)h * Dr, qr + (size_t)h * Dqk + Dn, sizeof(float) * (size_t)Dr);
+    /* the selected keys, contiguous (a view when the selection is 0..n-1) */
+    const float *C = s->kv_c[l], *PE = s->kv_pe[l];
+    if (!prefix) {
+        for (int i = 0; i < n; i++) {
+            memcpy(cg + (size_t)i * Rkv, s->kv_c[l] + (size_t)sr[i] * Rkv, sizeof(float) * (size_t)Rkv);
+            memcpy(pg + (size_t)i * Dr, s->kv_pe[l] + (size_t)sr[i] * Dr, sizeof(float) * (size_t)Dr);
+        }
+        C = cg;
+        PE = pg;
+    }
+    pt_wview vc = f32_view(C, n, Rkv), vp = f32_view(PE, n, Dr);
+    kn_matmul(&vc, qt, NH, sc);   /* sc[h][i] = q~_h . c_i */
+    kn_matmul(&vp, qpe, NH, sp);  /* sp[h][i] = q_pe_h . k_pe_i */
+    for (int h = 0; h < NH; h++) {
+        float *row = sc + (size_t)h * n;
+        const float *rp = sp + (size_t)h * n;
+        for (int i = 0; i < n; i++) row[i] = scale * (row[i] + rp[i]);
+        kn_softmax(row, n);
+    }
+    kn_matmul_t(&vc, sc, NH, lat); /* the transposed product over the selected rows */
+    s->ar.used = mark;
+    return 0;
+}
+
 static int absorbed(petrel_session *s, int l, const layer_w *lw, const float *q, int T, const int32_t *sel, const int *sel_n,
                     int sel_stride, float *out, petrel_error *err) {
     const petrel_config *c = &s->eng->cfg;
     int NH = c->num_attention_heads, Dn = c->qk_nope_head_dim, Dr = c->qk_rope_head_dim, Dv = c->v_head_dim;
     int Rkv = c->kv_lora_rank, Dqk = c->qk_head_dim;
-    int N = s->len + T, maxn = 0;
-    for (int r = 0; r < T; r++) if (sel_n[r] > maxn) maxn = sel_n[r];
     const float scale = (float)(1.0 / sqrt((double)Dqk));
-    float *qt = ar_alloc(&s->ar, sizeof(float) * (size_t)NH * Rkv);
-    float *qpe = ar_alloc(&s->ar, sizeof(float) * (size_t)NH * Dr);
-    float *cg = ar_alloc(&s->ar, sizeof(float) * (size_t)maxn * Rkv);
-    float *pg = ar_alloc(&s->ar, sizeof(float) * (size_t)maxn * Dr);
-    float *sc = ar_alloc(&s->ar, sizeof(float) * (size_t)NH * maxn);
-    float *sp = ar_alloc(&s->ar, sizeof(float) * (size_t)NH * maxn);
-    float *lat = ar_alloc(&s->ar, sizeof(float) * (size_t)NH * Rkv);
-    if (!qt || !qpe || !cg || !pg || !sc || !sp || !lat) return pt_err(err, PETREL_ENOMEM, "attention scratch exhausted (layer %d)", l);
-    (void)N;
+    /* rows whose selection is the prefix 0..n-1 (sorted, distinct: the last is n-1) go blocked
+     * when there are several of them; the others one by one */
+    int32_t *rows = ar_alloc(&s->ar, sizeof(int32_t) * (size_t)T);
+    if (!rows) return pt_err(err, PETREL_ENOMEM, "attention scratch exhausted (layer %d)", l);
+    int m = 0, pmax = 0;
     for (int r = 0; r < T; r++) {
-        const float *qr = q + (size_t)r * NH * Dqk;
-        const int32_t *sr = sel + (size_t)r * sel_stride;
         int n = sel_n[r];
+        if (n > 0 && sel[(size_t)r * sel_stride + n - 1] == n - 1) {
+            rows[m++] = r;
+            if (n > pmax) pmax = n;
+        }
+    }
+    if (m > 1) {
+        abp_job j = {lw, q, s->kv_c[l], s->kv_pe[l], rows, sel_n, m, NH, Dn, Dr, Dv, Dqk, Rkv, pmax, scale, out, NULL, 0};
+        j.per = abp_floats(pmax, Dn, Dr, Dv, Rkv);
+        int nt = pool_threads(kn_pool());
+        j.scr = ar_alloc(&s->ar, sizeof(float) * j.per * (size_t)nt);
+        if (!j.scr) return pt_err(err, PETREL_ENOMEM, "attention scratch exhausted (layer %d)", l);
+        pool_run(kn_pool(), NH, abp_task, &j);
+    }
+    if (m > 1 && m == T) return 0;
+    float *qt = ar_alloc(&s->ar, sizeof(float) * (size_t)NH * Rkv);
+    float *lat = ar_alloc(&s->ar, sizeof(float) * (size_t)NH * Rkv);
+    if (!qt || !lat) return pt_err(err, PETREL_ENOMEM, "attention scratch exhausted (layer %d)", l);
+    for (int r = 0, k = 0; r < T; r++) {
+        if (m > 1 && k < m && rows[k] == r) { k++; continue; } /* done above */
+        const float *qr = q + (size_t)r * NH * Dqk;
         uk_job uj = {lw, qr, qt, Dqk, Rkv};
         pool_run(kn_pool(), NH, uk_task, &uj);
-        for (int h = 0; h < NH; h++) memcpy(qpe + (size_t)h * Dr, qr + (size_t)h * Dqk + Dn, sizeof(float) * (size_t)Dr);
-        /* the selected keys, contiguous (a view when the selection is 0..n-1) */
-        const float *C = s->kv_c[l], *PE = s->kv_pe[l];
-        if (!(n > 0 && sr[0] == 0 && sr[n - 1] == n - 1)) {
-            for (int i = 0; i < n; i++) {
-                memcpy(cg + (size_t)i * Rkv, s->kv_c[l] + (size_t)sr[i] * Rkv, sizeof(float) * (size_t)Rkv);
-                memcpy(pg + (size_t)i * Dr, s->kv_pe[l] + (size_t)sr[i] * Dr, sizeof(float) * (size_t)Dr);
-            }
-            C = cg;
-            PE = pg;
-        }
-        pt_wview vc = f32_view(C, n, Rkv), vp = f32_view(PE, n, Dr);
-        kn_matmul(&vc, qt, NH, sc);   /* sc[h][i] = q~_h . c_i */
-        kn_matmul(&vp, qpe, NH, sp);  /* sp[h][i] = q_pe_h . k_pe_i */
-        for (int h = 0; h < NH; h++) {
-            float *row = sc + (size_t)h * n;
-            const float *rp = sp + (size_t)h * n;
-            for (int i = 0; i < n; i++) row[i] = scale * (row[i] + rp[i]);
-            kn_softmax(row, n);
-        }
-        /* lat[h] = sum_i p[h][i] c_i: the transposed product over the cached rows */
-        kn_matmul_t(&vc, sc, NH, lat);
+        PT_TRY(row_core(s, l, qr, qt, sel + (size_t)r * sel_stride, sel_n[r], lat, err));
         uv_job vj = {lw, lat, out + (size_t)r * NH * Dv, Rkv, Dv};
         pool_run(kn_pool(), NH, uv_task, &vj);
     }
     return 0;
+}
+
+/* ---- absorbed, one row each of several sessions (a batch's decode rows) ----
+ * W_UK^T q and W_UV lat run per head over all the rows at once (each head's weights read once
+ * for them, rows independent in kn_matmul_t / kn_matmul), the scores over each row's own
+ * session's keys in between (row_core, that session's arena): bitwise the one-row path. */
+
+typedef struct {
+    const layer_w *lw;
+    const float *q;           /* [T][NH][Dqk] of the batch */
+    const int32_t *rows;      /* the m rows */
+    int m, NH, Dn, Dqk, Dv, Rkv;
+    float *QT, *LAT;          /* [m][NH][Rkv] */
+    float *out;               /* [T][NH][Dv] */
+    float *scr;               /* per thread: m * (Dn + Rkv + Dv) floats */
+} abr_job;
+
+static void abr_uk_task(void *ctx, int h, int thread) {
+    const abr_job *j = ctx;
+    float *qn = j->scr + (size_t)thread * j->m * (j->Dn + j->Rkv + j->Dv), *qt = qn + (size_t)j->m * j->Dn;
+    for (int i = 0; i < j->m; i++) memcpy(qn + (size_t)i * j->Dn, j->q + ((size_t)j->rows[i] * j->NH + h) * j->Dqk, sizeof(float) * (size_t)j->Dn);
+    kn_matmul_t(&j->lw->w_uk[h], qn, j->m, qt);
+    for (int i = 0; i < j->m; i++) memcpy(j->QT + ((size_t)i * j->NH + h) * j->Rkv, qt + (size_t)i * j->Rkv, sizeof(float) * (size_t)j->Rkv);
+}
+
+static void abr_uv_task(void *ctx, int h, int thread) {
+    const abr_job *j = ctx;
+    float *lt = j->scr + (size_t)thread * j->m * (j->Dn + j->Rkv + j->Dv), *oh = lt + (size_t)j->m * j->Rkv;
+    for (int i = 0; i < j->m; i++) memcpy(lt + (size_t)i * j->Rkv, j->LAT + ((size_t)i * j->NH + h) * j->Rkv, sizeof(float) * (size_t)j->Rkv);
+    kn_matmul(&j->lw->w_uv[h], lt, j->m, oh);
+    for (int i = 0; i < j->m; i++) memcpy(j->out + ((size_t)j->rows[i] * j->NH + h) * j->Dv, oh + (size_t)i * j->Dv, sizeof(float) * (size_t)j->Dv);
+}
+
+int mla_attention_rows(petrel_session *scr, int l, const layer_w *lw, petrel_session *const *sess, const int32_t *rows, int m,
+                       const float *q, const int32_t *sel, const int *sel_n, int sel_stride, float *out, petrel_error *err) {
+    const petrel_config *c = &scr->eng->cfg;
+    int NH = c->num_attention_heads, Dn = c->qk_nope_head_dim, Dv = c->v_head_dim, Rkv = c->kv_lora_rank, Dqk = c->qk_head_dim;
+    size_t mark = scr->ar.used;
+    int nt = pool_threads(kn_pool());
+    abr_job j = {lw, q, rows, m, NH, Dn, Dqk, Dv, Rkv, NULL, NULL, out, NULL};
+    j.QT = ar_alloc(&scr->ar, sizeof(float) * (size_t)m * NH * Rkv);
+    j.LAT = ar_alloc(&scr->ar, sizeof(float) * (size_t)m * NH * Rkv);
+    j.scr = ar_alloc(&scr->ar, sizeof(float) * (size_t)m * (Dn + Rkv + Dv) * (size_t)nt);
+    if (!j.QT || !j.LAT || !j.scr) return pt_err(err, PETREL_ENOMEM, "attention scratch exhausted (layer %d)", l);
+    pool_run(kn_pool(), NH, abr_uk_task, &j);
+    for (int i = 0; i < m; i++) {
+        petrel_session *s = sess[i];
+        size_t smark = s->ar.used;
+        int rc = row_core(s, l, q + (size_t)rows[i] * NH * Dqk, j.QT + (size_t)i * NH * Rkv, sel + (size_t)rows[i] * sel_stride, sel_n[rows[i]],
+                          j.LAT + (size_t)i * NH * Rkv, err);
+        s->ar.used = smark;
+        if (rc) return rc;
+    }
+    pool_run(kn_pool(), NH, abr_uv_task, &j);
+    scr->ar.used = mark;
+    return 0;
+}
+
+size_t mla_rows_scratch_bytes(const petrel_config *c, int m) {
+    size_t nt = (size_t)pool_threads(kn_pool());
+    return sizeof(float) * ((size_t)m * c->num_attention_heads * c->kv_lora_rank * 2 +
+                            (size_t)m * (c->qk_nope_head_dim + c->kv_lora_rank + c->v_head_dim) * nt) + 3 * 64;
 }
 
 /* ---- reconstructed ---- */
@@ -213,15 +376,16 @@ static int reconstructed(petrel_session *s, int l, const layer_w *lw, const floa
 size_t mla_scratch_bytes(const petrel_config *c, int T, int N) {
     size_t NH = c->num_attention_heads, Dn = c->qk_nope_head_dim, Dr = c->qk_rope_head_dim, Dv = c->v_head_dim;
     size_t Rkv = c->kv_lora_rank, Dqk = c->qk_head_dim, n = (size_t)N;
-    size_t abs_ = NH * Rkv * 2 + NH * Dr + n * Rkv * 2 + n * Dr + 2 * NH * n;
-    size_t rec = rec_floats(T, N, (int)Dn, (int)Dqk, (int)Dv) * (size_t)pool_threads(kn_pool()) + 16;
+    size_t nt = (size_t)pool_threads(kn_pool());
+    size_t abs_ = (size_t)T + 16 + abp_floats(N, (int)Dn, (int)Dr, (int)Dv, (int)Rkv) * nt + NH * Rkv * 2 + NH * Dr + n * Rkv * 2 + n * Dr + 2 * NH * n + 16 * 8;
+    size_t rec = rec_floats(T, N, (int)Dn, (int)Dqk, (int)Dv) * nt + 16;
     return (abs_ > rec ? abs_ : rec) * 4 + 64 * 16;
 }
 
 int mla_attention(petrel_session *s, int l, const layer_w *lw, const float *q, int T, const int32_t *sel, const int *sel_n,
                   int sel_stride, float *out, petrel_error *err) {
     size_t mark = s->ar.used;
-    int rc = use_absorbed(s, T, s->len + T) ? absorbed(s, l, lw, q, T, sel, sel_n, sel_stride, out, err)
+    int rc = use_absorbed(s) ? absorbed(s, l, lw, q, T, sel, sel_n, sel_stride, out, err)
                                             : reconstructed(s, l, lw, q, T, sel, sel_n, sel_stride, out, err);
     s->ar.used = mark;
     return rc;

@@ -387,6 +387,7 @@ int moe_forward(petrel_session *s, int l, const layer_w *lw, const layer_w *next
         }
         if (pass == 0) n_hit = U;
     }
+    s->stats.experts_run += (uint64_t)U;
     t1 = pt_now_ns();
     ns[FS_ROUTER] += t1 - t0;
     t0 = t1;

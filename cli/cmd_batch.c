@@ -1,0 +1,269 @@
+/* cmd_batch.c: `petrel batch` runs many prompts as one continuously batched greedy generation.
+ *
+ * Every prompt gets a session; up to --max-batch sessions run at once. Each forward is one
+ * petrel_batch_forward over rows of several sessions: first one decode row per generating
+ * session, then prompt chunks of the sessions still reading their prompts, up to --max-rows rows
+ * in all. A session that has its N tokens frees its place for the next prompt. Rows are
+ * independent of their batch (bitwise), so each prompt's tokens are exactly those of
+ * `petrel generate` on it alone. Results are printed in input order, "INDEX: ids" (INDEX is the
+ * prompt's 0-based line index) or "INDEX: text" with --text. A bad line (empty, an id outside the
+ * vocabulary, too long for the context) fails that prompt with a line on stderr; the others
+ * still run, and the exit status is then 1. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "model/config.h"
+#include "text/tokenizer.h"
+
+static const char *usage =
+    "usage: petrel batch --model M --prompts FILE -n N [--text] [--max-batch B] [--max-rows R]\n"
+    "Greedy-generates N tokens after every prompt of FILE, all prompts continuously batched:\n"
+    "decode rows and prompt chunks of up to B sessions share each forward pass. Prints one line\n"
+    "per prompt in input order, \"INDEX: ids...\" (INDEX: the prompt's 0-based line index), the\n"
+    "same ids `petrel generate` prints for that prompt alone.\n"
+    "  --prompts FILE       one prompt per line: comma-separated token ids, or text with --text\n"
+    "                       ('-' reads stdin)\n"
+    "  -n N                 tokens to generate per prompt (default 16)\n"
+    "  --text               lines are text (tokenized as `petrel run` does: special tokens\n"
+    "                       written in it are recognized, nothing is added); prints the text\n"
+    "  --tokenizer FILE     tokenizer.json for --text (default: MODEL/tokenizer.json)\n"
+    "  --max-batch B        sessions generating at once (default 8)\n"
+    "  --max-rows R         rows per forward pass (default 512)\n"
+    "  --stop-at-eos        stop a prompt after the model's eos id, as generate --stop-at-eos\n"
+    "A bad line fails that prompt (a line on stderr naming it); the others still run; the exit\n"
+    "status is then 1.\n" CLI_MODEL_OPTS_HELP;
+
+typedef struct job {
+    int32_t *ids;       /* owned: prompt then generated ids */
+    int n_prompt, n_out, fed, failed, done;
+    petrel_session *s;  /* owned while running */
+} job;
+
+/* Reads FILE into lines (owned copies, without the newline; a final newline ends the last
+ * line, it does not start an empty one). */
+static int read_lines(const char *path, char ***lines, int *n) {
+    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
+    if (!f) return -1;
+    size_t cap = 0, len = 0;
+    char *buf = NULL;
+    int c;
+    *n = 0;
+    *lines = NULL;
+    int lcap = 0;
+    for (;;) {
+        c = fgetc(f);
+        if (c == EOF && len == 0) break;
+        if (c == EOF || c == '\n') {
+            if (*n == lcap) {
+                lcap = lcap ? 2 * lcap : 16;
+                char **t = realloc(*lines, sizeof(char *) * (size_t)lcap);
+                if (!t) break;
+                *lines = t;
+            }
+            char *l = malloc(len + 1);
+            if (!l) break;
+            if (len) memcpy(l, buf, len);
+            l[len] = 0;
+            if (len && l[len - 1] == '\r') l[len - 1] = 0;
+            (*lines)[(*n)++] = l;
+            len = 0;
+            if (c == EOF) break;
+            continue;
+        }
+        if (len + 1 >= cap) {
+            cap = cap ? 2 * cap : 256;
+            char *t = realloc(buf, cap);
+            if (!t) break;
+            buf = t;
+        }
+        buf[len++] = (char)c;
+    }
+    int bad = ferror(f);
+    free(buf);
+    if (f != stdin) fclose(f);
+    return bad ? -1 : 0;
+}
+
+static int argmax(const float *lg, int V) {
+    int best = 0;
+    for (int v = 1; v < V; v++)
+        if (lg[v] > lg[best]) best = v;
+    return best;
+}
+
+CLI_CMD(batch) {
+    cli_model_opts mo = {0};
+    const char *prompts = NULL, *tok_opt = NULL;
+    long ngen = 16, max_batch = 8, max_rows = 512;
+    int text = 0, stop_eos = 0;
+    for (int i = 1; i < argc; i++) {
+        int r = cli_model_opt(argc, argv, &i, &mo);
+        if (r < 0) return 1;
+        if (r) continue;
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { fputs(usage, stdout); return 0; }
+        else if (!strcmp(argv[i], "--text")) text = 1;
+        else if (!strcmp(argv[i], "--stop-at-eos")) stop_eos = 1;
+        else if (!strcmp(argv[i], "--prompts") && i + 1 < argc) prompts = argv[++i];
+        else if (!strcmp(argv[i], "--tokenizer") && i + 1 < argc) tok_opt = argv[++i];
+        else if (!strcmp(argv[i], "-n") && i + 1 < argc) {
+            if (cli_parse_int(argv[++i], 0, 1 << 24, &ngen)) return cli_fail("batch: -n: \"%s\" is not a count (0 .. 16777216)", argv[i]);
+        } else if (!strcmp(argv[i], "--max-batch") && i + 1 < argc) {
+            if (cli_parse_int(argv[++i], 1, 4096, &max_batch)) return cli_fail("batch: --max-batch: \"%s\" is not a count (1 .. 4096)", argv[i]);
+        } else if (!strcmp(argv[i], "--max-rows") && i + 1 < argc) {
+            if (cli_parse_int(argv[++i], 1, 1 << 16, &max_rows)) return cli_fail("batch: --max-rows: \"%s\" is not a count (1 .. 65536)", argv[i]);
+        } else return cli_fail("batch: unknown or incomplete option \"%s\" (petrel batch --help)", argv[i]);
+    }
+    if (!mo.model) return cli_fail("batch: --model is required");
+    if (!prompts) return cli_fail("batch: --prompts is required");
+    char **lines;
+    int nl;
+    if (read_lines(prompts, &lines, &nl)) return cli_fail("batch: cannot read --prompts %s", prompts);
+    if (nl == 0) return cli_fail("batch: %s holds no prompts", prompts);
+    petrel_error err = {0};
+    tokenizer *tok = NULL;
+    petrel_engine *eng = NULL;
+    int rc = 0;
+    if (text) {
+        char tbuf[4200];
+        const char *tp = cli_tokenizer_path("batch", tok_opt, mo.model, tbuf, sizeof tbuf);
+        if (!tp) rc = 1;
+        else if (tok_load(tp, &tok, &err) < 0) rc = cli_fail_err("batch", &err);
+    }
+    if (!rc && cli_engine_open(&mo, &eng, &err)) rc = cli_fail_err("batch", &err);
+    job *jobs = rc ? NULL : calloc((size_t)nl, sizeof *jobs);
+    if (!rc && !jobs) rc = cli_fail("batch: out of memory");
+    const petrel_config *cfg = eng ? petrel_engine_config(eng) : NULL;
+    int V = cfg ? cfg->vocab_size : 0, any_failed = 0;
+    /* parse every line first: a bad one fails alone */
+    for (int i = 0; !rc && i < nl; i++) {
+        job *j = &jobs[i];
+        int32_t *ids = NULL;
+        int n = 0;
+        char msg[1100];
+        if (text) {
+            size_t m = 0;
+            if (tok_encode(tok, lines[i], strlen(lines[i]), &ids, &m, &err) < 0) snprintf(msg, sizeof msg, "%.1000s", err.msg), n = -1;
+            else n = (int)m;
+        } else n = cli_parse_ids(lines[i], &ids, msg, sizeof msg);
+        if (n == 0) snprintf(msg, sizeof msg, "empty prompt");
+        for (int k = 0; n > 0 && k < n; k++)
+            if (ids[k] >= V) snprintf(msg, sizeof msg, "token id %d is outside the vocabulary (%d ids)", ids[k], V), n = -1;
+        if (n > 0 && (long)n + ngen > cfg->max_position_embeddings)
+            snprintf(msg, sizeof msg, "%d prompt + %ld generated tokens exceed the model's context of %d", n, ngen, cfg->max_position_embeddings), n = -1;
+        if (n <= 0) {
+            fprintf(stderr, "petrel batch: line %d (index %d): %s\n", i + 1, i, msg);
+            free(ids);
+            j->failed = 1;
+            any_failed = 1;
+            continue;
+        }
+        int32_t *all = realloc(ids, sizeof(int32_t) * ((size_t)n + (size_t)ngen + 1));
+        if (!all) { free(ids); rc = cli_fail("batch: out of memory"); break; }
+        j->ids = all;
+        j->n_prompt = n;
+        if (ngen == 0) j->done = 1;
+    }
+    petrel_batch *b = NULL;
+    if (!rc && petrel_batch_create(eng, (int)max_rows, &b, &err)) rc = cli_fail_err("batch", &err);
+    petrel_row *rows = rc ? NULL : malloc(sizeof(petrel_row) * (size_t)max_rows);
+    int *owner = rc ? NULL : malloc(sizeof(int) * (size_t)max_rows);
+    float *lg = rc ? NULL : malloc(sizeof(float) * (size_t)max_rows * (size_t)V);
+    int *active = rc ? NULL : malloc(sizeof(int) * (size_t)max_batch);
+    if (!rc && (!rows || !owner || !lg || !active)) rc = cli_fail("batch: out of memory");
+    int n_active = 0, next = 0, printed = 0;
+    while (!rc) {
+        /* admit prompts while there is room */
+        while (n_active < max_batch && next < nl) {
+            job *j = &jobs[next];
+            if (j->failed || j->done) { next++; continue; }
+            if (petrel_session_create(eng, j->n_prompt + (int)ngen, &j->s, &err)) {
+                fprintf(stderr, "petrel batch: line %d (index %d): %s\n", next + 1, next, err.msg);
+                j->failed = any_failed = 1;
+                next++;
+                continue;
+            }
+            active[n_active++] = next++;
+        }
+        /* print finished results in input order */
+        while (printed < nl && (jobs[printed].done || jobs[printed].failed)) {
+            job *j = &jobs[printed];
+            if (!j->failed) {
+                printf("%d:", printed);
+                if (text) {
+                    char *out = NULL;
+                    size_t len = 0;
+                    if (tok_decode(tok, j->ids + j->n_prompt, (size_t)j->n_out, &out, &len, &err) < 0) {
+                        fprintf(stderr, "petrel batch: index %d: %s\n", printed, err.msg);
+                        any_failed = 1;
+                    } else {
+                        putchar(' ');
+                        for (size_t k = 0; k < len; k++) /* one line per prompt: newlines escaped */
+                            if (out[k] == '\n') fputs("\\n", stdout);
+                            else if (out[k] == '\\') fputs("\\\\", stdout);
+                            else putchar(out[k]);
+                    }
+                    free(out);
+                } else
+                    for (int k = 0; k < j->n_out; k++) printf(" %d", j->ids[j->n_prompt + k]);
+                putchar('\n');
+                fflush(stdout);
+            }
+            printed++;
+        }
+        if (!n_active) break;
+        /* one forward: a decode row per generating session, then prompt chunks */
+        int n = 0;
+        for (int pass = 0; pass < 2; pass++)
+            for (int a = 0; a < n_active && n < max_rows; a++) {
+                job *j = &jobs[active[a]];
+                int reading = j->fed < j->n_prompt;
+                if (pass == 0 && !reading) {
+                    rows[n] = (petrel_row){j->s, j->ids[j->n_prompt + j->n_out - 1], 1};
+                    owner[n++] = active[a];
+                } else if (pass == 1 && reading) {
+                    int take = j->n_prompt - j->fed, room = (int)max_rows - n, chunk = petrel_session_chunk(j->s);
+                    if (take > room) take = room;
+                    if (take > chunk) take = chunk;
+                    for (int k = 0; k < take; k++) {
+                        rows[n] = (petrel_row){j->s, j->ids[j->fed + k], j->fed + k == j->n_prompt - 1};
+                        owner[n++] = active[a];
+                    }
+                }
+            }
+        if (petrel_batch_forward(b, rows, n, lg, &err)) { rc = cli_fail_err("batch", &err); break; }
+        int li = 0;
+        for (int r = 0; r < n; r++) {
+            job *j = &jobs[owner[r]];
+            if (j->fed < j->n_prompt) j->fed++;
+            if (!rows[r].want_logits) continue;
+            int32_t best = argmax(lg + (size_t)li++ * V, V);
+            j->ids[j->n_prompt + j->n_out++] = best;
+            if (j->n_out == ngen || (stop_eos && config_is_eos(cfg, best))) j->done = 1;
+        }
+        for (int a = 0; a < n_active;) { /* finished sessions free their place */
+            job *j = &jobs[active[a]];
+            if (j->done) {
+                petrel_session_free(j->s);
+                j->s = NULL;
+                active[a] = active[--n_active];
+            } else a++;
+        }
+    }
+    for (int i = 0; jobs && i < nl; i++) {
+        petrel_session_free(jobs[i].s);
+        free(jobs[i].ids);
+    }
+    for (int i = 0; i < nl; i++) free(lines[i]);
+    free(lines);
+    free(jobs);
+    free(rows);
+    free(owner);
+    free(lg);
+    free(active);
+    petrel_batch_free(b);
+    rc = eng ? cli_engine_close("batch", eng, rc) : rc; /* writes --trace-out */
+    tok_free(tok);
+    if (!rc && fflush(stdout)) rc = cli_fail("batch: cannot write the results to stdout");
+    return rc ? rc : any_failed;
+}
