@@ -163,11 +163,8 @@ static int out_fail(pt_outfile *o, petrel_error *err, int e) {
     return PETREL_EIO;
 }
 
-static int out_flush(pt_outfile *o, petrel_error *err) {
-    if (o->failed) return out_fail(o, err, EIO);
-    const char *p = o->buf;
-    size_t n = o->bn;
-    o->bn = 0;
+/* n bytes at the output's offset through the seam, retrying short writes */
+static int out_put(pt_outfile *o, const char *p, size_t n, petrel_error *err) {
     while (n) {
         ssize_t w = pt_pwrite(o->fd, p, n, o->off);
         if (w < 0 && errno == EINTR) continue;
@@ -179,23 +176,19 @@ static int out_flush(pt_outfile *o, petrel_error *err) {
     return 0;
 }
 
+static int out_flush(pt_outfile *o, petrel_error *err) {
+    if (o->failed) return out_fail(o, err, EIO);
+    size_t n = o->bn;
+    o->bn = 0;
+    return out_put(o, o->buf, n, err);
+}
+
 int pt_out_write(pt_outfile *o, const void *buf, size_t n, petrel_error *err) {
     if (!o->tmp) return pt_err(err, PETREL_EINVAL, "write to an output that is not open");
     if (o->failed) return out_fail(o, err, EIO);
     const char *p = buf;
     while (n) {
-        if (o->bn == 0 && n >= OUT_BUF) { /* large writes go straight through */
-            o->bn = 0;
-            while (n) {
-                ssize_t w = pt_pwrite(o->fd, p, n, o->off);
-                if (w < 0 && errno == EINTR) continue;
-                if (w <= 0) return out_fail(o, err, w < 0 ? errno : ENOSPC);
-                p += w;
-                n -= (size_t)w;
-                o->off += (uint64_t)w;
-            }
-            return 0;
-        }
+        if (o->bn == 0 && n >= OUT_BUF) return out_put(o, p, n, err); /* large writes go straight through */
         size_t k = OUT_BUF - o->bn < n ? OUT_BUF - o->bn : n;
         memcpy(o->buf + o->bn, p, k);
         o->bn += k;

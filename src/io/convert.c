@@ -462,17 +462,9 @@ static int convert_rows(cv *c, const ent *e, const pt_wview *src, const tplan *t
     return 0;
 }
 
+/* every write goes through the seam (base/outfile.h: pt_pwrite_all) */
 static int pwrite_all(int fd, const void *buf, size_t n, uint64_t off, petrel_error *err, const char *what) {
-    const uint8_t *p = buf;
-    while (n) {
-        ssize_t w = pt_pwrite(fd, p, n, off); /* the write seam (base/outfile.h) */
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return pt_err(err, PETREL_EIO, "write of %s failed: %s", what, w < 0 ? strerror(errno) : "no progress (disk full?)");
-        p += w;
-        n -= (size_t)w;
-        off += (uint64_t)w;
-    }
-    return 0;
+    return pt_pwrite_all(fd, buf, n, off, what, err);
 }
 static int pread_all(int fd, void *buf, size_t n, uint64_t off) {
     uint8_t *p = buf;
