@@ -14,7 +14,7 @@
 #define MAX_TESTS 4096
 static struct { const char *group, *name; test_fn fn; } tests[MAX_TESTS];
 static int n_tests;
-static int cur_failed;
+static int cur_failed, cur_skipped;
 static const char *cur_group, *cur_name;
 
 void test_register(const char *group, const char *name, test_fn fn) {
@@ -36,6 +36,11 @@ void test_fail(const char *file, int line, const char *fmt, ...) {
         fputc('\n', stderr);
     }
     cur_failed++;
+}
+
+void test_skip(const char *why) {
+    if (!cur_skipped) fprintf(stderr, "skip    %s.%s: %s\n", cur_group, cur_name, why);
+    cur_skipped = 1;
 }
 
 const char *test_data(const char *rel) {
@@ -111,17 +116,22 @@ static int selected(int i, int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
-    int passed = 0, failed = 0;
+    int passed = 0, failed = 0, skipped = 0;
     for (int i = 0; i < n_tests; i++) {
         if (!selected(i, argc, argv)) continue;
         cur_group = tests[i].group;
         cur_name = tests[i].name;
         cur_failed = 0;
+        cur_skipped = 0;
         struct timespec t0, t1;
         clock_gettime(CLOCK_MONOTONIC, &t0);
         tests[i].fn();
         clock_gettime(CLOCK_MONOTONIC, &t1);
         double ms = (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6;
+        if (cur_skipped && !cur_failed) {
+            skipped++;
+            continue;
+        }
         if (cur_failed) {
             failed++;
             fprintf(stderr, "not ok  %s.%s (%d checks failed)\n", cur_group, cur_name, cur_failed);
@@ -130,6 +140,7 @@ int main(int argc, char **argv) {
             if (getenv("PETREL_TEST_VERBOSE")) fprintf(stderr, "ok      %s.%s (%.1f ms)\n", cur_group, cur_name, ms);
         }
     }
-    printf("%d passed, %d failed\n", passed, failed);
+    if (skipped) printf("%d passed, %d failed, %d skipped (named above on stderr)\n", passed, failed, skipped);
+    else printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
 }

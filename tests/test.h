@@ -24,6 +24,10 @@ int test_sh(const char *cmd, char *out, size_t cap, char *err, size_t ecap);
 struct st_set;
 struct st_tensor;
 const struct st_tensor *test_gold(const struct st_set *g, int prompt, const char *part);
+/* Marks the running test skipped (it needs what this run lacks: a built binary, a CPU feature,
+ * a malloc the sanitizers do not own), with the reason; the test should return after it. The
+ * runner counts skipped tests apart and names them before its last line. */
+void test_skip(const char *why);
 /* Number of '\n' in s. */
 int test_count_lines(const char *s);
 

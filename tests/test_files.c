@@ -19,7 +19,7 @@
 
 static const char *bin(void) {
     const char *b = getenv("PETREL_BIN");
-    if (!b) fprintf(stderr, "note: PETREL_BIN unset, files CLI tests skipped\n");
+    if (!b) test_skip("PETREL_BIN unset (make test sets it): files CLI tests skipped");
     return b;
 }
 

@@ -28,7 +28,7 @@ static const char *tmp(const char *name) {
 
 static const char *bin(void) {
     const char *b = getenv("PETREL_BIN");
-    if (!b) fprintf(stderr, "note: PETREL_BIN unset, CLI tests skipped\n");
+    if (!b) test_skip("PETREL_BIN unset (make test sets it): CLI tests skipped");
     return b;
 }
 

@@ -18,7 +18,7 @@
 
 static const char *bin(void) {
     const char *b = getenv("PETREL_BIN");
-    if (!b) fprintf(stderr, "note: PETREL_BIN unset, perplexity tests skipped\n");
+    if (!b) test_skip("PETREL_BIN unset (make test sets it): perplexity tests skipped");
     return b;
 }
 

@@ -315,7 +315,7 @@ TEST(rows, batch_bad_input) {
  * alone. */
 static void batch_vs_generate(const char *model, int nprompt, int maxlen, int ngen, const char *extra) {
     const char *b = getenv("PETREL_BIN");
-    if (!b) { fprintf(stderr, "note: PETREL_BIN unset, batch CLI test skipped\n"); return; }
+    if (!b) { test_skip("PETREL_BIN unset (make test sets it): batch CLI test skipped"); return; }
     char path[600];
     snprintf(path, sizeof path, "%s/prompts-%d.txt", test_tmpdir(), nprompt);
     FILE *f = fopen(path, "w");
@@ -362,7 +362,7 @@ TEST(rows, batch_cli_trained) { batch_vs_generate(test_data("trained"), 4, 300, 
 
 TEST(rows, batch_cli_text) {
     const char *b = getenv("PETREL_BIN");
-    if (!b) { fprintf(stderr, "note: PETREL_BIN unset, batch CLI test skipped\n"); return; }
+    if (!b) { test_skip("PETREL_BIN unset (make test sets it): batch CLI test skipped"); return; }
     char path[600], cmd[2048], out[8192], err[4096], one[4096];
     snprintf(path, sizeof path, "%s/text-prompts.txt", test_tmpdir());
     FILE *f = fopen(path, "w");

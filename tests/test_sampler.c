@@ -652,7 +652,7 @@ TEST(chat, render_tiny_template) {
 
 TEST(cli_run, run_and_chat_contracts) {
     const char *b = getenv("PETREL_BIN");
-    if (!b) { fprintf(stderr, "note: PETREL_BIN unset, run/chat CLI tests skipped\n"); return; }
+    if (!b) { test_skip("PETREL_BIN unset (make test sets it): run/chat CLI tests skipped"); return; }
     static char cmd[2048], o1[65536], o2[65536], e[8192];
     const char *m = test_data("tiny");
     /* seeded sampling repeats; stdout holds only the text, stderr stays empty without -v */
