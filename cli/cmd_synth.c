@@ -14,7 +14,7 @@ static const char *usage =
     "  --quant Q / --experts Q / --attention Q / --dense Q / --embed Q / --mtp Q  as in convert\n"
     "  --expert-layout r16|plain  as in convert (default r16)\n"
     "                   (default: experts q4, everything else q8; --experts q4x writes the same\n"
-    "                   bytes, read at the same speed, with ~10x the CPU time to write: random\n"
+    "                   bytes, read at the same speed, with ~5x the CPU time to write: random\n"
     "                   weights gain nothing from its search, so round to nearest stays the default)\n"
     "  --seed S         random seed (default 1)\n"
     "  --with-mtp       also write the MTP layer\n"

@@ -1,7 +1,8 @@
 /* test_q4x.c: the q4x quantizer (src/quant/q4x.c) against round to nearest (pt_quant_row's q4):
  * never a larger (weighted) group error on random and heavy-tailed rows, its bytes read back by
  * pt_dequant_row and by every matmul kernel (negative scales included), GPTQ's output error under
- * a correlated input, a q4x pack of the trained fixture against its f32 logits, the calibration
+ * a correlated input, its vector loops against their scalar twin (bitwise), a q4x pack of the
+ * trained fixture against its f32 logits, the calibration
  * (src/io/calib.c) statistics, and `petrel convert --calib` refusals. */
 #include <stdint.h>
 #include <stdlib.h>
@@ -307,4 +308,31 @@ TEST(q4x, calib_bad_input) {
     CHECK(test_sh(cmd, out, sizeof out, e2, sizeof e2) != 0);
     CHECK_EQ_INT(test_count_lines(e2), 1);
     CHECK(strstr(e2, "q4x") != NULL);
+}
+
+/* The 4-lane group loops give bitwise the bytes of their scalar reference. */
+TEST(q4x, vector_equals_scalar) {
+    seed();
+    static const int64_t cols[] = {1, 33, 64, 160, 1000};
+    static const int dts[] = {PT_BF16, PT_F16, PT_F32};
+    for (int kind = 0; kind < 3; kind++)
+        for (int ci = 0; ci < 5; ci++)
+            for (int di = 0; di < 3; di++)
+                for (int weighted = 0; weighted < 2; weighted++) {
+                    int64_t n = cols[ci];
+                    float w[1000], imp[1000], s[2][64];
+                    uint8_t b[2][500];
+                    for (int64_t j = 0; j < n; j++) {
+                        w[j] = sample(kind) * 0.05f;
+                        imp[j] = (float)(u01() * 3);
+                    }
+                    pt_q4x_ctx ctx = {n, imp, NULL, NULL};
+                    for (int k = 0; k < 2; k++) {
+                        pt_q4x_force_scalar(k);
+                        CHECK(pt_quant_row_q4x(w, n, weighted ? &ctx : NULL, b[k], s[k], dts[di]) == 0);
+                    }
+                    pt_q4x_force_scalar(0);
+                    CHECK_MSG(!memcmp(b[0], b[1], (size_t)(n + 1) / 2) && !memcmp(s[0], s[1], (size_t)((n + 63) / 64) * pt_scale_dtype_bytes(dts[di])),
+                              "kind %d cols %lld dtype %d weighted %d (seed %llu)", kind, (long long)n, dts[di], weighted, (unsigned long long)rs);
+                }
 }

@@ -57,7 +57,52 @@ static int q_of(float w, float s) { /* nearest level of w / s in [-8, 7], ties t
  * is round-half-even in the default mode, as nearbyintf, for |w / s| < 2^22 (callers keep |s| >=
  * amax / 16, so |w / s| <= 16); the clamp is on integers, so the loop has no branches. */
 /* The group loops below run over exactly 64 entries (a short group is padded with w = u = 0,
- * which adds nothing), a constant trip count the compiler vectorizes at -O2. */
+ * which adds nothing). Each has a scalar form (the reference) and a 4-lane form in GCC/clang
+ * vector extensions (SSE2 on baseline x86-64) that does the same operations per element and
+ * sums in the same order (lanes 0-3 and 4-7 are sum64's p0..p7), so both give bitwise the same
+ * result; pt_q4x_force_scalar(1) selects the reference (tests compare the two). */
+static int g_scalar;
+void pt_q4x_force_scalar(int on) { g_scalar = on; }
+
+typedef float v4f __attribute__((vector_size(16)));
+typedef int v4i __attribute__((vector_size(16)));
+static v4f ld4(const float *p) { v4f v; memcpy(&v, p, sizeof v); return v; }
+static void st4(float *p, v4f v) { memcpy(p, &v, sizeof v); }
+static float hsum8(v4f a, v4f b) { return ((a[0] + a[1]) + (a[2] + a[3])) + ((b[0] + b[1]) + (b[2] + b[3])); }
+static v4i clamp4(v4i k, int lo, int hi) {
+    v4i l = {lo, lo, lo, lo}, h = {hi, hi, hi, hi};
+    v4i m = k < l;
+    k = (k & ~m) | (l & m);
+    m = k > h;
+    return (k & ~m) | (h & m);
+}
+
+static float group_err_v(const float *w, const float *u, float s, int exact, float *q) {
+    const v4f C = {12582912.f, 12582912.f, 12582912.f, 12582912.f};
+    v4f sv = {s, s, s, s}, iv = {1.f / s, 1.f / s, 1.f / s, 1.f / s}, acc[2] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+    for (int j = 0; j < 64; j += 4) {
+        v4f wv = ld4(w + j), uv = ld4(u + j);
+        v4f r = exact ? wv / sv : wv * iv;
+        r = (r + C) - C;
+        v4f v = __builtin_convertvector(clamp4(__builtin_convertvector(r, v4i), -8, 7), v4f);
+        st4(q + j, v);
+        v4f d = wv - sv * v;
+        acc[(j >> 2) & 1] += uv * d * d;
+    }
+    return hsum8(acc[0], acc[1]);
+}
+
+static float ls_scale_v(const float *w, const float *u, const float *q) {
+    v4f a[2] = {{0, 0, 0, 0}, {0, 0, 0, 0}}, b[2] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+    for (int j = 0; j < 64; j += 4) {
+        v4f wv = ld4(w + j), uv = ld4(u + j), qv = ld4(q + j);
+        a[(j >> 2) & 1] += uv * wv * qv;
+        b[(j >> 2) & 1] += uv * qv * qv;
+    }
+    float A = hsum8(a[0], a[1]), B = hsum8(b[0], b[1]);
+    return B > 0.f ? A / B : 0.f;
+}
+
 static float sum64(const float *t) { /* fixed order: 8 partial sums, then pairs */
     float p0 = 0, p1 = 0, p2 = 0, p3 = 0, p4 = 0, p5 = 0, p6 = 0, p7 = 0;
     for (int j = 0; j < 64; j += 8) {
@@ -73,6 +118,7 @@ static float group_err(const float *w, const float *u, float s, int exact, float
         for (int j = 0; j < 64; j++) { q[j] = 0.f; t[j] = u[j] * w[j] * w[j]; }
         return sum64(t);
     }
+    if (!g_scalar) return group_err_v(w, u, s, exact, q);
     if (exact)
         for (int j = 0; j < 64; j++) q[j] = w[j] / s;
     else
@@ -91,6 +137,7 @@ static float group_err(const float *w, const float *u, float s, int exact, float
 
 /* Least-squares scale for fixed levels q (0 if all levels are 0). */
 static float ls_scale(const float *w, const float *u, const float *q) {
+    if (!g_scalar) return ls_scale_v(w, u, q);
     float ta[64], tb[64];
     for (int j = 0; j < 64; j++) {
         ta[j] = u[j] * w[j] * q[j];

@@ -60,6 +60,9 @@ typedef struct pt_q4x_ctx {
 /* ctx may be NULL (unweighted search). Returns 0, or -1 for a bad scale_dtype or out of memory. */
 int pt_quant_row_q4x(const float *w, int64_t cols, const pt_q4x_ctx *ctx, uint8_t *out, void *scales,
                      int scale_dtype);
+/* Test hook: 1 runs q4x's group loops in their scalar reference form, 0 (default) in 4-lane
+ * vector form; both give bitwise the same bytes. Not thread-safe against running quantizers. */
+void pt_q4x_force_scalar(int on);
 /* U [cols][cols] from H (damped by 1 % of its mean diagonal, more if H is singular). Returns 0,
  * or -1 if H is not usable (U then undefined). */
 int pt_q4x_prepare(const double *H, int64_t cols, double *U);
