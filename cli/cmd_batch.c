@@ -9,6 +9,7 @@
  * prompt's 0-based line index) or "INDEX: text" with --text. A bad line (empty, an id outside the
  * vocabulary, too long for the context) fails that prompt with a line on stderr; the others
  * still run, and the exit status is then 1. */
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -43,6 +44,7 @@ typedef struct job {
 /* Reads FILE into lines (owned copies, without the newline; a final newline ends the last
  * line, it does not start an empty one). */
 static int read_lines(const char *path, char ***lines, int *n) {
+    errno = 0;
     FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
     if (!f) return -1;
     size_t cap = 0, len = 0;
@@ -118,7 +120,7 @@ CLI_CMD(batch) {
     if (!prompts) return cli_fail("batch: --prompts is required");
     char **lines;
     int nl;
-    if (read_lines(prompts, &lines, &nl)) return cli_fail("batch: cannot read --prompts %s", prompts);
+    if (read_lines(prompts, &lines, &nl)) return cli_fail("batch: cannot read --prompts %s: %s", prompts, errno ? strerror(errno) : "read error");
     if (nl == 0) return cli_fail("batch: %s holds no prompts", prompts);
     petrel_error err = {0};
     tokenizer *tok = NULL;
