@@ -190,9 +190,11 @@ static int parse_fields(ctx *c, petrel_config *cfg) {
 static int resolve_layers(ctx *c, petrel_config *cfg) {
     int L = cfg->num_hidden_layers;
     petrel_error *err = c->err;
-    cfg->layer_is_moe = calloc((size_t)L, 1);
-    cfg->layer_indexer_full = calloc((size_t)L, 1);
+    /* L + 1 entries: index L is the MTP layer (a MoE decoder layer, dense attention, no indexer) */
+    cfg->layer_is_moe = calloc((size_t)L + 1, 1);
+    cfg->layer_indexer_full = calloc((size_t)L + 1, 1);
     if (!cfg->layer_is_moe || !cfg->layer_indexer_full) return pt_err(err, PETREL_ENOMEM, "out of memory");
+    cfg->layer_is_moe[L] = 1;
     const cJSON *mlt = cJSON_GetObjectItemCaseSensitive(c->root, "mlp_layer_types");
     if (mlt && !cJSON_IsNull(mlt)) {
         if (!cJSON_IsArray(mlt) || cJSON_GetArraySize(mlt) != L)

@@ -49,7 +49,8 @@ struct petrel_config {
     int pad_token_id;             /* -1 if absent */
     /* FP8 checkpoints: quantization_config.weight_block_size, 0 when not FP8. */
     int fp8_block_rows, fp8_block_cols;
-    /* Per-layer schedules, [num_hidden_layers] (owned by the struct, fixed capacity). */
+    /* Per-layer schedules, [num_hidden_layers + 1] (owned by the struct, fixed capacity); entry
+     * num_hidden_layers is the MTP layer's (MoE, no indexer of its own: dense attention). */
     uint8_t *layer_is_moe;        /* owned */
     uint8_t *layer_indexer_full;  /* owned: 1 = runs its own indexer, 0 = reuses the last full */
 };

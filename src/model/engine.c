@@ -210,7 +210,8 @@ int petrel_session_create(petrel_engine *e, int max_tokens, petrel_session **out
     s->cap = max_tokens;
     int chunk = e->chunk > 0 ? e->chunk : PT_CHUNK_RESIDENT;
     s->max_batch = max_tokens < chunk ? max_tokens : chunk;
-    int L = c->num_hidden_layers;
+    int L = c->num_hidden_layers + (e->w.has_mtp ? 1 : 0); /* the MTP layer's cache is layer L */
+    s->n_layers = L;
     s->kv_c = calloc((size_t)L, sizeof(float *));
     s->kv_pe = calloc((size_t)L, sizeof(float *));
     s->idx_k = calloc((size_t)L, sizeof(float *));
@@ -257,7 +258,7 @@ int petrel_session_create(petrel_engine *e, int max_tokens, petrel_session **out
 
 void petrel_session_free(petrel_session *s) {
     if (!s) return;
-    int L = s->eng->cfg.num_hidden_layers;
+    int L = s->n_layers;
     for (int l = 0; l < L; l++) {
         if (s->kv_c) free(s->kv_c[l]);
         if (s->kv_pe) free(s->kv_pe[l]);
@@ -276,6 +277,7 @@ int petrel_session_len(const petrel_session *s) { return s->len; }
 int petrel_session_truncate(petrel_session *s, int n_past, petrel_error *err) {
     if (n_past < 0 || n_past > s->len) return pt_err(err, PETREL_EINVAL, "cannot truncate a %d-token session to %d", s->len, n_past);
     s->len = n_past;
+    if (s->mtp_len > n_past) s->mtp_len = n_past; /* MTP row i belongs to position i */
     return 0;
 }
 

@@ -124,6 +124,8 @@ struct petrel_session {
     int cap;            /* positions the cache holds */
     int len;            /* positions filled */
     int max_batch;      /* rows per forward chunk */
+    int n_layers;       /* layers with a cache: num_hidden_layers, + 1 for the MTP layer */
+    int mtp_len;        /* positions of the MTP layer's cache filled (fwd_mtp) */
     /* Latent KV cache per layer: c [cap][kv_lora_rank], k_pe [cap][qk_rope_head_dim];
      * indexer keys [cap][index_head_dim] on full layers only (NULL on shared layers). */
     float **kv_c, **kv_pe, **idx_k;   /* owned arrays [L] of owned buffers */
@@ -168,6 +170,13 @@ int fwd_rows(petrel_session *scr, const fwd_seg *seg, int nseg, const int32_t *i
              const int32_t *lrows, int nlog, petrel_error *err);
 /* Timings accumulated by a batch's forwards (petrel bench --batch). */
 const fwd_stats *batch_stats(const petrel_batch *b);
+/* The MTP (NextN) head over rows of segments through the same attention and MoE code as the
+ * main layers (layer index num_hidden_layers; dense attention over the MTP cache): row r is
+ * eh_proj(concat(enorm(embed(next[r])), hnorm(hidden[r]))) at MTP position s->mtp_len + i,
+ * where hidden is the main model's final-normed state of the same position; then the decoder
+ * layer, shared_head.norm and lm_head into logits [T][V]. Appends to the MTP caches. */
+int fwd_mtp(petrel_session *scr, const fwd_seg *seg, int nseg, const int32_t *next, const float *hidden, int T, float *logits,
+            petrel_error *err);
 /* Runs rows ids[0..T) at positions s->len.. ; logits [T][V] for rows from logits_from on (or
  * NULL). Appends to the cache. T <= max_batch. */
 int fwd_batch(petrel_session *s, const int32_t *ids, int T, float *logits, int logits_from, petrel_error *err);

@@ -65,8 +65,14 @@ int attn_segs(petrel_session *scr, int l, const layer_w *lw, float *h, const flo
         }
     }
     t1 = pt_now_ns(), ns[FS_ATTN] += t1 - t0, t0 = t1;
-    /* selection and attention per segment, over its own session's cache (its arena for scratch) */
+    /* selection and attention per segment, over its own session's cache (its arena for scratch);
+     * the MTP layer (l == L) attends densely: every causal key, no selection list */
     fwd_trace *tr = scr->trace;
+    if (l == c->num_hidden_layers) {
+        for (int g = 0; g < nseg; g++)
+            for (int i = 0; i < seg[g].n; i++) sel_n[seg[g].r0 + i] = seg[g].s->len + i + 1;
+        sel = NULL;
+    }
     for (int g = 0; g < nseg && c->layer_indexer_full[l]; g++) {
         petrel_session *s = seg[g].s;
         int r0 = seg[g].r0, n = seg[g].n;
@@ -94,14 +100,14 @@ int attn_segs(petrel_session *scr, int l, const layer_w *lw, float *h, const flo
             gr[ng++] = seg[g].r0;
         }
         if (ng && (ng == FWD_ROWS_GROUP || g == nseg || (!one && g < nseg))) {
-            if (ng == 1) PT_TRY(mla_attention(gs[0], l, lw, q + (size_t)gr[0] * NH * Dqk, 1, sel + (size_t)gr[0] * sel_stride, sel_n + gr[0], sel_stride,
-                                              o + (size_t)gr[0] * NH * Dv, err));
+            if (ng == 1) PT_TRY(mla_attention(gs[0], l, lw, q + (size_t)gr[0] * NH * Dqk, 1, sel ? sel + (size_t)gr[0] * sel_stride : NULL, sel_n + gr[0],
+                                              sel_stride, o + (size_t)gr[0] * NH * Dv, err));
             else PT_TRY(mla_attention_rows(scr, l, lw, gs, gr, ng, q, sel, sel_n, sel_stride, o, err));
             ng = 0;
         }
         if (g == nseg || one) continue;
         int r0 = seg[g].r0, n = seg[g].n;
-        PT_TRY(mla_attention(seg[g].s, l, lw, q + (size_t)r0 * NH * Dqk, n, sel + (size_t)r0 * sel_stride, sel_n + r0, sel_stride,
+        PT_TRY(mla_attention(seg[g].s, l, lw, q + (size_t)r0 * NH * Dqk, n, sel ? sel + (size_t)r0 * sel_stride : NULL, sel_n + r0, sel_stride,
                              o + (size_t)r0 * NH * Dv, err));
     }
     ns[FS_ATTN] += pt_now_ns() - t0;
@@ -196,6 +202,68 @@ int fwd_rows(petrel_session *scr, const fwd_seg *seg, int nseg, const int32_t *i
     scr->stats.rows += (uint64_t)T;
     if (e->trace) PT_TRY(stream_trace_flush((petrel_engine *)e, T, err));
     for (int g = 0; g < nseg; g++) seg[g].s->len += seg[g].n;
+    return 0;
+}
+
+int fwd_mtp(petrel_session *scr, const fwd_seg *seg, int nseg, const int32_t *next, const float *hidden, int T, float *logits,
+            petrel_error *err) {
+    const petrel_engine *e = scr->eng;
+    const petrel_config *c = &e->cfg;
+    const model_w *w = &e->w;
+    int H = c->hidden_size, Dr = c->qk_rope_head_dim, L = c->num_hidden_layers;
+    if (!w->has_mtp) return pt_err(err, PETREL_EUNSUPPORTED, "this model has no MTP layer (layer %d: eh_proj, enorm, hnorm)", L);
+    if (e->trace) return pt_err(err, PETREL_EUNSUPPORTED, "the MTP head does not run while a routing trace is recorded");
+    for (int g = 0; g < nseg; g++) {
+        petrel_session *s = seg[g].s;
+        if (s->n_layers <= L) return pt_err(err, PETREL_EINVAL, "session has no MTP cache (created before the MTP layer was bound)");
+        if (s->mtp_len + seg[g].n > s->cap) return pt_err(err, PETREL_ERANGE, "MTP cache full: %d + %d rows exceed %d", s->mtp_len, seg[g].n, s->cap);
+    }
+    for (int r = 0; r < T; r++)
+        if (next[r] < 0 || next[r] >= c->vocab_size) return pt_err(err, PETREL_EINVAL, "MTP row %d: token id %d is out of range", r, next[r]);
+    scr->ar.used = 0;
+    float *h = ar_alloc(&scr->ar, sizeof(float) * (size_t)T * H);
+    float *cat = ar_alloc(&scr->ar, sizeof(float) * (size_t)T * 2 * H);
+    attn_bufs b = attn_bufs_alloc(&scr->ar, c, T);
+    rope_rows rope = {ar_alloc(&scr->ar, sizeof(float) * (size_t)T * (Dr / 2)), ar_alloc(&scr->ar, sizeof(float) * (size_t)T * (Dr / 2))};
+    int *sel_n = ar_alloc(&scr->ar, sizeof(int) * (size_t)T);
+    if (!h || !cat || !b.x || !b.y || !b.qa || !b.q || !b.kva || !b.o || !rope.cos_ || !rope.sin_ || !sel_n)
+        return pt_err(err, PETREL_ENOMEM, "MTP scratch exhausted");
+    for (int g = 0; g < nseg; g++)
+        for (int i = 0; i < seg[g].n; i++) {
+            int r = seg[g].r0 + i;
+            float *cr = cat + (size_t)r * 2 * H;
+            pt_dequant_row(&w->embed_tokens, next[r], b.y + (size_t)r * H);
+            op_rmsnorm(cr, b.y + (size_t)r * H, w->enorm, H, c->rms_norm_eps);
+            op_rmsnorm(cr + H, hidden + (size_t)r * H, w->hnorm, H, c->rms_norm_eps);
+            op_rope_table(c->rope_theta, Dr, seg[g].s->mtp_len + i, rope.cos_ + (size_t)r * (Dr / 2), rope.sin_ + (size_t)r * (Dr / 2));
+        }
+    if (e->pack) pack_release_on_disk(e->pack);
+    kn_matmul(&w->eh_proj, cat, T, h);
+    /* the decoder layer runs at the MTP cache's positions: the sessions' lengths stand in for it
+     * while it runs (attn_segs and mla read s->len) */
+    int saved[FWD_ROWS_GROUP * 4], rc = 0;
+    int *len = nseg <= FWD_ROWS_GROUP * 4 ? saved : malloc(sizeof(int) * (size_t)nseg);
+    if (!len) return pt_err(err, PETREL_ENOMEM, "out of memory");
+    for (int g = 0; g < nseg; g++) {
+        len[g] = seg[g].s->len;
+        seg[g].s->len = seg[g].s->mtp_len;
+    }
+    const layer_w *lw = &w->mtp;
+    for (int r = 0; r < T; r++) op_rmsnorm(b.x + (size_t)r * H, h + (size_t)r * H, lw->input_layernorm, H, c->rms_norm_eps);
+    rc = attn_segs(scr, L, lw, h, b.x, T, seg, nseg, &rope, NULL, sel_n, 0, &b, err);
+    if (!rc) {
+        for (int r = 0; r < T; r++) op_rmsnorm(b.x + (size_t)r * H, h + (size_t)r * H, lw->post_attention_layernorm, H, c->rms_norm_eps);
+        rc = moe_forward(scr, L, lw, NULL, L, b.x, T, b.y, err);
+    }
+    for (int g = 0; g < nseg; g++) {
+        seg[g].s->len = len[g];
+        if (!rc) seg[g].s->mtp_len += seg[g].n;
+    }
+    if (len != saved) free(len);
+    if (rc) return rc;
+    for (int i = 0; i < T * H; i++) h[i] += b.y[i];
+    for (int r = 0; r < T; r++) op_rmsnorm(b.x + (size_t)r * H, h + (size_t)r * H, w->shared_head_norm, H, c->rms_norm_eps);
+    if (logits) kn_matmul(&w->lm_head, b.x, T, logits);
     return 0;
 }
 

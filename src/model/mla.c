@@ -12,7 +12,8 @@
  *   reconstructed  per head, expand K = [W_UK c | k_pe] and V^T = W_UV C^T for the window's keys,
  *                  then S = Q K^T, masked softmax, O = S V. The slower twin for tests
  *                  (MLA_RECONSTRUCTED); differs from absorbed by float rounding (~1e-6).
- * Both attend over each row's selected keys (sel, ascending), scale 1/sqrt(qk_head_dim). The
+ * Both attend over each row's selected keys (sel, ascending; sel NULL: every causal key, the
+ * MTP layer's dense attention), scale 1/sqrt(qk_head_dim). The
  * heavy products go through kn_matmul (SIMD, threaded) with f32 views of cache buffers as the
  * "weight". Input q is [T][NH][nope + rope] with RoPE applied; the current rows' c / k_pe are
  * already in the cache. Output: [T][NH * v_head_dim]. */
@@ -143,7 +144,7 @@ static int row_core(petrel_session *s, int l, const float *qr, const float *qt, 
     int NH = c->num_attention_heads, Dn = c->qk_nope_head_dim, Dr = c->qk_rope_head_dim, Rkv = c->kv_lora_rank, Dqk = c->qk_head_dim;
     const float scale = (float)(1.0 / sqrt((double)Dqk));
     size_t mark = s->ar.used;
-    int prefix = n > 0 && sr[0] == 0 && sr[n - 1] == n - 1;
+    int prefix = !sr || (n > 0 && sr[0] == 0 && sr[n - 1] == n - 1); /* NULL: dense, keys 0..n-1 */
     float *qpe = ar_alloc(&s->ar, sizeof(float) * (size_t)NH * Dr);
     float *cg = prefix ? NULL : ar_alloc(&s->ar, sizeof(float) * (size_t)n * Rkv);
     float *pg = prefix ? NULL : ar_alloc(&s->ar, sizeof(float) * (size_t)n * Dr);
@@ -188,7 +189,7 @@ static int absorbed(petrel_session *s, int l, const layer_w *lw, const float *q,
     int m = 0, pmax = 0;
     for (int r = 0; r < T; r++) {
         int n = sel_n[r];
-        if (n > 0 && sel[(size_t)r * sel_stride + n - 1] == n - 1) {
+        if (n > 0 && (!sel || sel[(size_t)r * sel_stride + n - 1] == n - 1)) {
             rows[m++] = r;
             if (n > pmax) pmax = n;
         }
@@ -210,7 +211,7 @@ static int absorbed(petrel_session *s, int l, const layer_w *lw, const float *q,
         const float *qr = q + (size_t)r * NH * Dqk;
         uk_job uj = {lw, qr, qt, Dqk, Rkv};
         pool_run(kn_pool(), NH, uk_task, &uj);
-        PT_TRY(row_core(s, l, qr, qt, sel + (size_t)r * sel_stride, sel_n[r], lat, err));
+        PT_TRY(row_core(s, l, qr, qt, sel ? sel + (size_t)r * sel_stride : NULL, sel_n[r], lat, err));
         uv_job vj = {lw, lat, out + (size_t)r * NH * Dv, Rkv, Dv};
         pool_run(kn_pool(), NH, uv_task, &vj);
     }
@@ -263,7 +264,7 @@ int mla_attention_rows(petrel_session *scr, int l, const layer_w *lw, petrel_ses
     for (int i = 0; i < m; i++) {
         petrel_session *s = sess[i];
         size_t smark = s->ar.used;
-        int rc = row_core(s, l, q + (size_t)rows[i] * NH * Dqk, j.QT + (size_t)i * NH * Rkv, sel + (size_t)rows[i] * sel_stride, sel_n[rows[i]],
+        int rc = row_core(s, l, q + (size_t)rows[i] * NH * Dqk, j.QT + (size_t)i * NH * Rkv, sel ? sel + (size_t)rows[i] * sel_stride : NULL, sel_n[rows[i]],
                           j.LAT + (size_t)i * NH * Rkv, err);
         s->ar.used = smark;
         if (rc) return rc;
@@ -327,7 +328,7 @@ static void rec_head(const rec_job *j, int h, float *scr) {
         kn_matmul(&vk, qh + (size_t)r0 * Dqk, r1 - r0, Sc);
         for (int r = r0; r < r1; r++) {
             float *row = Sc + (size_t)(r - r0) * Nc;
-            const int32_t *sr = j->sel + (size_t)r * j->sel_stride;
+            const int32_t *sr = j->sel ? j->sel + (size_t)r * j->sel_stride : NULL;
             int n = j->sel_n[r];
             if (n == P + r + 1) { /* every causal key */
                 for (int t = 0; t < n; t++) row[t] *= j->scale;
