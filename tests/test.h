@@ -28,6 +28,10 @@ const struct st_tensor *test_gold(const struct st_set *g, int prompt, const char
  * a malloc the sanitizers do not own), with the reason; the test should return after it. The
  * runner counts skipped tests apart and names them before its last line. */
 void test_skip(const char *why);
+/* Converts tests/data/FIXTURE to a fresh pack in the temporary folder with every class in quant
+ * (a CVQ_* of io/convert.h); its path (static buffer rotating over 8 slots), or NULL after a
+ * recorded failure. */
+const char *test_pack_of(const char *fixture, int quant);
 /* Number of '\n' in s. */
 int test_count_lines(const char *s);
 

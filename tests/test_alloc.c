@@ -115,14 +115,8 @@ TEST(alloc, token_loop_resident) {
 
 TEST(alloc, token_loop_q4_streamed) {
 #if ALLOC_COUNTING
-    char pk[600];
-    snprintf(pk, sizeof pk, "%s/alloc-odd-q4.pack", test_tmpdir());
-    convert_opts o;
-    memset(&o, 0, sizeof o);
-    o.quant = CVQ_Q4;
-    convert_result res;
-    petrel_error err = {0};
-    if (convert_hf(test_data("odd"), pk, &o, &res, &err)) { test_fail(__FILE__, __LINE__, "convert: %s", err.msg); return; }
+    const char *pk = test_pack_of("odd", CVQ_Q4);
+    if (!pk) return;
     check_no_alloc(pk, 0);
     check_no_alloc(pk, 1); /* experts streamed through one slot per layer */
 #else

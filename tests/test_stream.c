@@ -14,19 +14,7 @@
 #include "model/synth.h"
 #include "test.h"
 
-static const char *make_pack(const char *fixture, int quant) {
-    static char path[8][512];
-    static int slot;
-    char *p = path[slot++ & 7];
-    snprintf(p, 512, "%s/%s-%d.pack", test_tmpdir(), fixture, quant);
-    convert_opts o;
-    memset(&o, 0, sizeof o);
-    o.quant = quant;
-    convert_result res;
-    petrel_error err = {0};
-    if (convert_hf(test_data(fixture), p, &o, &res, &err)) test_fail(__FILE__, __LINE__, "convert %s: %s", fixture, err.msg);
-    return p;
-}
+static const char *make_pack(const char *fixture, int quant) { return test_pack_of(fixture, quant); }
 
 static float *logits_of(petrel_engine *e, const int32_t *ids, int T, int decode, int *rc_out, petrel_error *err) {
     int V = e->cfg.vocab_size;
