@@ -151,8 +151,10 @@ CLI_CMD(batch) {
         if (n == 0) snprintf(msg, sizeof msg, "empty prompt");
         for (int k = 0; n > 0 && k < n; k++)
             if (ids[k] >= V) snprintf(msg, sizeof msg, "token id %d is outside the vocabulary (%d ids)", ids[k], V), n = -1;
-        if (n > 0 && (long)n + ngen > cfg->max_position_embeddings)
-            snprintf(msg, sizeof msg, "%d prompt + %ld generated tokens exceed the model's context of %d", n, ngen, cfg->max_position_embeddings), n = -1;
+        /* the last generated token is never fed back: prompt + n - 1 positions, as generate */
+        if (n > 0 && (long)n + (ngen > 0 ? ngen - 1 : 0) > cfg->max_position_embeddings)
+            snprintf(msg, sizeof msg, "%d prompt + %ld generated tokens need %ld positions, more than the model's context of %d", n, ngen,
+                     (long)n + ngen - 1, cfg->max_position_embeddings), n = -1;
         if (n <= 0) {
             fprintf(stderr, "petrel batch: line %d (index %d): %s\n", i + 1, i, msg);
             free(ids);
@@ -179,7 +181,7 @@ CLI_CMD(batch) {
         while (n_active < max_batch && next < nl) {
             job *j = &jobs[next];
             if (j->failed || j->done) { next++; continue; }
-            if (petrel_session_create(eng, j->n_prompt + (int)ngen, &j->s, &err)) {
+            if (petrel_session_create(eng, j->n_prompt + (int)ngen - 1, &j->s, &err)) {
                 fprintf(stderr, "petrel batch: line %d (index %d): %s\n", next + 1, next, err.msg);
                 j->failed = any_failed = 1;
                 next++;

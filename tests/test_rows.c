@@ -368,3 +368,29 @@ TEST(rows, batch_cli_text) {
     esc[o] = 0;
     CHECK_MSG(!strncmp(out, "0: ", 3) && !strncmp(out + 3, esc, strlen(esc)), "batch: %s\nrun: %s", out, esc);
 }
+
+/* A prompt that fills the whole context still gets its one token (prompt + n - 1 positions, as
+ * `petrel generate`), and one that would need more is refused alone. */
+TEST(rows, batch_cli_full_context) {
+    const char *b = getenv("PETREL_BIN");
+    if (!b) { test_skip("PETREL_BIN unset (make test sets it): batch CLI test skipped"); return; }
+    petrel_engine *e = open_path(test_data("tiny"), 0);
+    if (!e) return;
+    int P = e->cfg.max_position_embeddings, V = e->cfg.vocab_size;
+    petrel_engine_close(e);
+    char path[600];
+    snprintf(path, sizeof path, "%s/full-ctx.txt", test_tmpdir());
+    FILE *f = fopen(path, "w");
+    if (!f) return;
+    for (int line = 0; line < 2; line++) { /* P ids (fits with -n 1), then P + 1 (does not) */
+        for (int k = 0; k < P + line; k++) fprintf(f, k ? ",%u" : "%u", rnd() % (uint32_t)V);
+        fputc('\n', f);
+    }
+    fclose(f);
+    char cmd[1200], *out = malloc(1 << 16), err[4096];
+    snprintf(cmd, sizeof cmd, "%s batch --model %s --prompts %s -n 1", b, test_data("tiny"), path);
+    CHECK_EQ_INT(test_sh(cmd, out, 1 << 16, err, sizeof err), 1);
+    CHECK_MSG(!strncmp(out, "0: ", 3) && test_count_lines(out) == 1, "stdout: %s", out);
+    CHECK_MSG(strstr(err, "line 2") && strstr(err, "context"), "stderr: %s", err);
+    free(out);
+}
