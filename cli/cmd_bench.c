@@ -710,7 +710,7 @@ CLI_CMD(bench) {
             for (int m = 0; m < eng->n_moe && m < 4; m++) {
                 lo += snprintf(la_text + lo, sizeof la_text - (size_t)lo, "%s", m ? " / " : "");
                 for (int k = 0; k < c->num_experts_per_tok && lo < (int)sizeof la_text - 8; k++)
-                    lo += snprintf(la_text + lo, sizeof la_text - (size_t)lo, "%s%.2f", k ? " " : "", eng->la_precision[(size_t)m * c->num_experts_per_tok + k]);
+                    lo += snprintf(la_text + lo, sizeof la_text - (size_t)lo, "%s%.2f", k ? " " : "", xs_la_precision(eng->xs, m)[k]);
             }
             double ssd_ms = ssd_gbs > 0 ? miss_bytes_tok / (ssd_gbs * 1e9) * 1e3 : 0;
             if (ssd_ms > floor_ms) floor_ms = ssd_ms;

@@ -315,7 +315,7 @@ TEST(stream, lookahead_reads_ranks_over_the_gate) {
     int ml = e->moe_index[l];
     float *x = malloc(sizeof(float) * (size_t)H);
     for (int i = 0; i < H; i++) x[i] = (float)((i * 7919) % 13) / 6.0f - 1.0f;
-    double *prec = e->la_precision + (size_t)ml * K;
+    double *prec = xs_la_precision(e->xs, ml);
     xs_stats a, b;
     int expect[3] = {0, 1, K < xs_store_slots(e->xs) / 2 ? K : xs_store_slots(e->xs) / 2};
     for (int round = 0; round < 3; round++) {
@@ -324,7 +324,7 @@ TEST(stream, lookahead_reads_ranks_over_the_gate) {
         moe_prefetch_next(s, &e->w.layers[l], l, x, 1);
         xs_store_stats(e->xs, &b);
         int np = 0;
-        for (int i = 0; i < e->cfg.n_routed_experts; i++) np += e->la_pred[(size_t)ml * e->cfg.n_routed_experts + i] != 0;
+        for (int i = 0; i < e->cfg.n_routed_experts; i++) np += xs_la_guesses(e->xs, ml)[i] != 0;
         CHECK_EQ_INT(np, K); /* every rank is predicted (and later scored), read or not */
         /* reads started: round 1 reads the best guess, round 2 the rest of the guesses */
         CHECK_EQ_INT((int)(b.prefetch_issued - a.prefetch_issued), round == 2 ? expect[2] - 1 : expect[round]);

@@ -52,6 +52,12 @@ struct xs_store {
     int inflight;
     xs_io *io;            /* owned */
     xs_stats st;
+    /* Lookahead (lookahead.c): la_pred [L][E] rank + 1 of each guess made for a layer (0:
+     * none), la_prec [L][K] running precision of each rank of guesses (starts at 1). Written by
+     * the one forward running at a time (like the slots' use marks), read by statistics. */
+    int K;
+    uint8_t *la_pred;     /* owned */
+    double *la_prec;      /* owned */
 };
 
 static xs_slot *slot_at(xs_store *s, int layer, int i) { return &s->slots[(size_t)layer * s->S + i]; }
@@ -137,7 +143,12 @@ int xs_store_create(const xs_source *src, const xs_plan *plan, const xs_store_op
     s->rec_bytes = malloc(LE * sizeof(uint64_t));
     s->rec_xxh = malloc(LE * sizeof(uint64_t));
     s->pol = calloc((size_t)s->L, sizeof *s->pol);
-    if (!s->slots || !s->map || !s->rec_off || !s->rec_bytes || !s->rec_xxh || !s->pol) {
+    s->K = src->top_k > 0 ? src->top_k : 1;
+    s->la_pred = calloc(LE, 1);
+    s->la_prec = malloc(sizeof(double) * (size_t)s->L * (size_t)s->K);
+    if (s->la_prec)
+        for (size_t i = 0; i < (size_t)s->L * (size_t)s->K; i++) s->la_prec[i] = 1.0;
+    if (!s->slots || !s->map || !s->rec_off || !s->rec_bytes || !s->rec_xxh || !s->pol || !s->la_pred || !s->la_prec) {
         rc = pt_err(err, PETREL_ENOMEM, "expert store: out of memory");
         goto fail;
     }
@@ -210,6 +221,8 @@ void xs_store_free(xs_store *s) {
     free(s->rec_off);
     free(s->rec_bytes);
     free(s->rec_xxh);
+    free(s->la_pred);
+    free(s->la_prec);
     free(s->mem);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
@@ -589,3 +602,7 @@ bad:
     free(c);
     return pt_err(err, PETREL_EFORMAT, "usage file %s: malformed (expected '<layer> <count> x %d' lines)", path, E);
 }
+
+int xs_store_experts(const xs_store *s) { return s->E; }
+uint8_t *xs_la_guesses(xs_store *s, int layer) { return s->la_pred + (size_t)layer * s->E; }
+double *xs_la_precision(xs_store *s, int layer) { return s->la_prec + (size_t)layer * s->K; }

@@ -66,6 +66,7 @@ typedef struct xs_source {
                                  NULL: use fd as is (buffered) */
     int fd;                   /* borrowed; used only when path is NULL */
     int n_layers, n_experts;
+    int top_k;                /* experts a row chooses (the lookahead keeps a precision per rank) */
     /* Where record (layer, expert) lies; offset must be XS_ALIGN-aligned for O_DIRECT. */
     int (*record)(void *ctx, int layer, int expert, uint64_t *offset, uint64_t *bytes,
                   uint64_t *xxh64, petrel_error *err);
@@ -177,6 +178,18 @@ void xs_release(xs_store *s, int layer, const xs_expert_ref *refs, int n);
 /* Asynchronous hint: starts reading the experts not resident, evicting only what the policy
  * would; never waits, never fails (a failed prefetch just frees its slot). Returns reads issued. */
 int xs_prefetch(xs_store *s, int layer, const int32_t *experts, int n);
+
+/* ---------------------------------------------------------------- lookahead (lookahead.c)
+ * The next MoE layer's experts guessed from the current layer's input: xs_la_guess takes rows'
+ * routing by the next layer's router (ranked [T][K], best first), records each guessed expert's
+ * rank, and prefetches the guesses of the ranks whose running precision is at least gate, best
+ * rank first, at most half the bank. xs_la_score compares a layer's guesses with what it then
+ * chose (chosen [E] 0/1) and updates each rank's precision (0.9 old + 0.1 new). The state is
+ * the store's; xs_la_guesses / xs_la_precision expose it ([E] ranks + 1, [K] precisions). */
+void xs_la_guess(xs_store *s, int layer, const int32_t *ranked, int T, int K, double gate, int32_t *scratch);
+void xs_la_score(xs_store *s, int layer, const uint8_t *chosen);
+uint8_t *xs_la_guesses(xs_store *s, int layer);
+double *xs_la_precision(xs_store *s, int layer);
 /* Once a layer's routing is known: drops its queued prefetches whose expert is not in keep[E]
  * and whose read has not started (wrong guesses should not delay its misses), and demotes the
  * wrong ones already read to ordinary cached experts (prefetched experts are otherwise evicted
@@ -189,6 +202,7 @@ int xs_store_state(const xs_store *s, int layer, int expert, uint64_t *seq);
 /* Waits for every read in flight (tests, shutdown, timing). */
 void xs_store_drain(xs_store *s);
 int xs_store_slots(const xs_store *s);
+int xs_store_experts(const xs_store *s); /* experts per layer */
 int xs_store_direct(const xs_store *s);   /* 1 if reads use O_DIRECT */
 int xs_store_uring(const xs_store *s);    /* 1 if reads use io_uring */
 /* Reads every pinned expert not yet resident (warm start after xs_usage_load). */

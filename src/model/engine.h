@@ -33,12 +33,7 @@ struct petrel_engine {
     int *moe_layer;       /* owned [L + 1]: MoE index -> checkpoint layer (messages name layers so) */
     char plan_text[1024]; /* the memory plan, printed at open when verbose */
     int n_moe;            /* MoE layers with routed experts (store / trace layers) */
-    /* Lookahead quality: the experts predicted for each MoE layer are compared with what the
-     * layer then chose; a rank of guesses is read only while its precision is good (random-weight
-     * models route nearly independently per layer: most of their guesses only waste reads). */
-    uint8_t *la_pred;      /* owned [n_moe][E]: rank + 1 of each guess, 0 where none */
-    double *la_precision;  /* owned [n_moe][K]: running precision of each layer's guesses by rank
-                              (starts optimistic) */
+    /* (Lookahead guesses and their precision by rank are the expert store's: xs_la_*.) */
     /* Routing trace recording (--trace-out): rows of one forward batch are buffered
      * [row][moe layer][K] and appended in token order when the batch ends. Like the lookahead
      * statistics above, this assumes one session runs at a time on the engine. */
@@ -76,9 +71,11 @@ void load_pg_fn(uint64_t done, uint64_t total, void *ud);
  * holds them, else only checks them (o->no_verify: skips the checksums, and the check-only
  * pass entirely), through the expert I/O pool. */
 int stream_load_experts(petrel_engine *e, const petrel_open_opts *o, petrel_error *err);
-/* Trace recording: note one MoE layer's routing of a batch; flush the batch in token order. */
-void stream_trace_note(petrel_engine *e, int layer, const int32_t *idx, int T, int K);
-int stream_trace_flush(petrel_engine *e, int T, petrel_error *err);
+/* Trace recording: note one MoE layer's routing of a batch; flush the batch in token order. The
+ * recorder (trace, trace_buf) is written through the engine's pointers: one forward at a time
+ * records (petrel_batch_forward refuses mixed-session batches while recording). */
+void stream_trace_note(const petrel_engine *e, int layer, const int32_t *idx, int T, int K);
+int stream_trace_flush(const petrel_engine *e, int T, petrel_error *err);
 #define PT_CHUNK_RESIDENT 512
 /* lookahead: a rank of guesses is read from the SSD while at least this share of it is right */
 #define PT_LOOKAHEAD_GATE 0.8

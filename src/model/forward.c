@@ -200,7 +200,7 @@ int fwd_rows(petrel_session *scr, const fwd_seg *seg, int nseg, const int32_t *i
     LAP(FS_HEAD);
 #undef LAP
     scr->stats.rows += (uint64_t)T;
-    if (e->trace) PT_TRY(stream_trace_flush((petrel_engine *)e, T, err));
+    if (e->trace) PT_TRY(stream_trace_flush(e, T, err));
     for (int g = 0; g < nseg; g++) seg[g].s->len += seg[g].n;
     return 0;
 }

@@ -280,7 +280,6 @@ void moe_prefetch_next(petrel_session *s, const layer_w *next_lw, int next_l, co
     const petrel_config *c = &eng->cfg;
     int E = c->n_routed_experts, K = c->num_experts_per_tok;
     if (!eng->xs || !next_lw || eng->moe_index[next_l] < 0 || K > 64) return;
-    petrel_engine *me = (petrel_engine *)eng;
     int nm = eng->moe_index[next_l];
     size_t mark = s->ar.used;
     float *lg = ar_alloc(&s->ar, sizeof(float) * (size_t)T * E);
@@ -292,21 +291,7 @@ void moe_prefetch_next(petrel_session *s, const layer_w *next_lw, int next_l, co
         float pw[64];
         for (int r = 0; r < T; r++) /* moe_route lists each row's experts best first */
             moe_route(c, lg + (size_t)r * E, next_lw->e_score_correction_bias, ranked + (size_t)r * K, pw, scratch);
-        /* Guesses best rank first across rows, at most half the bank: a hint must not evict
-         * most of what the current token may still reuse. */
-        int cap = xs_store_slots(eng->xs) / 2, np = 0;
-        if (cap < 1) cap = 1;
-        uint8_t *pred = me->la_pred + (size_t)nm * E; /* rank + 1 of each predicted expert, 0: none */
-        const double *prec = me->la_precision + (size_t)nm * K;
-        memset(pred, 0, (size_t)E);
-        for (int k = 0; k < K; k++)
-            for (int r = 0; r < T; r++) {
-                int e = ranked[(size_t)r * K + k];
-                if (pred[e]) continue;
-                pred[e] = (uint8_t)(k + 1);
-                if (np < cap && prec[k] >= PT_LOOKAHEAD_GATE) pids[np++] = e;
-            }
-        if (np) xs_prefetch(eng->xs, nm, pids, np);
+        xs_la_guess(eng->xs, nm, ranked, T, K, PT_LOOKAHEAD_GATE, pids); /* the store decides what to read */
     }
     s->ar.used = mark; /* a hint: without scratch it is simply skipped */
 }
@@ -339,24 +324,10 @@ int moe_forward(petrel_session *s, int l, const layer_w *lw, const layer_w *next
         moe_route(c, logits + (size_t)r * E, lw->e_score_correction_bias, idx + (size_t)r * K, wts + (size_t)r * K, scratch);
     memset(chosen, 0, (size_t)E);
     for (int i = 0; i < T * K; i++) chosen[idx[i]] = 1;
-    if (eng->trace) stream_trace_note((petrel_engine *)eng, l, idx, T, K);
+    if (eng->trace) stream_trace_note(eng, l, idx, T, K);
     xs_store *xst = eng->xs;
     int ml = xst ? eng->moe_index[l] : -1;
-    if (ml >= 0) { /* score the lookahead guesses made for this layer, if any, rank by rank */
-        petrel_engine *me = (petrel_engine *)eng;
-        uint8_t *pred = me->la_pred + (size_t)ml * E;
-        double *prec = me->la_precision + (size_t)ml * K;
-        int n[64] = {0}, good[64] = {0}, any = 0;
-        for (int e = 0; e < E; e++)
-            if (pred[e]) {
-                n[pred[e] - 1]++;
-                good[pred[e] - 1] += chosen[e];
-                any = 1;
-            }
-        for (int k = 0; k < K && any; k++)
-            if (n[k]) prec[k] = 0.9 * prec[k] + 0.1 * (double)good[k] / n[k];
-        if (any) memset(pred, 0, (size_t)E);
-    }
+    if (ml >= 0) xs_la_score(xst, ml, chosen); /* the store scores the guesses made for this layer */
     /* Guesses for this layer that turned out wrong and have not started reading are dropped, so
      * they do not delay the misses queued behind them. */
     if (ml >= 0) xs_cancel_prefetches(xst, ml, chosen);

@@ -152,13 +152,8 @@ int stream_open(petrel_engine *e, const petrel_open_opts *o, petrel_error *err) 
     for (int l = 0; l <= L; l++)
         if (e->moe_index[l] >= 0) e->moe_layer[e->moe_index[l]] = l;
     xs_source src = {.ctx = e, .path = pack_path(e->pack), .fd = -1, .n_layers = nm, .n_experts = c->n_routed_experts,
-                     .record = rec_cb, .views = views_cb, .layer_ids = e->moe_layer};
+                     .top_k = c->num_experts_per_tok, .record = rec_cb, .views = views_cb, .layer_ids = e->moe_layer};
     PT_TRY(xs_store_create(&src, &plan, NULL, &e->xs, err));
-    e->la_pred = calloc((size_t)nm * (size_t)c->n_routed_experts, 1);
-    int K = c->num_experts_per_tok;
-    e->la_precision = malloc(sizeof(double) * (size_t)nm * (size_t)K);
-    if (!e->la_pred || !e->la_precision) return pt_err(err, PETREL_ENOMEM, "out of memory");
-    for (int i = 0; i < nm * K; i++) e->la_precision[i] = 1.0;
     char up[4200];
     int loaded = 0;
     xs_usage_path(e->path, up, sizeof up);
@@ -167,14 +162,14 @@ int stream_open(petrel_engine *e, const petrel_open_opts *o, petrel_error *err) 
     return 0;
 }
 
-void stream_trace_note(petrel_engine *e, int layer, const int32_t *idx, int T, int K) {
+void stream_trace_note(const petrel_engine *e, int layer, const int32_t *idx, int T, int K) {
     int ml = e->moe_index[layer];
     if (ml < 0) return;
     for (int r = 0; r < T && r < e->chunk; r++)
         memcpy(e->trace_buf + ((size_t)r * e->n_moe + ml) * K, idx + (size_t)r * K, sizeof(int32_t) * (size_t)K);
 }
 
-int stream_trace_flush(petrel_engine *e, int T, petrel_error *err) {
+int stream_trace_flush(const petrel_engine *e, int T, petrel_error *err) {
     int K = e->cfg.num_experts_per_tok;
     for (int r = 0; r < T && r < e->chunk; r++) {
         int tok = e->trace->n_tokens;
@@ -215,8 +210,4 @@ void stream_close(petrel_engine *e) {
     e->moe_index = NULL;
     free(e->moe_layer);
     e->moe_layer = NULL;
-    free(e->la_pred);
-    e->la_pred = NULL;
-    free(e->la_precision);
-    e->la_precision = NULL;
 }
