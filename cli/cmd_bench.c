@@ -532,12 +532,10 @@ CLI_CMD(bench) {
     for (int l = 0; l < c->num_hidden_layers; l++) resident += layer_bytes(c, &w->layers[l], &experts);
     uint64_t head = vbytes(&w->lm_head) + (uint64_t)w->embed_tokens.row_bytes + 4ull * (uint64_t)c->hidden_size;
     uint64_t bytes_tok = resident + experts + head;
-    uint64_t expert1 = experts / (uint64_t)c->num_experts_per_tok;
-    {
-        int n_moe = 0;
-        for (int l = 0; l < c->num_hidden_layers; l++) n_moe += c->layer_is_moe[l] && eng->w.layers[l].exp_gate;
-        if (n_moe) expert1 /= (uint64_t)n_moe; /* one expert of one layer (all alike) */
-    }
+    uint64_t expert1 = experts / (uint64_t)c->num_experts_per_tok; /* then one expert of one layer (all alike) */
+    int n_moe = 0;
+    for (int l = 0; l < c->num_hidden_layers; l++) n_moe += c->layer_is_moe[l] && eng->w.layers[l].exp_gate;
+    if (n_moe) expert1 /= (uint64_t)n_moe;
 
     /* warm the map so page faults are not timed (when streaming: the resident tensors only) */
     if (eng->pack && !eng->pack->copy) { /* (a copy made at open is resident already) */
@@ -748,7 +746,7 @@ CLI_CMD(bench) {
             printf("batched decode: %ld sessions at context %ld: %.2f ms/step = %.1f tok/s aggregate (%.2fx one session), %.2f ms/row; %.1f experts/step "
                    "(union of the rows' choices; %.1f per layer), %.1f MB/step; floor ratio of the step %.2f (median; bandwidth %.1f GB/s)\n",
                    batch, ctx, br.step_ms, br.tok_s, br.tok_s * dms / 1e3, br.row_ms, br.experts_step,
-                   br.experts_step / (expert1 ? (double)experts / (double)c->num_experts_per_tok / (double)expert1 : 1), br.bytes_step / 1e6,
+                   br.experts_step / (n_moe ? n_moe : 1), br.bytes_step / 1e6,
                    br.floor_ratio, br.bw);
         if (batch > 0 && eng->xs)
             printf("batched decode, streamed: %.1f expert records read per step (%.1f per row); the floor ratio above is against memory only\n",

@@ -73,6 +73,14 @@ const char *test_tmpdir(void) {
     return tmpdir;
 }
 
+const char *test_tmp(const char *name) {
+    static char bufs[8][600];
+    static int slot;
+    char *b = bufs[slot++ & 7];
+    snprintf(b, sizeof bufs[0], "%s/%s", test_tmpdir(), name);
+    return b;
+}
+
 double test_rel_l2(const float *a, const float *ref, size_t n) {
     double num = 0, den = 0;
     for (size_t i = 0; i < n; i++) {

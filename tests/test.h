@@ -15,6 +15,8 @@ void test_fail(const char *file, int line, const char *fmt, ...)
 const char *test_data(const char *rel);
 /* A fresh temporary directory for this test run (created once, removed at exit). */
 const char *test_tmpdir(void);
+/* test_tmpdir()/name (static buffer rotating over 8 slots). */
+const char *test_tmp(const char *name);
 /* Relative L2 error ||a - ref|| / ||ref|| over n floats (in double). */
 double test_rel_l2(const float *a, const float *ref, size_t n);
 /* Runs cmd through the shell, capturing stdout into out and stderr into err (both truncated to

@@ -86,7 +86,7 @@ TEST(cli, failures_are_one_line) {
     const char *b = bin();
     if (!b) return;
     const char *tiny = test_data("tiny");
-    char cases[][1024] = {"", "", "", "", "", "", "", "", ""};
+    char cases[][1024] = {"", "", "", "", "", "", "", "", "", "", "", "", ""};
     snprintf(cases[0], 1024, "%s generate --model /nonexistent --ids 1 -n 2", b);
     snprintf(cases[1], 1024, "%s generate --model %s --ids 1,99999 -n 2", b, tiny);
     snprintf(cases[2], 1024, "%s generate --model %s --ids '' -n 2", b, tiny);
@@ -96,7 +96,11 @@ TEST(cli, failures_are_one_line) {
     snprintf(cases[6], 1024, "%s frobnicate", b);
     snprintf(cases[7], 1024, "%s bench --model %s --prefill-runs 0", b, tiny);
     snprintf(cases[8], 1024, "%s bench --model %s --prefill-runs 101", b, tiny);
-    for (int i = 0; i < 9; i++) {
+    snprintf(cases[9], 1024, "%s bench --model %s --batch 0", b, tiny);
+    snprintf(cases[10], 1024, "%s generate --model %s --ids 1 -n 2 --isa vax", b, tiny);
+    snprintf(cases[11], 1024, "%s generate --model %s --ids 1 -n 2 --act-quant maybe", b, tiny);
+    snprintf(cases[12], 1024, "%s generate --model %s --ids 1 -n 2 --relayout", b, tiny);
+    for (int i = 0; i < 13; i++) {
         char out[4096], err[4096];
         int rc = test_sh(cases[i], out, sizeof out, err, sizeof err);
         CHECK_MSG(rc != 0, "case %d exited 0", i);

@@ -18,13 +18,7 @@
 #include "text/jinja.h"
 #include "test.h"
 
-static const char *tmp(const char *name) {
-    static char buf[4][512];
-    static int k;
-    k = (k + 1) % 4;
-    snprintf(buf[k], sizeof buf[k], "%s/%s", test_tmpdir(), name);
-    return buf[k];
-}
+static const char *tmp(const char *name) { return test_tmp(name); }
 
 static const char *bin(void) {
     const char *b = getenv("PETREL_BIN");

@@ -21,13 +21,7 @@
 #include "test.h"
 
 
-static const char *tmp(const char *name) {
-    static char buf[4][512];
-    static int k;
-    k = (k + 1) % 4;
-    snprintf(buf[k], sizeof buf[k], "%s/%s", test_tmpdir(), name);
-    return buf[k];
-}
+static const char *tmp(const char *name) { return test_tmp(name); }
 
 static int convert_to(const char *fixture, const char *out, int quant, int stop_after, convert_result *res) {
     convert_opts o = {0};

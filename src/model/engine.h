@@ -91,6 +91,8 @@ void stream_chunk_plan(const petrel_config *c, int ctx, uint64_t budget, int *ch
 /* Bytes per row of a session's layer-major prefill state (petrel_session.pf). */
 size_t session_prefill_row_bytes(const petrel_config *c, int ctx);
 
+/* Test hook: AUTO and ABSORBED both run the absorbed form (every row, row independence);
+ * RECONSTRUCTED forces its slower twin. */
 typedef enum { MLA_AUTO = 0, MLA_ABSORBED = 1, MLA_RECONSTRUCTED = 2 } mla_mode;
 
 /* Optional capture of intermediate results for tests (all borrowed, may be NULL). */

@@ -241,9 +241,8 @@ int fwd_mtp(petrel_session *scr, const fwd_seg *seg, int nseg, const int32_t *ne
     kn_matmul(&w->eh_proj, cat, T, h);
     /* the decoder layer runs at the MTP cache's positions: the sessions' lengths stand in for it
      * while it runs (attn_segs and mla read s->len) */
-    int saved[FWD_ROWS_GROUP * 4], rc = 0;
-    int *len = nseg <= FWD_ROWS_GROUP * 4 ? saved : malloc(sizeof(int) * (size_t)nseg);
-    if (!len) return pt_err(err, PETREL_ENOMEM, "out of memory");
+    int rc = 0, *len = ar_alloc(&scr->ar, sizeof(int) * (size_t)nseg);
+    if (!len) return pt_err(err, PETREL_ENOMEM, "MTP scratch exhausted");
     for (int g = 0; g < nseg; g++) {
         len[g] = seg[g].s->len;
         seg[g].s->len = seg[g].s->mtp_len;
@@ -259,7 +258,6 @@ int fwd_mtp(petrel_session *scr, const fwd_seg *seg, int nseg, const int32_t *ne
         seg[g].s->len = len[g];
         if (!rc) seg[g].s->mtp_len += seg[g].n;
     }
-    if (len != saved) free(len);
     if (rc) return rc;
     for (int i = 0; i < T * H; i++) h[i] += b.y[i];
     for (int r = 0; r < T; r++) op_rmsnorm(b.x + (size_t)r * H, h + (size_t)r * H, w->shared_head_norm, H, c->rms_norm_eps);

@@ -5,10 +5,10 @@
  *                  alone or in any window, so a row's result never depends on the batch (row
  *                  independence, bitwise). Rows whose selection is a prefix 0..n-1 (every causal
  *                  key: prompts up to index_topk) share their products per head in blocks of
- *                  rows (absorbed_prefix): each element is computed by the same kernel arithmetic
- *                  as the one-row path (kn_matmul: per-element accumulators; kn_matmul_t: r
+ *                  rows (abp_head): each element is computed by the same kernel arithmetic as
+ *                  the one-row path (kn_matmul: per-element accumulators; kn_matmul_t: r
  *                  ascending, and the zeros padding shorter rows add exactly nothing), so the
- *                  blocked and the one-row results are bitwise equal (tests/test_core.c).
+ *                  blocked and the one-row results are bitwise equal (tests/test_rows.c).
  *   reconstructed  per head, expand K = [W_UK c | k_pe] and V^T = W_UV C^T for the window's keys,
  *                  then S = Q K^T, masked softmax, O = S V. The slower twin for tests
  *                  (MLA_RECONSTRUCTED); differs from absorbed by float rounding (~1e-6).
