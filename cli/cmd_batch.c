@@ -52,7 +52,7 @@ static int read_lines(const char *path, char ***lines, int *n) {
     int c;
     *n = 0;
     *lines = NULL;
-    int lcap = 0;
+    int lcap = 0, oom = 0;
     for (;;) {
         c = fgetc(f);
         if (c == EOF && len == 0) break;
@@ -60,11 +60,11 @@ static int read_lines(const char *path, char ***lines, int *n) {
             if (*n == lcap) {
                 lcap = lcap ? 2 * lcap : 16;
                 char **t = realloc(*lines, sizeof(char *) * (size_t)lcap);
-                if (!t) break;
+                if (!t) { oom = 1; break; }
                 *lines = t;
             }
             char *l = malloc(len + 1);
-            if (!l) break;
+            if (!l) { oom = 1; break; }
             if (len) memcpy(l, buf, len);
             l[len] = 0;
             if (len && l[len - 1] == '\r') l[len - 1] = 0;
@@ -76,14 +76,21 @@ static int read_lines(const char *path, char ***lines, int *n) {
         if (len + 1 >= cap) {
             cap = cap ? 2 * cap : 256;
             char *t = realloc(buf, cap);
-            if (!t) break;
+            if (!t) { oom = 1; break; }
             buf = t;
         }
         buf[len++] = (char)c;
     }
-    int bad = ferror(f);
+    int bad = ferror(f) || oom;
+    if (oom) errno = ENOMEM;
     free(buf);
     if (f != stdin) fclose(f);
+    if (bad) { /* nothing half-read is handed on */
+        for (int i = 0; i < *n; i++) free((*lines)[i]);
+        free(*lines);
+        *lines = NULL;
+        *n = 0;
+    }
     return bad ? -1 : 0;
 }
 
