@@ -321,7 +321,7 @@ TEST(stream, lookahead_reads_ranks_over_the_gate) {
     for (int round = 0; round < 3; round++) {
         for (int k = 0; k < K; k++) prec[k] = round == 2 || (round == 1 && k == 0) ? 0.9 : 0.5;
         xs_store_stats(e->xs, &a);
-        moe_prefetch_next(s, &e->w.layers[l], l, x, 1);
+        moe_prefetch_next(s, l, x, 1);
         xs_store_stats(e->xs, &b);
         int np = 0;
         for (int i = 0; i < e->cfg.n_routed_experts; i++) np += xs_la_guesses(e->xs, ml)[i] != 0;
@@ -335,7 +335,7 @@ TEST(stream, lookahead_reads_ranks_over_the_gate) {
     petrel_engine_close(e);
 }
 
-/* Layer-major streaming prefill (fwd_prompt_layers): spans of pf_rows rows run every layer's
+/* Layer-major streaming prefill (spans of fwd_rows): spans of pf_rows rows run every layer's
  * attention chunk by chunk and its MoE once over the span. Logits equal the resident chunk-by-
  * chunk run bitwise, in one call, in two calls and in decode after it, while each expert is read
  * fewer times than chunk by chunk. Chunks of 8 rows and spans of 24 make a 61-token prompt

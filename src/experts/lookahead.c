@@ -24,6 +24,8 @@ void xs_la_guess(xs_store *s, int layer, const int32_t *ranked, int T, int K, do
     if (np) xs_prefetch(s, layer, scratch, np);
 }
 
+int xs_la_wanted(const xs_store *s, int layer) { return s && layer >= 0 && layer < xs_store_layers(s); }
+
 void xs_la_score(xs_store *s, int layer, const uint8_t *chosen) {
     uint8_t *pred = xs_la_guesses(s, layer);
     double *prec = xs_la_precision(s, layer);

@@ -102,6 +102,8 @@ int xs_store_create(const xs_source *src, const xs_plan *plan, const xs_store_op
     *out = NULL;
     if (!src || !plan || !src->record || src->n_layers <= 0 || src->n_experts <= 0)
         return pt_err(err, PETREL_EINVAL, "expert store: source needs n_layers, n_experts and a record callback");
+    if (src->n_experts > XS_MAX_EXPERTS)
+        return pt_err(err, PETREL_EUNSUPPORTED, "expert store: %d experts per layer (at most %d)", src->n_experts, XS_MAX_EXPERTS);
     if (plan->in.n_layers != src->n_layers || plan->in.n_experts != src->n_experts || plan->slots_per_layer < 1)
         return pt_err(err, PETREL_EINVAL, "expert store: plan (%d layers x %d experts) does not match the source (%d x %d)",
                       plan->in.n_layers, plan->in.n_experts, src->n_layers, src->n_experts);
@@ -604,5 +606,6 @@ bad:
 }
 
 int xs_store_experts(const xs_store *s) { return s->E; }
+int xs_store_layers(const xs_store *s) { return s->L; }
 uint8_t *xs_la_guesses(xs_store *s, int layer) { return s->la_pred + (size_t)layer * s->E; }
 double *xs_la_precision(xs_store *s, int layer) { return s->la_prec + (size_t)layer * s->K; }

@@ -28,6 +28,7 @@
 #include "quant/qtypes.h"
 
 #define XS_ALIGN 4096u
+#define XS_MAX_EXPERTS 1024 /* routed experts per layer the store takes */
 
 /* ---------------------------------------------------------------- plan */
 typedef struct xs_plan_in {
@@ -187,9 +188,65 @@ int xs_prefetch(xs_store *s, int layer, const int32_t *experts, int n);
  * chose (chosen [E] 0/1) and updates each rank's precision (0.9 old + 0.1 new). The state is
  * the store's; xs_la_guesses / xs_la_precision expose it ([E] ranks + 1, [K] precisions). */
 void xs_la_guess(xs_store *s, int layer, const int32_t *ranked, int T, int K, double gate, int32_t *scratch);
+/* Whether guesses for `layer` are worth computing: a store (s may be NULL: no) that streams. */
+int xs_la_wanted(const xs_store *s, int layer);
 void xs_la_score(xs_store *s, int layer, const uint8_t *chosen);
 uint8_t *xs_la_guesses(xs_store *s, int layer);
 double *xs_la_precision(xs_store *s, int layer);
+/* ---------------------------------------------------------------- run (run.c)
+ * The expert schedule of one MoE layer over one batch. The model hands over the batch's routing
+ * (chosen [E] 0/1) and takes the experts back chunk by chunk, in the order to run them, with
+ * their weight views; each chunk goes back at the next call (or xs_run_release). The order and
+ * the reads are decided here:
+ *   no store (every expert resident): the chosen experts in ascending id, one chunk, views from
+ *     the layer's tables;
+ *   XS_RUN_READY (streamed batches): the guesses made for this layer are scored and the wrong
+ *     ones not yet reading dropped; the experts already in slots come first (one chunk, pinned,
+ *     no wait), then those still reading (queue order), then the misses one at a time, each
+ *     computing while the later ones read. Every miss's read starts with the first chunk, then
+ *     the lookahead callback runs (the model guesses the next layer's experts: xs_la_guess);
+ *     the idle callback runs once, before the first chunk that may wait for a read (the model
+ *     computes its shared expert there), and only then (never in the other kinds of run);
+ *   XS_RUN_ASCENDING (layer-major spans, many rows): ascending id, one expert at a time, reads
+ *     ahead as far as the bank allows (hints never evict pending hints).
+ * xs_run_ascending: the experts come in ascending id (a caller may then accumulate their
+ * outputs directly; in a READY run it buffers them and sums in ascending id at the end). The
+ * callbacks may be NULL; a failing idle callback fails the run. */
+enum { XS_RUN_READY = 0, XS_RUN_ASCENDING = 1 };
+typedef struct xs_run_views {
+    const pt_wview *gate, *up, *down; /* borrowed [E]: the layer's resident experts */
+} xs_run_views;
+typedef struct xs_run_args {
+    xs_store *st;             /* NULL: every expert resident (views from resident) */
+    int layer, mode;          /* store layer; XS_RUN_* */
+    const uint8_t *chosen;    /* [n_experts] */
+    int n_experts;
+    xs_run_views resident;
+    int32_t *order;           /* caller's scratch [n_experts] */
+    xs_expert_ref *refs;      /* caller's scratch [n_experts] */
+    void (*lookahead)(void *ctx);
+    int (*idle)(void *ctx, petrel_error *err);
+    void *cb_ctx;
+} xs_run_args;
+typedef struct xs_run {
+    xs_store *st;
+    int layer, mode, n, pos, n_hit, held, la_done, idle_done;
+    int32_t *order;
+    xs_expert_ref *refs;
+    xs_run_views res;
+    void (*lookahead)(void *ctx);
+    int (*idle)(void *ctx, petrel_error *err);
+    void *cb_ctx;
+    uint64_t io_ns;           /* time acquire waited for reads */
+} xs_run;
+/* Returns the number of experts the run will hand out. */
+int xs_run_begin(xs_run *r, const xs_run_args *a);
+/* Releases the previous chunk, then acquires the next: returns its size (views in (*out)[i]),
+ * 0 when every expert has been handed out, or a negative error (nothing stays held). */
+int xs_run_next(xs_run *r, const xs_expert_ref **out, petrel_error *err);
+void xs_run_release(xs_run *r);
+int xs_run_ascending(const xs_run *r);
+
 /* Once a layer's routing is known: drops its queued prefetches whose expert is not in keep[E]
  * and whose read has not started (wrong guesses should not delay its misses), and demotes the
  * wrong ones already read to ordinary cached experts (prefetched experts are otherwise evicted
@@ -203,6 +260,7 @@ int xs_store_state(const xs_store *s, int layer, int expert, uint64_t *seq);
 void xs_store_drain(xs_store *s);
 int xs_store_slots(const xs_store *s);
 int xs_store_experts(const xs_store *s); /* experts per layer */
+int xs_store_layers(const xs_store *s);
 int xs_store_direct(const xs_store *s);   /* 1 if reads use O_DIRECT */
 int xs_store_uring(const xs_store *s);    /* 1 if reads use io_uring */
 /* Reads every pinned expert not yet resident (warm start after xs_usage_load). */

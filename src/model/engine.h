@@ -44,7 +44,7 @@ struct petrel_engine {
      * routed experts expert-major per chunk, so a bigger chunk reads/streams each expert's
      * weights fewer times per prompt. */
     int chunk;
-    /* Streaming prefill runs up to pf_rows prompt rows layer-major (fwd_prompt_layers): every
+    /* Streaming prefill runs up to pf_rows prompt rows layer-major (a span of fwd_rows): every
      * layer's attention chunk by chunk, then its MoE once over all of them, so each expert is
      * read once per pf_rows rows instead of once per chunk. 0: off (chunk by chunk). */
     int pf_rows;
@@ -176,29 +176,24 @@ const fwd_stats *batch_stats(const petrel_batch *b);
  * layer, shared_head.norm and lm_head into logits [T][V]. Appends to the MTP caches. */
 int fwd_mtp(petrel_session *scr, const fwd_seg *seg, int nseg, const int32_t *next, const float *hidden, int T, float *logits,
             petrel_error *err);
-/* Runs rows ids[0..T) at positions s->len.. ; logits [T][V] for rows from logits_from on (or
- * NULL). Appends to the cache. T <= max_batch. */
+/* One session's rows ids[0..T) at positions s->len.. (the one-segment fwd_rows); logits [T][V]
+ * for rows from logits_from on (or NULL). T <= max_batch, or up to pf.rows (a span). */
 int fwd_batch(petrel_session *s, const int32_t *ids, int T, float *logits, int logits_from, petrel_error *err);
-/* The same for M rows (max_batch < M <= pf.rows) run layer-major (streaming prefill): results
- * bitwise equal to fwd_batch over chunks of max_batch rows. */
-int fwd_prompt_layers(petrel_session *s, const int32_t *ids, int M, float *logits, int logits_from, petrel_error *err);
 
 /* Per-layer pieces (forward.c drives them). */
 typedef struct rope_rows {
     float *cos_, *sin_;  /* [T][rope_dim/2] */
 } rope_rows;
 
-/* Layer l's attention for T rows at positions P.. (s->len == P): x is the rows' input-normed
- * h; writes their latent KV (and indexer keys on full layers), then h += attention output. On a
- * full indexer layer it fills sel/sel_n (stride sel_stride), which the shared layers after it
- * reuse. Scratch: b (T rows each). */
+/* Attention buffers for T rows (attn_segs' scratch). */
 typedef struct attn_bufs {
     float *x, *y, *qa, *q, *kva, *o; /* [T][H], [T][H], [T][q_lora_rank], [T][heads*qk_head_dim], [T][kv_lora_rank+rope], [T][heads*v_head_dim] */
 } attn_bufs;
-int attn_rows(petrel_session *s, int l, const layer_w *lw, float *h, const float *x, int T, int P, const rope_rows *rope,
-              int32_t *sel, int *sel_n, int sel_stride, const attn_bufs *b, petrel_error *err);
-/* The same over the rows of several segments (fwd_rows): projections over all T rows with scr's
- * scratch, cache writes, selection and attention per segment. */
+/* Layer l's attention for the T rows of segments seg (segment g's rows at positions
+ * seg[g].s->len ..): x is the rows' input-normed h; projections over all T rows with scr's
+ * scratch; writes each row's latent KV (and indexer keys on full layers) into its session's
+ * cache, selection and attention per segment, then h += attention output. On a full indexer
+ * layer it fills sel/sel_n (stride sel_stride), which the shared layers after it reuse. */
 int attn_segs(petrel_session *scr, int l, const layer_w *lw, float *h, const float *x, int T, const fwd_seg *seg, int nseg,
               const rope_rows *rope, int32_t *sel, int *sel_n, int sel_stride, const attn_bufs *b, petrel_error *err);
 int mla_attention(petrel_session *s, int l, const layer_w *lw, const float *q, int T, const int32_t *sel, const int *sel_n,
@@ -212,15 +207,16 @@ int mla_attention_rows(petrel_session *scr, int l, const layer_w *lw, petrel_ses
 size_t mla_rows_scratch_bytes(const petrel_config *c, int m);
 int dsa_select(petrel_session *s, int l, const layer_w *lw, const float *x, const float *qr, int T,
                const rope_rows *rope, int32_t *sel, int *sel_n, int sel_stride, petrel_error *err);
-/* next_lw: the next MoE layer (its router predicts experts to prefetch), or NULL. */
-int moe_forward(petrel_session *s, int l, const layer_w *lw, const layer_w *next_lw, int next_l, const float *x, int T,
-                float *out, petrel_error *err);
-/* Layer-major MoE over M rows (fwd_prompt_layers): x [M][H] normed; routes into idx/wts, sorts
- * the choices by expert into rl, runs each chosen expert once (ascending id) over its rows;
- * out [M][H] = routed sum (ascending id per row, as moe_forward) + shared expert. */
-int moe_forward_all(petrel_session *s, int l, const layer_w *lw, const float *x, int M, int32_t *idx, float *wts, int32_t *rl,
-                    float *out, petrel_error *err);
-void moe_prefetch_next(petrel_session *s, const layer_w *next_lw, int next_l, const float *x, int T);
+/* Layer l's MoE over T rows: x [T][H] normed; routes into idx/wts [T][K] (caller's), sorts
+ * the choices by expert (into rl [T][K], or arena scratch when NULL), lets the expert store
+ * (src/experts/run.c) hand the chosen experts back in the order to run them, and writes
+ * out [T][H] = routed sum (ascending expert id per row, whatever order the experts ran in) +
+ * shared expert. T > max_batch (a span) runs each expert once, ascending. next_l: the next
+ * MoE layer (its router guesses the experts a store should read early), or -1. */
+int moe_forward(petrel_session *s, int l, const layer_w *lw, int next_l, const float *x, int T, int32_t *idx, float *wts,
+                int32_t *rl, float *out, petrel_error *err);
+/* The next MoE layer's guesses from x [T][H], for a store that wants them (else nothing). */
+void moe_prefetch_next(petrel_session *s, int next_l, const float *x, int T);
 int mlp_dense(petrel_session *s, const layer_w *lw, const float *x, int T, float *out, petrel_error *err);
 /* Routing for one row (exposed for tests): writes K expert ids (ascending selection order not
  * guaranteed) and their final weights. scratch needs 2 * E floats. */

@@ -1,11 +1,11 @@
 /* forward.c: the layer loop.
  *
- * fwd_batch runs T consecutive positions of one session as one batch of rows:
+ * fwd_rows runs a batch of rows (segments of consecutive positions of one or more sessions):
  *   embed -> for each layer: RMSNorm, MLA (+ DSA selection), residual, RMSNorm, MLP/MoE,
  *   residual -> final norm -> lm_head on the rows that want logits.
- * fwd_prompt_layers runs a longer span of a streaming prompt layer by layer instead: each
- * layer's attention in the same chunks fwd_batch would take, then the layer's MoE once over the
- * whole span (moe_forward_all), so the expert store reads each expert once per span.
+ * A streaming prompt longer than a batch runs through the same loop as a span: each layer's
+ * attention in the chunks a batch would take, then the layer's MoE once over the whole span,
+ * so the expert store reads each expert once per span.
  * The cache is written before attention reads it, so row r sees keys 0..P+r. If a call fails,
  * the session's length is left where it was (the rows written past it are ignored). */
 #include <libgen.h>
@@ -118,86 +118,141 @@ int attn_segs(petrel_session *scr, int l, const layer_w *lw, float *h, const flo
     return 0;
 }
 
-int attn_rows(petrel_session *s, int l, const layer_w *lw, float *h, const float *x, int T, int P, const rope_rows *rope,
-              int32_t *sel, int *sel_n, int sel_stride, const attn_bufs *b, petrel_error *err) {
-    if (s->len != P) return pt_err(err, PETREL_EINVAL, "attention rows at %d, session at %d", P, s->len);
-    fwd_seg one = {s, 0, T};
-    return attn_segs(s, l, lw, h, x, T, &one, 1, rope, sel, sel_n, sel_stride, b, err);
-}
+/* Rows' state across the layers: residual h, MoE input xm and output out [T][H], RoPE tables,
+ * DSA selections (kept from a full indexer layer to the shared ones after it), routing. */
+typedef struct fwd_state {
+    float *h, *xm, *out;
+    rope_rows rope;
+    int32_t *sel, *idx, *rl;
+    int *sel_n;
+    float *wts;
+    int kst;
+} fwd_state;
 
 int fwd_rows(petrel_session *scr, const fwd_seg *seg, int nseg, const int32_t *ids, int T, float *logits,
              const int32_t *lrows, int nlog, petrel_error *err) {
     const petrel_engine *e = scr->eng;
     const petrel_config *c = &e->cfg;
     const model_w *w = &e->w;
-    int H = c->hidden_size, Dr = c->qk_rope_head_dim, L = c->num_hidden_layers;
-    int kmax = 1;
-    for (int g = 0; g < nseg; g++) {
-        int n = seg[g].s->len + seg[g].n;
-        if (n > kmax) kmax = n;
-    }
-    if (kmax > c->index_topk) kmax = c->index_topk;
+    int H = c->hidden_size, Dr = c->qk_rope_head_dim, L = c->num_hidden_layers, V = c->vocab_size, K = c->num_experts_per_tok;
+    /* The schedule: a batch (T <= max_batch) runs every layer over all its rows at once. A span
+     * (one session's prompt, max_batch < T <= pf.rows, streaming prefill) runs each layer's
+     * attention in chunks of max_batch rows, at the positions the chunk would have alone, then
+     * its MoE once over every row, so a streamed expert is read once per span; the results are
+     * bitwise those of running the chunks one after another. */
+    int C = scr->max_batch, span = T > C;
+    if (span && (nseg != 1 || seg[0].s != scr || T > scr->pf.rows))
+        return pt_err(err, PETREL_EINVAL, "a forward of %d rows exceeds the batch's %d (layer-major spans: one session, at most %d rows)", T, C,
+                      scr->pf.rows);
+    petrel_session *s0 = seg[0].s;
+    int P0 = s0->len;
+    fwd_state st = {0};
+    attn_bufs b = {0};
     scr->ar.used = 0;
-    float *h = ar_alloc(&scr->ar, sizeof(float) * (size_t)T * H);
-    attn_bufs b = attn_bufs_alloc(&scr->ar, c, T);
-    float *x = b.x, *y = b.y;
-    rope_rows rope = {ar_alloc(&scr->ar, sizeof(float) * (size_t)T * (Dr / 2)), ar_alloc(&scr->ar, sizeof(float) * (size_t)T * (Dr / 2))};
-    int32_t *sel = ar_alloc(&scr->ar, sizeof(int32_t) * (size_t)T * kmax);
-    int *sel_n = ar_alloc(&scr->ar, sizeof(int) * (size_t)T);
-    if (!h || !x || !y || !b.qa || !b.q || !b.kva || !b.o || !rope.cos_ || !rope.sin_ || !sel || !sel_n)
-        return pt_err(err, PETREL_ENOMEM, "forward scratch exhausted");
+    if (span) {
+        st = (fwd_state){scr->pf.h, scr->pf.x, scr->pf.out, {scr->pf.cs, scr->pf.sn}, scr->pf.sel, scr->pf.idx, scr->pf.rl, scr->pf.sel_n, scr->pf.wts,
+                         scr->pf.sel_stride};
+    } else {
+        int kmax = 1;
+        for (int g = 0; g < nseg; g++) {
+            int n = seg[g].s->len + seg[g].n;
+            if (n > kmax) kmax = n;
+        }
+        if (kmax > c->index_topk) kmax = c->index_topk;
+        b = attn_bufs_alloc(&scr->ar, c, T); /* one chunk: its buffers hold the MoE input and output */
+        st.h = ar_alloc(&scr->ar, sizeof(float) * (size_t)T * H);
+        st.xm = b.x;
+        st.out = b.y;
+        st.rope = (rope_rows){ar_alloc(&scr->ar, sizeof(float) * (size_t)T * (Dr / 2)), ar_alloc(&scr->ar, sizeof(float) * (size_t)T * (Dr / 2))};
+        st.sel = ar_alloc(&scr->ar, sizeof(int32_t) * (size_t)T * kmax);
+        st.sel_n = ar_alloc(&scr->ar, sizeof(int) * (size_t)T);
+        st.idx = ar_alloc(&scr->ar, sizeof(int32_t) * (size_t)T * K);
+        st.rl = ar_alloc(&scr->ar, sizeof(int32_t) * (size_t)T * K);
+        st.wts = ar_alloc(&scr->ar, sizeof(float) * (size_t)T * K);
+        st.kst = kmax;
+        if (!b.x || !b.y || !b.qa || !b.q || !b.kva || !b.o || !st.h || !st.rope.cos_ || !st.rope.sin_ || !st.sel || !st.sel_n || !st.idx || !st.rl ||
+            !st.wts)
+            return pt_err(err, PETREL_ENOMEM, "forward scratch exhausted");
+    }
+    size_t mark = scr->ar.used;
+    float *h = st.h;
     for (int g = 0; g < nseg; g++)
         for (int i = 0; i < seg[g].n; i++) {
             int r = seg[g].r0 + i;
             pt_dequant_row(&w->embed_tokens, ids[r], h + (size_t)r * H);
-            op_rope_table(c->rope_theta, Dr, seg[g].s->len + i, rope.cos_ + (size_t)r * (Dr / 2), rope.sin_ + (size_t)r * (Dr / 2));
+            op_rope_table(c->rope_theta, Dr, seg[g].s->len + i, st.rope.cos_ + (size_t)r * (Dr / 2), st.rope.sin_ + (size_t)r * (Dr / 2));
         }
     if (e->pack) pack_release_on_disk(e->pack); /* embedding rows read through the file map */
     fwd_trace *tr = scr->trace;
     if (tr && tr->hidden) memcpy(tr->hidden, h, sizeof(float) * (size_t)T * H);
     uint64_t *ns = scr->stats.ns, t0, t1;
+    int rc = 0;
 #define LAP(part) (t1 = pt_now_ns(), ns[part] += t1 - t0, t0 = t1)
-    for (int l = 0; l < L; l++) {
+    for (int l = 0; l < L && !rc; l++) {
         const layer_w *lw = &w->layers[l];
-        t0 = pt_now_ns();
-        for (int r = 0; r < T; r++) op_rmsnorm(x + (size_t)r * H, h + (size_t)r * H, lw->input_layernorm, H, c->rms_norm_eps);
-        if (e->xs && !lw->is_moe) { /* a dense layer: no demand reads of its own, so the next MoE
-                                       layer's guesses can start before its attention */
-            int nm = l + 1;
-            while (nm < L && !c->layer_is_moe[nm]) nm++;
-            if (nm < L) moe_prefetch_next(scr, &w->layers[nm], nm, x, T);
-        }
-        LAP(FS_ATTN);
-        PT_TRY(attn_segs(scr, l, lw, h, x, T, seg, nseg, &rope, sel, sel_n, kmax, &b, err));
-        t0 = pt_now_ns();
-        for (int r = 0; r < T; r++) op_rmsnorm(x + (size_t)r * H, h + (size_t)r * H, lw->post_attention_layernorm, H, c->rms_norm_eps);
-        LAP(FS_ATTN);
         int nl = l + 1; /* the next MoE layer, whose experts a streaming store can start reading */
         while (nl < L && !c->layer_is_moe[nl]) nl++;
-        if (lw->is_moe) PT_TRY(moe_forward(scr, l, lw, nl < L ? &w->layers[nl] : NULL, nl, x, T, y, err)); /* times its own parts */
-        else {
-            if (e->xs && nl < L) moe_prefetch_next(scr, &w->layers[nl], nl, x, T);
-            PT_TRY(mlp_dense(scr, lw, x, T, y, err));
-            LAP(FS_DENSE);
+        if (nl >= L) nl = -1;
+        for (int r0 = 0; r0 < T && !rc; r0 += C) { /* attention (and a dense MLP) chunk by chunk */
+            int n = T - r0 < C ? T - r0 : C;
+            float *hc = h + (size_t)r0 * H;
+            if (span) {
+                scr->ar.used = mark;
+                b = attn_bufs_alloc(&scr->ar, c, n);
+                if (!b.x || !b.y || !b.qa || !b.q || !b.kva || !b.o) {
+                    rc = pt_err(err, PETREL_ENOMEM, "forward scratch exhausted");
+                    break;
+                }
+            }
+            t0 = pt_now_ns();
+            for (int r = 0; r < n; r++) op_rmsnorm(b.x + (size_t)r * H, hc + (size_t)r * H, lw->input_layernorm, H, c->rms_norm_eps);
+            /* a dense layer reads no experts of its own: the next MoE layer's guesses start now */
+            if (!lw->is_moe && !span && nl >= 0) moe_prefetch_next(scr, nl, b.x, n);
+            LAP(FS_ATTN);
+            fwd_seg cs = {s0, 0, n}; /* a span's chunk: its rows at the positions they would have alone */
+            if (span) s0->len = P0 + r0;
+            const fwd_seg *sg = span ? &cs : seg;
+            rope_rows rr = {st.rope.cos_ + (size_t)r0 * (Dr / 2), st.rope.sin_ + (size_t)r0 * (Dr / 2)};
+            rc = attn_segs(scr, l, lw, hc, b.x, n, sg, span ? 1 : nseg, &rr, st.sel + (size_t)r0 * st.kst, st.sel_n + r0, st.kst, &b, err);
+            if (rc) break;
+            t0 = pt_now_ns();
+            float *xo = lw->is_moe ? st.xm + (size_t)r0 * H : b.x;
+            for (int r = 0; r < n; r++) op_rmsnorm(xo + (size_t)r * H, hc + (size_t)r * H, lw->post_attention_layernorm, H, c->rms_norm_eps);
+            LAP(FS_ATTN);
+            if (!lw->is_moe) {
+                if (!span && nl >= 0) moe_prefetch_next(scr, nl, b.x, n);
+                rc = mlp_dense(scr, lw, b.x, n, b.y, err);
+                for (size_t i = 0; i < (size_t)n * H && !rc; i++) hc[i] += b.y[i];
+                LAP(FS_DENSE);
+            }
         }
-        for (int i = 0; i < T * H; i++) h[i] += y[i];
-        if (tr && tr->hidden && l < L - 1) memcpy(tr->hidden + (size_t)(l + 1) * T * H, h, sizeof(float) * (size_t)T * H);
+        if (!rc && lw->is_moe) { /* the MoE once over every row (times its own parts) */
+            scr->ar.used = mark;
+            rc = moe_forward(scr, l, lw, nl, st.xm, T, st.idx, st.wts, st.rl, st.out, err);
+            for (size_t i = 0; i < (size_t)T * H && !rc; i++) h[i] += st.out[i];
+        }
+        if (!rc && tr && tr->hidden && l < L - 1) memcpy(tr->hidden + (size_t)(l + 1) * T * H, h, sizeof(float) * (size_t)T * H);
+        if (!rc && span && scr->progress) scr->progress(scr->progress_user, scr->pg_done + (long long)T * (l + 1), scr->pg_total);
     }
+    if (span) s0->len = P0;
+    if (rc) return rc;
+    scr->ar.used = mark;
     t0 = pt_now_ns();
-    for (int r = 0; r < T; r++) op_rmsnorm(x + (size_t)r * H, h + (size_t)r * H, w->norm, H, c->rms_norm_eps);
-    if (tr && tr->hidden) memcpy(tr->hidden + (size_t)L * T * H, x, sizeof(float) * (size_t)T * H);
-    LAP(FS_OTHER);
-    if (logits && nlog > 0) { /* the head over the rows that want logits, gathered when apart */
-        int contiguous = 1, first = lrows ? lrows[0] : T - nlog;
-        for (int i = 1; lrows && i < nlog && contiguous; i++) contiguous = lrows[i] == first + i;
-        const float *xl = x + (size_t)first * H;
-        if (!contiguous) {
-            for (int i = 0; i < nlog; i++) memcpy(y + (size_t)i * H, x + (size_t)lrows[i] * H, sizeof(float) * (size_t)H);
-            xl = y;
+    if (tr && tr->hidden)
+        for (int r = 0; r < T; r++) op_rmsnorm(tr->hidden + ((size_t)L * T + r) * H, h + (size_t)r * H, w->norm, H, c->rms_norm_eps);
+    for (int i0 = 0; logits && i0 < nlog; i0 += C) { /* the head over the rows that want logits */
+        int n = nlog - i0 < C ? nlog - i0 : C;
+        float *xl = ar_alloc(&scr->ar, sizeof(float) * (size_t)n * H);
+        if (!xl) return pt_err(err, PETREL_ENOMEM, "forward scratch exhausted");
+        for (int i = 0; i < n; i++) {
+            int r = lrows ? lrows[i0 + i] : T - nlog + i0 + i;
+            op_rmsnorm(xl + (size_t)i * H, h + (size_t)r * H, w->norm, H, c->rms_norm_eps);
         }
-        kn_matmul(&w->lm_head, xl, nlog, logits);
+        LAP(FS_OTHER);
+        kn_matmul(&w->lm_head, xl, n, logits + (size_t)i0 * V);
+        LAP(FS_HEAD);
+        scr->ar.used = mark;
     }
-    LAP(FS_HEAD);
 #undef LAP
     scr->stats.rows += (uint64_t)T;
     if (e->trace) PT_TRY(stream_trace_flush(e, T, err));
@@ -226,7 +281,9 @@ int fwd_mtp(petrel_session *scr, const fwd_seg *seg, int nseg, const int32_t *ne
     attn_bufs b = attn_bufs_alloc(&scr->ar, c, T);
     rope_rows rope = {ar_alloc(&scr->ar, sizeof(float) * (size_t)T * (Dr / 2)), ar_alloc(&scr->ar, sizeof(float) * (size_t)T * (Dr / 2))};
     int *sel_n = ar_alloc(&scr->ar, sizeof(int) * (size_t)T);
-    if (!h || !cat || !b.x || !b.y || !b.qa || !b.q || !b.kva || !b.o || !rope.cos_ || !rope.sin_ || !sel_n)
+    int32_t *idx = ar_alloc(&scr->ar, sizeof(int32_t) * (size_t)T * c->num_experts_per_tok);
+    float *wts = ar_alloc(&scr->ar, sizeof(float) * (size_t)T * c->num_experts_per_tok);
+    if (!h || !cat || !b.x || !b.y || !b.qa || !b.q || !b.kva || !b.o || !rope.cos_ || !rope.sin_ || !sel_n || !idx || !wts)
         return pt_err(err, PETREL_ENOMEM, "MTP scratch exhausted");
     for (int g = 0; g < nseg; g++)
         for (int i = 0; i < seg[g].n; i++) {
@@ -252,7 +309,7 @@ int fwd_mtp(petrel_session *scr, const fwd_seg *seg, int nseg, const int32_t *ne
     rc = attn_segs(scr, L, lw, h, b.x, T, seg, nseg, &rope, NULL, sel_n, 0, &b, err);
     if (!rc) {
         for (int r = 0; r < T; r++) op_rmsnorm(b.x + (size_t)r * H, h + (size_t)r * H, lw->post_attention_layernorm, H, c->rms_norm_eps);
-        rc = moe_forward(scr, L, lw, NULL, L, b.x, T, b.y, err);
+        rc = moe_forward(scr, L, lw, -1, b.x, T, idx, wts, NULL, b.y, err);
     }
     for (int g = 0; g < nseg; g++) {
         seg[g].s->len = len[g];
@@ -268,82 +325,6 @@ int fwd_mtp(petrel_session *scr, const fwd_seg *seg, int nseg, const int32_t *ne
 int fwd_batch(petrel_session *s, const int32_t *ids, int T, float *logits, int logits_from, petrel_error *err) {
     fwd_seg one = {s, 0, T};
     return fwd_rows(s, &one, 1, ids, T, logits && logits_from < T ? logits : NULL, NULL, T - logits_from, err);
-}
-
-int fwd_prompt_layers(petrel_session *s, const int32_t *ids, int M, float *logits, int logits_from, petrel_error *err) {
-    const petrel_engine *e = s->eng;
-    const petrel_config *c = &e->cfg;
-    const model_w *w = &e->w;
-    int H = c->hidden_size, Dr = c->qk_rope_head_dim, V = c->vocab_size, L = c->num_hidden_layers, C = s->max_batch;
-    int P0 = s->len, kst = s->pf.sel_stride;
-    if (M > s->pf.rows || M <= 0) return pt_err(err, PETREL_EINVAL, "layer-major prefill of %d rows exceeds its %d", M, s->pf.rows);
-    float *hh = s->pf.h;
-    for (int r = 0; r < M; r++) {
-        pt_dequant_row(&w->embed_tokens, ids[r], hh + (size_t)r * H);
-        op_rope_table(c->rope_theta, Dr, P0 + r, s->pf.cs + (size_t)r * (Dr / 2), s->pf.sn + (size_t)r * (Dr / 2));
-    }
-    if (e->pack) pack_release_on_disk(e->pack);
-    uint64_t *ns = s->stats.ns, t0, t1;
-    int rc = 0;
-#define LAP(part) (t1 = pt_now_ns(), ns[part] += t1 - t0, t0 = t1)
-    for (int l = 0; l < L && !rc; l++) {
-        const layer_w *lw = &w->layers[l];
-        /* attention (and a dense MLP) chunk by chunk, at the positions fwd_batch would use */
-        for (int r0 = 0; r0 < M && !rc; r0 += C) {
-            int T = M - r0 < C ? M - r0 : C;
-            float *h = hh + (size_t)r0 * H;
-            s->ar.used = 0;
-            attn_bufs b = attn_bufs_alloc(&s->ar, c, T);
-            if (!b.x || !b.y || !b.qa || !b.q || !b.kva || !b.o) {
-                rc = pt_err(err, PETREL_ENOMEM, "forward scratch exhausted");
-                break;
-            }
-            t0 = pt_now_ns();
-            for (int r = 0; r < T; r++) op_rmsnorm(b.x + (size_t)r * H, h + (size_t)r * H, lw->input_layernorm, H, c->rms_norm_eps);
-            LAP(FS_ATTN);
-            rope_rows rope = {s->pf.cs + (size_t)r0 * (Dr / 2), s->pf.sn + (size_t)r0 * (Dr / 2)};
-            s->len = P0 + r0;
-            rc = attn_rows(s, l, lw, h, b.x, T, P0 + r0, &rope, s->pf.sel + (size_t)r0 * kst, s->pf.sel_n + r0, kst, &b, err);
-            if (rc) break;
-            t0 = pt_now_ns();
-            float *xo = lw->is_moe ? s->pf.x + (size_t)r0 * H : b.x;
-            for (int r = 0; r < T; r++) op_rmsnorm(xo + (size_t)r * H, h + (size_t)r * H, lw->post_attention_layernorm, H, c->rms_norm_eps);
-            LAP(FS_ATTN);
-            if (!lw->is_moe) {
-                rc = mlp_dense(s, lw, b.x, T, b.y, err);
-                for (int i = 0; i < T * H && !rc; i++) h[i] += b.y[i];
-                LAP(FS_DENSE);
-            }
-        }
-        if (!rc && lw->is_moe) { /* the MoE once over every row: each expert read once for all of them */
-            s->ar.used = 0;
-            rc = moe_forward_all(s, l, lw, s->pf.x, M, s->pf.idx, s->pf.wts, s->pf.rl, s->pf.out, err);
-            for (size_t i = 0; i < (size_t)M * H && !rc; i++) hh[i] += s->pf.out[i];
-        }
-        if (!rc && s->progress) s->progress(s->progress_user, s->pg_done + (long long)M * (l + 1), s->pg_total);
-    }
-    for (int r0 = logits_from; r0 < M && logits && !rc; r0 += C) {
-        int T = M - r0 < C ? M - r0 : C;
-        s->ar.used = 0;
-        float *x = ar_alloc(&s->ar, sizeof(float) * (size_t)T * H);
-        if (!x) {
-            rc = pt_err(err, PETREL_ENOMEM, "forward scratch exhausted");
-            break;
-        }
-        t0 = pt_now_ns();
-        for (int r = 0; r < T; r++) op_rmsnorm(x + (size_t)r * H, hh + (size_t)(r0 + r) * H, w->norm, H, c->rms_norm_eps);
-        LAP(FS_OTHER);
-        kn_matmul(&w->lm_head, x, T, logits + (size_t)(r0 - logits_from) * V);
-        LAP(FS_HEAD);
-    }
-#undef LAP
-    if (rc) {
-        s->len = P0;
-        return rc;
-    }
-    s->stats.rows += (uint64_t)M;
-    s->len = P0 + M;
-    return 0;
 }
 
 void petrel_session_set_progress(petrel_session *s, petrel_progress_fn fn, void *user) {
@@ -378,7 +359,7 @@ int petrel_session_forward(petrel_session *s, const int32_t *ids, int n, float *
         int from = T;
         if (logits && all_logits) { lg = logits + (size_t)done * c->vocab_size; from = 0; }
         else if (logits && last) { lg = logits; from = T - 1; }
-        int rc = T > s->max_batch ? fwd_prompt_layers(s, ids + done, T, lg, from, err) : fwd_batch(s, ids + done, T, lg, from, err);
+        int rc = fwd_batch(s, ids + done, T, lg, from, err);
         if (rc < 0) {
             s->len = start;
             return rc;
