@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "io/safetensors.h"
+#include "experts/xs.h"
 #include "model/engine.h"
 #include "test.h"
 
@@ -133,4 +134,57 @@ TEST(mtp, trained_drafts_agree) {
     petrel_session_free(s);
     st_close(g);
     petrel_engine_close(e);
+}
+
+/* The MTP layer's routed experts stream through the expert store like the other layers': with
+ * two slots per layer its logits equal the resident pack's bitwise, and its experts are read
+ * through the store (store layer n_moe). */
+TEST(mtp, streamed_experts) {
+    const char *pk = test_pack_of("tiny", 0);
+    if (!pk) return;
+    petrel_error err = {0};
+    petrel_engine *er = NULL, *es = NULL;
+    petrel_open_opts o = {0};
+    o.expert_slots = 2;
+    if (petrel_engine_open(pk, NULL, &er, &err) || petrel_engine_open(pk, &o, &es, &err)) {
+        test_fail(__FILE__, __LINE__, "%s", err.msg);
+        petrel_engine_close(er);
+        return;
+    }
+    const petrel_config *c = &er->cfg;
+    int L = c->num_hidden_layers, H = c->hidden_size, V = c->vocab_size, T = 6;
+    CHECK(es->xs != NULL);
+    CHECK_EQ_INT(es->moe_index[L], es->n_moe);
+    CHECK_EQ_INT(xs_store_layers(es->xs), es->n_moe + 1);
+    int32_t id[7] = {3, 17, 5, 29, 11, 2, 41};
+    float *lg[2], *hid[2];
+    for (int k = 0; k < 2; k++) {
+        petrel_engine *e = k ? es : er;
+        fwd_trace tr = {0};
+        tr.hidden = malloc(sizeof(float) * (size_t)(L + 1) * T * H);
+        lg[k] = malloc(sizeof(float) * (size_t)T * V);
+        petrel_session *s = NULL;
+        CHECK(petrel_session_create(e, 16, &s, &err) == 0);
+        s->trace = &tr;
+        CHECK(petrel_session_forward(s, id, T, NULL, 0, &err) == 0);
+        s->trace = NULL;
+        hid[k] = tr.hidden;
+        xs_stats a = {0}, b = {0};
+        if (e->xs) xs_store_stats(e->xs, &a);
+        fwd_seg one = {s, 0, T};
+        CHECK_MSG(fwd_mtp(s, &one, 1, id + 1, tr.hidden + (size_t)L * T * H, T, lg[k], &err) == 0, "%s", err.msg);
+        if (e->xs) {
+            xs_store_stats(e->xs, &b);
+            CHECK_MSG(b.accesses > a.accesses, "the MTP layer's experts did not go through the store");
+        }
+        petrel_session_free(s);
+    }
+    CHECK(!memcmp(hid[0], hid[1], sizeof(float) * (size_t)(L + 1) * T * H));
+    CHECK_MSG(!memcmp(lg[0], lg[1], sizeof(float) * (size_t)T * V), "streamed MTP logits differ from resident");
+    for (int k = 0; k < 2; k++) {
+        free(lg[k]);
+        free(hid[k]);
+    }
+    petrel_engine_close(er);
+    petrel_engine_close(es);
 }

@@ -18,10 +18,7 @@
 
 static int rec_cb(void *ctx, int layer, int expert, uint64_t *off, uint64_t *bytes, uint64_t *xxh, petrel_error *err) {
     const petrel_engine *e = ctx;
-    int L = -1;
-    for (int l = 0; l < e->cfg.num_hidden_layers; l++)
-        if (e->moe_index[l] == layer) L = l;
-    if (L < 0 || pack_expert_record(e->pack, L, expert, off, bytes, xxh))
+    if (pack_expert_record(e->pack, e->moe_layer[layer], expert, off, bytes, xxh))
         return pt_err(err, PETREL_EINVAL, "the pack has no record for it"); /* the store names layer and expert */
     return 0;
 }
@@ -29,12 +26,9 @@ static int rec_cb(void *ctx, int layer, int expert, uint64_t *off, uint64_t *byt
 static int views_cb(void *ctx, int layer, int expert, const uint8_t *rec, pt_wview *g, pt_wview *u, pt_wview *d, petrel_error *err) {
     (void)expert;
     const petrel_engine *e = ctx;
-    for (int l = 0; l < e->cfg.num_hidden_layers; l++)
-        if (e->moe_index[l] == layer) {
-            if (pack_expert_views(e->pack, l, rec, g, u, d)) break;
-            return 0;
-        }
-    return pt_err(err, PETREL_EINVAL, "the pack has no expert layout for this layer"); /* named by the store */
+    if (pack_expert_views(e->pack, e->moe_layer[layer], rec, g, u, d))
+        return pt_err(err, PETREL_EINVAL, "the pack has no expert layout for this layer"); /* named by the store */
+    return 0;
 }
 
 /* The fully resident path: every record of the pack through the expert I/O pool (xs_load_all),
@@ -116,12 +110,14 @@ int stream_open(petrel_engine *e, const petrel_open_opts *o, petrel_error *err) 
         PT_TRY(pt_out_check(e->trace_out, e->path, err)); /* refuse a bad target now, not after the run */
     }
     if (!o || (!o->mem_budget && !o->expert_slots)) return 0;
+    if (e->pack && e->w.has_mtp && !pack_expert_record(e->pack, L, 0, NULL, NULL, NULL))
+        e->moe_index[L] = nm++; /* the MTP layer's routed experts stream like the others (store layer n_moe) */
     if (!e->pack)
         return pt_err(err, PETREL_EUNSUPPORTED,
                       "--mem-budget / --expert-slots stream experts from a petrel pack; convert this model first (petrel convert --in %s --out model.pack)",
                       e->path);
     uint64_t rec_max = 0;
-    for (int l = 0; l < L; l++) {
+    for (int l = 0; l <= L; l++) {
         uint64_t off, bytes, x;
         if (e->moe_index[l] < 0) continue;
         if (pack_expert_record(e->pack, l, 0, &off, &bytes, &x))
@@ -132,10 +128,14 @@ int stream_open(petrel_engine *e, const petrel_open_opts *o, petrel_error *err) 
     uint64_t resident = 0, kv = 0;
     for (int k = 0; k < WK_COUNT; k++)
         if (k != WK_EXPERTS) resident += e->w.kind_bytes[k];
+    if (e->moe_index[L] >= 0) /* the MTP layer's routed experts are counted with the MTP layer */
+        for (int x = 0; x < c->n_routed_experts; x++)
+            resident -= wview_bytes(&e->w.mtp.exp_gate[x]) + wview_bytes(&e->w.mtp.exp_up[x]) + wview_bytes(&e->w.mtp.exp_down[x]);
     uint64_t embed_off = o->mem_budget ? pack_embed_on_disk_bytes(e->pack) : 0; /* read a row at a time (engine.c) */
     resident -= embed_off;
     for (int l = 0; l < L; l++)
         kv += (uint64_t)ctx * 4 * (uint64_t)(c->kv_lora_rank + c->qk_rope_head_dim + (c->layer_indexer_full[l] ? c->index_head_dim : 0));
+    if (e->w.has_mtp) kv += (uint64_t)ctx * 4 * (uint64_t)(c->kv_lora_rank + c->qk_rope_head_dim); /* the MTP layer's cache */
     xs_plan_in in = {.budget = o->mem_budget, .expert_slots = o->expert_slots, .resident_bytes = resident, .kv_bytes = kv,
                      .scratch_bytes = session_scratch_estimate(c, ctx, e->chunk) + pf_bytes + (64u << 20), /* + code, allocator, I/O queues */
                      .record_bytes = rec_max, .n_layers = nm, .n_experts = c->n_routed_experts, .min_slots = 1}; /* fewer slots than top-k work: experts then run in chunks */
