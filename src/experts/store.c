@@ -607,5 +607,7 @@ bad:
 
 int xs_store_experts(const xs_store *s) { return s->E; }
 int xs_store_layers(const xs_store *s) { return s->L; }
+void xs_store_lock(xs_store *s) { pthread_mutex_lock(&s->mu); }
+void xs_store_unlock(xs_store *s) { pthread_mutex_unlock(&s->mu); }
 uint8_t *xs_la_guesses(xs_store *s, int layer) { return s->la_pred + (size_t)layer * s->E; }
 double *xs_la_precision(xs_store *s, int layer) { return s->la_prec + (size_t)layer * s->K; }

@@ -192,6 +192,9 @@ void xs_la_guess(xs_store *s, int layer, const int32_t *ranked, int T, int K, do
 int xs_la_wanted(const xs_store *s, int layer);
 void xs_la_score(xs_store *s, int layer, const uint8_t *chosen);
 uint8_t *xs_la_guesses(xs_store *s, int layer);
+/* The store's mutex, for lookahead.c's updates of that state (not held across other xs_ calls). */
+void xs_store_lock(xs_store *s);
+void xs_store_unlock(xs_store *s);
 double *xs_la_precision(xs_store *s, int layer);
 /* ---------------------------------------------------------------- run (run.c)
  * The expert schedule of one MoE layer over one batch. The model hands over the batch's routing
