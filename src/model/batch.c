@@ -15,6 +15,7 @@
 
 #include "base/err.h"
 #include "model/engine.h"
+#include "model/scratch.h"
 
 struct petrel_batch {
     petrel_engine *eng;   /* borrowed */
@@ -37,10 +38,8 @@ int petrel_batch_create(petrel_engine *eng, int max_rows, petrel_batch **out, pe
     b->max_rows = max_rows;
     b->scr.eng = eng;
     b->scr.max_batch = max_rows;
-    /* the rows' buffers (attention runs in the sessions' arenas) plus their DSA selections,
-     * which may reach index_topk keys per row whatever the rows' count */
-    b->scr.ar.cap = session_scratch_estimate(c, max_rows, max_rows) + sizeof(int32_t) * (size_t)max_rows * (size_t)c->index_topk +
-                    mla_rows_scratch_bytes(c, max_rows < FWD_ROWS_GROUP ? max_rows : FWD_ROWS_GROUP) + 4096;
+    /* the rows' state and the phases above it (scratch.h; attention runs in the sessions' arenas) */
+    b->scr.ar.cap = plan_batch_arena(c, max_rows);
     b->scr.ar.base = malloc(b->scr.ar.cap);
     b->seg = malloc(sizeof(fwd_seg) * (size_t)max_rows);
     b->ids = malloc(sizeof(int32_t) * (size_t)max_rows);

@@ -11,6 +11,7 @@
 #include "kernels/kernels.h"
 #include "model/engine.h"
 #include "model/ops.h"
+#include "model/scratch.h"
 
 int dsa_select(petrel_session *s, int l, const layer_w *lw, const float *x, const float *qr, int T,
                const rope_rows *rope, int32_t *sel, int *sel_n, int sel_stride, petrel_error *err) {
@@ -27,12 +28,10 @@ int dsa_select(petrel_session *s, int l, const layer_w *lw, const float *x, cons
         return 0;
     }
     size_t mark = s->ar.used;
-    float *qi = ar_alloc(&s->ar, sizeof(float) * (size_t)T * Hi * Di);
-    float *ki = ar_alloc(&s->ar, sizeof(float) * (size_t)T * Di);
-    float *iw = ar_alloc(&s->ar, sizeof(float) * (size_t)T * Hi);
-    float *score = ar_alloc(&s->ar, sizeof(float) * (size_t)(P + T));
-    int32_t *tmp = ar_alloc(&s->ar, sizeof(int32_t) * (size_t)(P + T));
-    if (!qi || !ki || !iw || !score || !tmp) return pt_err(err, PETREL_ENOMEM, "indexer scratch exhausted (layer %d)", l);
+    dsa_scr d;
+    if (dsa_carve(&s->ar, c, T, P + T, &d)) return pt_err(err, PETREL_ENOMEM, "indexer scratch exhausted (layer %d)", l);
+    float *qi = d.qi, *ki = d.ki, *iw = d.iw, *score = d.score;
+    int32_t *tmp = d.tmp;
     (void)H;
     kn_matmul(&lw->idx_wq_b, qr, T, qi);
     kn_matmul(&lw->idx_wk, x, T, ki);

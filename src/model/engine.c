@@ -14,6 +14,7 @@
 #include "io/pack.h"
 #include "kernels/kernels.h"
 #include "model/engine.h"
+#include "model/scratch.h"
 
 /* A colibri artifact: its own weight source. Without indexer weights the engine still opens
  * (weights_bind sets no_indexer; forward then refuses contexts past index_topk). */
@@ -168,35 +169,11 @@ const petrel_config *petrel_engine_config(const petrel_engine *e) { return &e->c
 int petrel_engine_vocab_size(const petrel_engine *e) { return e->cfg.vocab_size; }
 const char *petrel_engine_plan(const petrel_engine *e) { return e->plan_text; }
 
-/* Scratch bytes for a chunk of T rows with up to N keys: every buffer fwd_batch and the layer
- * pieces take, summed (not overlapped), plus alignment slack. */
-static size_t scratch_bytes(const petrel_config *c, size_t T, size_t N) {
-    size_t H = c->hidden_size, NH = c->num_attention_heads, Dqk = c->qk_head_dim, Dv = c->v_head_dim;
-    size_t Rq = c->q_lora_rank, Rkv = c->kv_lora_rank, Dr = c->qk_rope_head_dim, Dn = c->qk_nope_head_dim;
-    size_t Hi = c->index_n_heads, Di = c->index_head_dim, E = c->n_routed_experts, K = c->num_experts_per_tok;
-    size_t I = c->moe_intermediate_size * (size_t)(c->n_shared_experts > 1 ? c->n_shared_experts : 1);
-    size_t kmax = (size_t)c->index_topk < N ? (size_t)c->index_topk : N;
-    size_t f = 0;
-    f += 4 * T * H + T * Rq + T * NH * Dqk + T * (Rkv + Dr) + T * NH * Dv + T * Dr + T * kmax + T;
-    f += T * Hi * Di + T * Di + T * Hi + 2 * N;                                       /* indexer */
-    (void)Dn;
-    size_t attn = mla_scratch_bytes(c, (int)T, (int)N) / 4 + 16;         /* attention */
-    f += attn;
-    size_t dense = 2 * T * (size_t)c->intermediate_size;
-    size_t moe = T * E + 3 * E + 3 * T * K + 3 * T * H /* xs, ys, shared output */ + T * K * H + 2 * T * I + T * E /* lookahead */ + 96 * E /* refs, views */ + 3 * E /* state snapshot */;
-    f += dense > moe ? dense : moe;                                                   /* MLP */
-    f += T * H;                                                                       /* final norm */
-    return f * 4 + 64 * 64 + 4096;
-}
-
 size_t session_prefill_row_bytes(const petrel_config *c, int ctx) {
-    size_t kst = (size_t)(c->index_topk < ctx ? c->index_topk : ctx);
-    return 4 * (3 * (size_t)c->hidden_size + 3 * (size_t)c->num_experts_per_tok + kst + 1 + (size_t)c->qk_rope_head_dim);
+    return pf_carve(NULL, c, 1, c->index_topk < ctx ? c->index_topk : ctx, NULL); /* with its alignment: a little over */
 }
 
-size_t session_scratch_estimate(const petrel_config *c, int ctx, int chunk) {
-    return scratch_bytes(c, (size_t)(ctx < chunk ? ctx : chunk), (size_t)ctx);
-}
+size_t session_scratch_estimate(const petrel_config *c, int ctx, int chunk) { return plan_session_arena(c, chunk, ctx); }
 
 int petrel_session_create(petrel_engine *e, int max_tokens, petrel_session **out, petrel_error *err) {
     *out = NULL;
@@ -223,30 +200,15 @@ int petrel_session_create(petrel_engine *e, int max_tokens, petrel_session **out
         if (ok && c->layer_indexer_full[l]) ok = (s->idx_k[l] = malloc(sizeof(float) * (size_t)max_tokens * c->index_head_dim)) != NULL;
     }
     if (ok) {
-        s->ar.cap = scratch_bytes(c, (size_t)s->max_batch, (size_t)max_tokens);
+        s->ar.cap = plan_session_arena(c, s->max_batch, max_tokens);
         ok = (s->ar.base = malloc(s->ar.cap)) != NULL;
     }
     int M = (max_tokens < e->pf_rows ? max_tokens : e->pf_rows) / s->max_batch * s->max_batch; /* whole chunks */
     if (ok && M > s->max_batch) {
-        size_t H = (size_t)c->hidden_size, K = (size_t)c->num_experts_per_tok, Dr = (size_t)c->qk_rope_head_dim;
         int kst = c->index_topk < max_tokens ? c->index_topk : max_tokens;
         s->pf.rows = M;
         s->pf.sel_stride = kst;
-        /* one block, sliced; every piece 4-byte elements (session_prefill_row_bytes per row) */
-        float *b = malloc(session_prefill_row_bytes(c, max_tokens) * (size_t)M);
-        if ((ok = b != NULL)) {
-            size_t m = (size_t)M;
-            s->pf.h = b, b += m * H;
-            s->pf.x = b, b += m * H;
-            s->pf.out = b, b += m * H;
-            s->pf.wts = b, b += m * K;
-            s->pf.cs = b, b += m * (Dr / 2);
-            s->pf.sn = b, b += m * (Dr / 2);
-            s->pf.idx = (int32_t *)b, b += m * K;
-            s->pf.rl = (int32_t *)b, b += m * K;
-            s->pf.sel_n = (int *)b, b += m;
-            s->pf.sel = (int32_t *)b;
-        }
+        ok = (s->pf.block = malloc(pf_carve(NULL, c, M, kst, NULL))) != NULL; /* laid out by pf_carve at each span */
     }
     if (!ok) {
         petrel_session_free(s);
@@ -268,7 +230,7 @@ void petrel_session_free(petrel_session *s) {
     free(s->kv_pe);
     free(s->idx_k);
     free(s->ar.base);
-    free(s->pf.h); /* the block the other span pieces are cut from */
+    free(s->pf.block);
     free(s);
 }
 

@@ -83,12 +83,13 @@ int stream_trace_flush(const petrel_engine *e, int T, petrel_error *err);
 #define PT_CHUNK_MAX 2048
 #define PT_CHUNK_BUDGET_DIV 10 /* a budgeted chunk's scratch stays within budget / this */
 #define PT_PF_BUDGET_DIV 16    /* the layer-major prefill rows (pf_rows) within budget / this */
-/* Arena bytes a session of ctx tokens with forward chunks of `chunk` rows takes (memory plans). */
+/* Arena bytes a session of ctx tokens with forward chunks of `chunk` rows takes (memory plans):
+ * plan_session_arena (src/model/scratch.h). */
 size_t session_scratch_estimate(const petrel_config *c, int ctx, int chunk);
 /* The forward chunk and layer-major prefill span for a budget (0: none) and planned context
  * (stream.c), with the span's bytes. */
 void stream_chunk_plan(const petrel_config *c, int ctx, uint64_t budget, int *chunk, int *pf_rows, size_t *pf_bytes);
-/* Bytes per row of a session's layer-major prefill state (petrel_session.pf). */
+/* Bytes per row of a session's layer-major prefill state (petrel_session.pf; pf_carve). */
 size_t session_prefill_row_bytes(const petrel_config *c, int ctx);
 
 /* Test hook: AUTO and ABSORBED both run the absorbed form (every row, row independence);
@@ -136,15 +137,11 @@ struct petrel_session {
     petrel_progress_fn progress; /* optional, with progress_user (petrel_session_set_progress) */
     void *progress_user;
     long long pg_done, pg_total; /* units of the running forward call done before this batch / in all */
-    /* Layer-major prefill state for up to pf.rows rows (engine pf_rows; all NULL when off):
-     * residual h, normed MoE input x, MoE output out [rows][H]; routing idx/wts and the rows of
-     * each expert rl [rows][K]; DSA selection sel [rows][sel_stride] / sel_n [rows] (kept from
-     * a full indexer layer to the shared ones after it); RoPE cos/sin [rows][rope_dim/2]. One
-     * allocation, owned through h, the others cut from it. */
+    /* Layer-major prefill state for up to pf.rows rows (engine pf_rows; block NULL when off):
+     * one block laid out by pf_carve (src/model/scratch.h): the rows' residual, MoE input and
+     * output, routing, DSA selections (stride sel_stride) and RoPE tables. */
     struct {
-        float *h, *x, *out, *wts, *cs, *sn;
-        int32_t *idx, *rl, *sel;
-        int *sel_n;
+        uint8_t *block; /* owned */
         int rows, sel_stride;
     } pf;
 
@@ -185,7 +182,7 @@ typedef struct rope_rows {
     float *cos_, *sin_;  /* [T][rope_dim/2] */
 } rope_rows;
 
-/* Attention buffers for T rows (attn_segs' scratch). */
+/* Attention buffers for T rows (attn_segs' scratch; attn_carve). */
 typedef struct attn_bufs {
     float *x, *y, *qa, *q, *kva, *o; /* [T][H], [T][H], [T][q_lora_rank], [T][heads*qk_head_dim], [T][kv_lora_rank+rope], [T][heads*v_head_dim] */
 } attn_bufs;

@@ -20,23 +20,9 @@
 #include "kernels/kernels.h"
 #include "model/engine.h"
 #include "model/ops.h"
+#include "model/scratch.h"
 
 const char *const fwd_part_names[FS_COUNT] = {"attention", "indexer", "dense mlp", "router", "routed experts", "shared expert", "head", "other"};
-
-void *ar_alloc(arena *a, size_t bytes) {
-    size_t off = (a->used + 63) & ~(size_t)63;
-    if (off + bytes > a->cap) return NULL;
-    a->used = off + bytes;
-    return a->base + off;
-}
-
-static attn_bufs attn_bufs_alloc(arena *a, const petrel_config *c, int T) {
-    size_t t = (size_t)T, H = (size_t)c->hidden_size, NH = (size_t)c->num_attention_heads;
-    return (attn_bufs){ar_alloc(a, sizeof(float) * t * H), ar_alloc(a, sizeof(float) * t * H), ar_alloc(a, sizeof(float) * t * (size_t)c->q_lora_rank),
-                       ar_alloc(a, sizeof(float) * t * NH * (size_t)c->qk_head_dim),
-                       ar_alloc(a, sizeof(float) * t * (size_t)(c->kv_lora_rank + c->qk_rope_head_dim)),
-                       ar_alloc(a, sizeof(float) * t * NH * (size_t)c->v_head_dim)};
-}
 
 int attn_segs(petrel_session *scr, int l, const layer_w *lw, float *h, const float *x, int T, const fwd_seg *seg, int nseg,
               const rope_rows *rope, int32_t *sel, int *sel_n, int sel_stride, const attn_bufs *b, petrel_error *err) {
@@ -118,23 +104,12 @@ int attn_segs(petrel_session *scr, int l, const layer_w *lw, float *h, const flo
     return 0;
 }
 
-/* Rows' state across the layers: residual h, MoE input xm and output out [T][H], RoPE tables,
- * DSA selections (kept from a full indexer layer to the shared ones after it), routing. */
-typedef struct fwd_state {
-    float *h, *xm, *out;
-    rope_rows rope;
-    int32_t *sel, *idx, *rl;
-    int *sel_n;
-    float *wts;
-    int kst;
-} fwd_state;
-
 int fwd_rows(petrel_session *scr, const fwd_seg *seg, int nseg, const int32_t *ids, int T, float *logits,
              const int32_t *lrows, int nlog, petrel_error *err) {
     const petrel_engine *e = scr->eng;
     const petrel_config *c = &e->cfg;
     const model_w *w = &e->w;
-    int H = c->hidden_size, Dr = c->qk_rope_head_dim, L = c->num_hidden_layers, V = c->vocab_size, K = c->num_experts_per_tok;
+    int H = c->hidden_size, Dr = c->qk_rope_head_dim, L = c->num_hidden_layers, V = c->vocab_size;
     /* The schedule: a batch (T <= max_batch) runs every layer over all its rows at once. A span
      * (one session's prompt, max_batch < T <= pf.rows, streaming prefill) runs each layer's
      * attention in chunks of max_batch rows, at the positions the chunk would have alone, then
@@ -146,12 +121,11 @@ int fwd_rows(petrel_session *scr, const fwd_seg *seg, int nseg, const int32_t *i
                       scr->pf.rows);
     petrel_session *s0 = seg[0].s;
     int P0 = s0->len;
-    fwd_state st = {0};
+    rows_scr st;
     attn_bufs b = {0};
     scr->ar.used = 0;
     if (span) {
-        st = (fwd_state){scr->pf.h, scr->pf.x, scr->pf.out, {scr->pf.cs, scr->pf.sn}, scr->pf.sel, scr->pf.idx, scr->pf.rl, scr->pf.sel_n, scr->pf.wts,
-                         scr->pf.sel_stride};
+        pf_carve(scr->pf.block, c, scr->pf.rows, scr->pf.sel_stride, &st);
     } else {
         int kmax = 1;
         for (int g = 0; g < nseg; g++) {
@@ -159,20 +133,7 @@ int fwd_rows(petrel_session *scr, const fwd_seg *seg, int nseg, const int32_t *i
             if (n > kmax) kmax = n;
         }
         if (kmax > c->index_topk) kmax = c->index_topk;
-        b = attn_bufs_alloc(&scr->ar, c, T); /* one chunk: its buffers hold the MoE input and output */
-        st.h = ar_alloc(&scr->ar, sizeof(float) * (size_t)T * H);
-        st.xm = b.x;
-        st.out = b.y;
-        st.rope = (rope_rows){ar_alloc(&scr->ar, sizeof(float) * (size_t)T * (Dr / 2)), ar_alloc(&scr->ar, sizeof(float) * (size_t)T * (Dr / 2))};
-        st.sel = ar_alloc(&scr->ar, sizeof(int32_t) * (size_t)T * kmax);
-        st.sel_n = ar_alloc(&scr->ar, sizeof(int) * (size_t)T);
-        st.idx = ar_alloc(&scr->ar, sizeof(int32_t) * (size_t)T * K);
-        st.rl = ar_alloc(&scr->ar, sizeof(int32_t) * (size_t)T * K);
-        st.wts = ar_alloc(&scr->ar, sizeof(float) * (size_t)T * K);
-        st.kst = kmax;
-        if (!b.x || !b.y || !b.qa || !b.q || !b.kva || !b.o || !st.h || !st.rope.cos_ || !st.rope.sin_ || !st.sel || !st.sel_n || !st.idx || !st.rl ||
-            !st.wts)
-            return pt_err(err, PETREL_ENOMEM, "forward scratch exhausted");
+        if (rows_carve(&scr->ar, c, T, kmax, &st, &b)) return pt_err(err, PETREL_ENOMEM, "forward scratch exhausted");
     }
     size_t mark = scr->ar.used;
     float *h = st.h;
@@ -198,8 +159,7 @@ int fwd_rows(petrel_session *scr, const fwd_seg *seg, int nseg, const int32_t *i
             float *hc = h + (size_t)r0 * H;
             if (span) {
                 scr->ar.used = mark;
-                b = attn_bufs_alloc(&scr->ar, c, n);
-                if (!b.x || !b.y || !b.qa || !b.q || !b.kva || !b.o) {
+                if (attn_carve(&scr->ar, c, n, &b)) {
                     rc = pt_err(err, PETREL_ENOMEM, "forward scratch exhausted");
                     break;
                 }
@@ -242,8 +202,8 @@ int fwd_rows(petrel_session *scr, const fwd_seg *seg, int nseg, const int32_t *i
         for (int r = 0; r < T; r++) op_rmsnorm(tr->hidden + ((size_t)L * T + r) * H, h + (size_t)r * H, w->norm, H, c->rms_norm_eps);
     for (int i0 = 0; logits && i0 < nlog; i0 += C) { /* the head over the rows that want logits */
         int n = nlog - i0 < C ? nlog - i0 : C;
-        float *xl = ar_alloc(&scr->ar, sizeof(float) * (size_t)n * H);
-        if (!xl) return pt_err(err, PETREL_ENOMEM, "forward scratch exhausted");
+        float *xl;
+        if (head_carve(&scr->ar, c, n, &xl)) return pt_err(err, PETREL_ENOMEM, "forward scratch exhausted");
         for (int i = 0; i < n; i++) {
             int r = lrows ? lrows[i0 + i] : T - nlog + i0 + i;
             op_rmsnorm(xl + (size_t)i * H, h + (size_t)r * H, w->norm, H, c->rms_norm_eps);
@@ -276,15 +236,12 @@ int fwd_mtp(petrel_session *scr, const fwd_seg *seg, int nseg, const int32_t *ne
     for (int r = 0; r < T; r++)
         if (next[r] < 0 || next[r] >= c->vocab_size) return pt_err(err, PETREL_EINVAL, "MTP row %d: token id %d is out of range", r, next[r]);
     scr->ar.used = 0;
-    float *h = ar_alloc(&scr->ar, sizeof(float) * (size_t)T * H);
-    float *cat = ar_alloc(&scr->ar, sizeof(float) * (size_t)T * 2 * H);
-    attn_bufs b = attn_bufs_alloc(&scr->ar, c, T);
-    rope_rows rope = {ar_alloc(&scr->ar, sizeof(float) * (size_t)T * (Dr / 2)), ar_alloc(&scr->ar, sizeof(float) * (size_t)T * (Dr / 2))};
-    int *sel_n = ar_alloc(&scr->ar, sizeof(int) * (size_t)T);
-    int32_t *idx = ar_alloc(&scr->ar, sizeof(int32_t) * (size_t)T * c->num_experts_per_tok);
-    float *wts = ar_alloc(&scr->ar, sizeof(float) * (size_t)T * c->num_experts_per_tok);
-    if (!h || !cat || !b.x || !b.y || !b.qa || !b.q || !b.kva || !b.o || !rope.cos_ || !rope.sin_ || !sel_n || !idx || !wts)
-        return pt_err(err, PETREL_ENOMEM, "MTP scratch exhausted");
+    mtp_scr m;
+    if (mtp_carve(&scr->ar, c, T, nseg, &m)) return pt_err(err, PETREL_ENOMEM, "MTP scratch exhausted");
+    float *h = m.h, *cat = m.cat;
+    attn_bufs b = m.b;
+    rope_rows rope = m.rope;
+    int *sel_n = m.sel_n;
     for (int g = 0; g < nseg; g++)
         for (int i = 0; i < seg[g].n; i++) {
             int r = seg[g].r0 + i;
@@ -298,8 +255,7 @@ int fwd_mtp(petrel_session *scr, const fwd_seg *seg, int nseg, const int32_t *ne
     kn_matmul(&w->eh_proj, cat, T, h);
     /* the decoder layer runs at the MTP cache's positions: the sessions' lengths stand in for it
      * while it runs (attn_segs and mla read s->len) */
-    int rc = 0, *len = ar_alloc(&scr->ar, sizeof(int) * (size_t)nseg);
-    if (!len) return pt_err(err, PETREL_ENOMEM, "MTP scratch exhausted");
+    int rc = 0, *len = m.len;
     for (int g = 0; g < nseg; g++) {
         len[g] = seg[g].s->len;
         seg[g].s->len = seg[g].s->mtp_len;
@@ -309,7 +265,7 @@ int fwd_mtp(petrel_session *scr, const fwd_seg *seg, int nseg, const int32_t *ne
     rc = attn_segs(scr, L, lw, h, b.x, T, seg, nseg, &rope, NULL, sel_n, 0, &b, err);
     if (!rc) {
         for (int r = 0; r < T; r++) op_rmsnorm(b.x + (size_t)r * H, h + (size_t)r * H, lw->post_attention_layernorm, H, c->rms_norm_eps);
-        rc = moe_forward(scr, L, lw, -1, b.x, T, idx, wts, NULL, b.y, err);
+        rc = moe_forward(scr, L, lw, -1, b.x, T, m.idx, m.wts, NULL, b.y, err);
     }
     for (int g = 0; g < nseg; g++) {
         seg[g].s->len = len[g];

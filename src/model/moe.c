@@ -15,6 +15,7 @@
 #include "kernels/kernels.h"
 #include "model/engine.h"
 #include "model/ops.h"
+#include "model/scratch.h"
 
 /* rank order: larger value first, then lower index */
 static int better(float a, int ia, float b, int ib) { return a > b || (a == b && ia < ib); }
@@ -75,9 +76,9 @@ void moe_route(const petrel_config *cfg, const float *logits, const float *bias,
 static int swiglu(petrel_session *s, const pt_wview *g, const pt_wview *u, const pt_wview *d, const float *x, int T,
                   float *out, petrel_error *err) {
     size_t mark = s->ar.used;
-    float *gb = ar_alloc(&s->ar, sizeof(float) * (size_t)T * (size_t)g->rows);
-    float *ub = ar_alloc(&s->ar, sizeof(float) * (size_t)T * (size_t)u->rows);
-    if (!gb || !ub) return pt_err(err, PETREL_ENOMEM, "MLP scratch exhausted");
+    mlp_scr m;
+    if (g->rows != u->rows || mlp_carve(&s->ar, T, g->rows, &m)) return pt_err(err, PETREL_ENOMEM, "MLP scratch exhausted");
+    float *gb = m.gb, *ub = m.ub;
     kn_job gu[2] = {{g, x, T, gb}, {u, x, T, ub}}; /* one dispatch, x prepared once */
     kn_matmul_many(gu, 2);
     kn_silu_mul(gb, gb, ub, (int64_t)T * g->rows);
@@ -206,11 +207,10 @@ void moe_prefetch_next(petrel_session *s, int next_l, const float *x, int T) {
     if (nm < 0 || !xs_la_wanted(eng->xs, nm) || K > 64) return;
     const layer_w *next_lw = next_l < c->num_hidden_layers ? &eng->w.layers[next_l] : &eng->w.mtp;
     size_t mark = s->ar.used;
-    float *lg = ar_alloc(&s->ar, sizeof(float) * (size_t)T * E);
-    float *scratch = ar_alloc(&s->ar, sizeof(float) * 2 * (size_t)E);
-    int32_t *pids = ar_alloc(&s->ar, sizeof(int32_t) * (size_t)E);
-    int32_t *ranked = ar_alloc(&s->ar, sizeof(int32_t) * (size_t)T * K);
-    if (lg && scratch && pids && ranked) {
+    la_scr la;
+    if (!la_carve(&s->ar, c, T, &la)) {
+        float *lg = la.lg, *scratch = la.scratch;
+        int32_t *pids = la.pids, *ranked = la.ranked;
         kn_matmul(&next_lw->router, x, T, lg);
         float pw[64];
         for (int r = 0; r < T; r++) /* moe_route lists each row's experts best first */
@@ -249,30 +249,20 @@ int moe_forward(petrel_session *s, int l, const layer_w *lw, int next_l, const f
     const petrel_engine *eng = s->eng;
     const petrel_config *c = &eng->cfg;
     int E = c->n_routed_experts, K = c->num_experts_per_tok, H = c->hidden_size, C = s->max_batch;
-    int cap = T < C ? T : C, wide = cap > 32 ? cap : 32;
-    int64_t I = c->moe_intermediate_size > 0 ? c->moe_intermediate_size : lw->exp_gate[0].rows;
     int mode = T > C ? XS_RUN_ASCENDING : XS_RUN_READY; /* spans: each expert once, ascending */
     size_t mark = s->ar.used;
-    float *lg = ar_alloc(&s->ar, sizeof(float) * (size_t)cap * E), *scratch = ar_alloc(&s->ar, sizeof(float) * 2 * (size_t)E);
-    int32_t *start = ar_alloc(&s->ar, sizeof(int32_t) * (size_t)(E + 1)), *pos = ar_alloc(&s->ar, sizeof(int32_t) * (size_t)E);
-    int32_t *order = ar_alloc(&s->ar, sizeof(int32_t) * (size_t)E);
-    xs_expert_ref *refs = ar_alloc(&s->ar, sizeof(xs_expert_ref) * (size_t)E);
-    uint8_t *chosen = ar_alloc(&s->ar, (size_t)E);
-    moe_rows m = {.x = x, .T = T, .K = K, .H = H, .cap = cap, .start = start, .wts = wts, .out = out};
-    m.xs = ar_alloc(&s->ar, sizeof(float) * (size_t)cap * H);
-    m.ys = ar_alloc(&s->ar, sizeof(float) * (size_t)wide * H);
-    m.gb = ar_alloc(&s->ar, sizeof(float) * (size_t)wide * (size_t)I);
-    m.ub = ar_alloc(&s->ar, sizeof(float) * (size_t)wide * (size_t)I);
-    if (!rl) rl = ar_alloc(&s->ar, sizeof(int32_t) * (size_t)T * K);
-    m.rl = rl;
-    moe_cb cb = {.s = s, .lw = lw, .x = x, .T = T, .next_l = next_l};
-    if (mode == XS_RUN_READY) {
-        m.yk = ar_alloc(&s->ar, sizeof(float) * (size_t)T * K * H);
-        cb.ysh = ar_alloc(&s->ar, sizeof(float) * (size_t)T * H);
-    }
-    if (!lg || !scratch || !start || !pos || !order || !refs || !chosen || !m.xs || !m.ys || !m.gb || !m.ub || !rl ||
-        (mode == XS_RUN_READY && (!m.yk || !cb.ysh)))
+    moe_scr ms;
+    if (lw->exp_gate[0].rows != c->moe_intermediate_size || moe_carve(&s->ar, c, T, C, mode == XS_RUN_READY, rl == NULL, &ms))
         return pt_err(err, PETREL_ENOMEM, "MoE scratch exhausted");
+    int cap = ms.cap;
+    float *lg = ms.lg, *scratch = ms.scratch;
+    int32_t *start = ms.start, *pos = ms.pos, *order = ms.order;
+    xs_expert_ref *refs = ms.refs;
+    uint8_t *chosen = ms.chosen;
+    if (!rl) rl = ms.rl;
+    moe_rows m = {.x = x, .T = T, .K = K, .H = H, .cap = cap, .start = start, .rl = rl, .wts = wts, .out = out,
+                  .xs = ms.xs, .ys = ms.ys, .gb = ms.gb, .ub = ms.ub, .yk = ms.yk};
+    moe_cb cb = {.s = s, .lw = lw, .x = x, .T = T, .next_l = next_l, .ysh = ms.ysh};
     uint64_t *ns = s->stats.ns, t0 = pt_now_ns(), t1;
     for (int r0 = 0; r0 < T; r0 += cap) { /* route every row (the router in pieces of cap rows) */
         int n = T - r0 < cap ? T - r0 : cap;
