@@ -153,7 +153,7 @@ int cli_engine_open(const cli_model_opts *mo, petrel_engine **eng, petrel_error 
     petrel_open_opts oo = mo->open;
     oo.load_progress = oo.load_progress || isatty(STDERR_FILENO); /* a long load must not look hung */
     int rc = petrel_engine_open(mo->model, &oo, eng, err);
-    if (rc == 0 && (mo->open.mem_budget || mo->open.expert_slots)) {
+    if (rc == 0 && (mo->open.mem_budget || mo->open.expert_slots || mo->open.verbose)) { /* resident: with -v */
         const char *plan = petrel_engine_plan(*eng);
         if (plan && *plan) fprintf(stderr, "petrel: memory plan for %s:\n%s%s", mo->model, plan, plan[strlen(plan) - 1] == '\n' ? "" : "\n");
     }

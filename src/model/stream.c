@@ -109,7 +109,24 @@ int stream_open(petrel_engine *e, const petrel_open_opts *o, petrel_error *err) 
         snprintf(e->trace_out, sizeof e->trace_out, "%s", o->trace_out);
         PT_TRY(pt_out_check(e->trace_out, e->path, err)); /* refuse a bad target now, not after the run */
     }
-    if (!o || (!o->mem_budget && !o->expert_slots)) return 0;
+    uint64_t kv_tok = 0; /* latent KV bytes per token, every layer with a cache */
+    for (int l = 0; l <= L; l++)
+        if (l < L || e->w.has_mtp)
+            kv_tok += 4 * (uint64_t)(c->kv_lora_rank + c->qk_rope_head_dim + (l < L && c->layer_indexer_full[l] ? c->index_head_dim : 0));
+    if (!o || (!o->mem_budget && !o->expert_slots)) { /* every weight resident: the plan says what a session adds */
+        uint64_t wb = 0;
+        for (int k = 0; k < WK_COUNT; k++) wb += e->w.kind_bytes[k];
+        size_t scr = session_scratch_estimate(c, ctx, e->chunk);
+        double g = 1073741824.0;
+        snprintf(e->plan_text, sizeof e->plan_text,
+                 "resident weights  %9.2f GiB  (every expert resident)\n"
+                 "KV cache          %9.2f GiB  (%d tokens x %.1f KiB, f32)\n"
+                 "scratch           %9.2f GiB  (a session's forward of up to %d rows)\n"
+                 "total             %9.2f GiB  for one session of %d tokens",
+                 wb / g, (double)kv_tok * ctx / g, ctx, kv_tok / 1024.0, scr / g, ctx < e->chunk ? ctx : e->chunk,
+                 (wb + kv_tok * (uint64_t)ctx + scr) / g, ctx);
+        return 0;
+    }
     if (e->pack && e->w.has_mtp && !pack_expert_record(e->pack, L, 0, NULL, NULL, NULL))
         e->moe_index[L] = nm++; /* the MTP layer's routed experts stream like the others (store layer n_moe) */
     if (!e->pack)
@@ -133,9 +150,7 @@ int stream_open(petrel_engine *e, const petrel_open_opts *o, petrel_error *err) 
             resident -= wview_bytes(&e->w.mtp.exp_gate[x]) + wview_bytes(&e->w.mtp.exp_up[x]) + wview_bytes(&e->w.mtp.exp_down[x]);
     uint64_t embed_off = o->mem_budget ? pack_embed_on_disk_bytes(e->pack) : 0; /* read a row at a time (engine.c) */
     resident -= embed_off;
-    for (int l = 0; l < L; l++)
-        kv += (uint64_t)ctx * 4 * (uint64_t)(c->kv_lora_rank + c->qk_rope_head_dim + (c->layer_indexer_full[l] ? c->index_head_dim : 0));
-    if (e->w.has_mtp) kv += (uint64_t)ctx * 4 * (uint64_t)(c->kv_lora_rank + c->qk_rope_head_dim); /* the MTP layer's cache */
+    kv = kv_tok * (uint64_t)ctx;
     xs_plan_in in = {.budget = o->mem_budget, .expert_slots = o->expert_slots, .resident_bytes = resident, .kv_bytes = kv,
                      .scratch_bytes = session_scratch_estimate(c, ctx, e->chunk) + pf_bytes + (64u << 20), /* + code, allocator, I/O queues */
                      .record_bytes = rec_max, .n_layers = nm, .n_experts = c->n_routed_experts, .min_slots = 1}; /* fewer slots than top-k work: experts then run in chunks */
