@@ -17,6 +17,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 
+#include "base/err.h"
 #include "cli.h"
 #include "experts/xs.h"
 #include "io/pack.h"
@@ -38,6 +39,10 @@ static const char *usage =
     "                   (the union of the rows' choices), bytes per step, floor ratio of the step\n"
     "  --bw-mib N       size of the bandwidth probe buffer in MiB (default 1024; 128 with --mem-budget)\n"
     "  --json           print the result as one JSON object on the last line\n"
+    "  --route-trace FILE  route every MoE layer by a recorded trace (.txt or .gz; its layers spread\n"
+    "                   over the model's MoE layers, token = position mod its length) instead of the\n"
+    "                   routers, and report the decode hit rate beside the offline replay of the\n"
+    "                   same tokens at the same slots (policy, LRU, Belady)\n"
     "  --trace FILE     no model needed: replay a routing trace (.txt or .gz) through the expert\n"
     "                   cache policy at --expert-slots N slots per layer (default: 16..192) and\n"
     "                   report its hit rate beside LRU and the offline optimum (Belady)\n"
@@ -257,6 +262,7 @@ static int bench_batch(petrel_engine *eng, int B, long ctx, long steps, uint64_t
             ids[i] = (int32_t)(x % (uint64_t)V);
         }
         rc = petrel_session_create(eng, (int)(ctx + steps + 4), &ss[k], err);
+        if (!rc) petrel_session_set_route_offset(ss[k], 257 * k); /* trace-driven routing: rows route like different tokens */
         if (!rc) rc = petrel_session_forward(ss[k], ids, (int)ctx, lg, 0, err);
         tok[k] = ids[ctx - 1];
     }
@@ -395,21 +401,31 @@ static double measure_peak_gflops(int threads, int vnni) {
 }
 
 /* ---- routing-trace replay (--trace): the policy against LRU and Belady at equal capacity ---- */
+/* A plain-text copy of a routing trace: path itself, or (.gz) a decompressed file in /tmp that
+ * the caller unlinks (tmp[0] != 0 then). */
+static const char *trace_plain(const char *path, char *tmp, size_t n_tmp) {
+    size_t n = strlen(path);
+    tmp[0] = 0;
+    if (n <= 3 || strcmp(path + n - 3, ".gz")) return path;
+    snprintf(tmp, n_tmp, "/tmp/petrel-trace-%d.txt", (int)getpid());
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "gzip -dc '%s' > '%s'", path, tmp);
+    if (system(cmd) != 0) {
+        unlink(tmp);
+        tmp[0] = 0;
+        return NULL;
+    }
+    return tmp;
+}
+
 static int bench_trace(const char *path, int slots, int json) {
     char tmp[512];
-    const char *file = path;
-    size_t n = strlen(path);
-    if (n > 3 && !strcmp(path + n - 3, ".gz")) {
-        snprintf(tmp, sizeof tmp, "/tmp/petrel-trace-%d.txt", (int)getpid());
-        char cmd[1200];
-        snprintf(cmd, sizeof cmd, "gzip -dc '%s' > '%s'", path, tmp);
-        if (system(cmd) != 0) { unlink(tmp); return cli_fail("bench: cannot decompress %s (gzip -dc failed)", path); }
-        file = tmp;
-    }
+    const char *file = trace_plain(path, tmp, sizeof tmp);
+    if (!file) return cli_fail("bench: cannot decompress %s (gzip -dc failed)", path);
     xs_trace t;
     petrel_error err = {0};
     int rc = xs_trace_read(&t, file, &err);
-    if (file == tmp) unlink(tmp);
+    if (tmp[0]) unlink(tmp);
     if (rc) return cli_fail_err("bench", &err);
     printf("trace: %s: %d tokens x %d MoE layers, %d experts, top-%d\n", path, t.n_tokens, t.n_layers, t.n_experts, t.topk);
     printf("%-10s %10s %10s %10s %16s\n", "slots", "policy", "LRU", "Belady", "policy/Belady");
@@ -484,10 +500,43 @@ static double measure_ssd(const petrel_engine *eng, int threads, uint64_t limit)
     return dt ? (double)total / (double)dt : 0;
 }
 
+/* Trace-driven routing (--route-trace): the offline replay of the tokens the timed decode steps
+ * routed, at the store's slots, after the tokens before them (prompt and untimed steps): the
+ * policy's, LRU's and Belady's hit rates over those steps (Belady's as the whole replay's minus
+ * the prefix's, so it sees no further than the run). */
+static int route_replay(const petrel_engine *eng, long first, long steps, int slots, double *pol, double *lru, double *bel, petrel_error *err) {
+    const xs_trace *rt = eng->route;
+    int M = eng->n_moe, K = rt->topk;
+    xs_trace sub;
+    PT_TRY(xs_trace_init(&sub, M, rt->n_experts, K));
+    int rc = 0;
+    int32_t e8[64];
+    for (long tok = 0; tok < first + steps && !rc; tok++)
+        for (int m = 0; m < M && !rc; m++) {
+            const int16_t *te = rt->ids + ((size_t)(tok % rt->n_tokens) * rt->n_layers + eng->route_layer[m]) * K;
+            for (int k = 0; k < K && k < 64; k++) e8[k] = te[k];
+            rc = xs_trace_add(&sub, (int)tok, m, e8, K, err);
+        }
+    xs_policy_params prm;
+    xs_policy_defaults(&prm);
+    xs_replay_stats all, pre;
+    if (!rc) rc = xs_trace_replay(&sub, &prm, slots, &all, err);
+    sub.n_tokens = (int)first; /* the prefix alone */
+    if (!rc) rc = xs_trace_replay(&sub, &prm, slots, &pre, err);
+    if (!rc) {
+        double acc = (double)(all.accesses - pre.accesses);
+        *pol = acc > 0 ? (double)(all.policy_hits - pre.policy_hits) / acc : 0;
+        *lru = acc > 0 ? (double)(all.lru_hits - pre.lru_hits) / acc : 0;
+        *bel = acc > 0 ? (double)(all.belady_hits - pre.belady_hits) / acc : 0;
+    }
+    xs_trace_deinit(&sub);
+    return rc;
+}
+
 CLI_CMD(bench) {
     cli_model_opts mo = {0};
     int json = 0;
-    const char *golden = NULL, *trace = NULL;
+    const char *golden = NULL, *trace = NULL, *route = NULL;
     long ctx = 0, prompt = 512, steps = 24, bw_mib = 1024, prefill_runs = 3, batch = 0;
     for (int i = 1; i < argc; i++) {
         int r = cli_model_opt(argc, argv, &i, &mo);
@@ -497,6 +546,7 @@ CLI_CMD(bench) {
         else if (!strcmp(argv[i], "--json")) json = 1;
         else if (!strcmp(argv[i], "--golden") && i + 1 < argc) golden = argv[++i];
         else if (!strcmp(argv[i], "--trace") && i + 1 < argc) trace = argv[++i];
+        else if (!strcmp(argv[i], "--route-trace") && i + 1 < argc) route = argv[++i];
         else if (!strcmp(argv[i], "--ctx") && i + 1 < argc) { if (cli_parse_int(argv[++i], 1, 1 << 24, &ctx)) return cli_fail("bench: bad --ctx"); }
         else if (!strcmp(argv[i], "--prompt") && i + 1 < argc) { if (cli_parse_int(argv[++i], 1, 1 << 24, &prompt)) return cli_fail("bench: bad --prompt"); }
         else if (!strcmp(argv[i], "--steps") && i + 1 < argc) { if (cli_parse_int(argv[++i], 1, 1 << 20, &steps)) return cli_fail("bench: bad --steps"); }
@@ -511,7 +561,14 @@ CLI_CMD(bench) {
     if (ctx < prompt) ctx = prompt;
     petrel_error err = {0};
     petrel_engine *eng;
-    if (cli_engine_open(&mo, &eng, &err)) return cli_fail_err("bench", &err);
+    char route_tmp[512] = "";
+    if (route && !(mo.open.route_trace = trace_plain(route, route_tmp, sizeof route_tmp)))
+        return cli_fail("bench: --route-trace: cannot decompress %s (gzip -dc failed)", route);
+    int orc = cli_engine_open(&mo, &eng, &err);
+    if (route_tmp[0]) unlink(route_tmp); /* read at open */
+    if (orc) return cli_fail_err("bench", &err);
+    if (route) printf("routing: every MoE layer's choices from %s (%d tokens, trace layers spread over the %d MoE layers)\n", route, eng->route->n_tokens,
+                      eng->n_moe);
     if (golden) {
         int grc = bench_golden(eng, golden, json);
         return cli_engine_close("bench", eng, grc);
@@ -681,7 +738,7 @@ CLI_CMD(bench) {
         double bw = sorted_bw[steps / 2], bw_lo = sorted_bw[0], bw_hi = sorted_bw[steps - 1];
         if (sorted_bw != step_bw) free(sorted_bw);
         double floor_ms = (double)bytes_tok / (bw * 1e9) * 1e3;
-        double hit_rate = 1, miss_bytes_tok = 0, ssd_seen_gbs = 0, ssd_probe_gbs = 0;
+        double hit_rate = 1, miss_bytes_tok = 0, ssd_seen_gbs = 0, ssd_probe_gbs = 0, route_pol = -1, route_bel = -1;
         if (eng->xs) {
             double ssd1 = measure_ssd(eng, 16, 2ull << 30);
             if (ssd1 > ssd_gbs) ssd_gbs = ssd1;
@@ -720,6 +777,14 @@ CLI_CMD(bench) {
                    (double)(xs1.io_busy_ns - xs0.io_busy_ns) / 1e6 / (double)steps, xs1.prefetch_issued - xs0.prefetch_issued,
                    xs1.prefetch_used - xs0.prefetch_used, xs1.prefetch_wasted - xs0.prefetch_wasted,
                    xs1.prefetch_cancelled - xs0.prefetch_cancelled, la_text);
+            if (eng->route) {
+                double rp = 0, rl = 0, rb = 0;
+                if (route_replay(eng, ctx + 2, steps, xs_store_slots(eng->xs), &rp, &rl, &rb, &err)) rc = cli_fail_err("bench", &err);
+                else printf("route trace: decode hit rate %.1f%%; offline replay of the same tokens at %d slots: policy %.1f%%, LRU %.1f%%, Belady %.1f%%\n",
+                            100 * hit_rate, xs_store_slots(eng->xs), 100 * rp, 100 * rl, 100 * rb);
+                route_pol = rp;
+                route_bel = rb;
+            }
             printf("ssd read bandwidth: %.2f GB/s = the better of a probe (%.2f GB/s: O_DIRECT, random pieces of expert records, 16 in flight like the store, best of one before and one after decode) and the store's own reads during decode (%.2f GB/s while busy); floor = max(%.2f ms SSD, %.2f ms memory)\n",
                    ssd_gbs, ssd_probe_gbs, ssd_seen_gbs, ssd_ms, (double)bytes_tok / (bw * 1e9) * 1e3);
         }
@@ -773,6 +838,7 @@ CLI_CMD(bench) {
             printf(", \"batch_breakdown_ms\": {");
             for (int p = 0; p < FS_COUNT; p++) printf("%s\"%s\": %.4f", p ? ", " : "", fwd_part_names[p], br.part_ms[p]);
             printf("}");
+            if (route_pol >= 0) printf(", \"route_replay_hit_rate\": %.5f, \"route_replay_belady\": %.5f", route_pol, route_bel);
             printf(", \"prefill_breakdown_ms\": {");
             for (int p = 0; p < FS_COUNT; p++) printf("%s\"%s\": %.3f", p ? ", " : "", fwd_part_names[p], (double)pst.ns[p] / 1e6);
             printf("}}\n");

@@ -64,6 +64,12 @@ typedef struct petrel_open_opts {
     int act_quant;
     int relayout;
     const char *isa;
+    /* Benchmarks: every main MoE layer's routed choices come from this recorded routing trace
+     * (`# petrel-trace v1`, text or .gz: the trace's layers spread evenly over the model's MoE
+     * layers; a row at position p takes the trace's token (p + petrel_session_route_offset) mod
+     * its token count); the weights are the router's own scores of those experts, normalised as
+     * usual. The trace must have the model's expert count and top-k. NULL: the routers choose. */
+    const char *route_trace;
 } petrel_open_opts;
 
 /* Opens a model folder (Hugging Face checkpoint) or file. */
@@ -125,6 +131,9 @@ void petrel_batch_free(petrel_batch *b);
 /* logits: NULL, or [rows with want_logits][vocab] in row order. */
 int petrel_batch_forward(petrel_batch *b, const petrel_row *rows, int n, float *logits,
                          petrel_error *err);
+/* With petrel_open_opts.route_trace: this session's rows take trace tokens from offset on
+ * (sessions of a batch benchmark then route like different tokens). */
+void petrel_session_set_route_offset(petrel_session *s, int offset);
 /* The largest number of rows one session may contribute to a batch. */
 int petrel_session_chunk(const petrel_session *s);
 

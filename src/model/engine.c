@@ -234,6 +234,8 @@ void petrel_session_free(petrel_session *s) {
     free(s);
 }
 
+void petrel_session_set_route_offset(petrel_session *s, int offset) { s->route_offset = offset; }
+
 int petrel_session_len(const petrel_session *s) { return s->len; }
 
 int petrel_session_truncate(petrel_session *s, int n_past, petrel_error *err) {

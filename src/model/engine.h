@@ -49,6 +49,9 @@ struct petrel_engine {
      * read once per pf_rows rows instead of once per chunk. 0: off (chunk by chunk). */
     int pf_rows;
     char trace_out[4096];
+    /* Trace-driven routing (open option route_trace): the trace and, per MoE index, its layer. */
+    struct xs_trace *route;  /* owned, NULL when the routers choose */
+    int *route_layer;        /* owned [n_moe] */
 };
 
 /* A model given as a regular file that is not a pack: 0 if it may be a safetensors file (st_open
@@ -132,6 +135,7 @@ struct petrel_session {
     arena ar;
     mla_mode mla;       /* test hook: force a form */
     int dsa_always_score; /* test hook: score and top-k even when every causal key fits */
+    int route_offset;   /* trace-driven routing: rows take trace token (position + this) */
     fwd_trace *trace;   /* test hook */
     fwd_stats stats;    /* accumulated timings; reset by the caller */
     petrel_progress_fn progress; /* optional, with progress_user (petrel_session_set_progress) */
@@ -208,14 +212,18 @@ int dsa_select(petrel_session *s, int l, const layer_w *lw, const float *x, cons
  * the choices by expert (into rl [T][K], or arena scratch when NULL), lets the expert store
  * (src/experts/run.c) hand the chosen experts back in the order to run them, and writes
  * out [T][H] = routed sum (ascending expert id per row, whatever order the experts ran in) +
- * shared expert. T > max_batch (a span) runs each expert once, ascending. next_l: the next
+ * shared expert. T > max_batch (a span) runs each expert once, ascending. route_pos [T]: the
+ * rows' trace tokens under trace-driven routing (engine route), else ignored. next_l: the next
  * MoE layer (its router guesses the experts a store should read early), or -1. */
 int moe_forward(petrel_session *s, int l, const layer_w *lw, int next_l, const float *x, int T, int32_t *idx, float *wts,
-                int32_t *rl, float *out, petrel_error *err);
+                int32_t *rl, const int32_t *route_pos, float *out, petrel_error *err);
 /* The next MoE layer's guesses from x [T][H], for a store that wants them (else nothing). */
 void moe_prefetch_next(petrel_session *s, int next_l, const float *x, int T);
 int mlp_dense(petrel_session *s, const layer_w *lw, const float *x, int T, float *out, petrel_error *err);
 /* Routing for one row (exposed for tests): writes K expert ids (ascending selection order not
  * guaranteed) and their final weights. scratch needs 2 * E floats. */
 void moe_route(const petrel_config *cfg, const float *logits, const float *bias, int32_t *idx, float *wts, float *scratch);
+/* The weights of given choices idx[K] (trace-driven routing): the router's sigmoid scores of
+ * those experts, normalised and scaled as moe_route does. */
+void moe_route_given(const petrel_config *cfg, const float *logits, const int32_t *idx, float *wts);
 #endif

@@ -142,6 +142,7 @@ int fwd_rows(petrel_session *scr, const fwd_seg *seg, int nseg, const int32_t *i
             int r = seg[g].r0 + i;
             pt_dequant_row(&w->embed_tokens, ids[r], h + (size_t)r * H);
             op_rope_table(c->rope_theta, Dr, seg[g].s->len + i, st.rope.cos_ + (size_t)r * (Dr / 2), st.rope.sin_ + (size_t)r * (Dr / 2));
+            st.route_pos[r] = seg[g].s->len + i + seg[g].s->route_offset;
         }
     if (e->pack) pack_release_on_disk(e->pack); /* embedding rows read through the file map */
     fwd_trace *tr = scr->trace;
@@ -188,7 +189,7 @@ int fwd_rows(petrel_session *scr, const fwd_seg *seg, int nseg, const int32_t *i
         }
         if (!rc && lw->is_moe) { /* the MoE once over every row (times its own parts) */
             scr->ar.used = mark;
-            rc = moe_forward(scr, l, lw, nl, st.xm, T, st.idx, st.wts, st.rl, st.out, err);
+            rc = moe_forward(scr, l, lw, nl, st.xm, T, st.idx, st.wts, st.rl, st.route_pos, st.out, err);
             for (size_t i = 0; i < (size_t)T * H && !rc; i++) h[i] += st.out[i];
         }
         if (!rc && tr && tr->hidden && l < L - 1) memcpy(tr->hidden + (size_t)(l + 1) * T * H, h, sizeof(float) * (size_t)T * H);
@@ -265,7 +266,7 @@ int fwd_mtp(petrel_session *scr, const fwd_seg *seg, int nseg, const int32_t *ne
     rc = attn_segs(scr, L, lw, h, b.x, T, seg, nseg, &rope, NULL, sel_n, 0, &b, err);
     if (!rc) {
         for (int r = 0; r < T; r++) op_rmsnorm(b.x + (size_t)r * H, h + (size_t)r * H, lw->post_attention_layernorm, H, c->rms_norm_eps);
-        rc = moe_forward(scr, L, lw, -1, b.x, T, m.idx, m.wts, NULL, b.y, err);
+        rc = moe_forward(scr, L, lw, -1, b.x, T, m.idx, m.wts, NULL, NULL, b.y, err);
     }
     for (int g = 0; g < nseg; g++) {
         seg[g].s->len = len[g];

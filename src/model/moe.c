@@ -73,6 +73,17 @@ void moe_route(const petrel_config *cfg, const float *logits, const float *bias,
     }
 }
 
+void moe_route_given(const petrel_config *cfg, const float *logits, const int32_t *idx, float *wts) {
+    int K = cfg->num_experts_per_tok;
+    double sum = 0;
+    for (int k = 0; k < K; k++) sum += wts[k] = 1.0f / (1.0f + expf(-logits[idx[k]]));
+    for (int k = 0; k < K; k++) {
+        float w = wts[k];
+        if (cfg->norm_topk_prob) w = (float)(w / (sum + 1e-20));
+        wts[k] = w * cfg->routed_scaling_factor;
+    }
+}
+
 static int swiglu(petrel_session *s, const pt_wview *g, const pt_wview *u, const pt_wview *d, const float *x, int T,
                   float *out, petrel_error *err) {
     size_t mark = s->ar.used;
@@ -245,7 +256,7 @@ static int cb_idle(void *ctx, petrel_error *err) { /* the shared expert, while m
 }
 
 int moe_forward(petrel_session *s, int l, const layer_w *lw, int next_l, const float *x, int T, int32_t *idx, float *wts,
-                int32_t *rl, float *out, petrel_error *err) {
+                int32_t *rl, const int32_t *route_pos, float *out, petrel_error *err) {
     const petrel_engine *eng = s->eng;
     const petrel_config *c = &eng->cfg;
     int E = c->n_routed_experts, K = c->num_experts_per_tok, H = c->hidden_size, C = s->max_batch;
@@ -269,6 +280,15 @@ int moe_forward(petrel_session *s, int l, const layer_w *lw, int next_l, const f
         kn_matmul(&lw->router, x + (size_t)r0 * H, n, lg);
         for (int r = 0; r < n; r++)
             moe_route(c, lg + (size_t)r * E, lw->e_score_correction_bias, idx + (size_t)(r0 + r) * K, wts + (size_t)(r0 + r) * K, scratch);
+        if (eng->route && route_pos && l < c->num_hidden_layers) /* trace-driven routing (benchmarks) */
+            for (int r = 0; r < n; r++) {
+                const xs_trace *t = eng->route;
+                long tok = ((long)route_pos[r0 + r] % t->n_tokens + t->n_tokens) % t->n_tokens;
+                const int16_t *te = t->ids + ((size_t)tok * t->n_layers + eng->route_layer[eng->moe_index[l]]) * t->topk;
+                int32_t *ir = idx + (size_t)(r0 + r) * K;
+                for (int k = 0; k < K; k++) ir[k] = te[k];
+                moe_route_given(c, lg + (size_t)r * E, ir, wts + (size_t)(r0 + r) * K);
+            }
     }
     if (eng->trace) stream_trace_note(eng, l, idx, T, K);
     /* the choices by expert (counting sort; rows ascending within an expert) */

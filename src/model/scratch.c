@@ -35,7 +35,7 @@ int rows_carve(arena *a, const petrel_config *c, int T, int kst, rows_scr *r, at
     r->out = b->y;
     r->kst = kst;
     int ok = TAKE(r->h, 4 * t * H) & TAKE(r->rope.cos_, 4 * t * Dr2) & TAKE(r->rope.sin_, 4 * t * Dr2) & TAKE(r->sel, 4 * t * (size_t)kst) &
-             TAKE(r->sel_n, 4 * t) & TAKE(r->idx, 4 * t * K) & TAKE(r->rl, 4 * t * K) & TAKE(r->wts, 4 * t * K);
+             TAKE(r->sel_n, 4 * t) & TAKE(r->idx, 4 * t * K) & TAKE(r->rl, 4 * t * K) & TAKE(r->wts, 4 * t * K) & TAKE(r->route_pos, 4 * t);
     return ok ? 0 : -1;
 }
 
@@ -47,7 +47,7 @@ size_t pf_carve(uint8_t *base, const petrel_config *c, int M, int kst, rows_scr 
     p->kst = kst;
     (void)(TAKE(p->h, 4 * m * H) & TAKE(p->xm, 4 * m * H) & TAKE(p->out, 4 * m * H) & TAKE(p->wts, 4 * m * K) & TAKE(p->rope.cos_, 4 * m * Dr2) &
            TAKE(p->rope.sin_, 4 * m * Dr2) & TAKE(p->idx, 4 * m * K) & TAKE(p->rl, 4 * m * K) & TAKE(p->sel_n, 4 * m) &
-           TAKE(p->sel, 4 * m * (size_t)kst));
+           TAKE(p->sel, 4 * m * (size_t)kst) & TAKE(p->route_pos, 4 * m));
     return a0.used;
 }
 

@@ -34,6 +34,7 @@ typedef struct rows_scr {
     int32_t *sel, *idx, *rl;/* [T][kst] DSA selection; [T][K] routing and choices by expert */
     int *sel_n;             /* [T] */
     float *wts;             /* [T][K] */
+    int32_t *route_pos;     /* [T] trace tokens of the rows (trace-driven routing) */
     int kst;                /* selection stride */
 } rows_scr;
 /* The rows of a batch (T <= its chunk), their attention buffers b aliasing xm/out. */

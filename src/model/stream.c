@@ -101,6 +101,22 @@ int stream_open(petrel_engine *e, const petrel_open_opts *o, petrel_error *err) 
     if (ctx > c->max_position_embeddings) ctx = c->max_position_embeddings;
     size_t pf_bytes = 0;
     stream_chunk_plan(c, ctx, o ? o->mem_budget : 0, &e->chunk, &e->pf_rows, &pf_bytes);
+    if (o && o->route_trace) { /* trace-driven routing (benchmarks): checked against the model now */
+        if (!nm) return pt_err(err, PETREL_EINVAL, "--route-trace: %s has no MoE layers to route", e->path);
+        e->route = calloc(1, sizeof(xs_trace));
+        e->route_layer = malloc(sizeof(int) * (size_t)nm);
+        if (!e->route || !e->route_layer) return pt_err(err, PETREL_ENOMEM, "out of memory");
+        PT_TRY(xs_trace_read(e->route, o->route_trace, err));
+        const xs_trace *t = e->route;
+        if (t->n_experts != c->n_routed_experts || t->topk != c->num_experts_per_tok || t->n_tokens < 1)
+            return pt_err(err, PETREL_EINVAL, "route trace %s: %d experts top-%d over %d tokens, but the model has %d experts top-%d", o->route_trace,
+                          t->n_experts, t->topk, t->n_tokens, c->n_routed_experts, c->num_experts_per_tok);
+        for (size_t i = 0; i < (size_t)t->n_tokens * t->n_layers * t->topk; i++)
+            if (t->ids[i] < 0 || t->ids[i] >= t->n_experts)
+                return pt_err(err, PETREL_EFORMAT, "route trace %s: token %zu layer %zu has no complete choice of %d experts", o->route_trace,
+                              i / ((size_t)t->n_layers * t->topk), i / t->topk % t->n_layers, t->topk);
+        for (int m = 0; m < nm; m++) e->route_layer[m] = (int)((long)m * t->n_layers / nm); /* spread evenly */
+    }
     if (o && o->trace_out && nm) {
         e->trace = calloc(1, sizeof(xs_trace));
         e->trace_buf = malloc(sizeof(int32_t) * (size_t)e->chunk * (size_t)nm * (size_t)c->num_experts_per_tok);
@@ -213,6 +229,11 @@ void stream_close(petrel_engine *e) {
     }
     free(e->trace_buf);
     e->trace_buf = NULL;
+    if (e->route) xs_trace_deinit(e->route);
+    free(e->route);
+    free(e->route_layer);
+    e->route = NULL;
+    e->route_layer = NULL;
     if (e->xs) {
         char up[4200];
         petrel_error ignore = {0};
