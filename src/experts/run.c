@@ -33,6 +33,7 @@ int xs_run_begin(xs_run *r, const xs_run_args *a) {
     }
     xs_store *st = r->st;
     int ml = r->layer;
+    xs_access_begin(st, ml); /* the run's acquires are one access of the layer (xs_run_release ends it) */
     xs_la_score(st, ml, a->chosen);          /* the guesses made for this layer meet its routing */
     xs_cancel_prefetches(st, ml, a->chosen); /* wrong guesses not yet reading stop delaying misses */
     if (r->mode == XS_RUN_ASCENDING) {
@@ -127,4 +128,9 @@ int xs_run_next(xs_run *r, const xs_expert_ref **out, petrel_error *err) {
 void xs_run_release(xs_run *r) {
     if (r->st && r->held) xs_release(r->st, r->layer, r->refs, r->held);
     r->held = 0;
+}
+
+void xs_run_end(xs_run *r) {
+    xs_run_release(r);
+    if (r->st) xs_access_end(r->st, r->layer);
 }

@@ -57,6 +57,8 @@ struct xs_store {
      * the one forward running at a time (like the slots' use marks), read by statistics. */
     int K;
     uint8_t *la_pred;     /* owned */
+    uint8_t *acc_open;    /* owned [L]: an access of the layer is open (xs_access_begin): acquires
+                             within it count as one access of the policy, as the replay does */
     double *la_prec;      /* owned */
 };
 
@@ -147,10 +149,11 @@ int xs_store_create(const xs_source *src, const xs_plan *plan, const xs_store_op
     s->pol = calloc((size_t)s->L, sizeof *s->pol);
     s->K = src->top_k > 0 ? src->top_k : 1;
     s->la_pred = calloc(LE, 1);
+    s->acc_open = calloc((size_t)s->L, 1);
     s->la_prec = malloc(sizeof(double) * (size_t)s->L * (size_t)s->K);
     if (s->la_prec)
         for (size_t i = 0; i < (size_t)s->L * (size_t)s->K; i++) s->la_prec[i] = 1.0;
-    if (!s->slots || !s->map || !s->rec_off || !s->rec_bytes || !s->rec_xxh || !s->pol || !s->la_pred || !s->la_prec) {
+    if (!s->slots || !s->map || !s->rec_off || !s->rec_bytes || !s->rec_xxh || !s->pol || !s->la_pred || !s->la_prec || !s->acc_open) {
         rc = pt_err(err, PETREL_ENOMEM, "expert store: out of memory");
         goto fail;
     }
@@ -224,6 +227,7 @@ void xs_store_free(xs_store *s) {
     free(s->rec_bytes);
     free(s->rec_xxh);
     free(s->la_pred);
+    free(s->acc_open);
     free(s->la_prec);
     free(s->mem);
     pthread_mutex_destroy(&s->mu);
@@ -311,7 +315,7 @@ int xs_acquire(xs_store *s, int layer, const int32_t *experts, int n, xs_expert_
     pthread_mutex_lock(&s->mu);
     xs_pol *p = &s->pol[layer];
     int32_t *m = map_at(s, layer);
-    xs_pol_begin(p);
+    if (!s->acc_open[layer]) xs_pol_begin(p); /* else xs_access_begin began it */
     /* pass 1: reference every hit first, so no miss below can evict it */
     for (int i = 0; i < n; i++) {
         int e = experts[i];
@@ -607,6 +611,21 @@ bad:
 
 int xs_store_experts(const xs_store *s) { return s->E; }
 int xs_store_layers(const xs_store *s) { return s->L; }
+void xs_access_begin(xs_store *s, int layer) {
+    if (layer < 0 || layer >= s->L) return;
+    pthread_mutex_lock(&s->mu);
+    xs_pol_begin(&s->pol[layer]);
+    s->acc_open[layer] = 1;
+    pthread_mutex_unlock(&s->mu);
+}
+
+void xs_access_end(xs_store *s, int layer) {
+    if (layer < 0 || layer >= s->L) return;
+    pthread_mutex_lock(&s->mu);
+    s->acc_open[layer] = 0;
+    pthread_mutex_unlock(&s->mu);
+}
+
 void xs_store_lock(xs_store *s) { pthread_mutex_lock(&s->mu); }
 void xs_store_unlock(xs_store *s) { pthread_mutex_unlock(&s->mu); }
 uint8_t *xs_la_guesses(xs_store *s, int layer) { return s->la_pred + (size_t)layer * s->E; }

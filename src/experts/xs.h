@@ -174,6 +174,11 @@ void xs_store_free(xs_store *s);
  * referenced, the failed slots go back to the free list, and the store remains usable. */
 int xs_acquire(xs_store *s, int layer, const int32_t *experts, int n, xs_expert_ref *out,
                petrel_error *err);
+/* One access of a layer (a token's or a batch's experts) made of several acquires: between
+ * begin and end they count as one access of the policy (its clock and half-life), as a trace
+ * replay counts them; outside, each acquire is an access. */
+void xs_access_begin(xs_store *s, int layer);
+void xs_access_end(xs_store *s, int layer);
 /* Drops the references taken by one acquire (same refs, same n). */
 void xs_release(xs_store *s, int layer, const xs_expert_ref *refs, int n);
 /* Asynchronous hint: starts reading the experts not resident, evicting only what the policy
@@ -248,6 +253,8 @@ int xs_run_begin(xs_run *r, const xs_run_args *a);
  * 0 when every expert has been handed out, or a negative error (nothing stays held). */
 int xs_run_next(xs_run *r, const xs_expert_ref **out, petrel_error *err);
 void xs_run_release(xs_run *r);
+/* Releases what is held and closes the layer's access: every run ends with it. */
+void xs_run_end(xs_run *r);
 int xs_run_ascending(const xs_run *r);
 
 /* Once a layer's routing is known: drops its queued prefetches whose expert is not in keep[E]

@@ -315,7 +315,7 @@ int moe_forward(petrel_session *s, int l, const layer_w *lw, int next_l, const f
     int n, rc = 0;
     while ((n = xs_run_next(&run, &ev, err)) > 0)
         if ((rc = run_experts(s, &m, ev, n, err)) < 0) break;
-    xs_run_release(&run);
+    xs_run_end(&run);
     s->stats.io_ns += run.io_ns;
     if (n < 0) return n;
     if (rc < 0) return rc;

@@ -189,7 +189,7 @@ int stream_open(petrel_engine *e, const petrel_open_opts *o, petrel_error *err) 
     int loaded = 0;
     xs_usage_path(e->path, up, sizeof up);
     petrel_error ignore = {0};
-    xs_usage_load(e->xs, up, &loaded, &ignore); /* history is optional */
+    if (!e->route) xs_usage_load(e->xs, up, &loaded, &ignore); /* history is optional; a trace-driven run starts cold, like its replay */
     return 0;
 }
 
@@ -238,7 +238,8 @@ void stream_close(petrel_engine *e) {
         char up[4200];
         petrel_error ignore = {0};
         xs_usage_path(e->path, up, sizeof up);
-        xs_usage_save(e->xs, up, &ignore); /* best effort: a read-only folder just loses history */
+        if (!e->route) xs_usage_save(e->xs, up, &ignore); /* best effort: a read-only folder just loses history; trace-driven
+                                                              routing is not the model's own */
         xs_store_free(e->xs);
         e->xs = NULL;
     }
