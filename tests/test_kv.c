@@ -375,8 +375,12 @@ TEST(kv, prefix_cache_lru_eviction) {
     kv_seq_free(s);
     CHECK(kv_seq_create(p, 32, &s, &err) == 0);
     CHECK_EQ_INT(kv_prefix_get(s, x, 12, &err), 8);
-    /* pages a session uses are never evicted: s holds X's 2 pages, the cache holds Y's 2 */
     kv_seq *t = NULL;
+    CHECK(kv_seq_create(p, 32, &t, &err) == 0);
+    CHECK_EQ_INT(kv_prefix_get(t, y, 12, &err), 8); /* Y newest, X older */
+    kv_seq_free(t);
+    /* entries of pages a session uses are not evicted (it would free nothing): s holds X's 2
+     * pages, so a session needing 6 takes the 4 free and evicts Y's 2, though X's are older */
     CHECK(kv_seq_create(p, 32, &t, &err) == 0);
     CHECK_EQ_INT(kv_seq_room(t), 24); /* 8 - 2 (s's shared pages) */
     CHECK(kv_seq_reserve(t, 0, 28, &err) == PETREL_ERANGE && strstr(err.msg, "24 positions fit"));
@@ -386,6 +390,9 @@ TEST(kv, prefix_cache_lru_eviction) {
     kv_seq_free(s);
     kv_pool_get_stats(p, &st);
     CHECK(st.prefix_entries == 2 && st.pages_free == st.pages - 2);
+    CHECK(kv_seq_create(p, 32, &s, &err) == 0);
+    CHECK_EQ_INT(kv_prefix_get(s, x, 12, &err), 8);
+    kv_seq_free(s);
     kv_pool_free(p);
 }
 
