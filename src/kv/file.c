@@ -231,7 +231,7 @@ int kv_load_stream(kv_seq *s, FILE *f, const char *what, uint64_t model_id, int 
             goto fail;
         }
     pthread_mutex_lock(&p->mu);
-    int avail = kv_avail_locked(p);
+    int avail = np <= p->n_free ? p->n_free : kv_avail_locked(p);
     if (np > avail) {
         int fr = p->n_free;
         pthread_mutex_unlock(&p->mu);

@@ -232,8 +232,12 @@ void kv_prefix_clear(kv_pool *p);
 int kv_save(const kv_seq *s, const char *path, uint64_t model_id, petrel_error *err);
 /* Replaces s's contents with the file's: refused (s unchanged) when the file is truncated,
  * corrupt, for another model (model_id), another scheme or shape, a newer format version, or
- * longer than s->cap, or when the pool lacks the pages. vocab_size > 0: token ids must be
- * below it. `what` names the source in messages. */
+ * longer than s->cap, or when the pool lacks the pages (the file is read into new pages and
+ * s's old ones are released only after the checksum matched, so a load needs room for both).
+ * vocab_size > 0: token ids must be below it. `what` names the source in messages.
+ * Codes: PETREL_EFORMAT truncated / corrupt / not a session file, PETREL_EUNSUPPORTED a newer
+ * format version, PETREL_EINVAL another model / scheme / shape, PETREL_ERANGE too long for the
+ * session or the pool, PETREL_EIO read errors. */
 int kv_load_stream(kv_seq *s, FILE *f, const char *what, uint64_t model_id, int vocab_size, petrel_error *err);
 int kv_load(kv_seq *s, const char *path, uint64_t model_id, int vocab_size, petrel_error *err);
 /* Bytes of the file kv_save writes for n positions of this layout (mtp positions = mtp_n). */

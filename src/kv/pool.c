@@ -165,7 +165,8 @@ int kv_seq_reserve(kv_seq *s, int a, int b, petrel_error *err) {
     if (a == b) return 0;
     kv_pool *p = s->pool;
     pthread_mutex_lock(&p->mu);
-    int need = reserve_cost_locked(s, a, b), avail = kv_avail_locked(p);
+    int need = reserve_cost_locked(s, a, b);
+    int avail = need <= p->n_free ? p->n_free : kv_avail_locked(p); /* the scan of the cache only when short */
     if (need > avail) {
         int fit = fit_from_locked(s, a, avail);
         int fr = p->n_free;
