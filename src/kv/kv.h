@@ -78,9 +78,16 @@
  *
  * Threads: the pool's page accounting and prefix cache are behind one mutex, so sessions of one
  * pool may be driven from different threads; one session is driven by one thread at a time.
- * Memory: one mapping of the pool's bytes at creation, page tables at session creation; nothing
- * is allocated by reserve / write / read / append / truncate / fork-free paths (fork and load
- * allocate the new session's tables). Pages are zeroed when taken from the free list. */
+ * Memory: one mapping of the pool's bytes at creation (and the prefix cache's table, one slot a
+ * page), page tables at session creation. reserve, the writes and reads, append, truncate and
+ * the prefix cache allocate nothing; create, fork, save and load do. Pages are zeroed when
+ * taken from the free list (no stale rows of another session are ever readable).
+ *
+ * Bitwise note for the wiring: a product per key (q~ . c_t, k_pe scores, indexer scores, the
+ * kv_b_proj expansion) can run run by run with results identical to one contiguous call; a
+ * reduction OVER keys (lat = sum_t p_t c_t in kn_matmul_t) summed run by run changes the f32
+ * order. Until the kernels accumulate across runs in key order, decode the keys into one
+ * contiguous scratch (kv_decode / kv_gather: a memcpy per run for f32) and call today's code. */
 #ifndef PETREL_KV_KV_H
 #define PETREL_KV_KV_H
 #include <stddef.h>
