@@ -195,7 +195,7 @@ int kv_write(kv_seq *s, int l, int pos, const float *c, const float *k_pe, petre
 int kv_write_index(kv_seq *s, int l, int pos, const float *ki, petrel_error *err);
 /* After a forward: ids of positions len..len+n-1 recorded, len += n (<= reserved). */
 int kv_seq_append(kv_seq *s, const int32_t *ids, int n, petrel_error *err);
-/* After the MTP layer ran n rows: mtp_len += n (<= len). */
+/* After the MTP layer ran n rows: mtp_len += n (<= reserved: drafts run ahead of len). */
 int kv_seq_mtp_advance(kv_seq *s, int n, petrel_error *err);
 /* Drops positions >= n (n <= len): len = n, mtp_len = min(mtp_len, n), pages wholly past n
  * released; the page holding n - 1 is not touched. */
@@ -220,6 +220,12 @@ int kv_run_at(const kv_seq *s, int l, int a, int b, kv_run *r, petrel_error *err
 int kv_decode(const kv_seq *s, int l, int a, int b, float *c, float *pe, float *idx, petrel_error *err);
 /* The same for n positions pos[0..n) (a DSA selection), row i from pos[i]. */
 int kv_gather(const kv_seq *s, int l, const int32_t *pos, int n, float *c, float *pe, float *idx, petrel_error *err);
+
+/* Row pointers for attention: c[i] / pe[i] point at layer l's rows of positions pos[i] (pos
+ * NULL: 0..n-1), each < reserved. f32 pools (kv_is_f32) point into the pages (no copy; cbuf /
+ * pbuf unused, may be NULL); other schemes decode row i into cbuf + i Rkv / pbuf + i Dr. */
+int kv_rows(const kv_seq *s, int l, const int32_t *pos, int n, const float **c, const float **pe, float *cbuf, float *pbuf, petrel_error *err);
+int kv_is_f32(const kv_seq *s);
 
 /* ---- prefix cache ---- */
 /* Registers the full pages of s (positions < floor(len / P) P) with their token prefix. A page

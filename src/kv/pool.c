@@ -247,8 +247,9 @@ int kv_seq_append(kv_seq *s, const int32_t *ids, int n, petrel_error *err) {
 
 int kv_seq_mtp_advance(kv_seq *s, int n, petrel_error *err) {
     if (s->pool->lay.mtp_layer < 0) return pt_err(err, PETREL_EINVAL, "KV session has no MTP layer");
-    if (n < 0 || s->mtp_len + n > s->len)
-        return pt_err(err, PETREL_EINVAL, "KV MTP advance of %d positions at %d past the session's %d", n, s->mtp_len, s->len);
+    if (n < 0 || s->mtp_len + n > kv_seq_reserved(s)) /* drafts run ahead of len, within the reserve */
+        return pt_err(err, PETREL_EINVAL, "KV MTP advance of %d positions at %d past the session's %d reserved", n, s->mtp_len,
+                      kv_seq_reserved(s));
     s->mtp_len += n;
     return 0;
 }
@@ -356,3 +357,28 @@ int kv_gather(const kv_seq *s, int l, const int32_t *pos, int n, float *c, float
     }
     return 0;
 }
+
+int kv_rows(const kv_seq *s, int l, const int32_t *pos, int n, const float **c, const float **pe, float *cbuf, float *pbuf, petrel_error *err) {
+    const kv_layout *y = &s->pool->lay;
+    int R = kv_seq_reserved(s);
+    if (l < 0 || l >= y->n_layers) return pt_err(err, PETREL_EINVAL, "KV read of layer %d of %d", l, y->n_layers);
+    int direct = y->c_bytes == 4 && y->pe_bytes == 4;
+    for (int i = 0; i < n; i++) {
+        int p = pos ? pos[i] : i;
+        if (p < 0 || p >= R) return pt_err(err, PETREL_EINVAL, "KV read of position %d outside the reserved %d", p, R);
+        kv_run r;
+        run_of(s, l, p, 1, &r);
+        if (direct) {
+            c[i] = r.c;
+            pe[i] = r.pe;
+        } else {
+            float *cd = cbuf + (size_t)i * y->Rkv, *pd = pbuf + (size_t)i * y->Dr;
+            decode_run(y, &r, cd, pd, NULL);
+            c[i] = cd;
+            pe[i] = pd;
+        }
+    }
+    return 0;
+}
+
+int kv_is_f32(const kv_seq *s) { return s->pool->lay.c_bytes == 4 && s->pool->lay.pe_bytes == 4; }

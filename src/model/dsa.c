@@ -12,6 +12,7 @@
 #include "model/engine.h"
 #include "model/ops.h"
 #include "model/scratch.h"
+#include "kv/kv.h"
 
 int dsa_select(petrel_session *s, int l, const layer_w *lw, const float *x, const float *qr, int T,
                const rope_rows *rope, int32_t *sel, int *sel_n, int sel_stride, petrel_error *err) {
@@ -43,6 +44,7 @@ int dsa_select(petrel_session *s, int l, const layer_w *lw, const float *x, cons
         float *k = ki + (size_t)r * Di;
         op_layernorm(k, k, lw->idx_k_norm_w, lw->idx_k_norm_b, Di, 1e-6);
         op_rope(k, cs, sn, Dr, c->indexer_rope_interleave);
+        PT_TRY(kv_write_index(s->kv, l, P + r, k, err));
         memcpy(s->idx_k[l] + (size_t)(P + r) * Di, k, sizeof(float) * (size_t)Di);
         for (int h = 0; h < Hi; h++) iw[(size_t)r * Hi + h] *= wscale;
     }
@@ -55,14 +57,25 @@ int dsa_select(petrel_session *s, int l, const layer_w *lw, const float *x, cons
             continue;
         }
         const float *q = qi + (size_t)r * Hi * Di, *w = iw + (size_t)r * Hi;
-        for (int t = 0; t < n; t++) {
-            const float *kt = s->idx_k[l] + (size_t)t * Di;
-            float acc = 0;
-            for (int h = 0; h < Hi; h++) {
-                float d = kn_dot(q + (size_t)h * Di, kt, Di);
-                if (d > 0) acc += w[h] * d;
+        for (int a = 0; a < n;) { /* the keys page by page: f32 runs in place, other schemes decoded */
+            kv_run run;
+            int m = kv_run_at(s->kv, l, a, n, &run, err);
+            if (m < 0) return m;
+            const float *ks = run.idx;
+            if (!kv_is_f32(s->kv)) {
+                PT_TRY(kv_decode(s->kv, l, a, a + m, NULL, NULL, d.kbuf, err));
+                ks = d.kbuf;
             }
-            score[t] = acc;
+            for (int t = 0; t < m; t++) {
+                const float *kt = ks + (size_t)t * Di;
+                float acc = 0;
+                for (int h = 0; h < Hi; h++) {
+                    float dd = kn_dot(q + (size_t)h * Di, kt, Di);
+                    if (dd > 0) acc += w[h] * dd;
+                }
+                score[a + t] = acc;
+            }
+            a += m;
         }
         int k = n < topk ? n : topk;
         op_topk(score, n, k, out, tmp);

@@ -15,6 +15,7 @@
 #include "kernels/kernels.h"
 #include "model/engine.h"
 #include "model/scratch.h"
+#include "kv/kv.h"
 
 /* A colibri artifact: its own weight source. Without indexer weights the engine still opens
  * (weights_bind sets no_indexer; forward then refuses contexts past index_topk). */
@@ -96,6 +97,26 @@ static int apply_kernel_opts(const petrel_open_opts *o, petrel_error *err) {
     return 0;
 }
 
+/* The engine's KV pool (petrel_open_opts kv_type, kv_bytes). */
+static int kv_open(petrel_engine *e, const petrel_open_opts *o, petrel_error *err) {
+    const petrel_config *c = &e->cfg;
+    kv_pool_opts ko = {.scheme = KV_F32, .page_positions = KV_PAGE_DEFAULT};
+    if (o && o->kv_type) PT_TRY(kv_scheme_parse(o->kv_type, &ko.scheme, err));
+    kv_shape sh;
+    kv_shape_from_config(c, e->w.has_mtp, &sh);
+    int ctx = o && o->plan_context > 0 ? o->plan_context : 4096;
+    uint64_t tok = kv_bytes_per_token(&sh, ko.scheme, 0), bytes = o ? o->kv_bytes : 0;
+    if (!bytes) {
+        if (o && o->mem_budget) bytes = tok * (uint64_t)(ctx + 2 * KV_PAGE_DEFAULT); /* the plan's KV, whole pages */
+        else {
+            uint64_t half = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE) / 2;
+            bytes = tok * (uint64_t)(ctx > 4096 ? ctx : 4096) * 16;
+            if (half && bytes > half) bytes = half;
+        }
+    }
+    return kv_pool_create(&sh, &ko, bytes, &e->kv, err);
+}
+
 int petrel_engine_open(const char *path, const petrel_open_opts *opts, petrel_engine **out, petrel_error *err) {
     *out = NULL;
     if (!path || !*path) return pt_err(err, PETREL_EINVAL, "no model path given");
@@ -146,7 +167,7 @@ int petrel_engine_open(const char *path, const petrel_open_opts *opts, petrel_en
     }
     e->no_indexer = e->w.no_indexer;
     kn_init(opts ? opts->n_threads : 0);
-    if ((rc = stream_open(e, opts, err)) < 0) {
+    if ((rc = stream_open(e, opts, err)) < 0 || (rc = kv_open(e, opts, err)) < 0) {
         petrel_engine_close(e);
         return rc;
     }
@@ -156,6 +177,7 @@ int petrel_engine_open(const char *path, const petrel_open_opts *opts, petrel_en
 
 void petrel_engine_close(petrel_engine *e) {
     if (!e) return;
+    kv_pool_free(e->kv);
     stream_close(e);
     weights_deinit(&e->w, &e->cfg);
     st_close(e->src);
@@ -189,6 +211,11 @@ int petrel_session_create(petrel_engine *e, int max_tokens, petrel_session **out
     s->max_batch = max_tokens < chunk ? max_tokens : chunk;
     int L = c->num_hidden_layers + (e->w.has_mtp ? 1 : 0); /* the MTP layer's cache is layer L */
     s->n_layers = L;
+    int krc = kv_seq_create(e->kv, max_tokens, &s->kv, err);
+    if (krc < 0) {
+        free(s);
+        return krc;
+    }
     s->kv_c = calloc((size_t)L, sizeof(float *));
     s->kv_pe = calloc((size_t)L, sizeof(float *));
     s->idx_k = calloc((size_t)L, sizeof(float *));
@@ -229,6 +256,7 @@ void petrel_session_free(petrel_session *s) {
     free(s->kv_c);
     free(s->kv_pe);
     free(s->idx_k);
+    kv_seq_free(s->kv);
     free(s->ar.base);
     free(s->pf.block);
     free(s);
@@ -240,6 +268,7 @@ int petrel_session_len(const petrel_session *s) { return s->len; }
 
 int petrel_session_truncate(petrel_session *s, int n_past, petrel_error *err) {
     if (n_past < 0 || n_past > s->len) return pt_err(err, PETREL_EINVAL, "cannot truncate a %d-token session to %d", s->len, n_past);
+    PT_TRY(kv_seq_truncate(s->kv, n_past, err)); /* releases only the pages past the cut */
     s->len = n_past;
     if (s->mtp_len > n_past) s->mtp_len = n_past; /* MTP row i belongs to position i */
     return 0;

@@ -49,6 +49,7 @@ struct petrel_engine {
      * read once per pf_rows rows instead of once per chunk. 0: off (chunk by chunk). */
     int pf_rows;
     char trace_out[4096];
+    struct kv_pool *kv;      /* owned: the sessions' latent KV pages (src/kv) */
     /* Trace-driven routing (open option route_trace): the trace and, per MoE index, its layer. */
     struct xs_trace *route;  /* owned, NULL when the routers choose */
     int *route_layer;        /* owned [n_moe] */
@@ -132,6 +133,7 @@ struct petrel_session {
     /* Latent KV cache per layer: c [cap][kv_lora_rank], k_pe [cap][qk_rope_head_dim];
      * indexer keys [cap][index_head_dim] on full layers only (NULL on shared layers). */
     float **kv_c, **kv_pe, **idx_k;   /* owned arrays [L] of owned buffers */
+    struct kv_seq *kv;  /* owned: the session's pages in the engine's pool */
     arena ar;
     mla_mode mla;       /* test hook: force a form */
     int dsa_always_score; /* test hook: score and top-k even when every causal key fits */

@@ -21,6 +21,7 @@
 #include "model/engine.h"
 #include "model/ops.h"
 #include "model/scratch.h"
+#include "kv/kv.h"
 
 const char *const fwd_part_names[FS_COUNT] = {"attention", "indexer", "dense mlp", "router", "routed experts", "shared expert", "head", "other"};
 
@@ -44,10 +45,11 @@ int attn_segs(petrel_session *scr, int l, const layer_w *lw, float *h, const flo
             const float *cs = rope->cos_ + (size_t)r * (Dr / 2), *sn = rope->sin_ + (size_t)r * (Dr / 2);
             for (int hh = 0; hh < NH; hh++) op_rope(q + ((size_t)r * NH + hh) * Dqk + c->qk_nope_head_dim, cs, sn, Dr, c->rope_interleave);
             float *kv = kva + (size_t)r * (Rkv + Dr);
-            op_rmsnorm(s->kv_c[l] + (size_t)pos * Rkv, kv, lw->kv_a_layernorm, Rkv, 1e-6);
-            float *pe = s->kv_pe[l] + (size_t)pos * Dr;
-            memcpy(pe, kv + Rkv, sizeof(float) * (size_t)Dr);
-            op_rope(pe, cs, sn, Dr, c->rope_interleave);
+            op_rmsnorm(kv, kv, lw->kv_a_layernorm, Rkv, 1e-6);
+            op_rope(kv + Rkv, cs, sn, Dr, c->rope_interleave);
+            PT_TRY(kv_write(s->kv, l, pos, kv, kv + Rkv, err)); /* encoded in the pool's scheme */
+            memcpy(s->kv_c[l] + (size_t)pos * Rkv, kv, sizeof(float) * (size_t)Rkv);
+            memcpy(s->kv_pe[l] + (size_t)pos * Dr, kv + Rkv, sizeof(float) * (size_t)Dr);
         }
     }
     t1 = pt_now_ns(), ns[FS_ATTN] += t1 - t0, t0 = t1;
@@ -145,6 +147,8 @@ int fwd_rows(petrel_session *scr, const fwd_seg *seg, int nseg, const int32_t *i
             st.route_pos[r] = seg[g].s->len + i + seg[g].s->route_offset;
         }
     if (e->pack) pack_release_on_disk(e->pack); /* embedding rows read through the file map */
+    for (int g = 0; g < nseg; g++) /* every page the rows write, up front: a forward that does not fit fails here */
+        PT_TRY(kv_seq_reserve(seg[g].s->kv, seg[g].s->len, seg[g].s->len + seg[g].n, err));
     fwd_trace *tr = scr->trace;
     if (tr && tr->hidden) memcpy(tr->hidden, h, sizeof(float) * (size_t)T * H);
     uint64_t *ns = scr->stats.ns, t0, t1;
@@ -217,7 +221,10 @@ int fwd_rows(petrel_session *scr, const fwd_seg *seg, int nseg, const int32_t *i
 #undef LAP
     scr->stats.rows += (uint64_t)T;
     if (e->trace) PT_TRY(stream_trace_flush(e, T, err));
-    for (int g = 0; g < nseg; g++) seg[g].s->len += seg[g].n;
+    for (int g = 0; g < nseg; g++) {
+        PT_TRY(kv_seq_append(seg[g].s->kv, ids + seg[g].r0, seg[g].n, err));
+        seg[g].s->len += seg[g].n;
+    }
     return 0;
 }
 
@@ -258,6 +265,7 @@ int fwd_mtp(petrel_session *scr, const fwd_seg *seg, int nseg, const int32_t *ne
      * while it runs (attn_segs and mla read s->len) */
     int rc = 0, *len = m.len;
     for (int g = 0; g < nseg; g++) {
+        PT_TRY(kv_seq_reserve(seg[g].s->kv, seg[g].s->mtp_len, seg[g].s->mtp_len + seg[g].n, err)); /* drafts may run past len */
         len[g] = seg[g].s->len;
         seg[g].s->len = seg[g].s->mtp_len;
     }
@@ -270,7 +278,10 @@ int fwd_mtp(petrel_session *scr, const fwd_seg *seg, int nseg, const int32_t *ne
     }
     for (int g = 0; g < nseg; g++) {
         seg[g].s->len = len[g];
-        if (!rc) seg[g].s->mtp_len += seg[g].n;
+        if (!rc) {
+            seg[g].s->mtp_len += seg[g].n;
+            rc = kv_seq_mtp_advance(seg[g].s->kv, seg[g].n, err);
+        }
     }
     if (rc) return rc;
     for (int i = 0; i < T * H; i++) h[i] += b.y[i];

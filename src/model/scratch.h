@@ -45,6 +45,7 @@ int attn_carve(arena *a, const petrel_config *c, int T, attn_bufs *b);
 
 typedef struct dsa_scr {
     float *qi, *ki, *iw, *score;  /* [T][Hi][Di], [T][Di], [T][Hi], [N] */
+    float *kbuf;                  /* [KV_PAGE_DEFAULT][Di]: a page's keys decoded (bf16 / int8 pools) */
     int32_t *tmp;                 /* [N] */
 } dsa_scr;
 int dsa_carve(arena *a, const petrel_config *c, int T, int N, dsa_scr *d);
