@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "base/err.h"
+#include "base/outfile.h"
 #include "cli.h"
 #include "model/config.h"
 #include "runtime/chat.h"
@@ -32,6 +33,9 @@ static const char *usage =
     "and so is a line that is not valid UTF-8; the chat goes on with the next line. The line /clear\n"
     "drops the conversation so far (the system message stays).\n"
     "  --system TEXT        a system message at the start of the conversation\n"
+    "  --session FILE       resume the conversation saved in FILE (its latent KV, and the messages in\n"
+    "                       FILE.messages.json) if it exists: no prefill of the history; save both at\n"
+    "                       the end of input\n"
     "  --no-think           render with enable_thinking=false (no thinking)\n"
     "  --hide-thinking      do not show the thinking at all\n"
     "  -n N                 most tokens per reply (default -1: until eos or the context is full)\n"
@@ -200,7 +204,7 @@ CLI_CMD(chat) {
     cli_model_opts mo = {0};
     sampler_params sp;
     sampler_params_default(&sp);
-    const char *tok_opt = NULL, *tmpl_path = NULL, *system = NULL;
+    const char *tok_opt = NULL, *tmpl_path = NULL, *system = NULL, *session = NULL;
     long ngen = -1, ctx_opt = 4096;
     int think = 1, hide = 0, verbose = 0, seed_set = 0;
     for (int i = 1; i < argc; i++) {
@@ -213,6 +217,7 @@ CLI_CMD(chat) {
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { fputs(usage, stdout); return 0; }
         else if (!strcmp(a, "--no-think")) think = 0;
         else if (!strcmp(a, "--hide-thinking")) hide = 1;
+        else if (!strcmp(a, "--session") && i + 1 < argc) session = argv[++i];
         else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) verbose = 1;
         else if (!strcmp(a, "--tokenizer") && has) tok_opt = argv[++i];
         else if (!strcmp(a, "--template") && has) tmpl_path = argv[++i];
@@ -245,6 +250,7 @@ CLI_CMD(chat) {
     else if (petrel_model_chat_template(mo.model, &src, &sl, &err) < 0) src = NULL;
     if (!src) { rc = cli_fail_err("chat", &err); goto done; }
     if (jinja_compile(src, sl, &tmpl, &err) < 0) { rc = cli_fail_err("chat: chat template", &err); goto done; }
+    if (session && pt_out_check(session, mo.model, &err) < 0) { rc = cli_fail_err("chat: --session", &err); goto done; } /* before the work */
     if (cli_engine_open(&mo, &eng, &err) < 0) { rc = cli_fail_err("chat", &err); goto done; }
     int maxpos = petrel_engine_config(eng)->max_position_embeddings;
     int ctx = ctx_opt < maxpos ? (int)ctx_opt : maxpos;
@@ -260,8 +266,20 @@ CLI_CMD(chat) {
         if (id >= 0) stops[n_stop++] = id;
     }
     gen_opts go = {.max_tokens = (int)ngen, .stop_ids = stops, .n_stop = n_stop};
-    msgs = cJSON_CreateArray();
-    if (!msgs || (system && chat_add_message(msgs, "system", system, NULL, &err) < 0)) { rc = cli_fail("chat: out of memory"); goto done; }
+    char msgs_path[4200] = "";
+    if (session) snprintf(msgs_path, sizeof msgs_path, "%s.messages.json", session);
+    if (session && access(session, F_OK) == 0) { /* resume: the cache and the conversation it holds */
+        size_t ml = 0;
+        char *mj = access(msgs_path, F_OK) == 0 ? slurp(msgs_path, &ml, &err) : NULL;
+        msgs = mj ? cJSON_ParseWithLength(mj, ml) : NULL;
+        free(mj);
+        if (!msgs || !cJSON_IsArray(msgs)) { rc = cli_fail("chat: --session: %s is missing or not a JSON array of messages", msgs_path); goto done; }
+        if (gen_load(&g, session, &err) < 0) { rc = cli_fail_err("chat: --session", &err); goto done; }
+        if (verbose) fprintf(stderr, "petrel chat: resumed %d messages, %d cached tokens from %s\n", cJSON_GetArraySize(msgs), g.n_ids, session);
+    } else {
+        msgs = cJSON_CreateArray();
+        if (!msgs || (system && chat_add_message(msgs, "system", system, NULL, &err) < 0)) { rc = cli_fail("chat: out of memory"); goto done; }
+    }
     int interactive = isatty(STDIN_FILENO);
     o.tty = isatty(STDOUT_FILENO);
     o.hide_think = hide;
@@ -336,6 +354,17 @@ CLI_CMD(chat) {
         if (arc < 0) { rc = cli_fail_err("chat", &err); break; }
     }
     if (!rc && ferror(stdin)) rc = cli_fail("chat: reading stdin failed");
+    if (!rc && session) { /* the cache, then the messages, each whole or not at all */
+        char *mj = cJSON_PrintUnformatted(msgs);
+        pt_outfile of;
+        if (!mj) rc = cli_fail("chat: out of memory");
+        else if (gen_save(&g, session, &err) < 0 || pt_out_open(&of, msgs_path, mo.model, &err) < 0) rc = cli_fail_err("chat: --session", &err);
+        else if (pt_out_write(&of, mj, strlen(mj), &err) < 0) {
+            pt_out_abort(&of);
+            rc = cli_fail_err("chat: --session", &err);
+        } else if (pt_out_commit(&of, &err) < 0) rc = cli_fail_err("chat: --session", &err);
+        free(mj);
+    }
 done:
     free(line);
     free(src);

@@ -4,19 +4,24 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/outfile.h"
 #include "cli.h"
 #include "model/config.h"
 
 static const char *usage =
-    "usage: petrel generate --model DIR --ids 1,2,3 -n N [--stop-at-eos]\n"
+    "usage: petrel generate --model DIR --ids 1,2,3 -n N [--stop-at-eos] [--session-in F] [--session-out F]\n"
     "Prints the N greedy (argmax) token ids that follow the prompt, space-separated.\n"
     "  --ids LIST           prompt token ids, comma separated\n"
     "  -n N                 tokens to generate (default 16)\n"
-    "  --stop-at-eos        stop after the model's eos id instead of always printing N\n" CLI_MODEL_OPTS_HELP;
+    "  --stop-at-eos        stop after the model's eos id instead of always printing N\n"
+    "  --session-out FILE   at the end, save the session (every id printed is in it) to FILE\n"
+    "  --session-in FILE    continue a saved session: the --ids (optional then) are appended first;\n"
+    "                       `--ids P -n 8 --session-out F` then `--session-in F -n 8` print what\n"
+    "                       `--ids P -n 16` prints\n" CLI_MODEL_OPTS_HELP;
 
 CLI_CMD(generate) {
     cli_model_opts mo = {0};
-    const char *ids_s = NULL;
+    const char *ids_s = NULL, *s_in = NULL, *s_out = NULL;
     long ngen = 16;
     int stop_eos = 0;
     for (int i = 1; i < argc; i++) {
@@ -26,17 +31,24 @@ CLI_CMD(generate) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { fputs(usage, stdout); return 0; }
         else if (!strcmp(argv[i], "--stop-at-eos")) stop_eos = 1;
         else if (!strcmp(argv[i], "--ids") && i + 1 < argc) ids_s = argv[++i];
+        else if (!strcmp(argv[i], "--session-in") && i + 1 < argc) s_in = argv[++i];
+        else if (!strcmp(argv[i], "--session-out") && i + 1 < argc) s_out = argv[++i];
         else if ((!strcmp(argv[i], "-n") || !strcmp(argv[i], "--n")) && i + 1 < argc) {
             if (cli_parse_int(argv[++i], 0, 1 << 24, &ngen)) return cli_fail("generate: -n: \"%s\" is not a count", argv[i]);
         } else return cli_fail("generate: unknown or incomplete option \"%s\" (petrel generate --help)", argv[i]);
     }
     if (!mo.model) return cli_fail("generate: --model is required");
-    if (!ids_s) return cli_fail("generate: --ids is required");
+    if (!ids_s && !s_in) return cli_fail("generate: --ids is required (or --session-in)");
+    petrel_error oerr = {0};
+    if (s_out && pt_out_check(s_out, mo.model, &oerr) < 0) return cli_fail("generate: --session-out: %s", oerr.msg); /* before the work */
     char msg[256];
-    int32_t *ids;
-    int n = cli_parse_ids(ids_s, &ids, msg, sizeof msg);
-    if (n < 0) return cli_fail("generate: --ids: %s", msg);
-    if (n == 0) { free(ids); return cli_fail("generate: empty prompt: --ids holds no token ids"); }
+    int32_t *ids = NULL;
+    int n = 0;
+    if (ids_s) {
+        n = cli_parse_ids(ids_s, &ids, msg, sizeof msg);
+        if (n < 0) return cli_fail("generate: --ids: %s", msg);
+        if (n == 0 && !s_in) { free(ids); return cli_fail("generate: empty prompt: --ids holds no token ids"); }
+    }
     petrel_error err = {0};
     petrel_engine *eng;
     if (cli_engine_open(&mo, &eng, &err)) { free(ids); return cli_fail_err("generate", &err); }
@@ -45,17 +57,34 @@ CLI_CMD(generate) {
     petrel_session *s = NULL;
     float *lg = malloc(sizeof(float) * (size_t)V);
     if (!lg) rc = cli_fail("generate: out of memory");
-    /* the last generated id is printed, never fed back: n + ngen - 1 positions suffice */
-    if (!rc && petrel_session_create(eng, n + (ngen > 0 ? (int)ngen - 1 : 0), &s, &err)) rc = cli_fail_err("generate", &err);
-    if (!rc && ngen > 0 && petrel_session_forward(s, ids, n, lg, 0, &err)) rc = cli_fail_err("generate", &err);
+    /* the last generated id is printed, never fed back (n + ngen - 1 positions), unless the
+     * session is saved: then it goes in too, so a continuation starts from everything printed */
+    long cap = s_in ? cfg->max_position_embeddings : (long)n + (ngen > 0 ? ngen - 1 : 0) + (s_out ? 1 : 0);
+    if (cap > cfg->max_position_embeddings) cap = cfg->max_position_embeddings;
+    if (!rc && petrel_session_create(eng, (int)cap, &s, &err)) rc = cli_fail_err("generate", &err);
+    if (!rc && s_in && petrel_session_load(s, s_in, &err)) rc = cli_fail_err("generate", &err);
+    int have = 0; /* lg holds the last cached position's logits */
+    if (!rc && n > 0 && (ngen > 0 || s_out)) {
+        if (petrel_session_forward(s, ids, n, lg, 0, &err)) rc = cli_fail_err("generate", &err);
+        else have = 1;
+    }
+    if (!rc && !have && ngen > 0) { /* a loaded session: its last position runs again for its logits */
+        const int32_t *tk;
+        int len = petrel_session_tokens(s, &tk);
+        int32_t last = len > 0 ? tk[len - 1] : 0;
+        if (len < 1) rc = cli_fail("generate: %s holds no tokens to continue from", s_in);
+        else if (petrel_session_truncate(s, len - 1, &err) || petrel_session_forward(s, &last, 1, lg, 0, &err)) rc = cli_fail_err("generate", &err);
+    }
+    int32_t best = -1;
     for (long g = 0; !rc && g < ngen; g++) {
-        int32_t best = 0;
+        best = 0;
         for (int v = 1; v < V; v++) if (lg[v] > lg[best]) best = v;
         printf(g ? " %d" : "%d", best);
         if (fflush(stdout) != 0) { rc = cli_fail("generate: writing to stdout failed: %s", strerror(errno)); break; } /* stop at once */
         if (stop_eos && config_is_eos(cfg, best)) break;
-        if (g + 1 < ngen && petrel_session_forward(s, &best, 1, lg, 0, &err)) rc = cli_fail_err("generate", &err);
+        if ((g + 1 < ngen || s_out) && petrel_session_forward(s, &best, 1, lg, 0, &err)) rc = cli_fail_err("generate", &err);
     }
+    if (!rc && s_out && petrel_session_save(s, s_out, &err)) rc = cli_fail_err("generate", &err);
     if (!rc) printf("\n");
     petrel_session_free(s);
     rc = cli_engine_close("generate", eng, rc);

@@ -14,6 +14,7 @@
 #include "base/err.h"
 #include "base/file.h"
 #include "io/pack.h"
+#include "base/outfile.h"
 #include "cli.h"
 #include "model/config.h"
 #include "runtime/chat.h"
@@ -37,6 +38,8 @@ static const char *usage =
     "  --raw                use TEXT as is, no chat template (the default; cancels --chat)\n"
     "  --chat               wrap TEXT as a user message through the chat template\n"
     "  --system TEXT        with --chat: a system message before it\n"
+    "  --session FILE       load the session (latent KV and token ids) from FILE if it exists, so\n"
+    "                       the prompt's cached prefix is not run again; save it there at the end\n"
     "  --no-think           with --chat: render with enable_thinking=false\n"
     "  --template FILE      with --chat: the Jinja chat template (default: the model's own,\n"
     "                       chat_template.jinja or tokenizer_config.json chat_template, from its\n"
@@ -202,7 +205,7 @@ CLI_CMD(run) {
     cli_model_opts mo = {0};
     sampler_params sp;
     sampler_params_default(&sp);
-    const char *prompt = NULL, *tok_opt = NULL, *tmpl_path = NULL, *system = NULL;
+    const char *prompt = NULL, *tok_opt = NULL, *tmpl_path = NULL, *system = NULL, *session = NULL;
     long ngen = 128;
     int chat = 0, think = 1, verbose = 0, seed_set = 0;
     for (int i = 1; i < argc; i++) {
@@ -221,6 +224,7 @@ CLI_CMD(run) {
         else if (!strcmp(a, "--tokenizer") && has) tok_opt = argv[++i];
         else if (!strcmp(a, "--template") && has) tmpl_path = argv[++i];
         else if (!strcmp(a, "--system") && has) system = argv[++i];
+        else if (!strcmp(a, "--session") && has) session = argv[++i];
         else if ((!strcmp(a, "-n") || !strcmp(a, "--n") || !strcmp(a, "--max-tokens")) && has) {
             if (cli_parse_int(argv[++i], -1, 1 << 30, &ngen)) return cli_fail("run: -n: \"%s\" is not a count (or -1)", argv[i]);
         } else return cli_fail("run: unknown or incomplete option \"%s\" (petrel run --help)", a);
@@ -228,6 +232,8 @@ CLI_CMD(run) {
     if (mo.open.verbose) verbose = 1; /* cli_model_opt takes -v / --verbose (engine load plan too) */
     if (!mo.model) return cli_fail("run: --model is required");
     if (!prompt) return cli_fail("run: -p TEXT is required (the prompt)");
+    petrel_error serr = {0};
+    if (session && pt_out_check(session, mo.model, &serr) < 0) return cli_fail("run: --session: %s", serr.msg); /* before the work */
     if (!seed_set) sp.seed = cli_random_seed();
     char tbuf[4096];
     const char *tok_path = cli_tokenizer_path("run", tok_opt, mo.model, tbuf, sizeof tbuf);
@@ -258,7 +264,8 @@ CLI_CMD(run) {
         for (int k = 0; chat && k < 3; k++)
             if ((stops[n_stop] = tok_token_to_id(tok, stop_names[k])) >= 0) n_stop++;
         cli_progress pg = {.verbose = verbose};
-        gen_opts go = {.max_tokens = (int)ngen, .stop_ids = stops, .n_stop = n_stop, .progress = cli_progress_fn, .progress_user = &pg};
+        gen_opts go = {.max_tokens = (int)ngen, .stop_ids = stops, .n_stop = n_stop, .progress = cli_progress_fn, .progress_user = &pg,
+                       .session = session};
         gen_stats st = {0};
         run_out o = {0};
         if (generate_text(eng, tok, prompt, plen, &sp, &go, on_piece, &o, &st, &err) < 0) rc = cli_fail_err("run", &err);

@@ -94,10 +94,19 @@ int cli_out_check(const char *cmd, const char *path, const char *input) {
 static int kernel_opt(int argc, char **argv, int *i, cli_model_opts *mo) {
     const char *a = argv[*i];
     int aq = !strcmp(a, "--act-quant"), rl = !strcmp(a, "--relayout"), isa = !strcmp(a, "--isa");
-    if (!aq && !rl && !isa) return 0;
+    int kvt = !strcmp(a, "--kv-type"), kvs = !strcmp(a, "--kv-size");
+    if (!aq && !rl && !isa && !kvt && !kvs) return 0;
     if (*i + 1 >= argc) { cli_fail("%s needs a value", a); return -1; }
     const char *v = argv[++*i];
-    if (isa) {
+    if (kvt) {
+        if (strcmp(v, "f32") && strcmp(v, "bf16") && strcmp(v, "int8") && strcmp(v, "auto")) {
+            cli_fail("--kv-type: \"%s\" is not one of f32, bf16, int8, auto", v);
+            return -1;
+        }
+        mo->open.kv_type = v;
+    } else if (kvs) {
+        if (cli_opt_size(NULL, "--kv-size", v, 1, CLI_SIZE_MAX, &mo->open.kv_bytes)) return -1;
+    } else if (isa) {
         if (strcmp(v, "auto") && strcmp(v, "scalar") && strcmp(v, "avx2") && strcmp(v, "avx512")) {
             cli_fail("--isa: \"%s\" is not one of scalar, avx2, avx512, auto", v);
             return -1;

@@ -115,6 +115,25 @@ int petrel_session_len(const petrel_session *s);
 /* Drops cached positions >= n_past (speculative rollback, prompt reuse). */
 int petrel_session_truncate(petrel_session *s, int n_past, petrel_error *err);
 
+/* Persistence: save writes the session's tokens and latent KV (the pool's scheme) to a file,
+ * whole or not at all; load replaces an empty or used session's contents with a file's. A
+ * file made for another model (its identity: config shapes and tensor checksums), another KV
+ * scheme, a newer format, or truncated / corrupt, is refused with one line and changes nothing.
+ * tokens: the ids of the cached positions (valid until the session changes). */
+int petrel_session_save(const petrel_session *s, const char *path, petrel_error *err);
+int petrel_session_load(petrel_session *s, const char *path, petrel_error *err);
+int petrel_session_tokens(const petrel_session *s, const int32_t **ids);
+/* A new session holding src's positions, sharing its pages copy-on-write (no copy until one of
+ * them writes into a shared page): n samples of one prompt, a verify window on a copy. */
+int petrel_session_fork(const petrel_session *src, petrel_session **out, petrel_error *err);
+/* The engine's prefix cache: put registers the session's full pages under their token prefix;
+ * get fills an EMPTY session with the longest cached prefix of ids[0..n) (whole pages) and
+ * returns its length (0: none), so only the rest needs a prefill. Pass n - 1 for a prompt whose
+ * last token must run for its logits. Entries only the cache holds are evicted (least recently
+ * used first) when the pool runs short. */
+int petrel_session_prefix_put(petrel_session *s, petrel_error *err);
+int petrel_session_prefix_get(petrel_session *s, const int32_t *ids, int n, petrel_error *err);
+
 /* Runs n tokens at positions len..len+n-1 as one batch of rows and appends them to the cache.
  * logits: NULL, or [n, vocab] (all rows) when all_logits, else [vocab] for the last row. */
 int petrel_session_forward(petrel_session *s, const int32_t *ids, int n, float *logits,

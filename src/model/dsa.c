@@ -45,7 +45,6 @@ int dsa_select(petrel_session *s, int l, const layer_w *lw, const float *x, cons
         op_layernorm(k, k, lw->idx_k_norm_w, lw->idx_k_norm_b, Di, 1e-6);
         op_rope(k, cs, sn, Dr, c->indexer_rope_interleave);
         PT_TRY(kv_write_index(s->kv, l, P + r, k, err));
-        memcpy(s->idx_k[l] + (size_t)(P + r) * Di, k, sizeof(float) * (size_t)Di);
         for (int h = 0; h < Hi; h++) iw[(size_t)r * Hi + h] *= wscale;
     }
     for (int r = 0; r < T; r++) {

@@ -17,6 +17,8 @@
 #include "model/scratch.h"
 #include "kv/kv.h"
 
+#include <xxhash.h>
+
 /* A colibri artifact: its own weight source. Without indexer weights the engine still opens
  * (weights_bind sets no_indexer; forward then refuses contexts past index_topk). */
 static int open_colibri(petrel_engine *e, const char *dir, petrel_error *err) {
@@ -97,6 +99,39 @@ static int apply_kernel_opts(const petrel_open_opts *o, petrel_error *err) {
     return 0;
 }
 
+/* The model's identity for session files: a hash over the shapes that define the cache and the
+ * numerics, and over what the weights are: a pack's tensor and expert checksums; a Hugging Face
+ * or colibri folder's tensor table (names, dtypes, shapes, byte ranges) - its bytes are not
+ * read, so two checkpoints that differ only inside equal-sized tensors share an identity. */
+static uint64_t engine_identity(const petrel_engine *e) {
+    const petrel_config *c = &e->cfg;
+    XXH64_state_t *h = XXH64_createState();
+    if (!h) return 0;
+    XXH64_reset(h, 0x70657472656cull);
+    int32_t shape[] = {c->num_hidden_layers, c->hidden_size, c->num_attention_heads, c->kv_lora_rank, c->qk_rope_head_dim, c->qk_nope_head_dim,
+                       c->v_head_dim, c->q_lora_rank, c->index_head_dim, c->index_n_heads, c->index_topk, c->vocab_size,
+                       c->n_routed_experts, c->num_experts_per_tok, e->w.has_mtp};
+    XXH64_update(h, shape, sizeof shape);
+    XXH64_update(h, &c->rope_theta, sizeof c->rope_theta);
+    XXH64_update(h, c->layer_indexer_full, (size_t)c->num_hidden_layers);
+    if (e->pack) {
+        for (int i = 0; i < e->pack->n_tensors; i++) XXH64_update(h, &e->pack->tensors[i].xxh64, 8);
+        for (int i = 0; i < e->pack->n_elayers; i++)
+            XXH64_update(h, e->pack->elayers[i].xxh64, 8 * (size_t)e->pack->elayers[i].n_experts);
+    }
+    const st_set *set = e->src ? e->src : e->coli ? e->coli->set : NULL;
+    for (int i = 0; set && i < set->n_tensors; i++) {
+        const st_tensor *t = &set->tensors[i];
+        XXH64_update(h, t->name, strlen(t->name) + 1);
+        int64_t d[ST_MAX_DIMS + 4] = {t->dtype, t->ndim, (int64_t)t->begin, (int64_t)t->end};
+        for (int k = 0; k < t->ndim && k < ST_MAX_DIMS; k++) d[4 + k] = t->shape[k];
+        XXH64_update(h, d, sizeof d);
+    }
+    uint64_t v = XXH64_digest(h);
+    XXH64_freeState(h);
+    return v;
+}
+
 /* The engine's KV pool (petrel_open_opts kv_type, kv_bytes). */
 static int kv_open(petrel_engine *e, const petrel_open_opts *o, petrel_error *err) {
     const petrel_config *c = &e->cfg;
@@ -114,6 +149,7 @@ static int kv_open(petrel_engine *e, const petrel_open_opts *o, petrel_error *er
             if (half && bytes > half) bytes = half;
         }
     }
+    e->identity = engine_identity(e);
     return kv_pool_create(&sh, &ko, bytes, &e->kv, err);
 }
 
@@ -216,16 +252,7 @@ int petrel_session_create(petrel_engine *e, int max_tokens, petrel_session **out
         free(s);
         return krc;
     }
-    s->kv_c = calloc((size_t)L, sizeof(float *));
-    s->kv_pe = calloc((size_t)L, sizeof(float *));
-    s->idx_k = calloc((size_t)L, sizeof(float *));
-    int ok = s->kv_c && s->kv_pe && s->idx_k;
-    for (int l = 0; ok && l < L; l++) {
-        s->kv_c[l] = malloc(sizeof(float) * (size_t)max_tokens * c->kv_lora_rank);
-        s->kv_pe[l] = malloc(sizeof(float) * (size_t)max_tokens * c->qk_rope_head_dim);
-        ok = s->kv_c[l] && s->kv_pe[l];
-        if (ok && c->layer_indexer_full[l]) ok = (s->idx_k[l] = malloc(sizeof(float) * (size_t)max_tokens * c->index_head_dim)) != NULL;
-    }
+    int ok = 1;
     if (ok) {
         s->ar.cap = plan_session_arena(c, s->max_batch, max_tokens);
         ok = (s->ar.base = malloc(s->ar.cap)) != NULL;
@@ -247,15 +274,6 @@ int petrel_session_create(petrel_engine *e, int max_tokens, petrel_session **out
 
 void petrel_session_free(petrel_session *s) {
     if (!s) return;
-    int L = s->n_layers;
-    for (int l = 0; l < L; l++) {
-        if (s->kv_c) free(s->kv_c[l]);
-        if (s->kv_pe) free(s->kv_pe[l]);
-        if (s->idx_k) free(s->idx_k[l]);
-    }
-    free(s->kv_c);
-    free(s->kv_pe);
-    free(s->idx_k);
     kv_seq_free(s->kv);
     free(s->ar.base);
     free(s->pf.block);
@@ -265,6 +283,51 @@ void petrel_session_free(petrel_session *s) {
 void petrel_session_set_route_offset(petrel_session *s, int offset) { s->route_offset = offset; }
 
 int petrel_session_len(const petrel_session *s) { return s->len; }
+
+int petrel_session_save(const petrel_session *s, const char *path, petrel_error *err) {
+    return kv_save(s->kv, path, s->eng->identity, err);
+}
+
+int petrel_session_load(petrel_session *s, const char *path, petrel_error *err) {
+    PT_TRY(kv_load(s->kv, path, s->eng->identity, s->eng->cfg.vocab_size, err));
+    s->len = s->kv->len;
+    s->mtp_len = s->kv->mtp_len;
+    return 0;
+}
+
+int petrel_session_tokens(const petrel_session *s, const int32_t **ids) {
+    *ids = s->kv->tokens;
+    return s->len;
+}
+
+int petrel_session_fork(const petrel_session *src, petrel_session **out, petrel_error *err) {
+    *out = NULL;
+    PT_TRY(petrel_session_create(src->eng, src->cap, out, err));
+    petrel_session *s = *out;
+    kv_seq *k = NULL;
+    int rc = kv_seq_fork(src->kv, src->cap, &k, err);
+    if (rc < 0) {
+        petrel_session_free(s);
+        *out = NULL;
+        return rc;
+    }
+    kv_seq_free(s->kv);
+    s->kv = k;
+    s->len = src->len;
+    s->mtp_len = src->mtp_len;
+    return 0;
+}
+
+int petrel_session_prefix_put(petrel_session *s, petrel_error *err) { return kv_prefix_put(s->kv, err); }
+
+int petrel_session_prefix_get(petrel_session *s, const int32_t *ids, int n, petrel_error *err) {
+    if (s->len) return pt_err(err, PETREL_EINVAL, "a cached prefix goes into an empty session (this one holds %d tokens)", s->len);
+    int got = kv_prefix_get(s->kv, ids, n, err);
+    if (got < 0) return got;
+    s->len = s->kv->len;
+    s->mtp_len = s->kv->mtp_len;
+    return got;
+}
 
 int petrel_session_truncate(petrel_session *s, int n_past, petrel_error *err) {
     if (n_past < 0 || n_past > s->len) return pt_err(err, PETREL_EINVAL, "cannot truncate a %d-token session to %d", s->len, n_past);

@@ -50,6 +50,7 @@ struct petrel_engine {
     int pf_rows;
     char trace_out[4096];
     struct kv_pool *kv;      /* owned: the sessions' latent KV pages (src/kv) */
+    uint64_t identity;       /* the model's identity in session files (engine.c) */
     /* Trace-driven routing (open option route_trace): the trace and, per MoE index, its layer. */
     struct xs_trace *route;  /* owned, NULL when the routers choose */
     int *route_layer;        /* owned [n_moe] */
@@ -130,10 +131,9 @@ struct petrel_session {
     int max_batch;      /* rows per forward chunk */
     int n_layers;       /* layers with a cache: num_hidden_layers, + 1 for the MTP layer */
     int mtp_len;        /* positions of the MTP layer's cache filled (fwd_mtp) */
-    /* Latent KV cache per layer: c [cap][kv_lora_rank], k_pe [cap][qk_rope_head_dim];
-     * indexer keys [cap][index_head_dim] on full layers only (NULL on shared layers). */
-    float **kv_c, **kv_pe, **idx_k;   /* owned arrays [L] of owned buffers */
-    struct kv_seq *kv;  /* owned: the session's pages in the engine's pool */
+    /* The latent KV cache: per position and layer c [kv_lora_rank], k_pe [qk_rope_head_dim],
+     * indexer keys [index_head_dim] on full layers, in pages of the engine's pool (src/kv). */
+    struct kv_seq *kv;  /* owned: the session's page table */
     arena ar;
     mla_mode mla;       /* test hook: force a form */
     int dsa_always_score; /* test hook: score and top-k even when every causal key fits */

@@ -48,8 +48,6 @@ int attn_segs(petrel_session *scr, int l, const layer_w *lw, float *h, const flo
             op_rmsnorm(kv, kv, lw->kv_a_layernorm, Rkv, 1e-6);
             op_rope(kv + Rkv, cs, sn, Dr, c->rope_interleave);
             PT_TRY(kv_write(s->kv, l, pos, kv, kv + Rkv, err)); /* encoded in the pool's scheme */
-            memcpy(s->kv_c[l] + (size_t)pos * Rkv, kv, sizeof(float) * (size_t)Rkv);
-            memcpy(s->kv_pe[l] + (size_t)pos * Dr, kv + Rkv, sizeof(float) * (size_t)Dr);
         }
     }
     t1 = pt_now_ns(), ns[FS_ATTN] += t1 - t0, t0 = t1;

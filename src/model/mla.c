@@ -23,6 +23,7 @@
 #include "base/err.h"
 #include "base/pool.h"
 #include "kernels/kernels.h"
+#include "kv/kv.h"
 #include "model/engine.h"
 
 static pt_wview f32_view(const float *data, int64_t rows, int64_t cols) {
@@ -146,22 +147,16 @@ static int row_core(petrel_session *s, int l, const float *qr, const float *qt, 
     size_t mark = s->ar.used;
     int prefix = !sr || (n > 0 && sr[0] == 0 && sr[n - 1] == n - 1); /* NULL: dense, keys 0..n-1 */
     float *qpe = ar_alloc(&s->ar, sizeof(float) * (size_t)NH * Dr);
-    float *cg = prefix ? NULL : ar_alloc(&s->ar, sizeof(float) * (size_t)n * Rkv);
-    float *pg = prefix ? NULL : ar_alloc(&s->ar, sizeof(float) * (size_t)n * Dr);
+    float *cg = ar_alloc(&s->ar, sizeof(float) * (size_t)n * Rkv);
+    float *pg = ar_alloc(&s->ar, sizeof(float) * (size_t)n * Dr);
     float *sc = ar_alloc(&s->ar, sizeof(float) * (size_t)NH * n);
     float *sp = ar_alloc(&s->ar, sizeof(float) * (size_t)NH * n);
-    if (!qpe || (!prefix && (!cg || !pg)) || !sc || !sp) return pt_err(err, PETREL_ENOMEM, "attention scratch exhausted (layer %d)", l);
+    if (!qpe || !cg || !pg || !sc || !sp) return pt_err(err, PETREL_ENOMEM, "attention scratch exhausted (layer %d)", l);
     for (int h = 0; h < NH; h++) memcpy(qpe + (size_t)h * Dr, qr + (size_t)h * Dqk + Dn, sizeof(float) * (size_t)Dr);
-    /* the selected keys, contiguous (a view when the selection is 0..n-1) */
-    const float *C = s->kv_c[l], *PE = s->kv_pe[l];
-    if (!prefix) {
-        for (int i = 0; i < n; i++) {
-            memcpy(cg + (size_t)i * Rkv, s->kv_c[l] + (size_t)sr[i] * Rkv, sizeof(float) * (size_t)Rkv);
-            memcpy(pg + (size_t)i * Dr, s->kv_pe[l] + (size_t)sr[i] * Dr, sizeof(float) * (size_t)Dr);
-        }
-        C = cg;
-        PE = pg;
-    }
+    /* the selected keys from the session's pages, contiguous and f32 */
+    if (prefix) PT_TRY(kv_decode(s->kv, l, 0, n, cg, pg, NULL, err));
+    else PT_TRY(kv_gather(s->kv, l, sr, n, cg, pg, NULL, err));
+    const float *C = cg, *PE = pg;
     pt_wview vc = f32_view(C, n, Rkv), vp = f32_view(PE, n, Dr);
     kn_matmul(&vc, qt, NH, sc);   /* sc[h][i] = q~_h . c_i */
     kn_matmul(&vp, qpe, NH, sp);  /* sp[h][i] = q_pe_h . k_pe_i */
@@ -195,7 +190,10 @@ static int absorbed(petrel_session *s, int l, const layer_w *lw, const float *q,
         }
     }
     if (m > 1) {
-        abp_job j = {lw, q, s->kv_c[l], s->kv_pe[l], rows, sel_n, m, NH, Dn, Dr, Dv, Dqk, Rkv, pmax, scale, out, NULL, 0};
+        float *C = ar_alloc(&s->ar, sizeof(float) * (size_t)pmax * Rkv), *PE = ar_alloc(&s->ar, sizeof(float) * (size_t)pmax * Dr);
+        if (!C || !PE) return pt_err(err, PETREL_ENOMEM, "attention scratch exhausted (layer %d)", l);
+        PT_TRY(kv_decode(s->kv, l, 0, pmax, C, PE, NULL, err)); /* the rows' keys 0..pmax-1 from the pages */
+        abp_job j = {lw, q, C, PE, rows, sel_n, m, NH, Dn, Dr, Dv, Dqk, Rkv, pmax, scale, out, NULL, 0};
         j.per = abp_floats(pmax, Dn, Dr, Dv, Rkv);
         int nt = pool_threads(kn_pool());
         j.scr = ar_alloc(&s->ar, sizeof(float) * j.per * (size_t)nt);
@@ -357,7 +355,11 @@ static void rec_task(void *ctx, int h, int thread) {
 static int reconstructed(petrel_session *s, int l, const layer_w *lw, const float *q, int T, const int32_t *sel, const int *sel_n,
                          int sel_stride, float *out, petrel_error *err) {
     const petrel_config *c = &s->eng->cfg;
-    rec_job j = {lw, q, s->kv_c[l], s->kv_pe[l], sel, sel_n, sel_stride, T, s->len, s->len + T, c->num_attention_heads,
+    int N = s->len + T;
+    float *C = ar_alloc(&s->ar, sizeof(float) * (size_t)N * c->kv_lora_rank), *PE = ar_alloc(&s->ar, sizeof(float) * (size_t)N * c->qk_rope_head_dim);
+    if (!C || !PE) return pt_err(err, PETREL_ENOMEM, "attention scratch exhausted (layer %d)", l);
+    PT_TRY(kv_decode(s->kv, l, 0, N, C, PE, NULL, err));
+    rec_job j = {lw, q, C, PE, sel, sel_n, sel_stride, T, s->len, s->len + T, c->num_attention_heads,
                  c->qk_nope_head_dim, c->qk_rope_head_dim, c->v_head_dim, c->qk_head_dim,
                  (float)(1.0 / sqrt((double)c->qk_head_dim)), out, NULL, 0};
     j.per = rec_floats(T, j.N, j.Dn, j.Dqk, j.Dv);
@@ -378,8 +380,9 @@ size_t mla_scratch_bytes(const petrel_config *c, int T, int N) {
     size_t NH = c->num_attention_heads, Dn = c->qk_nope_head_dim, Dr = c->qk_rope_head_dim, Dv = c->v_head_dim;
     size_t Rkv = c->kv_lora_rank, Dqk = c->qk_head_dim, n = (size_t)N;
     size_t nt = (size_t)pool_threads(kn_pool());
-    size_t abs_ = (size_t)T + 16 + abp_floats(N, (int)Dn, (int)Dr, (int)Dv, (int)Rkv) * nt + NH * Rkv * 2 + NH * Dr + n * Rkv * 2 + n * Dr + 2 * NH * n + 16 * 8;
-    size_t rec = rec_floats(T, N, (int)Dn, (int)Dqk, (int)Dv) * nt + 16;
+    size_t abs_ = (size_t)T + 16 + n * (Rkv + Dr) + abp_floats(N, (int)Dn, (int)Dr, (int)Dv, (int)Rkv) * nt + NH * Rkv * 2 + NH * Dr + n * Rkv * 2 + n * Dr +
+                  2 * NH * n + 16 * 8;
+    size_t rec = n * (Rkv + Dr) + rec_floats(T, N, (int)Dn, (int)Dqk, (int)Dv) * nt + 16;
     return (abs_ > rec ? abs_ : rec) * 4 + 64 * 16;
 }
 

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "base/err.h"
 #include "model/config.h"
@@ -105,6 +106,18 @@ int gen_prompt(gen_ctx *g, const int32_t *ids, int n, gen_stats *st, petrel_erro
     return 0;
 }
 
+int gen_load(gen_ctx *g, const char *path, petrel_error *err) {
+    PT_TRY(petrel_session_load(g->s, path, err));
+    const int32_t *tk;
+    int n = petrel_session_tokens(g->s, &tk);
+    memcpy(g->ids, tk, sizeof(int32_t) * (size_t)n);
+    g->n_ids = n;
+    g->have_logits = 0; /* the next prompt reruns at least its last token */
+    return 0;
+}
+
+int gen_save(const gen_ctx *g, const char *path, petrel_error *err) { return petrel_session_save(g->s, path, err); }
+
 static int is_stop(const petrel_config *cfg, const gen_opts *o, int32_t id) {
     if (config_is_eos(cfg, id)) return 1;
     for (int i = 0; o && i < o->n_stop; i++)
@@ -173,7 +186,7 @@ int generate_text(petrel_engine *eng, const tokenizer *tok, const char *prompt, 
     }
     int max = o ? o->max_tokens : -1;
     /* the last sampled token is emitted, never fed back: n + max - 1 positions suffice */
-    long ctx = max < 0 ? maxpos : (long)n + (max > 0 ? max - 1 : 0);
+    long ctx = max < 0 || (o && o->session) ? maxpos : (long)n + (max > 0 ? max - 1 : 0); /* a session grows over runs */
     if (ctx > maxpos) ctx = maxpos;
     gen_ctx g;
     rc = gen_init(&g, eng, tok, (int)ctx, sp, err);
@@ -182,9 +195,11 @@ int generate_text(petrel_engine *eng, const tokenizer *tok, const char *prompt, 
         return rc;
     }
     if (o && o->progress) petrel_session_set_progress(g.s, o->progress, o->progress_user);
-    rc = gen_prompt(&g, ids, (int)n, st, err);
+    if (o && o->session && access(o->session, F_OK) == 0) rc = gen_load(&g, o->session, err);
+    if (rc >= 0) rc = gen_prompt(&g, ids, (int)n, st, err);
     free(ids);
     if (rc >= 0) rc = gen_generate(&g, o, fn, user, st, err);
+    if (rc >= 0 && o && o->session) rc = gen_save(&g, o->session, err);
     gen_free(&g);
     return rc;
 }

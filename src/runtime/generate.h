@@ -34,6 +34,9 @@ typedef struct gen_opts {
     int n_stop;
     petrel_progress_fn progress; /* generate_text: the prompt's progress (may be NULL) */
     void *progress_user;
+    const char *session;      /* generate_text: load the session from this file first when it
+                                 exists (the prompt then reuses its cached prefix), save it at
+                                 the end; NULL: none */
 } gen_opts;
 
 typedef struct gen_stats {
@@ -71,6 +74,10 @@ void gen_free(gen_ctx *g);
 /* Makes the cache hold exactly ids[0..n) with logits for the last one, reusing the common
  * prefix. The penalty window is refilled from the prompt's last ids. PETREL_ERANGE if n > ctx. */
 int gen_prompt(gen_ctx *g, const int32_t *ids, int n, gen_stats *st, petrel_error *err);
+/* Session files (petrel_session_save / _load): gen_load replaces the cache and the id mirror
+ * with a file's (the next gen_prompt reuses its common prefix); gen_save writes them. */
+int gen_load(gen_ctx *g, const char *path, petrel_error *err);
+int gen_save(const gen_ctx *g, const char *path, petrel_error *err);
 /* Samples after the last gen_prompt (see above). st may be NULL. */
 int gen_generate(gen_ctx *g, const gen_opts *o, gen_piece_fn fn, void *user, gen_stats *st,
                  petrel_error *err);

@@ -1,0 +1,276 @@
+/* test_session.c: sessions over the paged latent KV (src/kv wired into the engine): save, load
+ * and continue equal to the uninterrupted run (bitwise logits) for every KV scheme; corrupt,
+ * truncated, other-model and future-version files refused with the session left as it was;
+ * forks and prefix-cache hits bitwise equal to independent sessions; pool exhaustion failing
+ * only the request that does not fit; `generate --session-out` / `--session-in` across
+ * processes and thread counts equal to one run. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kv/kv.h"
+#include "model/engine.h"
+#include "test.h"
+
+static petrel_engine *open_kv(const char *fixture, const char *kv_type, uint64_t kv_bytes) {
+    petrel_open_opts o = {0};
+    o.kv_type = kv_type;
+    o.kv_bytes = kv_bytes;
+    petrel_engine *e = NULL;
+    petrel_error err = {0};
+    if (petrel_engine_open(test_data(fixture), &o, &e, &err)) {
+        test_fail(__FILE__, __LINE__, "open %s (%s KV): %s", fixture, kv_type ? kv_type : "f32", err.msg);
+        return NULL;
+    }
+    return e;
+}
+
+static void prompt_ids(int32_t *ids, int n, int V, int salt) {
+    for (int i = 0; i < n; i++) ids[i] = (int32_t)(((i + salt) * 7919 + 13) % V);
+}
+
+/* Logits of `steps` single-token forwards (tokens from ids) appended to s: [steps][V]. */
+static int continue_run(petrel_session *s, const int32_t *ids, int steps, float *lg, int V) {
+    petrel_error err = {0};
+    for (int k = 0; k < steps; k++)
+        if (petrel_session_forward(s, ids + k, 1, lg + (size_t)k * V, 0, &err)) {
+            test_fail(__FILE__, __LINE__, "forward: %s", err.msg);
+            return -1;
+        }
+    return 0;
+}
+
+static void check_save_load(const char *kv_type) {
+    petrel_engine *e = open_kv("trained", kv_type, 0);
+    if (!e) return;
+    int V = e->cfg.vocab_size, N = 70, S = 4; /* crosses a page of 64 */
+    int32_t ids[80];
+    prompt_ids(ids, N + S, V, 3);
+    petrel_error err = {0};
+    petrel_session *a = NULL, *b = NULL;
+    CHECK(petrel_session_create(e, 128, &a, &err) == 0 && petrel_session_create(e, 128, &b, &err) == 0);
+    float *la = malloc(sizeof(float) * (size_t)V * S), *lb = malloc(sizeof(float) * (size_t)V * S);
+    CHECK(petrel_session_forward(a, ids, N, NULL, 0, &err) == 0);
+    const char *f = test_tmp("s.sess");
+    CHECK_MSG(petrel_session_save(a, f, &err) == 0, "save: %s", err.msg);
+    CHECK_MSG(petrel_session_load(b, f, &err) == 0, "load: %s", err.msg);
+    CHECK_EQ_INT(petrel_session_len(b), N);
+    const int32_t *ta, *tb;
+    CHECK_EQ_INT(petrel_session_tokens(b, &tb), N);
+    petrel_session_tokens(a, &ta);
+    CHECK(!memcmp(ta, tb, sizeof(int32_t) * (size_t)N));
+    if (!continue_run(a, ids + N, S, la, V) && !continue_run(b, ids + N, S, lb, V))
+        CHECK_MSG(!memcmp(la, lb, sizeof(float) * (size_t)V * S), "%s KV: loaded session's logits differ from the uninterrupted run", kv_type);
+    free(la);
+    free(lb);
+    petrel_session_free(a);
+    petrel_session_free(b);
+    petrel_engine_close(e);
+}
+
+TEST(session, save_load_continue_f32) { check_save_load("f32"); }
+TEST(session, save_load_continue_bf16) { check_save_load("bf16"); }
+TEST(session, save_load_continue_int8) { check_save_load("int8"); }
+
+static long file_size(const char *p) {
+    FILE *f = fopen(p, "rb");
+    if (!f) return -1;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fclose(f);
+    return n;
+}
+
+static void copy_prefix(const char *src, const char *dst, long n, long flip_at) {
+    FILE *a = fopen(src, "rb"), *b = fopen(dst, "wb");
+    for (long i = 0; a && b && i < n; i++) {
+        int c = fgetc(a);
+        if (c == EOF) break;
+        if (i == flip_at) c ^= 0x5a;
+        fputc(c, b);
+    }
+    if (a) fclose(a);
+    if (b) fclose(b);
+}
+
+TEST(session, bad_files_refused) {
+    petrel_engine *e = open_kv("trained", NULL, 0), *o = open_kv("tiny", NULL, 0), *e8 = open_kv("trained", "int8", 0);
+    if (!e || !o || !e8) goto out;
+    int V = e->cfg.vocab_size;
+    int32_t ids[40];
+    prompt_ids(ids, 40, V, 1);
+    petrel_error err = {0};
+    petrel_session *a = NULL, *b = NULL, *c = NULL, *d = NULL;
+    CHECK(petrel_session_create(e, 64, &a, &err) == 0 && petrel_session_create(e, 64, &b, &err) == 0);
+    CHECK(petrel_session_create(o, 64, &c, &err) == 0 && petrel_session_create(e8, 64, &d, &err) == 0);
+    CHECK(petrel_session_forward(a, ids, 30, NULL, 0, &err) == 0);
+    CHECK(petrel_session_forward(b, ids + 30, 5, NULL, 0, &err) == 0); /* b holds something else */
+    const char *f = test_tmp("good.sess"), *t = test_tmp("trunc.sess"), *x = test_tmp("flip.sess"), *v = test_tmp("ver.sess");
+    CHECK(petrel_session_save(a, f, &err) == 0);
+    long n = file_size(f);
+    copy_prefix(f, t, n - 9, -1);
+    copy_prefix(f, x, n, n / 2);
+    copy_prefix(f, v, n, -1);
+    FILE *fv = fopen(v, "r+b"); /* the format version right after the 8-byte magic */
+    if (fv) {
+        fseek(fv, 8, SEEK_SET);
+        uint32_t ver = 99;
+        fwrite(&ver, 4, 1, fv);
+        fclose(fv);
+    }
+    struct { petrel_session *s; const char *path; int code; const char *what; } cases[] = {
+        {b, t, PETREL_EFORMAT, "truncated"},
+        {b, x, PETREL_EFORMAT, "corrupt"},
+        {b, v, PETREL_EUNSUPPORTED, "future version"},
+        {c, f, PETREL_EINVAL, "another model"},
+        {d, f, PETREL_EINVAL, "another KV scheme"},
+        {b, test_tmp("missing.sess"), PETREL_EIO, "missing"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        int before = petrel_session_len(cases[k].s);
+        petrel_error e2 = {0};
+        int rc = petrel_session_load(cases[k].s, cases[k].path, &e2);
+        CHECK_MSG(rc == cases[k].code, "%s file: code %d (want %d): %s", cases[k].what, rc, cases[k].code, e2.msg);
+        CHECK_MSG(e2.msg[0] && !strchr(e2.msg, '\n'), "%s file: not one line: %s", cases[k].what, e2.msg);
+        CHECK_EQ_INT(petrel_session_len(cases[k].s), before);
+    }
+    /* b still works as it was: its next logits equal a fresh session fed the same rows */
+    petrel_session *r = NULL;
+    float *l1 = malloc(sizeof(float) * (size_t)V), *l2 = malloc(sizeof(float) * (size_t)V);
+    CHECK(petrel_session_create(e, 64, &r, &err) == 0);
+    CHECK(petrel_session_forward(r, ids + 30, 5, NULL, 0, &err) == 0);
+    CHECK(petrel_session_forward(b, ids + 35, 1, l1, 0, &err) == 0 && petrel_session_forward(r, ids + 35, 1, l2, 0, &err) == 0);
+    CHECK(!memcmp(l1, l2, sizeof(float) * (size_t)V));
+    free(l1);
+    free(l2);
+    petrel_session_free(r);
+    petrel_session_free(a);
+    petrel_session_free(b);
+    petrel_session_free(c);
+    petrel_session_free(d);
+out:
+    petrel_engine_close(e);
+    petrel_engine_close(o);
+    petrel_engine_close(e8);
+}
+
+/* A fork shares the prefix's pages; each branch continues as an independent session would. */
+TEST(session, fork_equals_independent) {
+    petrel_engine *e = open_kv("trained", NULL, 0);
+    if (!e) return;
+    int V = e->cfg.vocab_size, N = 66;
+    int32_t ids[70];
+    prompt_ids(ids, N, V, 5);
+    int32_t x[2] = {11, 99}, y[2] = {7, 4};
+    petrel_error err = {0};
+    petrel_session *a = NULL, *b = NULL, *ia = NULL, *ib = NULL;
+    CHECK(petrel_session_create(e, 80, &a, &err) == 0 && petrel_session_forward(a, ids, N, NULL, 0, &err) == 0);
+    CHECK_MSG(petrel_session_fork(a, &b, &err) == 0, "fork: %s", err.msg);
+    CHECK(petrel_session_create(e, 80, &ia, &err) == 0 && petrel_session_create(e, 80, &ib, &err) == 0);
+    CHECK(petrel_session_forward(ia, ids, N, NULL, 0, &err) == 0 && petrel_session_forward(ib, ids, N, NULL, 0, &err) == 0);
+    float *l[4];
+    for (int k = 0; k < 4; k++) l[k] = malloc(sizeof(float) * (size_t)V * 2);
+    if (!continue_run(a, x, 2, l[0], V) && !continue_run(b, y, 2, l[1], V) && !continue_run(ia, x, 2, l[2], V) && !continue_run(ib, y, 2, l[3], V)) {
+        CHECK_MSG(!memcmp(l[0], l[2], sizeof(float) * (size_t)V * 2), "the forked-from session differs from an independent one");
+        CHECK_MSG(!memcmp(l[1], l[3], sizeof(float) * (size_t)V * 2), "the fork differs from an independent session");
+    }
+    for (int k = 0; k < 4; k++) free(l[k]);
+    petrel_session_free(a);
+    petrel_session_free(b);
+    petrel_session_free(ia);
+    petrel_session_free(ib);
+    petrel_engine_close(e);
+}
+
+/* A new session takes a cached prefix in whole pages and prefills only the rest. */
+TEST(session, prefix_cache_hit) {
+    petrel_engine *e = open_kv("trained", NULL, 0);
+    if (!e) return;
+    int V = e->cfg.vocab_size, N = 150;
+    int32_t ids[160];
+    prompt_ids(ids, N, V, 9);
+    petrel_error err = {0};
+    petrel_session *a = NULL, *b = NULL, *c = NULL;
+    float *la = malloc(sizeof(float) * (size_t)V), *lb = malloc(sizeof(float) * (size_t)V);
+    CHECK(petrel_session_create(e, 160, &a, &err) == 0 && petrel_session_forward(a, ids, N, la, 0, &err) == 0);
+    CHECK(petrel_session_prefix_put(a, &err) >= 0);
+    CHECK(petrel_session_create(e, 160, &b, &err) == 0);
+    int got = petrel_session_prefix_get(b, ids, N - 1, &err);
+    CHECK_EQ_INT(got, 128); /* two whole pages of 64 */
+    CHECK_EQ_INT(petrel_session_len(b), got);
+    if (got > 0 && got < N) {
+        CHECK(petrel_session_forward(b, ids + got, N - got, lb, 0, &err) == 0);
+        CHECK_MSG(!memcmp(la, lb, sizeof(float) * (size_t)V), "prefix-cache session's logits differ from the full prefill");
+    }
+    /* another prompt sharing only the first page */
+    int32_t other[150];
+    memcpy(other, ids, sizeof other);
+    other[100] = (other[100] + 1) % V;
+    CHECK(petrel_session_create(e, 160, &c, &err) == 0);
+    CHECK_EQ_INT(petrel_session_prefix_get(c, other, N - 1, &err), 64);
+    free(la);
+    free(lb);
+    petrel_session_free(a);
+    petrel_session_free(b);
+    petrel_session_free(c);
+    petrel_engine_close(e);
+}
+
+/* A pool of 3 pages: the request that does not fit fails with a count; the others go on. */
+TEST(session, pool_exhaustion) {
+    petrel_engine *e0 = open_kv("trained", NULL, 0);
+    if (!e0) return;
+    size_t page = kv_pool_layout(e0->kv)->page_bytes;
+    petrel_engine_close(e0);
+    petrel_engine *e = open_kv("trained", NULL, 3 * page);
+    if (!e) return;
+    int V = e->cfg.vocab_size;
+    int32_t ids[130];
+    prompt_ids(ids, 130, V, 2);
+    petrel_error err = {0};
+    petrel_session *a = NULL, *b = NULL;
+    CHECK(petrel_session_create(e, 200, &a, &err) == 0 && petrel_session_create(e, 200, &b, &err) == 0);
+    CHECK(petrel_session_forward(a, ids, 100, NULL, 0, &err) == 0); /* 2 pages */
+    int rc = petrel_session_forward(b, ids, 100, NULL, 0, &err);
+    CHECK_EQ_INT(rc, PETREL_ERANGE);
+    CHECK_MSG(strstr(err.msg, "64") && strstr(err.msg, "fit"), "no count of what fits: %s", err.msg);
+    CHECK_EQ_INT(petrel_session_len(b), 0);
+    for (int k = 0; k < 20; k++) CHECK(petrel_session_forward(a, ids + 100 + k, 1, NULL, 0, &err) == 0); /* a goes on in its page */
+    CHECK(petrel_session_forward(b, ids, 50, NULL, 0, &err) == 0); /* what fits still runs */
+    petrel_session_free(a);
+    petrel_session_free(b);
+    petrel_engine_close(e);
+    /* a pool too small for one page is refused at open */
+    petrel_open_opts o = {0};
+    o.kv_bytes = 1;
+    petrel_engine *z = NULL;
+    CHECK_EQ_INT(petrel_engine_open(test_data("trained"), &o, &z, &err), PETREL_ERANGE);
+    CHECK(z == NULL);
+}
+
+/* generate --session-out then --session-in, in two processes and with other thread counts,
+ * prints what one generate prints. */
+TEST(session, cli_continue) {
+    const char *b = getenv("PETREL_BIN");
+    if (!b) {
+        test_skip("PETREL_BIN unset (make test sets it)");
+        return;
+    }
+    static char cmd[4096], o1[4096], o2[4096], o3[4096], er[4096];
+    const char *m = test_data("trained"), *f = test_tmp("cli.sess");
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --ids 5,17,29,301,44 -n 12 --threads 2", b, m);
+    CHECK_EQ_INT(test_sh(cmd, o1, sizeof o1, er, sizeof er), 0);
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --ids 5,17,29,301,44 -n 5 --session-out %s --threads 1", b, m, f);
+    CHECK_EQ_INT(test_sh(cmd, o2, sizeof o2, er, sizeof er), 0);
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --session-in %s -n 7 --threads 2", b, m, f);
+    CHECK_EQ_INT(test_sh(cmd, o3, sizeof o3, er, sizeof er), 0);
+    o2[strcspn(o2, "\n")] = 0;
+    char joined[8300];
+    snprintf(joined, sizeof joined, "%s %s", o2, o3);
+    CHECK_MSG(!strcmp(joined, o1), "continued: \"%s\", one run: \"%s\"", joined, o1);
+    /* a session file for another model: one line, exit 1 */
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --session-in %s -n 2", b, test_data("tiny"), f);
+    CHECK_EQ_INT(test_sh(cmd, o3, sizeof o3, er, sizeof er), 1);
+    CHECK_EQ_INT(test_count_lines(er), 1);
+}
