@@ -77,6 +77,7 @@ typedef struct {
     const float *q, *C, *PE;   /* q [T][NH][Dqk]; the layer's latent cache and rope keys */
     const int32_t *rows;       /* the rows run here (ascending) */
     const int *sel_n;          /* keys of row r: 0 .. sel_n[r]-1 */
+    const float *const *kc, *const *kp; /* row pointers of the keys 0 .. nmax-1 */
     int m, NH, Dn, Dr, Dv, Dqk, Rkv, nmax;
     float scale;
     float *out;                /* [T][NH][Dv] */
@@ -87,18 +88,19 @@ typedef struct {
 static size_t abp_floats(int nmax, int Dn, int Dr, int Dv, int Rkv) {
 #define A16(x) (((size_t)(x) + 15) / 16 * 16)
     return A16((size_t)ABP_ROWS * Dn) + 2 * A16((size_t)ABP_ROWS * Rkv) + A16((size_t)ABP_ROWS * Dr) +
-           2 * A16((size_t)ABP_ROWS * nmax) + A16((size_t)ABP_ROWS * Dv);
+           A16(kn_attn_scratch_floats(ABP_ROWS, nmax, Rkv, Dr)) + A16((size_t)ABP_ROWS * Dv);
 }
 
 /* Head h over the job's rows, ABP_ROWS at a time. Per row the arithmetic is the one-row path's:
- * q~ = W_UK^T q_nope (kn_matmul_t, rows independent), scores over the keys 0..Nc-1 of the block
- * (the row's own n first; the rest are dropped), softmax over exactly n, lat = P C over Nc keys
- * with P zero past n (fma(0, c, acc) == acc), o = W_UV lat. */
+ * q~ = W_UK^T q_nope (kn_matmul_t, rows independent), the attention core over the keys
+ * 0..Nc-1 of the block with the row's own n (kn_attn_core: every element one chain in a fixed
+ * order, lat's chain past n adds p = 0 exactly), o = W_UV lat. */
 static void abp_head(const abp_job *j, int h, float *scr) {
     const int Dn = j->Dn, Dr = j->Dr, Dv = j->Dv, Dqk = j->Dqk, Rkv = j->Rkv, NH = j->NH;
     float *qn = scr, *qt = qn + A16((size_t)ABP_ROWS * Dn), *qp = qt + A16((size_t)ABP_ROWS * Rkv);
-    float *S = qp + A16((size_t)ABP_ROWS * Dr), *Sp = S + A16((size_t)ABP_ROWS * j->nmax);
-    float *lat = Sp + A16((size_t)ABP_ROWS * j->nmax), *oh = lat + A16((size_t)ABP_ROWS * Rkv);
+    float *ascr = qp + A16((size_t)ABP_ROWS * Dr);
+    float *lat = ascr + A16(kn_attn_scratch_floats(ABP_ROWS, j->nmax, Rkv, Dr)), *oh = lat + A16((size_t)ABP_ROWS * Rkv);
+    int nk[ABP_ROWS];
 #undef A16
     for (int b0 = 0; b0 < j->m; b0 += ABP_ROWS) {
         int nb = j->m - b0 < ABP_ROWS ? j->m - b0 : ABP_ROWS, Nc = 0;
@@ -107,21 +109,12 @@ static void abp_head(const abp_job *j, int h, float *scr) {
             const float *qr = j->q + ((size_t)r * NH + h) * Dqk;
             memcpy(qn + (size_t)i * Dn, qr, sizeof(float) * (size_t)Dn);
             memcpy(qp + (size_t)i * Dr, qr + Dn, sizeof(float) * (size_t)Dr);
-            if (j->sel_n[r] > Nc) Nc = j->sel_n[r];
+            nk[i] = j->sel_n[r];
+            if (nk[i] > Nc) Nc = nk[i];
         }
         kn_matmul_t(&j->lw->w_uk[h], qn, nb, qt); /* q~ [nb][Rkv] */
-        pt_wview vc = f32_view(j->C, Nc, Rkv), vp = f32_view(j->PE, Nc, Dr);
-        kn_matmul(&vc, qt, nb, S);  /* S[i][t] = q~_i . c_t */
-        kn_matmul(&vp, qp, nb, Sp); /* Sp[i][t] = q_pe_i . k_pe_t */
-        for (int i = 0; i < nb; i++) {
-            int n = j->sel_n[j->rows[b0 + i]];
-            float *row = S + (size_t)i * Nc;
-            const float *rp = Sp + (size_t)i * Nc;
-            for (int t = 0; t < n; t++) row[t] = j->scale * (row[t] + rp[t]);
-            kn_softmax(row, n);
-            for (int t = n; t < Nc; t++) row[t] = 0.f;
-        }
-        kn_matmul_t(&vc, S, nb, lat);                 /* lat [nb][Rkv] */
+        kn_attn a = {nb, Rkv, Dr, Nc, qt, Rkv, qp, Dr, j->kc, j->kp, nk, j->scale, lat, Rkv};
+        kn_attn_core(&a, ascr);                       /* lat [nb][Rkv] */
         kn_matmul(&j->lw->w_uv[h], lat, nb, oh);      /* o [nb][Dv] */
         for (int i = 0; i < nb; i++)
             memcpy(j->out + ((size_t)j->rows[b0 + i] * NH + h) * Dv, oh + (size_t)i * Dv, sizeof(float) * (size_t)Dv);
@@ -137,41 +130,25 @@ static void abp_task(void *ctx, int h, int thread) {
 /* ---- absorbed, one row at a time (rows with a DSA selection, or alone) ---- */
 
 /* The part of one row between its two head products: given q~ (qt [NH][Rkv]) and the row's
- * q_pe (in qr), scores over its selected keys of session s's cache, softmax, and
- * lat[h] = sum_i p[h][i] c_i. Scratch from s's arena (released on return). */
+ * q_pe (in qr), the attention core over its selected keys of session s's cache (row pointers
+ * into the cache, no gather): lat[h] = sum_i p[h][i] c_i. Scratch from s's arena (released on
+ * return). */
 static int row_core(petrel_session *s, int l, const float *qr, const float *qt, const int32_t *sr, int n, float *lat, petrel_error *err) {
     const petrel_config *c = &s->eng->cfg;
     int NH = c->num_attention_heads, Dn = c->qk_nope_head_dim, Dr = c->qk_rope_head_dim, Rkv = c->kv_lora_rank, Dqk = c->qk_head_dim;
     const float scale = (float)(1.0 / sqrt((double)Dqk));
     size_t mark = s->ar.used;
-    int prefix = !sr || (n > 0 && sr[0] == 0 && sr[n - 1] == n - 1); /* NULL: dense, keys 0..n-1 */
-    float *qpe = ar_alloc(&s->ar, sizeof(float) * (size_t)NH * Dr);
-    float *cg = prefix ? NULL : ar_alloc(&s->ar, sizeof(float) * (size_t)n * Rkv);
-    float *pg = prefix ? NULL : ar_alloc(&s->ar, sizeof(float) * (size_t)n * Dr);
-    float *sc = ar_alloc(&s->ar, sizeof(float) * (size_t)NH * n);
-    float *sp = ar_alloc(&s->ar, sizeof(float) * (size_t)NH * n);
-    if (!qpe || (!prefix && (!cg || !pg)) || !sc || !sp) return pt_err(err, PETREL_ENOMEM, "attention scratch exhausted (layer %d)", l);
-    for (int h = 0; h < NH; h++) memcpy(qpe + (size_t)h * Dr, qr + (size_t)h * Dqk + Dn, sizeof(float) * (size_t)Dr);
-    /* the selected keys, contiguous (a view when the selection is 0..n-1) */
-    const float *C = s->kv_c[l], *PE = s->kv_pe[l];
-    if (!prefix) {
-        for (int i = 0; i < n; i++) {
-            memcpy(cg + (size_t)i * Rkv, s->kv_c[l] + (size_t)sr[i] * Rkv, sizeof(float) * (size_t)Rkv);
-            memcpy(pg + (size_t)i * Dr, s->kv_pe[l] + (size_t)sr[i] * Dr, sizeof(float) * (size_t)Dr);
-        }
-        C = cg;
-        PE = pg;
+    const float **kc = ar_alloc(&s->ar, sizeof(float *) * (size_t)(n > 0 ? n : 1));
+    const float **kp = ar_alloc(&s->ar, sizeof(float *) * (size_t)(n > 0 ? n : 1));
+    float *scr = ar_alloc(&s->ar, sizeof(float) * kn_attn_scratch_floats(NH, n, Rkv, Dr));
+    if (!kc || !kp || !scr) return pt_err(err, PETREL_ENOMEM, "attention scratch exhausted (layer %d)", l);
+    for (int i = 0; i < n; i++) { /* sr NULL: dense, keys 0..n-1 */
+        int64_t t = sr ? sr[i] : i;
+        kc[i] = s->kv_c[l] + t * Rkv;
+        kp[i] = s->kv_pe[l] + t * Dr;
     }
-    pt_wview vc = f32_view(C, n, Rkv), vp = f32_view(PE, n, Dr);
-    kn_matmul(&vc, qt, NH, sc);   /* sc[h][i] = q~_h . c_i */
-    kn_matmul(&vp, qpe, NH, sp);  /* sp[h][i] = q_pe_h . k_pe_i */
-    for (int h = 0; h < NH; h++) {
-        float *row = sc + (size_t)h * n;
-        const float *rp = sp + (size_t)h * n;
-        for (int i = 0; i < n; i++) row[i] = scale * (row[i] + rp[i]);
-        kn_softmax(row, n);
-    }
-    kn_matmul_t(&vc, sc, NH, lat); /* the transposed product over the selected rows */
+    kn_attn a = {NH, Rkv, Dr, n, qt, Rkv, qr + Dn, Dqk, kc, kp, NULL, scale, lat, Rkv};
+    kn_attn_core(&a, scr);
     s->ar.used = mark;
     return 0;
 }
@@ -195,7 +172,13 @@ static int absorbed(petrel_session *s, int l, const layer_w *lw, const float *q,
         }
     }
     if (m > 1) {
-        abp_job j = {lw, q, s->kv_c[l], s->kv_pe[l], rows, sel_n, m, NH, Dn, Dr, Dv, Dqk, Rkv, pmax, scale, out, NULL, 0};
+        const float **kc = ar_alloc(&s->ar, sizeof(float *) * (size_t)pmax), **kp = ar_alloc(&s->ar, sizeof(float *) * (size_t)pmax);
+        if (!kc || !kp) return pt_err(err, PETREL_ENOMEM, "attention scratch exhausted (layer %d)", l);
+        for (int t = 0; t < pmax; t++) {
+            kc[t] = s->kv_c[l] + (size_t)t * Rkv;
+            kp[t] = s->kv_pe[l] + (size_t)t * Dr;
+        }
+        abp_job j = {lw, q, s->kv_c[l], s->kv_pe[l], rows, sel_n, kc, kp, m, NH, Dn, Dr, Dv, Dqk, Rkv, pmax, scale, out, NULL, 0};
         j.per = abp_floats(pmax, Dn, Dr, Dv, Rkv);
         int nt = pool_threads(kn_pool());
         j.scr = ar_alloc(&s->ar, sizeof(float) * j.per * (size_t)nt);
@@ -378,7 +361,10 @@ size_t mla_scratch_bytes(const petrel_config *c, int T, int N) {
     size_t NH = c->num_attention_heads, Dn = c->qk_nope_head_dim, Dr = c->qk_rope_head_dim, Dv = c->v_head_dim;
     size_t Rkv = c->kv_lora_rank, Dqk = c->qk_head_dim, n = (size_t)N;
     size_t nt = (size_t)pool_threads(kn_pool());
-    size_t abs_ = (size_t)T + 16 + abp_floats(N, (int)Dn, (int)Dr, (int)Dv, (int)Rkv) * nt + NH * Rkv * 2 + NH * Dr + n * Rkv * 2 + n * Dr + 2 * NH * n + 16 * 8;
+    /* rows; the blocked path's key pointers (2 per key) and per-thread scratch; the one-row
+     * path's q~ and lat, key pointers and attention-core scratch */
+    size_t abs_ = (size_t)T + 16 + 4 * n + abp_floats(N, (int)Dn, (int)Dr, (int)Dv, (int)Rkv) * nt + NH * Rkv * 2 + 4 * n +
+                  kn_attn_scratch_floats((int)NH, N, (int)Rkv, (int)Dr) + 16 * 8;
     size_t rec = rec_floats(T, N, (int)Dn, (int)Dqk, (int)Dv) * nt + 16;
     return (abs_ > rec ? abs_ : rec) * 4 + 64 * 16;
 }
