@@ -6,16 +6,18 @@
  *                  independence, bitwise). Rows whose selection is a prefix 0..n-1 (every causal
  *                  key: prompts up to index_topk) share their products per head in blocks of
  *                  rows (abp_head): each element is computed by the same kernel arithmetic as
- *                  the one-row path (kn_matmul: per-element accumulators; kn_matmul_t: r
- *                  ascending, and the zeros padding shorter rows add exactly nothing), so the
- *                  blocked and the one-row results are bitwise equal (tests/test_rows.c).
+ *                  the one-row path (kn_attn_core: every score and latent element one fma chain
+ *                  in a fixed order whatever the query count; the zeros padding shorter rows add
+ *                  exactly nothing), so the blocked and the one-row results are bitwise equal
+ *                  (tests/test_rows.c).
  *   reconstructed  per head, expand K = [W_UK c | k_pe] and V^T = W_UV C^T for the window's keys,
  *                  then S = Q K^T, masked softmax, O = S V. The slower twin for tests
  *                  (MLA_RECONSTRUCTED); differs from absorbed by float rounding (~1e-6).
  * Both attend over each row's selected keys (sel, ascending; sel NULL: every causal key, the
- * MTP layer's dense attention), scale 1/sqrt(qk_head_dim). The
- * heavy products go through kn_matmul (SIMD, threaded) with f32 views of cache buffers as the
- * "weight". Input q is [T][NH][nope + rope] with RoPE applied; the current rows' c / k_pe are
+ * MTP layer's dense attention), scale 1/sqrt(qk_head_dim). The absorbed form's cache products
+ * (scores, softmax, P C) are one kn_attn_core call (exact f32, threaded, keys as row pointers
+ * into the cache); the head products W_UK^T q / W_UV lat go through kn_matmul_t / kn_matmul, and
+ * the reconstructed twin's products through kn_matmul with f32 views of cache buffers. Input q is [T][NH][nope + rope] with RoPE applied; the current rows' c / k_pe are
  * already in the cache. Output: [T][NH * v_head_dim]. */
 #include <math.h>
 #include <string.h>
