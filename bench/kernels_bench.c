@@ -15,7 +15,9 @@
  * routed experts (8 x gate/up [2048 x 6144] then 8 x down [6144 x 2048], q4) as 24 kn_matmul
  * calls vs 2 kn_matmul_many calls.
  * BENCH_R16=1: weights repacked to the row-interleaved layout (PT_LAYOUT_R16) first.
- * Env: BENCH_ONLY=decode|prefill|dispatch|experts, BENCH_ISA=avx2|scalar, BENCH_ACTQ=0|1 (int8
+ * Attention (BENCH_ONLY=attn): the exact f32 attention core of one decode row (64 heads x
+ * BENCH_N keys, default 512) against the kn_matmul products it replaced.
+ * Env: BENCH_ONLY=decode|prefill|dispatch|experts|attn, BENCH_ISA=avx2|scalar, BENCH_ACTQ=0|1 (int8
  * activations: 0 off, 1 q4, 2 q4+q8 (default here)), BENCH_Q=q4_g64,... (formats to run). */
 #include <immintrin.h>
 #include <stdio.h>
@@ -261,6 +263,57 @@ static void bench_experts_prefill(int n) {
     free(g); free(u); free(d); free(x); free(h); free(o);
 }
 
+/* ---- attention core (BENCH_ONLY=attn) ----
+ * One decode row of GLM-5.2's absorbed MLA: 64 heads x N cached keys (BENCH_N, default 512),
+ * kv_lora_rank 512, rope 64: kn_attn_core against the products it replaced (kn_matmul of q~
+ * and of q_pe over f32 views of the cache, kn_softmax per head, kn_matmul_t of P over the cache),
+ * alternating, best of 7 rounds of 20 calls each. GFLOP/s counts 2 * 64 * N * (512 + 64 + 512). */
+static pt_wview f32v(const float *d, int64_t rows, int64_t cols) {
+    pt_wview v;
+    memset(&v, 0, sizeof v);
+    v.qtype = PT_F32; v.rows = rows; v.cols = cols; v.data = (const uint8_t *)d; v.row_bytes = cols * 4;
+    return v;
+}
+
+static void bench_attn(int N) {
+    const int M = 64, D = 512, Dr = 64;
+    float *q = malloc(sizeof(float) * M * D), *qp = malloc(sizeof(float) * M * Dr), *lat = malloc(sizeof(float) * M * D);
+    float *C = malloc(sizeof(float) * (size_t)N * D), *P = malloc(sizeof(float) * (size_t)N * Dr);
+    float *sc = malloc(sizeof(float) * (size_t)M * N), *sp = malloc(sizeof(float) * (size_t)M * N);
+    float *scr = malloc(sizeof(float) * kn_attn_scratch_floats(M, N, D, Dr));
+    const float **kc = malloc(sizeof(float *) * (size_t)N), **kp = malloc(sizeof(float *) * (size_t)N);
+    for (int i = 0; i < M * D; i++) q[i] = (float)rnd() / 4294967296.0f - 0.5f;
+    for (int i = 0; i < M * Dr; i++) qp[i] = (float)rnd() / 4294967296.0f - 0.5f;
+    for (size_t i = 0; i < (size_t)N * D; i++) C[i] = (float)rnd() / 4294967296.0f - 0.5f;
+    for (size_t i = 0; i < (size_t)N * Dr; i++) P[i] = (float)rnd() / 4294967296.0f - 0.5f;
+    for (int t = 0; t < N; t++) { kc[t] = C + (size_t)t * D; kp[t] = P + (size_t)t * Dr; }
+    kn_attn a = {M, D, Dr, N, q, D, qp, Dr, kc, kp, NULL, 0.07f, lat, D};
+    pt_wview vc = f32v(C, N, D), vp = f32v(P, N, Dr);
+    double best_new = 1e9, best_old = 1e9;
+    for (int round = 0; round < 7; round++) {
+        double t0 = now();
+        for (int it = 0; it < 20; it++) kn_attn_core(&a, scr);
+        double t1 = now();
+        for (int it = 0; it < 20; it++) {
+            kn_matmul(&vc, q, M, sc);
+            kn_matmul(&vp, qp, M, sp);
+            for (int h = 0; h < M; h++) {
+                float *row = sc + (size_t)h * N;
+                for (int i = 0; i < N; i++) row[i] = 0.07f * (row[i] + sp[(size_t)h * N + i]);
+                kn_softmax(row, N);
+            }
+            kn_matmul_t(&vc, sc, M, lat);
+        }
+        double t2 = now();
+        if ((t1 - t0) / 20 < best_new) best_new = (t1 - t0) / 20;
+        if ((t2 - t1) / 20 < best_old) best_old = (t2 - t1) / 20;
+    }
+    double fl = 2.0 * M * N * (D + Dr + D);
+    printf("attention core, 64 heads x %d keys: kn_attn_core %.1f us (%.1f GFLOP/s), matmul products %.1f us (%.1f GFLOP/s): %.2fx\n", N,
+           best_new * 1e6, fl / best_new * 1e-9, best_old * 1e6, fl / best_old * 1e-9, best_old / best_new);
+    free(q); free(qp); free(lat); free(C); free(P); free(sc); free(sp); free(scr); free(kc); free(kp);
+}
+
 int main(int argc, char **argv) {
     int threads = argc > 1 ? atoi(argv[1]) : 0;
     int64_t head_rows = argc > 2 ? atoll(argv[2]) : 40960;
@@ -272,6 +325,11 @@ int main(int argc, char **argv) {
     printf("isa %s, %d threads, int8 activations %s\n", kn_isa_name(), kn_threads(),
            kn_act_quant() ? "on" : "off");
     if (only && !strcmp(only, "dispatch")) { bench_dispatch(); return 0; }
+    if (only && !strcmp(only, "attn")) {
+        int n = getenv("BENCH_N") ? atoi(getenv("BENCH_N")) : 512;
+        bench_attn(n);
+        return 0;
+    }
     if (only && !strcmp(only, "experts")) {
         bench_experts_prefill(getenv("BENCH_N") ? atoi(getenv("BENCH_N")) : 16);
         return 0;

@@ -390,3 +390,11 @@ void kn_silu_mul(float *out, const float *gate, const float *up, int64_t n) {
     if (helpers_simd()) kn_silu_mul_avx512(out, gate, up, n);
     else kn_ref_silu_mul(out, gate, up, n);
 }
+
+/* The attention core (kernels.h: kn_attn): AVX-512, else the scalar twin (bitwise the same). */
+void kn_attn_core(const kn_attn *a, float *scr) {
+    if (a->M <= 0) return;
+    ensure_init();
+    if (cur_isa == ISA_AVX512) kn_attn_core_avx512(a, scr);
+    else kn_ref_attn(a, scr);
+}

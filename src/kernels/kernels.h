@@ -81,6 +81,39 @@ void kn_set_observer(kn_observer_fn fn, void *ctx);
 void kn_matmul_t(const pt_wview *W, const float *x, int n, float *y);
 void kn_ref_matmul_t(const pt_wview *W, const float *x, int n, float *y);
 
+/* Exact f32 attention core of absorbed MLA (src/model/mla.c): M queries against N cached keys
+ * of a latent cache, each key t given by two row pointers (kc[t]: D floats of the latent c_t,
+ * kp[t]: Dr floats of k_pe_t), so a paged cache passes its pages' rows without copying. Query m
+ * attends keys 0 .. nk[m]-1 (nk NULL: all N; nk[m] <= N). Per query m and key t, exactly:
+ *   s[m][t]   = scale * acc, acc = the fma chain over k ascending, from +0:
+ *               acc = fma(q[m][k], kc[t][k], acc) for k < D, then fma(qpe[m][k], kp[t][k], acc)
+ *   mx        = max over t < nk[m] of s;  e[t] = kn_exp(s - mx) (the polynomial of kn_softmax's
+ *               AVX-512 form, written out in ref.c);  sum = e[0] + e[1] + ... in t order
+ *   p[m][t]   = e[t] * (1 / sum) for t < nk[m], 0 past it
+ *   lat[m][j] = the fma chain over t ascending (t < N) of p[m][t] * kc[t][j], from +0.
+ * Every element is one sequential chain in a fixed order (no lane split, no horizontal sum), so
+ * it is bitwise the same whichever block, remainder, query count or thread computes it, and the
+ * AVX-512 kernel is bitwise equal to the scalar twin kn_ref_attn (tests/test_kernels.c); zeros
+ * past nk[m] add exactly nothing (finite cache values). Threaded on kn_pool() (inline when
+ * called from a pool task). scr: kn_attn_scratch_floats(M, N, D, Dr) floats, no alignment. */
+typedef struct kn_attn {
+    int M, D, Dr;
+    int64_t N;
+    const float *q;            /* q~ rows: q + m * q_stride, D floats */
+    int64_t q_stride;
+    const float *qpe;          /* rope query rows: qpe + m * qpe_stride, Dr floats */
+    int64_t qpe_stride;
+    const float *const *kc;    /* [N] latent rows, D floats each */
+    const float *const *kp;    /* [N] rope-key rows, Dr floats each */
+    const int *nk;             /* [M] keys per query, or NULL */
+    float scale;
+    float *lat;                /* out: lat + m * lat_stride, D floats */
+    int64_t lat_stride;
+} kn_attn;
+size_t kn_attn_scratch_floats(int M, int64_t N, int D, int Dr);
+void kn_attn_core(const kn_attn *a, float *scr);
+void kn_ref_attn(const kn_attn *a, float *scr);
+
 /* Kernel initialisation (CPUID, thread pool); idempotent; n_threads 0 = all cores. Calling it
  * again with a different count rebuilds the pool (not while kernels run). kn_matmul calls
  * kn_init(0) itself if nobody did. */

@@ -14,6 +14,7 @@
 #define PETREL_KERNELS_INTERNAL_H
 #include <stdint.h>
 
+#include "kernels/kernels.h"
 #include "quant/qtypes.h"
 
 #define KN_XPAD 64       /* x rows padded to a multiple of this many columns (one q4 group) */
@@ -113,6 +114,13 @@ void kn_axpy_avx512(float *y, float a, const float *x, int64_t n);
 void kn_rmsnorm_avx512(float *out, const float *x, const float *w, int64_t n, float eps);
 void kn_softmax_avx512(float *x, int64_t n);
 void kn_silu_mul_avx512(float *out, const float *gate, const float *up, int64_t n);
+
+/* ---- attention core (kernels.h: kn_attn) ----
+ * Queries go in blocks of KN_ATTN_MB (two 16-lane vectors, a query per lane). Scratch per block:
+ * q^T [(D + Dr)][KN_ATTN_MB] (zero past M), scores / probabilities [N][KN_ATTN_MB], nk [KN_ATTN_MB]. */
+#define KN_ATTN_MB 32
+float kn_ref_exp(float x);
+void kn_attn_core_avx512(const kn_attn *a, float *scr);
 
 /* Scale i of W as f32 (dtype from the view). */
 static inline float kn_scale_at(const pt_wview *W, int64_t i) {

@@ -242,3 +242,58 @@ int kn_topk(const float *v, int n, int k, int32_t *idx) {
     }
     return k;
 }
+
+/* ---- attention core (kernels.h: kn_attn) ---- */
+size_t kn_attn_scratch_floats(int M, int64_t N, int D, int Dr) {
+    size_t nmb = ((size_t)(M > 0 ? M : 0) + KN_ATTN_MB - 1) / KN_ATTN_MB;
+    return nmb * KN_ATTN_MB * ((size_t)D + (size_t)Dr + (size_t)N + 1) + 16;
+}
+
+/* kn_softmax's AVX-512 exp (actq_avx512.c exp512, attn_avx512.c) one lane at a time: the same
+ * clamp, the same rounding of k, fused steps and scaling by 2^k, so the results are bitwise
+ * equal (nearbyintf: round to nearest even, as vroundscaleps; ldexpf rounds once, as vscalefps). */
+float kn_ref_exp(float x) {
+    x = x < -104.f ? -104.f : x; /* NaN stays NaN, as vmaxps(-104, x) */
+    x = x > 89.f ? 89.f : x;
+    float k = nearbyintf(x * 1.44269504088896341f);
+    float r = fmaf(-k, 0.693359375f, x);
+    r = fmaf(-k, -2.12194440e-4f, r);
+    float p = 1.f / 5040.f;
+    p = fmaf(p, r, 1.f / 720.f);
+    p = fmaf(p, r, 1.f / 120.f);
+    p = fmaf(p, r, 1.f / 24.f);
+    p = fmaf(p, r, 1.f / 6.f);
+    p = fmaf(p, r, 0.5f);
+    p = fmaf(p, r, 1.f);
+    p = fmaf(p, r, 1.f);
+    return ldexpf(p, (int)k);
+}
+
+/* The definition in kernels.h, one query at a time; scr holds the query's scores. */
+void kn_ref_attn(const kn_attn *a, float *scr) {
+    const int64_t N = a->N;
+    for (int m = 0; m < a->M; m++) {
+        const float *q = a->q + (int64_t)m * a->q_stride, *qp = a->qpe + (int64_t)m * a->qpe_stride;
+        int64_t n = a->nk ? a->nk[m] : N;
+        float *s = scr, mx = -INFINITY, sum = 0.f;
+        for (int64_t t = 0; t < N; t++) {
+            float acc = 0.f;
+            for (int k = 0; k < a->D; k++) acc = fmaf(q[k], a->kc[t][k], acc);
+            for (int k = 0; k < a->Dr; k++) acc = fmaf(qp[k], a->kp[t][k], acc);
+            s[t] = a->scale * acc;
+        }
+        for (int64_t t = 0; t < n; t++) mx = s[t] > mx ? s[t] : mx;
+        for (int64_t t = 0; t < n; t++) {
+            s[t] = kn_ref_exp(s[t] - mx);
+            sum += s[t];
+        }
+        float inv = 1.f / sum;
+        for (int64_t t = 0; t < N; t++) s[t] = t < n ? s[t] * inv : 0.f;
+        float *lat = a->lat + (int64_t)m * a->lat_stride;
+        for (int j = 0; j < a->D; j++) {
+            float acc = 0.f;
+            for (int64_t t = 0; t < N; t++) acc = fmaf(s[t], a->kc[t][j], acc);
+            lat[j] = acc;
+        }
+    }
+}

@@ -6,16 +6,18 @@
  *                  independence, bitwise). Rows whose selection is a prefix 0..n-1 (every causal
  *                  key: prompts up to index_topk) share their products per head in blocks of
  *                  rows (abp_head): each element is computed by the same kernel arithmetic as
- *                  the one-row path (kn_matmul: per-element accumulators; kn_matmul_t: r
- *                  ascending, and the zeros padding shorter rows add exactly nothing), so the
- *                  blocked and the one-row results are bitwise equal (tests/test_rows.c).
+ *                  the one-row path (kn_attn_core: every score and latent element one fma chain
+ *                  in a fixed order whatever the query count; the zeros padding shorter rows add
+ *                  exactly nothing), so the blocked and the one-row results are bitwise equal
+ *                  (tests/test_rows.c).
  *   reconstructed  per head, expand K = [W_UK c | k_pe] and V^T = W_UV C^T for the window's keys,
  *                  then S = Q K^T, masked softmax, O = S V. The slower twin for tests
  *                  (MLA_RECONSTRUCTED); differs from absorbed by float rounding (~1e-6).
  * Both attend over each row's selected keys (sel, ascending; sel NULL: every causal key, the
- * MTP layer's dense attention), scale 1/sqrt(qk_head_dim). The
- * heavy products go through kn_matmul (SIMD, threaded) with f32 views of cache buffers as the
- * "weight". Input q is [T][NH][nope + rope] with RoPE applied; the current rows' c / k_pe are
+ * MTP layer's dense attention), scale 1/sqrt(qk_head_dim). The absorbed form's cache products
+ * (scores, softmax, P C) are one kn_attn_core call (exact f32, threaded, keys as row pointers
+ * into the cache); the head products W_UK^T q / W_UV lat go through kn_matmul_t / kn_matmul, and
+ * the reconstructed twin's products through kn_matmul with f32 views of cache buffers. Input q is [T][NH][nope + rope] with RoPE applied; the current rows' c / k_pe are
  * already in the cache. Output: [T][NH * v_head_dim]. */
 #include <math.h>
 #include <string.h>
@@ -75,9 +77,10 @@ static void uv_task(void *ctx, int h, int thread) {
 
 typedef struct {
     const layer_w *lw;
-    const float *q, *C, *PE;   /* q [T][NH][Dqk]; the layer's latent cache and rope keys */
+    const float *q;            /* [T][NH][Dqk] */
     const int32_t *rows;       /* the rows run here (ascending) */
     const int *sel_n;          /* keys of row r: 0 .. sel_n[r]-1 */
+    const float *const *kc, *const *kp; /* row pointers of the keys 0 .. nmax-1 */
     int m, NH, Dn, Dr, Dv, Dqk, Rkv, nmax;
     float scale;
     float *out;                /* [T][NH][Dv] */
@@ -88,18 +91,19 @@ typedef struct {
 static size_t abp_floats(int nmax, int Dn, int Dr, int Dv, int Rkv) {
 #define A16(x) (((size_t)(x) + 15) / 16 * 16)
     return A16((size_t)ABP_ROWS * Dn) + 2 * A16((size_t)ABP_ROWS * Rkv) + A16((size_t)ABP_ROWS * Dr) +
-           2 * A16((size_t)ABP_ROWS * nmax) + A16((size_t)ABP_ROWS * Dv);
+           A16(kn_attn_scratch_floats(ABP_ROWS, nmax, Rkv, Dr)) + A16((size_t)ABP_ROWS * Dv);
 }
 
 /* Head h over the job's rows, ABP_ROWS at a time. Per row the arithmetic is the one-row path's:
- * q~ = W_UK^T q_nope (kn_matmul_t, rows independent), scores over the keys 0..Nc-1 of the block
- * (the row's own n first; the rest are dropped), softmax over exactly n, lat = P C over Nc keys
- * with P zero past n (fma(0, c, acc) == acc), o = W_UV lat. */
+ * q~ = W_UK^T q_nope (kn_matmul_t, rows independent), the attention core over the keys
+ * 0..Nc-1 of the block with the row's own n (kn_attn_core: every element one chain in a fixed
+ * order, lat's chain past n adds p = 0 exactly), o = W_UV lat. */
 static void abp_head(const abp_job *j, int h, float *scr) {
     const int Dn = j->Dn, Dr = j->Dr, Dv = j->Dv, Dqk = j->Dqk, Rkv = j->Rkv, NH = j->NH;
     float *qn = scr, *qt = qn + A16((size_t)ABP_ROWS * Dn), *qp = qt + A16((size_t)ABP_ROWS * Rkv);
-    float *S = qp + A16((size_t)ABP_ROWS * Dr), *Sp = S + A16((size_t)ABP_ROWS * j->nmax);
-    float *lat = Sp + A16((size_t)ABP_ROWS * j->nmax), *oh = lat + A16((size_t)ABP_ROWS * Rkv);
+    float *ascr = qp + A16((size_t)ABP_ROWS * Dr);
+    float *lat = ascr + A16(kn_attn_scratch_floats(ABP_ROWS, j->nmax, Rkv, Dr)), *oh = lat + A16((size_t)ABP_ROWS * Rkv);
+    int nk[ABP_ROWS];
 #undef A16
     for (int b0 = 0; b0 < j->m; b0 += ABP_ROWS) {
         int nb = j->m - b0 < ABP_ROWS ? j->m - b0 : ABP_ROWS, Nc = 0;
@@ -108,21 +112,12 @@ static void abp_head(const abp_job *j, int h, float *scr) {
             const float *qr = j->q + ((size_t)r * NH + h) * Dqk;
             memcpy(qn + (size_t)i * Dn, qr, sizeof(float) * (size_t)Dn);
             memcpy(qp + (size_t)i * Dr, qr + Dn, sizeof(float) * (size_t)Dr);
-            if (j->sel_n[r] > Nc) Nc = j->sel_n[r];
+            nk[i] = j->sel_n[r];
+            if (nk[i] > Nc) Nc = nk[i];
         }
         kn_matmul_t(&j->lw->w_uk[h], qn, nb, qt); /* q~ [nb][Rkv] */
-        pt_wview vc = f32_view(j->C, Nc, Rkv), vp = f32_view(j->PE, Nc, Dr);
-        kn_matmul(&vc, qt, nb, S);  /* S[i][t] = q~_i . c_t */
-        kn_matmul(&vp, qp, nb, Sp); /* Sp[i][t] = q_pe_i . k_pe_t */
-        for (int i = 0; i < nb; i++) {
-            int n = j->sel_n[j->rows[b0 + i]];
-            float *row = S + (size_t)i * Nc;
-            const float *rp = Sp + (size_t)i * Nc;
-            for (int t = 0; t < n; t++) row[t] = j->scale * (row[t] + rp[t]);
-            kn_softmax(row, n);
-            for (int t = n; t < Nc; t++) row[t] = 0.f;
-        }
-        kn_matmul_t(&vc, S, nb, lat);                 /* lat [nb][Rkv] */
+        kn_attn a = {nb, Rkv, Dr, Nc, qt, Rkv, qp, Dr, j->kc, j->kp, nk, j->scale, lat, Rkv};
+        kn_attn_core(&a, ascr);                       /* lat [nb][Rkv] */
         kn_matmul(&j->lw->w_uv[h], lat, nb, oh);      /* o [nb][Dv] */
         for (int i = 0; i < nb; i++)
             memcpy(j->out + ((size_t)j->rows[b0 + i] * NH + h) * Dv, oh + (size_t)i * Dv, sizeof(float) * (size_t)Dv);
@@ -138,35 +133,23 @@ static void abp_task(void *ctx, int h, int thread) {
 /* ---- absorbed, one row at a time (rows with a DSA selection, or alone) ---- */
 
 /* The part of one row between its two head products: given q~ (qt [NH][Rkv]) and the row's
- * q_pe (in qr), scores over its selected keys of session s's cache, softmax, and
- * lat[h] = sum_i p[h][i] c_i. Scratch from s's arena (released on return). */
+ * q_pe (in qr), the attention core over its selected keys of session s's cache (row pointers
+ * into the cache, no gather): lat[h] = sum_i p[h][i] c_i. Scratch from s's arena (released on
+ * return). */
 static int row_core(petrel_session *s, int l, const float *qr, const float *qt, const int32_t *sr, int n, float *lat, petrel_error *err) {
     const petrel_config *c = &s->eng->cfg;
     int NH = c->num_attention_heads, Dn = c->qk_nope_head_dim, Dr = c->qk_rope_head_dim, Rkv = c->kv_lora_rank, Dqk = c->qk_head_dim;
     const float scale = (float)(1.0 / sqrt((double)Dqk));
     size_t mark = s->ar.used;
-    int prefix = !sr || (n > 0 && sr[0] == 0 && sr[n - 1] == n - 1); /* NULL: dense, keys 0..n-1 */
-    float *qpe = ar_alloc(&s->ar, sizeof(float) * (size_t)NH * Dr);
-    float *cg = ar_alloc(&s->ar, sizeof(float) * (size_t)n * Rkv);
-    float *pg = ar_alloc(&s->ar, sizeof(float) * (size_t)n * Dr);
-    float *sc = ar_alloc(&s->ar, sizeof(float) * (size_t)NH * n);
-    float *sp = ar_alloc(&s->ar, sizeof(float) * (size_t)NH * n);
-    if (!qpe || !cg || !pg || !sc || !sp) return pt_err(err, PETREL_ENOMEM, "attention scratch exhausted (layer %d)", l);
-    for (int h = 0; h < NH; h++) memcpy(qpe + (size_t)h * Dr, qr + (size_t)h * Dqk + Dn, sizeof(float) * (size_t)Dr);
-    /* the selected keys from the session's pages, contiguous and f32 */
-    if (prefix) PT_TRY(kv_decode(s->kv, l, 0, n, cg, pg, NULL, err));
-    else PT_TRY(kv_gather(s->kv, l, sr, n, cg, pg, NULL, err));
-    const float *C = cg, *PE = pg;
-    pt_wview vc = f32_view(C, n, Rkv), vp = f32_view(PE, n, Dr);
-    kn_matmul(&vc, qt, NH, sc);   /* sc[h][i] = q~_h . c_i */
-    kn_matmul(&vp, qpe, NH, sp);  /* sp[h][i] = q_pe_h . k_pe_i */
-    for (int h = 0; h < NH; h++) {
-        float *row = sc + (size_t)h * n;
-        const float *rp = sp + (size_t)h * n;
-        for (int i = 0; i < n; i++) row[i] = scale * (row[i] + rp[i]);
-        kn_softmax(row, n);
-    }
-    kn_matmul_t(&vc, sc, NH, lat); /* the transposed product over the selected rows */
+    const float **kc = ar_alloc(&s->ar, sizeof(float *) * (size_t)(n > 0 ? n : 1));
+    const float **kp = ar_alloc(&s->ar, sizeof(float *) * (size_t)(n > 0 ? n : 1));
+    float *scr = ar_alloc(&s->ar, sizeof(float) * kn_attn_scratch_floats(NH, n, Rkv, Dr));
+    int dec = !kv_is_f32(s->kv); /* bf16 / int8 pages: the selected rows decoded; f32: pointers into the pages */
+    float *cb = dec ? ar_alloc(&s->ar, sizeof(float) * (size_t)n * Rkv) : NULL, *pb = dec ? ar_alloc(&s->ar, sizeof(float) * (size_t)n * Dr) : NULL;
+    if (!kc || !kp || !scr || (dec && (!cb || !pb))) return pt_err(err, PETREL_ENOMEM, "attention scratch exhausted (layer %d)", l);
+    PT_TRY(kv_rows(s->kv, l, sr, n, kc, kp, cb, pb, err)); /* sr NULL: dense, keys 0..n-1 */
+    kn_attn a = {NH, Rkv, Dr, n, qt, Rkv, qr + Dn, Dqk, kc, kp, NULL, scale, lat, Rkv};
+    kn_attn_core(&a, scr);
     s->ar.used = mark;
     return 0;
 }
@@ -190,10 +173,12 @@ static int absorbed(petrel_session *s, int l, const layer_w *lw, const float *q,
         }
     }
     if (m > 1) {
-        float *C = ar_alloc(&s->ar, sizeof(float) * (size_t)pmax * Rkv), *PE = ar_alloc(&s->ar, sizeof(float) * (size_t)pmax * Dr);
-        if (!C || !PE) return pt_err(err, PETREL_ENOMEM, "attention scratch exhausted (layer %d)", l);
-        PT_TRY(kv_decode(s->kv, l, 0, pmax, C, PE, NULL, err)); /* the rows' keys 0..pmax-1 from the pages */
-        abp_job j = {lw, q, C, PE, rows, sel_n, m, NH, Dn, Dr, Dv, Dqk, Rkv, pmax, scale, out, NULL, 0};
+        const float **kc = ar_alloc(&s->ar, sizeof(float *) * (size_t)pmax), **kp = ar_alloc(&s->ar, sizeof(float *) * (size_t)pmax);
+        int dec = !kv_is_f32(s->kv);
+        float *cb = dec ? ar_alloc(&s->ar, sizeof(float) * (size_t)pmax * Rkv) : NULL, *pb = dec ? ar_alloc(&s->ar, sizeof(float) * (size_t)pmax * Dr) : NULL;
+        if (!kc || !kp || (dec && (!cb || !pb))) return pt_err(err, PETREL_ENOMEM, "attention scratch exhausted (layer %d)", l);
+        PT_TRY(kv_rows(s->kv, l, NULL, pmax, kc, kp, cb, pb, err)); /* keys 0..pmax-1 of the rows */
+        abp_job j = {lw, q, rows, sel_n, kc, kp, m, NH, Dn, Dr, Dv, Dqk, Rkv, pmax, scale, out, NULL, 0};
         j.per = abp_floats(pmax, Dn, Dr, Dv, Rkv);
         int nt = pool_threads(kn_pool());
         j.scr = ar_alloc(&s->ar, sizeof(float) * j.per * (size_t)nt);
@@ -358,7 +343,7 @@ static int reconstructed(petrel_session *s, int l, const layer_w *lw, const floa
     int N = s->len + T;
     float *C = ar_alloc(&s->ar, sizeof(float) * (size_t)N * c->kv_lora_rank), *PE = ar_alloc(&s->ar, sizeof(float) * (size_t)N * c->qk_rope_head_dim);
     if (!C || !PE) return pt_err(err, PETREL_ENOMEM, "attention scratch exhausted (layer %d)", l);
-    PT_TRY(kv_decode(s->kv, l, 0, N, C, PE, NULL, err));
+    PT_TRY(kv_decode(s->kv, l, 0, N, C, PE, NULL, err)); /* the twin reads the keys contiguous */
     rec_job j = {lw, q, C, PE, sel, sel_n, sel_stride, T, s->len, s->len + T, c->num_attention_heads,
                  c->qk_nope_head_dim, c->qk_rope_head_dim, c->v_head_dim, c->qk_head_dim,
                  (float)(1.0 / sqrt((double)c->qk_head_dim)), out, NULL, 0};
@@ -380,8 +365,11 @@ size_t mla_scratch_bytes(const petrel_config *c, int T, int N) {
     size_t NH = c->num_attention_heads, Dn = c->qk_nope_head_dim, Dr = c->qk_rope_head_dim, Dv = c->v_head_dim;
     size_t Rkv = c->kv_lora_rank, Dqk = c->qk_head_dim, n = (size_t)N;
     size_t nt = (size_t)pool_threads(kn_pool());
-    size_t abs_ = (size_t)T + 16 + n * (Rkv + Dr) + abp_floats(N, (int)Dn, (int)Dr, (int)Dv, (int)Rkv) * nt + NH * Rkv * 2 + NH * Dr + n * Rkv * 2 + n * Dr +
-                  2 * NH * n + 16 * 8;
+    /* rows; the blocked path's key pointers (2 per key) and per-thread scratch; the one-row
+     * path's q~ and lat, key pointers and attention-core scratch */
+    /* (+ n (Rkv + Dr): the keys decoded from bf16 / int8 pages, or contiguous for the twin) */
+    size_t abs_ = (size_t)T + 16 + 4 * n + n * (Rkv + Dr) + abp_floats(N, (int)Dn, (int)Dr, (int)Dv, (int)Rkv) * nt + NH * Rkv * 2 + 4 * n +
+                  kn_attn_scratch_floats((int)NH, N, (int)Rkv, (int)Dr) + 16 * 8;
     size_t rec = n * (Rkv + Dr) + rec_floats(T, N, (int)Dn, (int)Dqk, (int)Dv) * nt + 16;
     return (abs_ > rec ? abs_ : rec) * 4 + 64 * 16;
 }

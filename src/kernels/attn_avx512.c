@@ -1,0 +1,230 @@
+/* attn_avx512.c: the exact f32 attention core (kernels.h: kn_attn) with AVX-512, bitwise equal
+ * to kn_ref_attn (ref.c). Built with -mavx512* (Makefile, by file name); dispatch.c calls it
+ * only where the CPU has AVX-512.
+ *
+ * Shape of the work. Queries go in blocks of KN_ATTN_MB = 32, one query per lane of two 16-lane
+ * vectors, so no element ever needs a horizontal sum:
+ *   0. q^T per block: [(D + Dr)][32] (zero lanes past M), nk per lane.
+ *   1. scores, tasks (block, chunk of keys): a tile of 12 keys x 32 queries keeps 24 accumulators
+ *      in registers; per k it loads two q^T vectors and broadcasts one value of each key row
+ *      (the cache is read in its own row layout, through row pointers: no copy, no transpose),
+ *      24 FMAs per 14 loads; the chain runs k ascending over c then k_pe. s = scale * acc is
+ *      stored as S^T [t][32].
+ *   2. softmax, tasks (block, vector of 16 queries): lane-wise max, kn_exp, sum in t order,
+ *      times 1/sum; lanes past nk get 0 (masks, so the sum adds exactly the ref's terms).
+ *   3. latent sum, tasks (block, 64 columns): a tile of 6 queries x 64 columns (24 accumulators)
+ *      walks t ascending, per t four loads of c_t and six broadcasts of p, 24 FMAs; a strip of
+ *      64 columns (256 B per key) stays in L2 for all the block's tiles.
+ * Every output element is one chain in the order kernels.h defines, whatever its tile, lane or
+ * task: results do not depend on M, the blocking or the threads (tests/test_kernels.c). */
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#include "base/pool.h"
+#include "kernels/kn_internal.h"
+
+#define AI static inline __attribute__((always_inline))
+#define MB KN_ATTN_MB
+
+typedef struct {
+    const kn_attn *a;
+    float *base;   /* block b's scratch: base + b * per */
+    size_t per;
+    int nmb, nkc, ncc;
+    int64_t kchunk;
+} at_job;
+
+static inline float *blk_qt(const at_job *j, int b) { return j->base + (size_t)b * j->per; }
+static inline float *blk_s(const at_job *j, int b) { return blk_qt(j, b) + (size_t)(j->a->D + j->a->Dr) * MB; }
+static inline int *blk_nk(const at_job *j, int b) { return (int *)(blk_s(j, b) + (size_t)j->a->N * MB); }
+static inline int blk_m(const at_job *j, int b) { int m = j->a->M - b * MB; return m < MB ? m : MB; }
+
+/* kn_softmax's exp (actq_avx512.c exp512; kn_ref_exp is its scalar twin). */
+AI __m512 exp512(__m512 x) {
+    x = _mm512_max_ps(_mm512_set1_ps(-104.f), x);
+    x = _mm512_min_ps(_mm512_set1_ps(89.f), x);
+    __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(k, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.f / 5040.f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 720.f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120.f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24.f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6.f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+    return _mm512_scalef_ps(p, k);
+}
+
+/* ---- 0. q^T ---- */
+static void prep_task(void *ctx, int b, int thread) {
+    (void)thread;
+    const at_job *j = ctx;
+    const kn_attn *a = j->a;
+    float *qt = blk_qt(j, b);
+    int *nk = blk_nk(j, b), mc = blk_m(j, b), W = a->D + a->Dr;
+    memset(qt, 0, sizeof(float) * (size_t)W * MB);
+    for (int i = 0; i < mc; i++) {
+        const float *q = a->q + (int64_t)(b * MB + i) * a->q_stride, *qp = a->qpe + (int64_t)(b * MB + i) * a->qpe_stride;
+        for (int k = 0; k < a->D; k++) qt[(size_t)k * MB + i] = q[k];
+        for (int k = 0; k < a->Dr; k++) qt[(size_t)(a->D + k) * MB + i] = qp[k];
+    }
+    for (int i = 0; i < MB; i++) nk[i] = i < mc ? (a->nk ? (int)a->nk[b * MB + i] : (int)a->N) : 0;
+}
+
+/* ---- 1. scores: KB keys x MV vectors of 16 queries ---- */
+AI void sc_tile(const int MV, const int KB, const kn_attn *a, const float *qt, int64_t t0, float *S) {
+    __m512 acc[12][2];
+    const float *p[12];
+#pragma GCC unroll 12
+    for (int j = 0; j < KB; j++) {
+        acc[j][0] = acc[j][1] = _mm512_setzero_ps();
+        p[j] = a->kc[t0 + j];
+    }
+    for (int k = 0; k < a->D; k++) {
+        __m512 q0 = _mm512_loadu_ps(qt + (size_t)k * MB), q1 = MV > 1 ? _mm512_loadu_ps(qt + (size_t)k * MB + 16) : q0;
+#pragma GCC unroll 12
+        for (int j = 0; j < KB; j++) {
+            __m512 w = _mm512_set1_ps(p[j][k]);
+            acc[j][0] = _mm512_fmadd_ps(q0, w, acc[j][0]);
+            if (MV > 1) acc[j][1] = _mm512_fmadd_ps(q1, w, acc[j][1]);
+        }
+    }
+#pragma GCC unroll 12
+    for (int j = 0; j < KB; j++) p[j] = a->kp[t0 + j];
+    const float *qr = qt + (size_t)a->D * MB;
+    for (int k = 0; k < a->Dr; k++) {
+        __m512 q0 = _mm512_loadu_ps(qr + (size_t)k * MB), q1 = MV > 1 ? _mm512_loadu_ps(qr + (size_t)k * MB + 16) : q0;
+#pragma GCC unroll 12
+        for (int j = 0; j < KB; j++) {
+            __m512 w = _mm512_set1_ps(p[j][k]);
+            acc[j][0] = _mm512_fmadd_ps(q0, w, acc[j][0]);
+            if (MV > 1) acc[j][1] = _mm512_fmadd_ps(q1, w, acc[j][1]);
+        }
+    }
+    const __m512 sc = _mm512_set1_ps(a->scale);
+#pragma GCC unroll 12
+    for (int j = 0; j < KB; j++) {
+        _mm512_storeu_ps(S + (size_t)(t0 + j) * MB, _mm512_mul_ps(acc[j][0], sc));
+        if (MV > 1) _mm512_storeu_ps(S + (size_t)(t0 + j) * MB + 16, _mm512_mul_ps(acc[j][1], sc));
+    }
+}
+
+AI void sc_range(const int MV, const kn_attn *a, const float *qt, int64_t t0, int64_t t1, float *S) {
+    int64_t t = t0;
+    for (; t + 12 <= t1; t += 12) sc_tile(MV, 12, a, qt, t, S);
+    for (; t + 4 <= t1; t += 4) sc_tile(MV, 4, a, qt, t, S);
+    for (; t < t1; t++) sc_tile(MV, 1, a, qt, t, S);
+}
+
+static void score_task(void *ctx, int task, int thread) {
+    (void)thread;
+    const at_job *j = ctx;
+    int b = task / j->nkc, c = task % j->nkc;
+    int64_t t0 = (int64_t)c * j->kchunk, t1 = t0 + j->kchunk < j->a->N ? t0 + j->kchunk : j->a->N;
+    if (blk_m(j, b) > 16) sc_range(2, j->a, blk_qt(j, b), t0, t1, blk_s(j, b));
+    else sc_range(1, j->a, blk_qt(j, b), t0, t1, blk_s(j, b));
+}
+
+/* ---- 2. softmax over t, 16 queries per vector ---- */
+static void softmax_task(void *ctx, int task, int thread) {
+    (void)thread;
+    const at_job *j = ctx;
+    int b = task / 2, v = task % 2;
+    if (v * 16 >= blk_m(j, b)) return;
+    float *S = blk_s(j, b) + v * 16;
+    const __m512i nk = _mm512_loadu_si512(blk_nk(j, b) + v * 16);
+    const int64_t N = j->a->N;
+    __m512 mx = _mm512_set1_ps(-INFINITY), sum = _mm512_setzero_ps();
+    for (int64_t t = 0; t < N; t++) {
+        __mmask16 ok = _mm512_cmpgt_epi32_mask(nk, _mm512_set1_epi32((int)t));
+        mx = _mm512_mask_max_ps(mx, ok, mx, _mm512_loadu_ps(S + t * MB));
+    }
+    for (int64_t t = 0; t < N; t++) {
+        __mmask16 ok = _mm512_cmpgt_epi32_mask(nk, _mm512_set1_epi32((int)t));
+        __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(S + t * MB), mx));
+        sum = _mm512_mask_add_ps(sum, ok, sum, e);
+        _mm512_storeu_ps(S + t * MB, e);
+    }
+    const __m512 inv = _mm512_div_ps(_mm512_set1_ps(1.f), sum);
+    for (int64_t t = 0; t < N; t++) {
+        __mmask16 ok = _mm512_cmpgt_epi32_mask(nk, _mm512_set1_epi32((int)t));
+        _mm512_storeu_ps(S + t * MB, _mm512_maskz_mul_ps(ok, _mm512_loadu_ps(S + t * MB), inv));
+    }
+}
+
+/* ---- 3. latent sum: IB queries x 4 vectors of columns ---- */
+AI void lat_tile(const int IB, const kn_attn *a, const float *P, const int *nk, int m0, int c0, float *lat) {
+    __mmask16 mk[4];
+    __m512 acc[6][4];
+    int64_t tn = 0;
+#pragma GCC unroll 6
+    for (int i = 0; i < IB; i++) tn = nk[m0 + i] > tn ? nk[m0 + i] : tn;
+#pragma GCC unroll 4
+    for (int u = 0; u < 4; u++) {
+        int left = a->D - (c0 + u * 16);
+        mk[u] = left >= 16 ? 0xFFFF : left <= 0 ? 0 : (__mmask16)((1u << left) - 1);
+#pragma GCC unroll 6
+        for (int i = 0; i < IB; i++) acc[i][u] = _mm512_setzero_ps();
+    }
+    for (int64_t t = 0; t < tn; t++) {
+        const float *c = a->kc[t] + c0, *p = P + t * MB + m0;
+        __m512 w[4];
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; u++) w[u] = _mm512_maskz_loadu_ps(mk[u], c + u * 16);
+#pragma GCC unroll 6
+        for (int i = 0; i < IB; i++) {
+            __m512 pb = _mm512_set1_ps(p[i]);
+#pragma GCC unroll 4
+            for (int u = 0; u < 4; u++) acc[i][u] = _mm512_fmadd_ps(pb, w[u], acc[i][u]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int i = 0; i < IB; i++)
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; u++) _mm512_mask_storeu_ps(lat + (int64_t)(m0 + i) * a->lat_stride + c0 + u * 16, mk[u], acc[i][u]);
+}
+
+static void lat_task(void *ctx, int task, int thread) {
+    (void)thread;
+    const at_job *j = ctx;
+    const kn_attn *a = j->a;
+    int b = task / j->ncc, c0 = (task % j->ncc) * 64, mc = blk_m(j, b);
+    const float *P = blk_s(j, b);
+    const int *nk = blk_nk(j, b);
+    float *lat = a->lat + (int64_t)b * MB * a->lat_stride;
+    for (int m0 = 0; m0 < mc; m0 += 6) {
+        switch (mc - m0 < 6 ? mc - m0 : 6) {
+        case 6: lat_tile(6, a, P, nk, m0, c0, lat); break;
+        case 5: lat_tile(5, a, P, nk, m0, c0, lat); break;
+        case 4: lat_tile(4, a, P, nk, m0, c0, lat); break;
+        case 3: lat_tile(3, a, P, nk, m0, c0, lat); break;
+        case 2: lat_tile(2, a, P, nk, m0, c0, lat); break;
+        default: lat_tile(1, a, P, nk, m0, c0, lat); break;
+        }
+    }
+}
+
+void kn_attn_core_avx512(const kn_attn *a, float *scr) {
+    pt_pool *pool = kn_pool();
+    at_job j;
+    j.a = a;
+    j.base = (float *)(((uintptr_t)scr + 63) & ~(uintptr_t)63);
+    j.per = (size_t)MB * ((size_t)a->D + (size_t)a->Dr + (size_t)a->N + 1);
+    j.nmb = (a->M + MB - 1) / MB;
+    /* about 4 score tasks per thread, whole 12-key tiles, at least 48 keys each */
+    int nt = pool_threads(pool);
+    int64_t want = ((int64_t)nt * 4 + j.nmb - 1) / j.nmb;
+    int64_t kc = (a->N + want - 1) / (want > 0 ? want : 1);
+    kc = (kc + 11) / 12 * 12;
+    j.kchunk = kc < 48 ? 48 : kc;
+    j.nkc = a->N > 0 ? (int)((a->N + j.kchunk - 1) / j.kchunk) : 0;
+    j.ncc = (a->D + 63) / 64;
+    pool_run(pool, j.nmb, prep_task, &j);
+    if (j.nkc) pool_run(pool, j.nmb * j.nkc, score_task, &j);
+    pool_run(pool, j.nmb * 2, softmax_task, &j);
+    pool_run(pool, j.nmb * j.ncc, lat_task, &j);
+}
