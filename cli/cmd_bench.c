@@ -578,7 +578,7 @@ CLI_CMD(bench) {
     char cpu[256];
     cpu_model(cpu, sizeof cpu);
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    printf("machine: %s, %ld cores online, kernels %s, %d threads\n", cpu, cores, kn_isa_name(), threads);
+    printf("machine: %s, %ld cores online, kernels %s, %d threads\n", cpu, cores, kt_isa_name(&eng->kt), threads);
     printf("model: %s (%d layers, hidden %d, %d experts top-%d)\n", mo.model, c->num_hidden_layers, c->hidden_size, c->n_routed_experts,
            c->num_experts_per_tok);
     fflush(stdout);
@@ -681,7 +681,7 @@ CLI_CMD(bench) {
         const pt_wview *ev = NULL;
         for (int l = 0; l < c->num_hidden_layers && !ev; l++)
             if (eng->w.layers[l].is_moe && eng->w.layers[l].exp_gate) ev = &eng->w.layers[l].exp_gate[0];
-        int on_int8 = ev && (ev->layout == PT_LAYOUT_R16 || kn_act_quant_active(ev));
+        int on_int8 = ev && (ev->layout == PT_LAYOUT_R16 || kt_act_quant_active(&eng->kt, ev));
         peak_int8 = on_int8 ? measure_peak_gflops(threads, 1) : 0;
         double ref_peak = on_int8 && peak_int8 > 0 ? peak_int8 : peak;
         expert_peak_frac = ref_peak > 0 ? expert_gflops / ref_peak : 0;
@@ -828,7 +828,7 @@ CLI_CMD(bench) {
                    ", \"mem_bw_gbs\": %.3f, \"decode_floor_ratio\": %.4f, \"decode_floor_ratio_unpaired\": %.4f, \"floor_ms\": %.4f, \"ctx\": %ld, \"prompt\": %ld, \"steps\": %ld, "
                    "\"decode_mean_ms\": %.4f, \"decode_min_ms\": %.4f, \"threads\": %d, \"isa\": \"%s\", \"cpu\": \"%s\", \"cores\": %ld, "
                    "\"expert_hit_rate\": %.5f, \"ssd_bw_gbs\": %.3f, \"ssd_probe_gbs\": %.3f, \"ssd_seen_gbs\": %.3f, \"miss_bytes_per_token\": %.0f, \"prefill_expert_gflops\": %.2f, \"fma_peak_gflops\": %.1f, \"int8_peak_gops\": %.1f, \"prefill_expert_peak_fraction\": %.4f, \"prefill_expert_reads\": %" PRIu64 ", \"prefill_chunk\": %d, \"prefill_span\": %d, \"decode_breakdown_ms\": {",
-                   dms, 1e3 / dms, pf, prefill_best > 0 ? (double)prompt / prefill_best : 0, prefill_runs, bytes_tok, bw, ratio, ratio_unpaired, floor_ms, ctx, prompt, steps, mean_ms, min_ms, threads, kn_isa_name(), cpu, cores,
+                   dms, 1e3 / dms, pf, prefill_best > 0 ? (double)prompt / prefill_best : 0, prefill_runs, bytes_tok, bw, ratio, ratio_unpaired, floor_ms, ctx, prompt, steps, mean_ms, min_ms, threads, kt_isa_name(&eng->kt), cpu, cores,
                    hit_rate, ssd_gbs, ssd_probe_gbs, ssd_seen_gbs, miss_bytes_tok, expert_gflops, peak, peak_int8, expert_peak_frac, prefill_reads,
                    s->max_batch, s->pf.rows);
             for (int p = 0; p < FS_COUNT; p++) printf("%s\"%s\": %.4f", p ? ", " : "", fwd_part_names[p], (double)s->stats.ns[p] / 1e6 / (double)steps);

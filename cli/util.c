@@ -166,7 +166,7 @@ int cli_engine_open(const cli_model_opts *mo, petrel_engine **eng, petrel_error 
         const char *plan = petrel_engine_plan(*eng);
         if (plan && *plan) fprintf(stderr, "petrel: memory plan for %s:\n%s%s", mo->model, plan, plan[strlen(plan) - 1] == '\n' ? "" : "\n");
     }
-    if (rc == 0 && (*eng)->pack && pack_has_r16((*eng)->pack) && !kn_r16_available())
+    if (rc == 0 && (*eng)->pack && pack_has_r16((*eng)->pack) && !(*eng)->kt.vnni)
         fprintf(stderr, "petrel: note: %s stores its experts for AVX-512 VNNI kernels, which this CPU lacks; they run on the slow scalar path "
                         "(reconvert with --expert-layout plain)\n", mo->model);
     return rc;

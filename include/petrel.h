@@ -54,8 +54,8 @@ typedef struct petrel_open_opts {
     int no_verify;          /* packs opened with every expert resident: skip the checksums of the
                                routed-expert records read at open (resident tensors and experts
                                streamed under a budget are still checked) */
-    /* Kernel choices (process-wide today: they set the kernel table every engine uses; 0/NULL
-     * leaves the current choice, which starts as the defaults):
+    /* Kernel choices: the engine's own kernel table, filled at open (two engines in one process
+     * may differ; nothing process-wide changes). 0/NULL take the defaults:
      *   act_quant  1 int8 activations for q4 weights (the default), 2 also q8, -1 off (exact f32
      *              activations for plain-layout weights; r16-laid weights always use int8)
      *   relayout   1 lay q8/q4 matrices out 16 rows interleaved at open where the CPU has

@@ -339,10 +339,11 @@ static int artifacts(void) {
 }
 
 
+static int g_act_quant; /* the open option act_quant for open_eng: -1 exact f32 activations */
 static petrel_engine *open_eng(const char *path) {
     petrel_engine *e = NULL;
     petrel_error err = {0};
-    if (petrel_engine_open(path, NULL, &e, &err)) test_fail(__FILE__, __LINE__, "open %s: %s", path, err.msg);
+    if (petrel_engine_open(path, &(petrel_open_opts){.act_quant = g_act_quant}, &e, &err)) test_fail(__FILE__, __LINE__, "open %s: %s", path, err.msg);
     return e;
 }
 
@@ -604,10 +605,9 @@ TEST(colibri, logits_golden) {
 static void logits_exact_body(void);
 /* exact loader checks: f32 activations (int8 activations are a kernel choice, tested apart) */
 TEST(colibri, logits_exact) {
-    int aq = kn_act_quant();
-    kn_set_act_quant(0);
+    g_act_quant = -1;
     logits_exact_body();
-    kn_set_act_quant(aq);
+    g_act_quant = 0;
 }
 static void logits_exact_body(void) {
     if (artifacts()) return;
@@ -676,10 +676,9 @@ TEST(colibri, no_indexer) {
 static void convert_body(void);
 /* exact loader checks: f32 activations (int8 activations are a kernel choice, tested apart) */
 TEST(colibri, convert) {
-    int aq = kn_act_quant();
-    kn_set_act_quant(0);
+    g_act_quant = -1;
     convert_body();
-    kn_set_act_quant(aq);
+    g_act_quant = 0;
 }
 static void convert_body(void) {
     if (artifacts()) return;
@@ -718,8 +717,7 @@ static void coli_shapes_exact(const char *fixture) {
     mkdir_p(dir);
     mkdir_p(hf);
     if (build_artifact_of(fixture, dir, 1, hf, NULL)) return;
-    int aq = kn_act_quant();
-    kn_set_act_quant(0);
+    g_act_quant = -1;
     petrel_engine *a = open_eng(dir), *b = open_eng(hf);
     if (a && b) {
         CHECK(a->coli != NULL);
@@ -737,7 +735,7 @@ static void coli_shapes_exact(const char *fixture) {
     }
     petrel_engine_close(a);
     petrel_engine_close(b);
-    kn_set_act_quant(aq);
+    g_act_quant = 0;
 }
 TEST(colibri, odd_shapes_exact) { coli_shapes_exact("odd"); }
 TEST(colibri, odd3_shapes_exact) { coli_shapes_exact("odd3"); }

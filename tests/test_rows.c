@@ -394,3 +394,42 @@ TEST(rows, batch_cli_full_context) {
     CHECK_MSG(strstr(err, "line 2") && strstr(err, "context"), "stderr: %s", err);
     free(out);
 }
+
+/* The kernel table is the engine's: two engines of one process with different act_quant (and
+ * ISA) run side by side, each giving exactly what it gives alone, and they differ. */
+TEST(rows, kernel_table_per_engine) {
+    const char *pk = test_pack_of("tiny", CVQ_Q4);
+    if (!pk) return;
+    petrel_error err = {0};
+    petrel_open_opts oa = {0}, ob = {0}, oc = {0};
+    oa.act_quant = -1; /* exact f32 activations on plain layouts */
+    oa.relayout = -1;
+    ob.act_quant = 1;
+    oc.isa = "scalar";
+    petrel_engine *a = NULL, *b = NULL, *c = NULL;
+    CHECK(petrel_engine_open(pk, &oa, &a, &err) == 0 && petrel_engine_open(pk, &ob, &b, &err) == 0 && petrel_engine_open(pk, &oc, &c, &err) == 0);
+    if (!a || !b || !c) goto out;
+    int V = a->cfg.vocab_size, T = 9;
+    int32_t ids[9] = {1, 5, 9, 33, 2, 7, 40, 3, 11};
+    float *l[6];
+    for (int k = 0; k < 6; k++) l[k] = malloc(sizeof(float) * (size_t)V * T);
+    petrel_engine *order[6] = {a, b, c, b, a, c}; /* interleaved: each engine twice */
+    for (int k = 0; k < 6; k++) {
+        petrel_session *s = NULL;
+        CHECK(petrel_session_create(order[k], T, &s, &err) == 0);
+        CHECK(s && petrel_session_forward(s, ids, T, l[k], 1, &err) == 0);
+        petrel_session_free(s);
+    }
+    size_t n = sizeof(float) * (size_t)V * T;
+    CHECK_MSG(!memcmp(l[0], l[4], n), "the exact-activation engine changed when another engine ran");
+    CHECK_MSG(!memcmp(l[1], l[3], n), "the int8-activation engine changed when another engine ran");
+    CHECK_MSG(!memcmp(l[2], l[5], n), "the scalar engine changed when another engine ran");
+    CHECK_MSG(strcmp(kt_isa_name(&c->kt), "scalar") == 0, "isa scalar not taken: %s", kt_isa_name(&c->kt));
+    if (a->kt.vnni) CHECK_MSG(memcmp(l[0], l[1], n) != 0, "act_quant made no difference on a VNNI machine");
+    CHECK(test_rel_l2(l[2], l[0], (size_t)V * T) < 1e-4); /* scalar and SIMD exact f32: the same model */
+    for (int k = 0; k < 6; k++) free(l[k]);
+out:
+    petrel_engine_close(a);
+    petrel_engine_close(b);
+    petrel_engine_close(c);
+}

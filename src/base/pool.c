@@ -23,6 +23,7 @@
 
 struct pt_pool {
     int n_threads;
+    void (*init)(void);        /* run by each worker as it starts */
     pthread_t *th;
     pthread_mutex_t run_lock;  /* one job at a time */
     _Atomic uint32_t gen;      /* bumped once per job; futex word */
@@ -79,6 +80,7 @@ static void *worker_main(void *arg_) {
     pt_pool *p = arg->p;
     int id = arg->id;
     free(arg);
+    if (p->init) p->init();
     uint32_t seen = 0; /* gen starts at 0: a job published before this thread ran is still seen */
     for (;;) {
         uint32_t g = atomic_load_explicit(&p->gen, memory_order_acquire);
@@ -102,7 +104,9 @@ static void *worker_main(void *arg_) {
     return NULL;
 }
 
-pt_pool *pool_create(int n_threads) {
+pt_pool *pool_create(int n_threads) { return pool_create_init(n_threads, NULL); }
+
+pt_pool *pool_create_init(int n_threads, void (*init)(void)) {
     if (n_threads <= 0) {
         long c = sysconf(_SC_NPROCESSORS_ONLN);
         n_threads = c > 0 ? (int)c : 1;
@@ -111,6 +115,7 @@ pt_pool *pool_create(int n_threads) {
     pt_pool *p = calloc(1, sizeof *p);
     if (!p) return NULL;
     p->n_threads = n_threads;
+    p->init = init;
     pthread_mutex_init(&p->run_lock, NULL);
     p->th = calloc((size_t)n_threads, sizeof *p->th);
     if (!p->th) { free(p); return NULL; }

@@ -19,6 +19,9 @@ typedef void (*pt_task_fn)(void *ctx, int task, int thread);
 
 /* n_threads <= 0: number of online CPUs. Returns NULL on failure (then run everything inline). */
 pt_pool *pool_create(int n_threads);
+/* The same, each worker calling init() once when it starts (per-thread buffers allocated up
+ * front, so no task ever allocates them later). init may be NULL. */
+pt_pool *pool_create_init(int n_threads, void (*init)(void));
 void pool_destroy(pt_pool *p);
 int pool_threads(const pt_pool *p); /* 1 for NULL */
 /* Runs fn(ctx, t, thread) for t in [0, n_tasks); thread in [0, pool_threads). p may be NULL. */

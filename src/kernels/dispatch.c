@@ -1,4 +1,5 @@
-/* dispatch.c: picks kernel variants at start from CPUID and runs kn_matmul on the thread pool.
+/* dispatch.c: the kernel tables (kn_table: the variants one engine runs, filled at open from
+ * CPUID and its options; a process default for tools and tests) and kt_matmul on the thread pool.
  *
  * kn_matmul: prepares x once (kn_internal.h: padded, q4 de-interleaved) on the calling thread,
  * then splits the output rows into tasks of whole 16-row units (a 64-byte line of y, so no two
@@ -21,14 +22,16 @@
 
 #include <cpuid.h>
 
-enum { ISA_SCALAR, ISA_AVX2, ISA_AVX512 };
+#define ISA_SCALAR KN_ISA_SCALAR
+#define ISA_AVX2 KN_ISA_AVX2
+#define ISA_AVX512 KN_ISA_AVX512
 
 static pthread_once_t detect_once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
-static int best_isa = ISA_SCALAR, cur_isa = ISA_SCALAR, has_vnni;
-/* int8 activations where the CPU has AVX-512 VNNI: 0 off, 1 q4_g64 (default), 2 q4_g64 + q8 */
-static int g_actq = 1;
-static int g_r16 = 1; /* kn_set_r16(0) (open option relayout, --relayout off) turns it off */
+static int best_isa = ISA_SCALAR, has_vnni;
+/* The process default table (tools, tests): kn_force_isa / kn_set_act_quant / kn_set_r16 change
+ * it; engines fill their own (kn_table_init) and never read it. */
+static kn_table g_def = {ISA_SCALAR, 0, 1, 1};
 static pt_pool *g_pool;
 static int g_threads;
 /* kn_set_observer: a calibration hook (src/io/calib.c) shown every kn_matmul input */
@@ -62,18 +65,42 @@ static void detect_isa(void) {
 
 static void detect(void) {
     detect_isa();
-    cur_isa = best_isa;
+    g_def.isa = best_isa;
+    g_def.vnni = best_isa == ISA_AVX512 && has_vnni;
 }
 
-int kn_r16_available(void) {
+int kn_table_init(kn_table *t, const char *isa, int act_quant, int relayout) {
     pthread_once(&detect_once, detect);
-    return g_r16 && best_isa == ISA_AVX512 && has_vnni;
+    int want = best_isa;
+    if (isa && strcmp(isa, "auto")) {
+        if (!strcmp(isa, "scalar")) want = ISA_SCALAR;
+        else if (!strcmp(isa, "avx2")) want = ISA_AVX2;
+        else if (!strcmp(isa, "avx512")) want = ISA_AVX512;
+        else return -1; /* "amx" and anything unknown */
+        if (want > best_isa) return -1;
+    }
+    if (act_quant < -1 || act_quant > 2 || relayout < -1 || relayout > 1) return -1;
+    t->isa = want;
+    t->vnni = want == ISA_AVX512 && has_vnni;
+    t->act_quant = act_quant == 0 ? 1 : act_quant < 0 ? 0 : act_quant;
+    t->r16 = relayout >= 0;
+    return 0;
 }
+
+const kn_table *kn_default(void) {
+    pthread_once(&detect_once, detect);
+    return &g_def;
+}
+
+int kt_r16_available(const kn_table *t) { return t->r16 && t->isa == ISA_AVX512 && t->vnni; }
+int kn_r16_available(void) { return kt_r16_available(kn_default()); }
 
 void kn_set_r16(int on) {
     pthread_once(&detect_once, detect);
-    g_r16 = on != 0;
+    g_def.r16 = on != 0;
 }
+
+static void xp_prewarm(void);
 
 void kn_init(int n_threads) {
     pthread_once(&detect_once, detect);
@@ -81,7 +108,8 @@ void kn_init(int n_threads) {
     int want = n_threads > 0 ? n_threads : 0;
     if (!g_pool || (want > 0 && want != g_threads)) {
         pool_destroy(g_pool);
-        g_pool = pool_create(want);
+        g_pool = pool_create_init(want, xp_prewarm); /* nested products run on workers too: their buffers now */
+        xp_prewarm();
         g_threads = pool_threads(g_pool);
     }
     pthread_mutex_unlock(&init_lock);
@@ -101,26 +129,19 @@ pt_pool *kn_pool(void) {
     return g_pool;
 }
 
-const char *kn_isa_name(void) {
-    pthread_once(&detect_once, detect);
-    return cur_isa == ISA_AVX512 ? "avx512" : cur_isa == ISA_AVX2 ? "avx2" : "scalar";
-}
+const char *kt_isa_name(const kn_table *t) { return t->isa == ISA_AVX512 ? "avx512" : t->isa == ISA_AVX2 ? "avx2" : "scalar"; }
+const char *kn_isa_name(void) { return kt_isa_name(kn_default()); }
 
 int kn_force_isa(const char *name) {
-    pthread_once(&detect_once, detect);
-    int want;
-    if (!strcmp(name, "auto")) want = best_isa;
-    else if (!strcmp(name, "scalar")) want = ISA_SCALAR;
-    else if (!strcmp(name, "avx2")) want = ISA_AVX2;
-    else if (!strcmp(name, "avx512")) want = ISA_AVX512;
-    else return -1; /* "amx" and anything unknown */
-    if (want > best_isa) return -1;
-    cur_isa = want;
+    kn_table t;
+    if (kn_table_init(&t, name, 0, 0) < 0) return -1;
+    g_def.isa = t.isa;
+    g_def.vnni = t.vnni;
     return 0;
 }
 
-static const kn_mm_isa *mm_isa(void) {
-    return cur_isa == ISA_AVX512 ? &kn_mm_avx512 : cur_isa == ISA_AVX2 ? &kn_mm_avx2 : NULL;
+static const kn_mm_isa *mm_isa(const kn_table *t) {
+    return t->isa == ISA_AVX512 ? &kn_mm_avx512 : t->isa == ISA_AVX2 ? &kn_mm_avx2 : NULL;
 }
 
 /* Prepared activations live in a per-thread buffer that only grows: prefill calls it with
@@ -148,6 +169,8 @@ static float *xp_get(size_t floats) {
     return xp_buf;
 }
 
+static void xp_prewarm(void) { (void)xp_get(XP_MIN_FLOATS); }
+
 static void prep_x(const float *x, int n, int64_t cols, int64_t xs, int q4_chunk, float *xp) {
     for (int i = 0; i < n; i++) {
         const float *src = x + (int64_t)i * cols;
@@ -169,22 +192,19 @@ static void prep_x(const float *x, int n, int64_t cols, int64_t xs, int q4_chunk
 
 void kn_set_act_quant(int mode) {
     pthread_once(&detect_once, detect);
-    g_actq = mode < 0 ? 0 : mode > 2 ? 2 : mode;
+    g_def.act_quant = mode < 0 ? 0 : mode > 2 ? 2 : mode;
 }
-int kn_act_quant(void) {
-    pthread_once(&detect_once, detect);
-    return g_actq;
-}
-int kn_act_quant_active(const pt_wview *W) {
-    pthread_once(&detect_once, detect);
+int kn_act_quant(void) { return kn_default()->act_quant; }
+int kt_act_quant_active(const kn_table *t, const pt_wview *W) {
     int kind = kn_actq_kind(W);
-    return g_actq && cur_isa == ISA_AVX512 && has_vnni &&
-           (kind == KN_ACTQ_Q4 || (kind == KN_ACTQ_Q8 && g_actq >= 2));
+    return t->act_quant && t->isa == ISA_AVX512 && t->vnni && (kind == KN_ACTQ_Q4 || (kind == KN_ACTQ_Q8 && t->act_quant >= 2));
 }
+int kn_act_quant_active(const pt_wview *W) { return kt_act_quant_active(kn_default(), W); }
 
 /* One matmul of a kn_matmul_many call, with its prepared activations and task split. */
 enum { P_REF, P_ISA, P_ACTQ, P_R16 };
 typedef struct {
+    const kn_table *t;
     const pt_wview *W;
     int path, n, prep; /* prep: 0 plain pad, else q4 chunk (P_ISA) or actq kind (P_ACTQ) */
     const kn_mm_isa *isa;
@@ -213,7 +233,7 @@ static void mm_task(void *ctx, int task, int thread) {
     int64_t r0 = (int64_t)(task - j->task0) * j->rows_per_task;
     int64_t r1 = r0 + j->rows_per_task < j->W->rows ? r0 + j->rows_per_task : j->W->rows;
     if (j->path == P_R16) {
-        if (cur_isa == ISA_AVX512 && has_vnni) kn_r16_rows_avx512(j->W, r0, r1, j->xp, j->xs, j->n, j->y);
+        if (j->t->isa == ISA_AVX512 && j->t->vnni) kn_r16_rows_avx512(j->W, r0, r1, j->xp, j->xs, j->n, j->y);
         else kn_r16_rows_ref(j->W, r0, r1, j->xp, j->xs, j->n, j->y);
     } else if (j->path == P_ACTQ) kn_actq_rows_avx512(j->W, r0, r1, j->xp, j->xs, j->n, j->y);
     else if (j->path == P_ISA) j->isa->rows(j->W, r0, r1, j->xp, j->xs, j->n, j->y);
@@ -244,7 +264,7 @@ static void run_parts(mm_part *parts, int np) {
         p->xp = buf + off;
         off += (size_t)((part_bytes(p) + 63) & ~63);
         if (p->path == P_R16) {
-            if (cur_isa == ISA_AVX512 && has_vnni) kn_r16_prep_avx512(p->W, p->x, p->n, (uint8_t *)p->xp);
+            if (p->t->isa == ISA_AVX512 && p->t->vnni) kn_r16_prep_avx512(p->W, p->x, p->n, (uint8_t *)p->xp);
             else kn_r16_prep(p->W, p->x, p->n, (uint8_t *)p->xp);
         }
         else if (p->path == P_ACTQ) kn_actq_prep_avx512(p->prep, p->x, p->n, p->W->cols, (uint8_t *)p->xp);
@@ -275,22 +295,22 @@ static void run_parts(mm_part *parts, int np) {
     pool_run(g_pool, (int)tasks, mm_task, &c);
 }
 
-static void classify(mm_part *p, const pt_wview *W, const float *x, int n, float *y) {
+static void classify(const kn_table *t, mm_part *p, const pt_wview *W, const float *x, int n, float *y) {
     memset(p, 0, sizeof *p);
-    p->W = W; p->x = x; p->n = n; p->y = y; p->path = P_REF;
+    p->t = t; p->W = W; p->x = x; p->n = n; p->y = y; p->path = P_REF;
     if (W->layout == PT_LAYOUT_R16) { /* prep: the group size, so R16 parts share only with R16 */
         p->path = P_R16;
         p->prep = W->qtype == PT_Q4_G64 ? 64 : 32;
         p->xs = kn_r16_xs(W);
         return;
     }
-    if (kn_act_quant_active(W)) {
+    if (kt_act_quant_active(t, W)) {
         p->path = P_ACTQ;
         p->prep = kn_actq_kind(W);
         p->xs = kn_actq_row_bytes(p->prep, W->cols);
         return;
     }
-    const kn_mm_isa *isa = mm_isa();
+    const kn_mm_isa *isa = mm_isa(t);
     if (isa && isa->supports(W) && W->cols > 0) {
         p->path = P_ISA;
         p->isa = isa;
@@ -299,21 +319,22 @@ static void classify(mm_part *p, const pt_wview *W, const float *x, int n, float
     }
 }
 
-void kn_matmul(const pt_wview *W, const float *x, int n, float *y) {
+void kt_matmul(const kn_table *t, const pt_wview *W, const float *x, int n, float *y) {
     if (n <= 0 || W->rows <= 0) return;
     if (g_obs) g_obs(g_obs_ctx, W, x, n);
     ensure_init();
     mm_part p;
-    classify(&p, W, x, n, y);
+    classify(t, &p, W, x, n, y);
     run_parts(&p, 1);
 }
+void kn_matmul(const pt_wview *W, const float *x, int n, float *y) { kt_matmul(kn_default(), W, x, n, y); }
 
-void kn_matmul_many(const kn_job *jobs, int n_jobs) {
+void kt_matmul_many(const kn_table *t, const kn_job *jobs, int n_jobs) {
     ensure_init();
     mm_part stackp[32];
     mm_part *parts = n_jobs <= 32 ? stackp : malloc(sizeof(mm_part) * (size_t)n_jobs);
-    if (!parts) { /* out of memory: one at a time (kn_matmul shows each job to the observer) */
-        for (int k = 0; k < n_jobs; k++) kn_matmul(jobs[k].W, jobs[k].x, jobs[k].n, jobs[k].y);
+    if (!parts) { /* out of memory: one at a time (kt_matmul shows each job to the observer) */
+        for (int k = 0; k < n_jobs; k++) kt_matmul(t, jobs[k].W, jobs[k].x, jobs[k].n, jobs[k].y);
         return;
     }
     if (g_obs)
@@ -322,10 +343,11 @@ void kn_matmul_many(const kn_job *jobs, int n_jobs) {
     int np = 0;
     for (int k = 0; k < n_jobs; k++)
         if (jobs[k].n > 0 && jobs[k].W->rows > 0)
-            classify(&parts[np++], jobs[k].W, jobs[k].x, jobs[k].n, jobs[k].y);
+            classify(t, &parts[np++], jobs[k].W, jobs[k].x, jobs[k].n, jobs[k].y);
     if (np) run_parts(parts, np);
     if (parts != stackp) free(parts);
 }
+void kn_matmul_many(const kn_job *jobs, int n_jobs) { kt_matmul_many(kn_default(), jobs, n_jobs); }
 
 void kn_ref_matmul_many(const kn_job *jobs, int n_jobs) {
     for (int k = 0; k < n_jobs; k++)
@@ -350,10 +372,12 @@ static void mt_task(void *ctx, int task, int thread) {
     else kn_ref_matmul_t_cols(c->W, c0, c1, c->x, c->n, c->y);
 }
 
-void kn_matmul_t(const pt_wview *W, const float *x, int n, float *y) {
+void kn_matmul_t(const pt_wview *W, const float *x, int n, float *y) { kt_matmul_t(kn_default(), W, x, n, y); }
+
+void kt_matmul_t(const kn_table *t, const pt_wview *W, const float *x, int n, float *y) {
     if (n <= 0 || W->cols <= 0) return;
     ensure_init();
-    int simd = cur_isa == ISA_AVX512 && W->layout == PT_LAYOUT_PLAIN && (W->qtype != PT_FP8_E4M3 ||
+    int simd = t->isa == ISA_AVX512 && W->layout == PT_LAYOUT_PLAIN && (W->qtype != PT_FP8_E4M3 ||
                (W->scale && W->block_rows > 0 && W->block_cols > 0 && W->block_cols % 16 == 0)) &&
                (W->qtype == PT_F32 || W->qtype == PT_BF16 || W->qtype == PT_F16 ||
                 W->qtype == PT_FP8_E4M3 || W->scale);
@@ -367,34 +391,36 @@ void kn_matmul_t(const pt_wview *W, const float *x, int n, float *y) {
     pool_run(g_pool, (int)((tiles + per - 1) / per), mt_task, &c);
 }
 
-static int helpers_simd(void) {
-    pthread_once(&detect_once, detect);
-    return cur_isa == ISA_AVX512;
+float kt_dot(const kn_table *t, const float *a, const float *b, int64_t n) {
+    return t->isa == ISA_AVX512 ? kn_dot_avx512(a, b, n) : kn_ref_dot(a, b, n);
 }
-float kn_dot(const float *a, const float *b, int64_t n) {
-    return helpers_simd() ? kn_dot_avx512(a, b, n) : kn_ref_dot(a, b, n);
-}
-void kn_axpy(float *y, float a, const float *x, int64_t n) {
-    if (helpers_simd()) kn_axpy_avx512(y, a, x, n);
+void kt_axpy(const kn_table *t, float *y, float a, const float *x, int64_t n) {
+    if (t->isa == ISA_AVX512) kn_axpy_avx512(y, a, x, n);
     else kn_ref_axpy(y, a, x, n);
 }
-void kn_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps) {
-    if (helpers_simd()) kn_rmsnorm_avx512(out, x, w, n, eps);
+void kt_rmsnorm(const kn_table *t, float *out, const float *x, const float *w, int64_t n, float eps) {
+    if (t->isa == ISA_AVX512) kn_rmsnorm_avx512(out, x, w, n, eps);
     else kn_ref_rmsnorm(out, x, w, n, eps);
 }
-void kn_softmax(float *x, int64_t n) {
-    if (helpers_simd()) kn_softmax_avx512(x, n);
+void kt_softmax(const kn_table *t, float *x, int64_t n) {
+    if (t->isa == ISA_AVX512) kn_softmax_avx512(x, n);
     else kn_ref_softmax(x, n);
 }
-void kn_silu_mul(float *out, const float *gate, const float *up, int64_t n) {
-    if (helpers_simd()) kn_silu_mul_avx512(out, gate, up, n);
+void kt_silu_mul(const kn_table *t, float *out, const float *gate, const float *up, int64_t n) {
+    if (t->isa == ISA_AVX512) kn_silu_mul_avx512(out, gate, up, n);
     else kn_ref_silu_mul(out, gate, up, n);
 }
-
 /* The attention core (kernels.h: kn_attn): AVX-512, else the scalar twin (bitwise the same). */
-void kn_attn_core(const kn_attn *a, float *scr) {
+void kt_attn_core(const kn_table *t, const kn_attn *a, float *scr) {
     if (a->M <= 0) return;
     ensure_init();
-    if (cur_isa == ISA_AVX512) kn_attn_core_avx512(a, scr);
+    if (t->isa == ISA_AVX512) kn_attn_core_avx512(a, scr);
     else kn_ref_attn(a, scr);
 }
+
+float kn_dot(const float *a, const float *b, int64_t n) { return kt_dot(kn_default(), a, b, n); }
+void kn_axpy(float *y, float a, const float *x, int64_t n) { kt_axpy(kn_default(), y, a, x, n); }
+void kn_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps) { kt_rmsnorm(kn_default(), out, x, w, n, eps); }
+void kn_softmax(float *x, int64_t n) { kt_softmax(kn_default(), x, n); }
+void kn_silu_mul(float *out, const float *gate, const float *up, int64_t n) { kt_silu_mul(kn_default(), out, gate, up, n); }
+void kn_attn_core(const kn_attn *a, float *scr) { kt_attn_core(kn_default(), a, scr); }

@@ -1,6 +1,7 @@
 /* kernels.h: the compute kernels the model code calls. Every kernel has a scalar reference
  * (kn_ref_*) that stays built and tested; kn_* dispatch to the fastest variant for this CPU
- * (chosen once from CPUID; kn_force_isa overrides it for tests and benchmarks).
+ * (a kernel table, kn_table below: per engine, chosen at open; kn_force_isa sets the process
+ * default's for tests and benchmarks).
  *
  * Row independence: row i of a result depends only on row i of the input, never on how many
  * rows share the call or how many threads run it, so batching cannot change outputs (bitwise,
@@ -17,9 +18,30 @@
 
 struct pt_pool;
 
+/* The kernel table: which variants an engine runs, chosen once at open from CPUID and its options
+ * (isa, act_quant, relayout), so two engines in one process may differ and nothing process-wide
+ * changes their numerics. Every kt_* kernel takes one; each kn_* form is its kt_* twin on the
+ * process default table (kn_default: tools, converters, tests), the only table kn_force_isa,
+ * kn_set_act_quant and kn_set_r16 change. */
+enum { KN_ISA_SCALAR = 0, KN_ISA_AVX2 = 1, KN_ISA_AVX512 = 2 };
+typedef struct kn_table {
+    int isa;        /* KN_ISA_*: the SIMD level of matmuls and helpers */
+    int vnni;       /* AVX-512 VNNI usable (int8-activation and r16 kernels) */
+    int act_quant;  /* 0 exact f32 activations, 1 int8 for q4 weights, 2 also q8 (needs vnni) */
+    int r16;        /* weights may be laid out 16 rows interleaved at open (needs vnni) */
+} kn_table;
+/* isa NULL or "auto": the best this CPU has; "scalar", "avx2", "avx512". act_quant 0 = default
+ * (1), -1 off, 1, 2; relayout 0 = default (on), -1 off, 1 on. -1: unknown or unavailable. */
+int kn_table_init(kn_table *t, const char *isa, int act_quant, int relayout);
+const kn_table *kn_default(void);
+const char *kt_isa_name(const kn_table *t);
+int kt_r16_available(const kn_table *t);
+int kt_act_quant_active(const kn_table *t, const pt_wview *W);
+
 /* y[n][W->rows] = x[n][W->cols] * W^T  (f32 accumulation), any pt_qtype. x and y are dense
  * row-major, must not overlap, need no alignment. Parallel over output rows. */
 void kn_matmul(const pt_wview *W, const float *x, int n, float *y);
+void kt_matmul(const kn_table *t, const pt_wview *W, const float *x, int n, float *y);
 void kn_ref_matmul(const pt_wview *W, const float *x, int n, float *y);
 
 /* Int8 activations for plain-layout weights (default 1: q4 only). kn_set_act_quant(1): kn_matmul / kn_matmul_many on PT_Q4_G64
@@ -66,6 +88,7 @@ typedef struct kn_job {
     float *y;       /* [n][W->rows] */
 } kn_job;
 void kn_matmul_many(const kn_job *jobs, int n_jobs);
+void kt_matmul_many(const kn_table *t, const kn_job *jobs, int n_jobs);
 void kn_ref_matmul_many(const kn_job *jobs, int n_jobs);
 
 /* Observer (calibration, src/io/calib.c): while set, kn_matmul and kn_matmul_many show fn each
@@ -79,6 +102,7 @@ void kn_set_observer(kn_observer_fn fn, void *ctx);
  * (each weight row read once, accumulated axpy-style, r ascending, f32 fma). Any pt_qtype;
  * parallel over 64-column tiles; rows of y independent of n (bitwise). Exact f32 activations. */
 void kn_matmul_t(const pt_wview *W, const float *x, int n, float *y);
+void kt_matmul_t(const kn_table *t, const pt_wview *W, const float *x, int n, float *y);
 void kn_ref_matmul_t(const pt_wview *W, const float *x, int n, float *y);
 
 /* Exact f32 attention core of absorbed MLA (src/model/mla.c): M queries against N cached keys
@@ -112,6 +136,7 @@ typedef struct kn_attn {
 } kn_attn;
 size_t kn_attn_scratch_floats(int M, int64_t N, int D, int Dr);
 void kn_attn_core(const kn_attn *a, float *scr);
+void kt_attn_core(const kn_table *t, const kn_attn *a, float *scr);
 void kn_ref_attn(const kn_attn *a, float *scr);
 
 /* Kernel initialisation (CPUID, thread pool); idempotent; n_threads 0 = all cores. Calling it
@@ -137,6 +162,11 @@ void kn_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps
 void kn_softmax(float *x, int64_t n);
 /* out = silu(gate) * up, silu(g) = g / (1 + exp(-g)). out may equal gate or up. */
 void kn_silu_mul(float *out, const float *gate, const float *up, int64_t n);
+float kt_dot(const kn_table *t, const float *a, const float *b, int64_t n);
+void kt_axpy(const kn_table *t, float *y, float a, const float *x, int64_t n);
+void kt_rmsnorm(const kn_table *t, float *out, const float *x, const float *w, int64_t n, float eps);
+void kt_softmax(const kn_table *t, float *x, int64_t n);
+void kt_silu_mul(const kn_table *t, float *out, const float *gate, const float *up, int64_t n);
 /* Indices of the k largest values of v[n], largest first; ties: lower index first. NaNs rank
  * below everything. k is clamped to [0, n]; returns the number written. O(n log k). */
 int kn_topk(const float *v, int n, int k, int32_t *idx);

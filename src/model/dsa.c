@@ -34,9 +34,10 @@ int dsa_select(petrel_session *s, int l, const layer_w *lw, const float *x, cons
     float *qi = d.qi, *ki = d.ki, *iw = d.iw, *score = d.score;
     int32_t *tmp = d.tmp;
     (void)H;
-    kn_matmul(&lw->idx_wq_b, qr, T, qi);
-    kn_matmul(&lw->idx_wk, x, T, ki);
-    kn_matmul(&lw->idx_weights_proj, x, T, iw);
+    const kn_table *tb = &s->eng->kt;
+    kt_matmul(tb, &lw->idx_wq_b, qr, T, qi);
+    kt_matmul(tb, &lw->idx_wk, x, T, ki);
+    kt_matmul(tb, &lw->idx_weights_proj, x, T, iw);
     const float wscale = (float)(1.0 / sqrt((double)Hi) / sqrt((double)Di));
     for (int r = 0; r < T; r++) {
         const float *cs = rope->cos_ + (size_t)r * (Dr / 2), *sn = rope->sin_ + (size_t)r * (Dr / 2);
@@ -69,7 +70,7 @@ int dsa_select(petrel_session *s, int l, const layer_w *lw, const float *x, cons
                 const float *kt = ks + (size_t)t * Di;
                 float acc = 0;
                 for (int h = 0; h < Hi; h++) {
-                    float dd = kn_dot(q + (size_t)h * Di, kt, Di);
+                    float dd = kt_dot(tb, q + (size_t)h * Di, kt, Di);
                     if (dd > 0) acc += w[h] * dd;
                 }
                 score[a + t] = acc;

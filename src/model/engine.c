@@ -57,7 +57,7 @@ static int open_pack(petrel_engine *e, const char *path, const petrel_open_opts 
     wsource ws;
     wsource_pack(&ws, e->pack);
     PT_TRY(weights_bind(&e->w, &e->cfg, &ws, err));
-    if (e->pack->copy && kn_r16_available()) weights_relayout_r16(&e->w, &e->cfg, e->pack->copy, e->pack->copy + e->pack->file_size);
+    if (e->pack->copy && kt_r16_available(&e->kt)) weights_relayout_r16(&e->w, &e->cfg, e->pack->copy, e->pack->copy + e->pack->file_size);
     pack_seal(e->pack);
     return 0;
 }
@@ -88,14 +88,13 @@ int engine_check_model_file(const char *path, petrel_error *err) {
 }
 
 /* The kernel choices of the open options (process-wide, see petrel_open_opts). */
-static int apply_kernel_opts(const petrel_open_opts *o, petrel_error *err) {
-    if (!o) return 0;
-    if (o->isa && kn_force_isa(o->isa) < 0)
+/* The engine's kernel table from its options (nothing process-wide changes). */
+static int kernel_table(kn_table *t, const petrel_open_opts *o, petrel_error *err) {
+    if (o && (o->act_quant < -1 || o->act_quant > 2))
+        return pt_err(err, PETREL_EINVAL, "act_quant %d: want -1 (off), 0 (the default), 1 (q4) or 2 (q4 and q8)", o->act_quant);
+    if (o && (o->relayout < -1 || o->relayout > 1)) return pt_err(err, PETREL_EINVAL, "relayout %d: want -1 (off), 0 (the default) or 1 (on)", o->relayout);
+    if (kn_table_init(t, o ? o->isa : NULL, o ? o->act_quant : 0, o ? o->relayout : 0) < 0)
         return pt_err(err, PETREL_EUNSUPPORTED, "kernel set \"%s\" is unknown or this CPU lacks it (scalar, avx2, avx512, auto)", o->isa);
-    if (o->act_quant < -1 || o->act_quant > 2) return pt_err(err, PETREL_EINVAL, "act_quant %d: want -1 (off), 0 (keep), 1 (q4) or 2 (q4 and q8)", o->act_quant);
-    if (o->act_quant) kn_set_act_quant(o->act_quant < 0 ? 0 : o->act_quant);
-    if (o->relayout < -1 || o->relayout > 1) return pt_err(err, PETREL_EINVAL, "relayout %d: want -1 (off), 0 (keep) or 1 (on)", o->relayout);
-    if (o->relayout) kn_set_r16(o->relayout > 0);
     return 0;
 }
 
@@ -156,7 +155,8 @@ static int kv_open(petrel_engine *e, const petrel_open_opts *o, petrel_error *er
 int petrel_engine_open(const char *path, const petrel_open_opts *opts, petrel_engine **out, petrel_error *err) {
     *out = NULL;
     if (!path || !*path) return pt_err(err, PETREL_EINVAL, "no model path given");
-    PT_TRY(apply_kernel_opts(opts, err));
+    kn_table kt;
+    PT_TRY(kernel_table(&kt, opts, err));
     struct stat st;
     if (stat(path, &st) < 0) return pt_err(err, PETREL_EIO, "cannot open model %s: no such file or folder", path);
     if (!S_ISDIR(st.st_mode) && !S_ISREG(st.st_mode))
@@ -169,6 +169,7 @@ int petrel_engine_open(const char *path, const petrel_open_opts *opts, petrel_en
         return pt_err(err, PETREL_EIO, "%s is not a model folder: it has no config.json (a Hugging Face checkpoint or colibri folder has one)", path);
     petrel_engine *e = calloc(1, sizeof *e);
     if (!e) return pt_err(err, PETREL_ENOMEM, "out of memory");
+    e->kt = kt;
     snprintf(e->path, sizeof e->path, "%s", path);
     char dir[4096];
     snprintf(dir, sizeof dir, "%s", path);

@@ -10,11 +10,13 @@
 
 #include "base/clock.h"
 #include "io/safetensors.h"
+#include "kernels/kernels.h"
 #include "model/config.h"
 #include "model/weights.h"
 
 struct petrel_engine {
     petrel_config cfg;
+    kn_table kt;        /* the kernels this engine runs (open options isa, act_quant, relayout) */
     st_set *src;        /* owned: the checkpoint maps */
     st_wsource st_src;  /* the weight source over src */
     model_w w;

@@ -35,9 +35,9 @@ int attn_segs(petrel_session *scr, int l, const layer_w *lw, float *h, const flo
     float *qa = b->qa, *q = b->q, *kva = b->kva, *o = b->o, *y = b->y;
     /* the projections over every row at once (weights read once per batch) */
     kn_job a[2] = {{&lw->q_a_proj, x, T, qa}, {&lw->kv_a_proj_with_mqa, x, T, kva}}; /* one dispatch */
-    kn_matmul_many(a, 2);
+    kt_matmul_many(&e->kt, a, 2);
     for (int r = 0; r < T; r++) op_rmsnorm(qa + (size_t)r * Rq, qa + (size_t)r * Rq, lw->q_a_layernorm, Rq, 1e-6);
-    kn_matmul(&lw->q_b_proj, qa, T, q);
+    kt_matmul(&e->kt, &lw->q_b_proj, qa, T, q);
     for (int g = 0; g < nseg; g++) { /* RoPE; each row's latent KV into its session's cache */
         petrel_session *s = seg[g].s;
         for (int i = 0; i < seg[g].n; i++) {
@@ -98,7 +98,7 @@ int attn_segs(petrel_session *scr, int l, const layer_w *lw, float *h, const flo
     }
     ns[FS_ATTN] += pt_now_ns() - t0;
     t0 = pt_now_ns();
-    kn_matmul(&lw->o_proj, o, T, y);
+    kt_matmul(&e->kt, &lw->o_proj, o, T, y);
     for (int i = 0; i < T * H; i++) h[i] += y[i];
     ns[FS_ATTN] += pt_now_ns() - t0;
     return 0;
@@ -212,7 +212,7 @@ int fwd_rows(petrel_session *scr, const fwd_seg *seg, int nseg, const int32_t *i
             op_rmsnorm(xl + (size_t)i * H, h + (size_t)r * H, w->norm, H, c->rms_norm_eps);
         }
         LAP(FS_OTHER);
-        kn_matmul(&w->lm_head, xl, n, logits + (size_t)i0 * V);
+        kt_matmul(&e->kt, &w->lm_head, xl, n, logits + (size_t)i0 * V);
         LAP(FS_HEAD);
         scr->ar.used = mark;
     }
@@ -258,7 +258,7 @@ int fwd_mtp(petrel_session *scr, const fwd_seg *seg, int nseg, const int32_t *ne
             op_rope_table(c->rope_theta, Dr, seg[g].s->mtp_len + i, rope.cos_ + (size_t)r * (Dr / 2), rope.sin_ + (size_t)r * (Dr / 2));
         }
     if (e->pack) pack_release_on_disk(e->pack);
-    kn_matmul(&w->eh_proj, cat, T, h);
+    kt_matmul(&e->kt, &w->eh_proj, cat, T, h);
     /* the decoder layer runs at the MTP cache's positions: the sessions' lengths stand in for it
      * while it runs (attn_segs and mla read s->len) */
     int rc = 0, *len = m.len;
@@ -284,7 +284,7 @@ int fwd_mtp(petrel_session *scr, const fwd_seg *seg, int nseg, const int32_t *ne
     if (rc) return rc;
     for (int i = 0; i < T * H; i++) h[i] += b.y[i];
     for (int r = 0; r < T; r++) op_rmsnorm(b.x + (size_t)r * H, h + (size_t)r * H, w->shared_head_norm, H, c->rms_norm_eps);
-    if (logits) kn_matmul(&w->lm_head, b.x, T, logits);
+    if (logits) kt_matmul(&e->kt, &w->lm_head, b.x, T, logits);
     return 0;
 }
 

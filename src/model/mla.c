@@ -45,6 +45,7 @@ static int use_absorbed(const petrel_session *s) { return s->mla != MLA_RECONSTR
 /* ---- absorbed ---- */
 
 typedef struct {
+    const kn_table *tb;   /* the engine's kernels */
     const layer_w *lw;
     const float *q;       /* [NH][Dqk] of one row */
     float *qt;            /* [NH][Rkv] out */
@@ -55,10 +56,11 @@ typedef struct {
 static void uk_task(void *ctx, int h, int thread) {
     (void)thread;
     const uk_job *j = ctx;
-    kn_matmul_t(&j->lw->w_uk[h], j->q + (size_t)h * j->Dqk, 1, j->qt + (size_t)h * j->Rkv);
+    kt_matmul_t(j->tb, &j->lw->w_uk[h], j->q + (size_t)h * j->Dqk, 1, j->qt + (size_t)h * j->Rkv);
 }
 
 typedef struct {
+    const kn_table *tb;   /* the engine's kernels */
     const layer_w *lw;
     const float *lat;     /* [NH][Rkv] */
     float *out;           /* [NH][Dv] */
@@ -68,7 +70,7 @@ typedef struct {
 static void uv_task(void *ctx, int h, int thread) {
     (void)thread;
     const uv_job *j = ctx;
-    kn_matmul(&j->lw->w_uv[h], j->lat + (size_t)h * j->Rkv, 1, j->out + (size_t)h * j->Dv);
+    kt_matmul(j->tb, &j->lw->w_uv[h], j->lat + (size_t)h * j->Rkv, 1, j->out + (size_t)h * j->Dv);
 }
 
 /* ---- absorbed, blocked over rows with a prefix selection ---- */
@@ -76,6 +78,7 @@ static void uv_task(void *ctx, int h, int thread) {
 #define ABP_ROWS 64 /* rows per block: scores [ABP_ROWS][keys] per head stay in L2 */
 
 typedef struct {
+    const kn_table *tb;   /* the engine's kernels */
     const layer_w *lw;
     const float *q;            /* [T][NH][Dqk] */
     const int32_t *rows;       /* the rows run here (ascending) */
@@ -115,10 +118,10 @@ static void abp_head(const abp_job *j, int h, float *scr) {
             nk[i] = j->sel_n[r];
             if (nk[i] > Nc) Nc = nk[i];
         }
-        kn_matmul_t(&j->lw->w_uk[h], qn, nb, qt); /* q~ [nb][Rkv] */
+        kt_matmul_t(j->tb, &j->lw->w_uk[h], qn, nb, qt); /* q~ [nb][Rkv] */
         kn_attn a = {nb, Rkv, Dr, Nc, qt, Rkv, qp, Dr, j->kc, j->kp, nk, j->scale, lat, Rkv};
-        kn_attn_core(&a, ascr);                       /* lat [nb][Rkv] */
-        kn_matmul(&j->lw->w_uv[h], lat, nb, oh);      /* o [nb][Dv] */
+        kt_attn_core(j->tb, &a, ascr);                       /* lat [nb][Rkv] */
+        kt_matmul(j->tb, &j->lw->w_uv[h], lat, nb, oh);      /* o [nb][Dv] */
         for (int i = 0; i < nb; i++)
             memcpy(j->out + ((size_t)j->rows[b0 + i] * NH + h) * Dv, oh + (size_t)i * Dv, sizeof(float) * (size_t)Dv);
     }
@@ -149,7 +152,7 @@ static int row_core(petrel_session *s, int l, const float *qr, const float *qt, 
     if (!kc || !kp || !scr || (dec && (!cb || !pb))) return pt_err(err, PETREL_ENOMEM, "attention scratch exhausted (layer %d)", l);
     PT_TRY(kv_rows(s->kv, l, sr, n, kc, kp, cb, pb, err)); /* sr NULL: dense, keys 0..n-1 */
     kn_attn a = {NH, Rkv, Dr, n, qt, Rkv, qr + Dn, Dqk, kc, kp, NULL, scale, lat, Rkv};
-    kn_attn_core(&a, scr);
+    kt_attn_core(&s->eng->kt, &a, scr);
     s->ar.used = mark;
     return 0;
 }
@@ -157,6 +160,7 @@ static int row_core(petrel_session *s, int l, const float *qr, const float *qt, 
 static int absorbed(petrel_session *s, int l, const layer_w *lw, const float *q, int T, const int32_t *sel, const int *sel_n,
                     int sel_stride, float *out, petrel_error *err) {
     const petrel_config *c = &s->eng->cfg;
+    const kn_table *tb = &s->eng->kt;
     int NH = c->num_attention_heads, Dn = c->qk_nope_head_dim, Dr = c->qk_rope_head_dim, Dv = c->v_head_dim;
     int Rkv = c->kv_lora_rank, Dqk = c->qk_head_dim;
     const float scale = (float)(1.0 / sqrt((double)Dqk));
@@ -178,7 +182,7 @@ static int absorbed(petrel_session *s, int l, const layer_w *lw, const float *q,
         float *cb = dec ? ar_alloc(&s->ar, sizeof(float) * (size_t)pmax * Rkv) : NULL, *pb = dec ? ar_alloc(&s->ar, sizeof(float) * (size_t)pmax * Dr) : NULL;
         if (!kc || !kp || (dec && (!cb || !pb))) return pt_err(err, PETREL_ENOMEM, "attention scratch exhausted (layer %d)", l);
         PT_TRY(kv_rows(s->kv, l, NULL, pmax, kc, kp, cb, pb, err)); /* keys 0..pmax-1 of the rows */
-        abp_job j = {lw, q, rows, sel_n, kc, kp, m, NH, Dn, Dr, Dv, Dqk, Rkv, pmax, scale, out, NULL, 0};
+        abp_job j = {tb, lw, q, rows, sel_n, kc, kp, m, NH, Dn, Dr, Dv, Dqk, Rkv, pmax, scale, out, NULL, 0};
         j.per = abp_floats(pmax, Dn, Dr, Dv, Rkv);
         int nt = pool_threads(kn_pool());
         j.scr = ar_alloc(&s->ar, sizeof(float) * j.per * (size_t)nt);
@@ -192,10 +196,10 @@ static int absorbed(petrel_session *s, int l, const layer_w *lw, const float *q,
     for (int r = 0, k = 0; r < T; r++) {
         if (m > 1 && k < m && rows[k] == r) { k++; continue; } /* done above */
         const float *qr = q + (size_t)r * NH * Dqk;
-        uk_job uj = {lw, qr, qt, Dqk, Rkv};
+        uk_job uj = {tb, lw, qr, qt, Dqk, Rkv};
         pool_run(kn_pool(), NH, uk_task, &uj);
         PT_TRY(row_core(s, l, qr, qt, sel ? sel + (size_t)r * sel_stride : NULL, sel_n[r], lat, err));
-        uv_job vj = {lw, lat, out + (size_t)r * NH * Dv, Rkv, Dv};
+        uv_job vj = {tb, lw, lat, out + (size_t)r * NH * Dv, Rkv, Dv};
         pool_run(kn_pool(), NH, uv_task, &vj);
     }
     return 0;
@@ -207,6 +211,7 @@ static int absorbed(petrel_session *s, int l, const layer_w *lw, const float *q,
  * session's keys in between (row_core, that session's arena): bitwise the one-row path. */
 
 typedef struct {
+    const kn_table *tb;   /* the engine's kernels */
     const layer_w *lw;
     const float *q;           /* [T][NH][Dqk] of the batch */
     const int32_t *rows;      /* the m rows */
@@ -220,7 +225,7 @@ static void abr_uk_task(void *ctx, int h, int thread) {
     const abr_job *j = ctx;
     float *qn = j->scr + (size_t)thread * j->m * (j->Dn + j->Rkv + j->Dv), *qt = qn + (size_t)j->m * j->Dn;
     for (int i = 0; i < j->m; i++) memcpy(qn + (size_t)i * j->Dn, j->q + ((size_t)j->rows[i] * j->NH + h) * j->Dqk, sizeof(float) * (size_t)j->Dn);
-    kn_matmul_t(&j->lw->w_uk[h], qn, j->m, qt);
+    kt_matmul_t(j->tb, &j->lw->w_uk[h], qn, j->m, qt);
     for (int i = 0; i < j->m; i++) memcpy(j->QT + ((size_t)i * j->NH + h) * j->Rkv, qt + (size_t)i * j->Rkv, sizeof(float) * (size_t)j->Rkv);
 }
 
@@ -228,17 +233,18 @@ static void abr_uv_task(void *ctx, int h, int thread) {
     const abr_job *j = ctx;
     float *lt = j->scr + (size_t)thread * j->m * (j->Dn + j->Rkv + j->Dv), *oh = lt + (size_t)j->m * j->Rkv;
     for (int i = 0; i < j->m; i++) memcpy(lt + (size_t)i * j->Rkv, j->LAT + ((size_t)i * j->NH + h) * j->Rkv, sizeof(float) * (size_t)j->Rkv);
-    kn_matmul(&j->lw->w_uv[h], lt, j->m, oh);
+    kt_matmul(j->tb, &j->lw->w_uv[h], lt, j->m, oh);
     for (int i = 0; i < j->m; i++) memcpy(j->out + ((size_t)j->rows[i] * j->NH + h) * j->Dv, oh + (size_t)i * j->Dv, sizeof(float) * (size_t)j->Dv);
 }
 
 int mla_attention_rows(petrel_session *scr, int l, const layer_w *lw, petrel_session *const *sess, const int32_t *rows, int m,
                        const float *q, const int32_t *sel, const int *sel_n, int sel_stride, float *out, petrel_error *err) {
     const petrel_config *c = &scr->eng->cfg;
+    const kn_table *tb = &scr->eng->kt;
     int NH = c->num_attention_heads, Dn = c->qk_nope_head_dim, Dv = c->v_head_dim, Rkv = c->kv_lora_rank, Dqk = c->qk_head_dim;
     size_t mark = scr->ar.used;
     int nt = pool_threads(kn_pool());
-    abr_job j = {lw, q, rows, m, NH, Dn, Dqk, Dv, Rkv, NULL, NULL, out, NULL};
+    abr_job j = {tb, lw, q, rows, m, NH, Dn, Dqk, Dv, Rkv, NULL, NULL, out, NULL};
     j.QT = ar_alloc(&scr->ar, sizeof(float) * (size_t)m * NH * Rkv);
     j.LAT = ar_alloc(&scr->ar, sizeof(float) * (size_t)m * NH * Rkv);
     j.scr = ar_alloc(&scr->ar, sizeof(float) * (size_t)m * (Dn + Rkv + Dv) * (size_t)nt);
@@ -266,6 +272,7 @@ size_t mla_rows_scratch_bytes(const petrel_config *c, int m) {
 /* ---- reconstructed ---- */
 
 typedef struct {
+    const kn_table *tb;   /* the engine's kernels */
     const layer_w *lw;
     const float *q, *C, *PE;   /* q [T][NH][Dqk]; the layer's latent cache and rope keys */
     const int32_t *sel;
@@ -290,12 +297,12 @@ static void rec_head(const rec_job *j, int h, float *scr) {
     float *qh = vn + A16((size_t)Dv * N), *S = qh + A16((size_t)T * Dqk), *oh = S + A16((size_t)T * N);
     uint8_t *keep = (uint8_t *)(oh + A16((size_t)T * Dv));
 #undef A16
-    kn_matmul(&j->lw->w_uk[h], j->C, N, kn); /* k_nope [N][Dn] */
+    kt_matmul(j->tb, &j->lw->w_uk[h], j->C, N, kn); /* k_nope [N][Dn] */
     for (int t = 0; t < N; t++) {
         memcpy(kh + (size_t)t * Dqk, kn + (size_t)t * Dn, sizeof(float) * (size_t)Dn);
         memcpy(kh + (size_t)t * Dqk + Dn, j->PE + (size_t)t * Dr, sizeof(float) * (size_t)Dr);
     }
-    kn_matmul(&j->lw->w_uv[h], j->C, N, vn); /* V [N][Dv] = C W_UV^T, the same product as decode's */
+    kt_matmul(j->tb, &j->lw->w_uv[h], j->C, N, vn); /* V [N][Dv] = C W_UV^T, the same product as decode's */
     for (int t0 = 0; t0 < N; t0 += 16) /* V^T [Dv][N], in 16 x 16 tiles */
         for (int d0 = 0; d0 < Dv; d0 += 16)
             for (int t = t0; t < t0 + 16 && t < N; t++)
@@ -308,7 +315,7 @@ static void rec_head(const rec_job *j, int h, float *scr) {
         if (Nc > N) Nc = N;
         float *Sc = S + (size_t)r0 * N; /* [r1 - r0][Nc] */
         pt_wview vk = f32_view(kh, Nc, Dqk);
-        kn_matmul(&vk, qh + (size_t)r0 * Dqk, r1 - r0, Sc);
+        kt_matmul(j->tb, &vk, qh + (size_t)r0 * Dqk, r1 - r0, Sc);
         for (int r = r0; r < r1; r++) {
             float *row = Sc + (size_t)(r - r0) * Nc;
             const int32_t *sr = j->sel ? j->sel + (size_t)r * j->sel_stride : NULL;
@@ -321,11 +328,11 @@ static void rec_head(const rec_job *j, int h, float *scr) {
                 for (int i = 0; i < n; i++) keep[sr[i]] = 1;
                 for (int t = 0; t < Nc; t++) row[t] = keep[t] ? row[t] * j->scale : -INFINITY;
             }
-            kn_softmax(row, Nc);
+            kt_softmax(j->tb, row, Nc);
         }
         pt_wview vv = f32_view(vt, Dv, Nc);
         vv.row_bytes = (int64_t)N * 4; /* the first Nc keys of each V^T row */
-        kn_matmul(&vv, Sc, r1 - r0, oh + (size_t)r0 * Dv); /* O [T][Dv] */
+        kt_matmul(j->tb, &vv, Sc, r1 - r0, oh + (size_t)r0 * Dv); /* O [T][Dv] */
     }
     for (int r = 0; r < T; r++) memcpy(j->out + ((size_t)r * NH + h) * Dv, oh + (size_t)r * Dv, sizeof(float) * (size_t)Dv);
 }
@@ -340,11 +347,12 @@ static void rec_task(void *ctx, int h, int thread) {
 static int reconstructed(petrel_session *s, int l, const layer_w *lw, const float *q, int T, const int32_t *sel, const int *sel_n,
                          int sel_stride, float *out, petrel_error *err) {
     const petrel_config *c = &s->eng->cfg;
+    const kn_table *tb = &s->eng->kt;
     int N = s->len + T;
     float *C = ar_alloc(&s->ar, sizeof(float) * (size_t)N * c->kv_lora_rank), *PE = ar_alloc(&s->ar, sizeof(float) * (size_t)N * c->qk_rope_head_dim);
     if (!C || !PE) return pt_err(err, PETREL_ENOMEM, "attention scratch exhausted (layer %d)", l);
     PT_TRY(kv_decode(s->kv, l, 0, N, C, PE, NULL, err)); /* the twin reads the keys contiguous */
-    rec_job j = {lw, q, C, PE, sel, sel_n, sel_stride, T, s->len, s->len + T, c->num_attention_heads,
+    rec_job j = {tb, lw, q, C, PE, sel, sel_n, sel_stride, T, s->len, s->len + T, c->num_attention_heads,
                  c->qk_nope_head_dim, c->qk_rope_head_dim, c->v_head_dim, c->qk_head_dim,
                  (float)(1.0 / sqrt((double)c->qk_head_dim)), out, NULL, 0};
     j.per = rec_floats(T, j.N, j.Dn, j.Dqk, j.Dv);

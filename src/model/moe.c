@@ -91,9 +91,10 @@ static int swiglu(petrel_session *s, const pt_wview *g, const pt_wview *u, const
     if (g->rows != u->rows || mlp_carve(&s->ar, T, g->rows, &m)) return pt_err(err, PETREL_ENOMEM, "MLP scratch exhausted");
     float *gb = m.gb, *ub = m.ub;
     kn_job gu[2] = {{g, x, T, gb}, {u, x, T, ub}}; /* one dispatch, x prepared once */
-    kn_matmul_many(gu, 2);
-    kn_silu_mul(gb, gb, ub, (int64_t)T * g->rows);
-    kn_matmul(d, gb, T, out);
+    const kn_table *tb = &s->eng->kt;
+    kt_matmul_many(tb, gu, 2);
+    kt_silu_mul(tb, gb, gb, ub, (int64_t)T * g->rows);
+    kt_matmul(tb, d, gb, T, out);
     s->ar.used = mark;
     return 0;
 }
@@ -104,6 +105,7 @@ int mlp_dense(petrel_session *s, const layer_w *lw, const float *x, int T, float
 
 /* One MoE layer's rows, their choices by expert and where the experts' outputs go. */
 typedef struct moe_rows {
+    const kn_table *tb;     /* the engine's kernels */
     const float *x;         /* [T][H] normed input */
     int T, K, H, cap;       /* rows; choices per row; hidden; rows the gather buffers hold */
     const int32_t *start;   /* [E + 1]: choices of expert e are rl[start[e] .. start[e + 1]) */
@@ -117,7 +119,7 @@ typedef struct moe_rows {
 
 static void emit(const moe_rows *m, int32_t slot, const float *y) {
     if (m->yk) memcpy(m->yk + (size_t)slot * m->H, y, sizeof(float) * (size_t)m->H);
-    else kn_axpy(m->out + (size_t)(slot / m->K) * m->H, m->wts[slot], y, m->H);
+    else kt_axpy(m->tb, m->out + (size_t)(slot / m->K) * m->H, m->wts[slot], y, m->H);
 }
 
 /* Gate+up of a set of experts over their gathered rows in one pool dispatch, down in another,
@@ -133,10 +135,10 @@ static void run_set(const moe_rows *m, const xs_expert_ref *const *ev, const int
         jobs[2 * b] = (kn_job){&ev[b]->gate, xb, cnt[b], m->gb + (size_t)st[b] * I};
         jobs[2 * b + 1] = (kn_job){&ev[b]->up, xb, cnt[b], m->ub + (size_t)st[b] * I};
     }
-    kn_matmul_many(jobs, 2 * ne);
-    kn_silu_mul(m->gb, m->gb, m->ub, (int64_t)rows * I);
+    kt_matmul_many(m->tb, jobs, 2 * ne);
+    kt_silu_mul(m->tb, m->gb, m->gb, m->ub, (int64_t)rows * I);
     for (int b = 0; b < ne; b++) jobs[b] = (kn_job){&ev[b]->down, m->gb + (size_t)st[b] * I, cnt[b], m->ys + (size_t)st[b] * m->H};
-    kn_matmul_many(jobs, ne);
+    kt_matmul_many(m->tb, jobs, ne);
 }
 
 /* Runs experts ev[0..n) (in this order) over the rows that chose them, emitting every choice's
@@ -166,10 +168,10 @@ static int run_experts(petrel_session *s, const moe_rows *m, const xs_expert_ref
             jobs[2 * i] = (kn_job){&ev[i].gate, m->x, 1, m->gb + (size_t)i * I};
             jobs[2 * i + 1] = (kn_job){&ev[i].up, m->x, 1, m->ub + (size_t)i * I};
         }
-        kn_matmul_many(jobs, 2 * n);
-        kn_silu_mul(m->gb, m->gb, m->ub, (int64_t)n * I);
+        kt_matmul_many(m->tb, jobs, 2 * n);
+        kt_silu_mul(m->tb, m->gb, m->gb, m->ub, (int64_t)n * I);
         for (int i = 0; i < n; i++) jobs[i] = (kn_job){&ev[i].down, m->gb + (size_t)i * I, 1, m->ys + (size_t)i * H};
-        kn_matmul_many(jobs, n);
+        kt_matmul_many(m->tb, jobs, n);
         for (int i = 0; i < n; i++) emit(m, m->rl[m->start[ev[i].expert]], m->ys + (size_t)i * H);
         return 0;
     }
@@ -222,7 +224,7 @@ void moe_prefetch_next(petrel_session *s, int next_l, const float *x, int T) {
     if (!la_carve(&s->ar, c, T, &la)) {
         float *lg = la.lg, *scratch = la.scratch;
         int32_t *pids = la.pids, *ranked = la.ranked;
-        kn_matmul(&next_lw->router, x, T, lg);
+        kt_matmul(&eng->kt, &next_lw->router, x, T, lg);
         float pw[64];
         for (int r = 0; r < T; r++) /* moe_route lists each row's experts best first */
             moe_route(c, lg + (size_t)r * E, next_lw->e_score_correction_bias, ranked + (size_t)r * K, pw, scratch);
@@ -271,13 +273,13 @@ int moe_forward(petrel_session *s, int l, const layer_w *lw, int next_l, const f
     xs_expert_ref *refs = ms.refs;
     uint8_t *chosen = ms.chosen;
     if (!rl) rl = ms.rl;
-    moe_rows m = {.x = x, .T = T, .K = K, .H = H, .cap = cap, .start = start, .rl = rl, .wts = wts, .out = out,
+    moe_rows m = {.tb = &eng->kt, .x = x, .T = T, .K = K, .H = H, .cap = cap, .start = start, .rl = rl, .wts = wts, .out = out,
                   .xs = ms.xs, .ys = ms.ys, .gb = ms.gb, .ub = ms.ub, .yk = ms.yk};
     moe_cb cb = {.s = s, .lw = lw, .x = x, .T = T, .next_l = next_l, .ysh = ms.ysh};
     uint64_t *ns = s->stats.ns, t0 = pt_now_ns(), t1;
     for (int r0 = 0; r0 < T; r0 += cap) { /* route every row (the router in pieces of cap rows) */
         int n = T - r0 < cap ? T - r0 : cap;
-        kn_matmul(&lw->router, x + (size_t)r0 * H, n, lg);
+        kt_matmul(&eng->kt, &lw->router, x + (size_t)r0 * H, n, lg);
         for (int r = 0; r < n; r++)
             moe_route(c, lg + (size_t)r * E, lw->e_score_correction_bias, idx + (size_t)(r0 + r) * K, wts + (size_t)(r0 + r) * K, scratch);
         if (eng->route && route_pos && l < c->num_hidden_layers) /* trace-driven routing (benchmarks) */
@@ -329,7 +331,7 @@ int moe_forward(petrel_session *s, int l, const layer_w *lw, int next_l, const f
                 int best = -1;
                 for (int k = 0; k < K; k++)
                     if (ir[k] > prev && (best < 0 || ir[k] < ir[best])) best = k;
-                kn_axpy(o, wts[(size_t)r * K + best], m.yk + ((size_t)r * K + best) * H, H);
+                kt_axpy(&eng->kt, o, wts[(size_t)r * K + best], m.yk + ((size_t)r * K + best) * H, H);
                 prev = ir[best];
             }
         }
