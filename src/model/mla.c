@@ -27,6 +27,7 @@
 #include "kernels/kernels.h"
 #include "kv/kv.h"
 #include "model/engine.h"
+#include "model/scratch.h"
 
 static pt_wview f32_view(const float *data, int64_t rows, int64_t cols) {
     pt_wview v;
@@ -133,6 +134,44 @@ static void abp_task(void *ctx, int h, int thread) {
     abp_head(j, h, j->scr + (size_t)thread * j->per);
 }
 
+/* ---- scratch: each path's buffers carved by one function, which mla_scratch_bytes runs on a
+ * sizing arena (src/model/scratch.h), so the plan cannot drift from the allocations ---- */
+
+typedef struct {
+    const float **kc, **kp;   /* [n] key row pointers */
+    float *cb, *pb;           /* [n][Rkv], [n][Dr] decoded keys (dec: bf16 / int8 pages) */
+    float *scr;               /* the attention core's scratch */
+} keys_scr;
+static int keys_carve(arena *a, const petrel_config *c, int M, int n, int dec, int core, keys_scr *k) {
+    size_t nn = (size_t)(n > 0 ? n : 1);
+    k->cb = k->pb = k->scr = NULL;
+    int ok = (k->kc = ar_alloc(a, sizeof(float *) * nn)) && (k->kp = ar_alloc(a, sizeof(float *) * nn));
+    if (ok && dec) ok = (k->cb = ar_alloc(a, sizeof(float) * nn * c->kv_lora_rank)) && (k->pb = ar_alloc(a, sizeof(float) * nn * c->qk_rope_head_dim));
+    if (ok && core) ok = (k->scr = ar_alloc(a, sizeof(float) * kn_attn_scratch_floats(M, n, c->kv_lora_rank, c->qk_rope_head_dim))) != NULL;
+    return ok ? 0 : -1;
+}
+
+/* the blocked prefix: the keys 0..pmax-1 and every thread's head buffers */
+static int block_carve(arena *a, const petrel_config *c, int pmax, int dec, int nt, keys_scr *k, float **hs) {
+    size_t per = abp_floats(pmax, c->qk_nope_head_dim, c->qk_rope_head_dim, c->v_head_dim, c->kv_lora_rank);
+    return !keys_carve(a, c, 0, pmax, dec, 0, k) && (*hs = ar_alloc(a, sizeof(float) * per * (size_t)nt)) ? 0 : -1;
+}
+
+/* the one-row path: q~ and lat of a row */
+static int one_carve(arena *a, const petrel_config *c, float **qt, float **lat) {
+    size_t f = sizeof(float) * (size_t)c->num_attention_heads * c->kv_lora_rank;
+    return (*qt = ar_alloc(a, f)) && (*lat = ar_alloc(a, f)) ? 0 : -1;
+}
+
+/* decode rows of several sessions: their q~, lat and per-thread head buffers */
+static int rows_carve_mla(arena *a, const petrel_config *c, int m, int nt, float **QT, float **LAT, float **scr) {
+    size_t f = sizeof(float) * (size_t)m * c->num_attention_heads * c->kv_lora_rank;
+    return (*QT = ar_alloc(a, f)) && (*LAT = ar_alloc(a, f)) &&
+                   (*scr = ar_alloc(a, sizeof(float) * (size_t)m * (c->qk_nope_head_dim + c->kv_lora_rank + c->v_head_dim) * (size_t)nt))
+               ? 0
+               : -1;
+}
+
 /* ---- absorbed, one row at a time (rows with a DSA selection, or alone) ---- */
 
 /* The part of one row between its two head products: given q~ (qt [NH][Rkv]) and the row's
@@ -144,15 +183,11 @@ static int row_core(petrel_session *s, int l, const float *qr, const float *qt, 
     int NH = c->num_attention_heads, Dn = c->qk_nope_head_dim, Dr = c->qk_rope_head_dim, Rkv = c->kv_lora_rank, Dqk = c->qk_head_dim;
     const float scale = (float)(1.0 / sqrt((double)Dqk));
     size_t mark = s->ar.used;
-    const float **kc = ar_alloc(&s->ar, sizeof(float *) * (size_t)(n > 0 ? n : 1));
-    const float **kp = ar_alloc(&s->ar, sizeof(float *) * (size_t)(n > 0 ? n : 1));
-    float *scr = ar_alloc(&s->ar, sizeof(float) * kn_attn_scratch_floats(NH, n, Rkv, Dr));
-    int dec = !kv_is_f32(s->kv); /* bf16 / int8 pages: the selected rows decoded; f32: pointers into the pages */
-    float *cb = dec ? ar_alloc(&s->ar, sizeof(float) * (size_t)n * Rkv) : NULL, *pb = dec ? ar_alloc(&s->ar, sizeof(float) * (size_t)n * Dr) : NULL;
-    if (!kc || !kp || !scr || (dec && (!cb || !pb))) return pt_err(err, PETREL_ENOMEM, "attention scratch exhausted (layer %d)", l);
-    PT_TRY(kv_rows(s->kv, l, sr, n, kc, kp, cb, pb, err)); /* sr NULL: dense, keys 0..n-1 */
-    kn_attn a = {NH, Rkv, Dr, n, qt, Rkv, qr + Dn, Dqk, kc, kp, NULL, scale, lat, Rkv};
-    kt_attn_core(&s->eng->kt, &a, scr);
+    keys_scr k; /* bf16 / int8 pages: the selected rows decoded; f32: pointers into the pages */
+    if (keys_carve(&s->ar, c, NH, n, !kv_is_f32(s->kv), 1, &k)) return pt_err(err, PETREL_ENOMEM, "attention scratch exhausted (layer %d)", l);
+    PT_TRY(kv_rows(s->kv, l, sr, n, k.kc, k.kp, k.cb, k.pb, err)); /* sr NULL: dense, keys 0..n-1 */
+    kn_attn a = {NH, Rkv, Dr, n, qt, Rkv, qr + Dn, Dqk, k.kc, k.kp, NULL, scale, lat, Rkv};
+    kt_attn_core(&s->eng->kt, &a, k.scr);
     s->ar.used = mark;
     return 0;
 }
@@ -177,22 +212,18 @@ static int absorbed(petrel_session *s, int l, const layer_w *lw, const float *q,
         }
     }
     if (m > 1) {
-        const float **kc = ar_alloc(&s->ar, sizeof(float *) * (size_t)pmax), **kp = ar_alloc(&s->ar, sizeof(float *) * (size_t)pmax);
-        int dec = !kv_is_f32(s->kv);
-        float *cb = dec ? ar_alloc(&s->ar, sizeof(float) * (size_t)pmax * Rkv) : NULL, *pb = dec ? ar_alloc(&s->ar, sizeof(float) * (size_t)pmax * Dr) : NULL;
-        if (!kc || !kp || (dec && (!cb || !pb))) return pt_err(err, PETREL_ENOMEM, "attention scratch exhausted (layer %d)", l);
-        PT_TRY(kv_rows(s->kv, l, NULL, pmax, kc, kp, cb, pb, err)); /* keys 0..pmax-1 of the rows */
-        abp_job j = {tb, lw, q, rows, sel_n, kc, kp, m, NH, Dn, Dr, Dv, Dqk, Rkv, pmax, scale, out, NULL, 0};
-        j.per = abp_floats(pmax, Dn, Dr, Dv, Rkv);
-        int nt = pool_threads(kn_pool());
-        j.scr = ar_alloc(&s->ar, sizeof(float) * j.per * (size_t)nt);
-        if (!j.scr) return pt_err(err, PETREL_ENOMEM, "attention scratch exhausted (layer %d)", l);
+        keys_scr k;
+        float *hs = NULL;
+        size_t per = abp_floats(pmax, Dn, Dr, Dv, Rkv);
+        if (block_carve(&s->ar, c, pmax, !kv_is_f32(s->kv), pool_threads(kn_pool()), &k, &hs))
+            return pt_err(err, PETREL_ENOMEM, "attention scratch exhausted (layer %d)", l);
+        PT_TRY(kv_rows(s->kv, l, NULL, pmax, k.kc, k.kp, k.cb, k.pb, err)); /* keys 0..pmax-1 of the rows */
+        abp_job j = {tb, lw, q, rows, sel_n, k.kc, k.kp, m, NH, Dn, Dr, Dv, Dqk, Rkv, pmax, scale, out, hs, per};
         pool_run(kn_pool(), NH, abp_task, &j);
     }
     if (m > 1 && m == T) return 0;
-    float *qt = ar_alloc(&s->ar, sizeof(float) * (size_t)NH * Rkv);
-    float *lat = ar_alloc(&s->ar, sizeof(float) * (size_t)NH * Rkv);
-    if (!qt || !lat) return pt_err(err, PETREL_ENOMEM, "attention scratch exhausted (layer %d)", l);
+    float *qt, *lat;
+    if (one_carve(&s->ar, c, &qt, &lat)) return pt_err(err, PETREL_ENOMEM, "attention scratch exhausted (layer %d)", l);
     for (int r = 0, k = 0; r < T; r++) {
         if (m > 1 && k < m && rows[k] == r) { k++; continue; } /* done above */
         const float *qr = q + (size_t)r * NH * Dqk;
@@ -245,10 +276,7 @@ int mla_attention_rows(petrel_session *scr, int l, const layer_w *lw, petrel_ses
     size_t mark = scr->ar.used;
     int nt = pool_threads(kn_pool());
     abr_job j = {tb, lw, q, rows, m, NH, Dn, Dqk, Dv, Rkv, NULL, NULL, out, NULL};
-    j.QT = ar_alloc(&scr->ar, sizeof(float) * (size_t)m * NH * Rkv);
-    j.LAT = ar_alloc(&scr->ar, sizeof(float) * (size_t)m * NH * Rkv);
-    j.scr = ar_alloc(&scr->ar, sizeof(float) * (size_t)m * (Dn + Rkv + Dv) * (size_t)nt);
-    if (!j.QT || !j.LAT || !j.scr) return pt_err(err, PETREL_ENOMEM, "attention scratch exhausted (layer %d)", l);
+    if (rows_carve_mla(&scr->ar, c, m, nt, &j.QT, &j.LAT, &j.scr)) return pt_err(err, PETREL_ENOMEM, "attention scratch exhausted (layer %d)", l);
     pool_run(kn_pool(), NH, abr_uk_task, &j);
     for (int i = 0; i < m; i++) {
         petrel_session *s = sess[i];
@@ -264,9 +292,10 @@ int mla_attention_rows(petrel_session *scr, int l, const layer_w *lw, petrel_ses
 }
 
 size_t mla_rows_scratch_bytes(const petrel_config *c, int m) {
-    size_t nt = (size_t)pool_threads(kn_pool());
-    return sizeof(float) * ((size_t)m * c->num_attention_heads * c->kv_lora_rank * 2 +
-                            (size_t)m * (c->qk_nope_head_dim + c->kv_lora_rank + c->v_head_dim) * nt) + 3 * 64;
+    arena a = ar_sizing();
+    float *QT, *LAT, *scr;
+    rows_carve_mla(&a, c, m, pool_threads(kn_pool()), &QT, &LAT, &scr);
+    return a.used;
 }
 
 /* ---- reconstructed ---- */
@@ -344,42 +373,54 @@ static void rec_task(void *ctx, int h, int thread) {
     rec_head(j, h, j->scr + (size_t)thread * j->per);
 }
 
+/* the twin: the keys contiguous and per-thread head buffers */
+static int rec_carve(arena *a, const petrel_config *c, int N, size_t per, int nt, float **C, float **PE, float **hs) {
+    return (*C = ar_alloc(a, sizeof(float) * (size_t)N * c->kv_lora_rank)) && (*PE = ar_alloc(a, sizeof(float) * (size_t)N * c->qk_rope_head_dim)) &&
+                   (*hs = ar_alloc(a, sizeof(float) * per * (size_t)nt))
+               ? 0
+               : -1;
+}
+
 static int reconstructed(petrel_session *s, int l, const layer_w *lw, const float *q, int T, const int32_t *sel, const int *sel_n,
                          int sel_stride, float *out, petrel_error *err) {
     const petrel_config *c = &s->eng->cfg;
     const kn_table *tb = &s->eng->kt;
     int N = s->len + T;
-    float *C = ar_alloc(&s->ar, sizeof(float) * (size_t)N * c->kv_lora_rank), *PE = ar_alloc(&s->ar, sizeof(float) * (size_t)N * c->qk_rope_head_dim);
-    if (!C || !PE) return pt_err(err, PETREL_ENOMEM, "attention scratch exhausted (layer %d)", l);
+    float *C, *PE, *hs;
+    size_t per = rec_floats(T, N, c->qk_nope_head_dim, c->qk_head_dim, c->v_head_dim);
+    int nt = pool_threads(kn_pool());
+    if (rec_carve(&s->ar, c, N, per, nt, &C, &PE, &hs)) return pt_err(err, PETREL_ENOMEM, "attention scratch exhausted (layer %d)", l);
     PT_TRY(kv_decode(s->kv, l, 0, N, C, PE, NULL, err)); /* the twin reads the keys contiguous */
     rec_job j = {tb, lw, q, C, PE, sel, sel_n, sel_stride, T, s->len, s->len + T, c->num_attention_heads,
                  c->qk_nope_head_dim, c->qk_rope_head_dim, c->v_head_dim, c->qk_head_dim,
                  (float)(1.0 / sqrt((double)c->qk_head_dim)), out, NULL, 0};
-    j.per = rec_floats(T, j.N, j.Dn, j.Dqk, j.Dv);
-    int nt = pool_threads(kn_pool());
-    j.scr = nt > 1 ? ar_alloc(&s->ar, sizeof(float) * j.per * (size_t)nt) : NULL;
-    if (j.scr) {
-        pool_run(kn_pool(), j.NH, rec_task, &j);
-        return 0;
-    }
-    /* one head at a time, each product threaded (one thread, or scratch for one head only) */
-    j.scr = ar_alloc(&s->ar, sizeof(float) * j.per);
-    if (!j.scr) return pt_err(err, PETREL_ENOMEM, "attention scratch exhausted (layer %d)", l);
-    for (int h = 0; h < j.NH; h++) rec_head(&j, h, j.scr);
+    j.per = per;
+    j.scr = hs;
+    if (nt > 1) pool_run(kn_pool(), j.NH, rec_task, &j);
+    else
+        for (int h = 0; h < j.NH; h++) rec_head(&j, h, j.scr); /* one head at a time, each product threaded */
     return 0;
 }
 
 size_t mla_scratch_bytes(const petrel_config *c, int T, int N) {
-    size_t NH = c->num_attention_heads, Dn = c->qk_nope_head_dim, Dr = c->qk_rope_head_dim, Dv = c->v_head_dim;
-    size_t Rkv = c->kv_lora_rank, Dqk = c->qk_head_dim, n = (size_t)N;
-    size_t nt = (size_t)pool_threads(kn_pool());
-    /* rows; the blocked path's key pointers (2 per key) and per-thread scratch; the one-row
-     * path's q~ and lat, key pointers and attention-core scratch */
-    /* (+ n (Rkv + Dr): the keys decoded from bf16 / int8 pages, or contiguous for the twin) */
-    size_t abs_ = (size_t)T + 16 + 4 * n + n * (Rkv + Dr) + abp_floats(N, (int)Dn, (int)Dr, (int)Dv, (int)Rkv) * nt + NH * Rkv * 2 + 4 * n +
-                  kn_attn_scratch_floats((int)NH, N, (int)Rkv, (int)Dr) + 16 * 8;
-    size_t rec = n * (Rkv + Dr) + rec_floats(T, N, (int)Dn, (int)Dqk, (int)Dv) * nt + 16;
-    return (abs_ > rec ? abs_ : rec) * 4 + 64 * 16;
+    int nt = pool_threads(kn_pool()), NH = c->num_attention_heads;
+    /* absorbed: the rows list, the blocked prefix's keys and head buffers, then a row's q~ /
+     * lat and its keys (decoded: the larger case) with the core's scratch */
+    arena a = ar_sizing();
+    int32_t *rows = ar_alloc(&a, sizeof(int32_t) * (size_t)T); /* absorbed()'s rows list */
+    (void)rows;
+    keys_scr k;
+    float *hs;
+    block_carve(&a, c, N, 1, nt, &k, &hs);
+    float *qt, *lat;
+    one_carve(&a, c, &qt, &lat);
+    keys_carve(&a, c, NH, N, 1, 1, &k);
+    size_t abs_ = a.used;
+    /* the reconstructed twin */
+    arena b = ar_sizing();
+    float *C, *PE;
+    rec_carve(&b, c, N, rec_floats(T, N, c->qk_nope_head_dim, c->qk_head_dim, c->v_head_dim), nt, &C, &PE, &hs);
+    return abs_ > b.used ? abs_ : b.used;
 }
 
 int mla_attention(petrel_session *s, int l, const layer_w *lw, const float *q, int T, const int32_t *sel, const int *sel_n,
