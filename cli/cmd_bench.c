@@ -559,6 +559,8 @@ CLI_CMD(bench) {
     if (!mo.model) return cli_fail("bench: --model is required");
     if (mo.open.mem_budget && bw_mib > 128) bw_mib = 128; /* the probe buffer counts against the budget */
     if (ctx < prompt) ctx = prompt;
+    if (!mo.open.plan_context) /* the plan (KV pool, scratch) for the sessions this bench runs, whole pages each */
+        mo.open.plan_context = (int)((batch > 1 ? batch : 1) * (ctx + steps + 4 + 64));
     petrel_error err = {0};
     petrel_engine *eng;
     char route_tmp[512] = "";
