@@ -41,6 +41,7 @@ static const char *usage =
     "  --route-trace FILE   expected hit rate from replaying this routing trace (.txt or .gz)\n"
     "                       instead of the model's usage history (<model>.petrel-usage) or, when\n"
     "                       it has none, the shipped trace bench/data/glm5-like-2048.txt.gz\n"
+    "  --hit-rate P         assume this hit rate (0..1) instead of estimating it (what-if)\n"
     "  --measure            probe this machine (a few seconds: memory read bandwidth, O_DIRECT\n"
     "                       random reads of the model's expert records, int8 and f32 matmul\n"
     "                       throughput) and cache the result; without it the cached figures are\n"
@@ -127,6 +128,7 @@ CLI_CMD(plan) {
     long ctx = 4096, prompt = 512;
     int measure = 0, json = 0;
     const char *trace_opt = NULL, *cache_opt = NULL;
+    double hit_opt = -1;
     for (int i = 1; i < argc; i++) {
         int r = cli_model_opt(argc, argv, &i, &mo);
         if (r < 0) return 1;
@@ -135,13 +137,19 @@ CLI_CMD(plan) {
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { fputs(usage, stdout); return 0; }
         if (!strcmp(a, "--measure")) { measure = 1; continue; }
         if (!strcmp(a, "--json")) { json = 1; continue; }
-        int takes = !strcmp(a, "--ctx") || !strcmp(a, "--prompt") || !strcmp(a, "--route-trace") || !strcmp(a, "--machine-cache");
+        int takes = !strcmp(a, "--ctx") || !strcmp(a, "--prompt") || !strcmp(a, "--route-trace") || !strcmp(a, "--machine-cache") ||
+                    !strcmp(a, "--hit-rate");
         if (!takes) return cli_fail("plan: unknown option \"%s\" (petrel plan --help)", a);
         if (i + 1 >= argc) return cli_fail("plan: %s needs a value", a);
         const char *v = argv[++i];
         if (!strcmp(a, "--ctx")) { if (cli_opt_count("plan", "--ctx", v, 1, 1 << 24, &ctx)) return 1; }
         else if (!strcmp(a, "--prompt")) { if (cli_opt_count("plan", "--prompt", v, 1, 1 << 24, &prompt)) return 1; }
         else if (!strcmp(a, "--route-trace")) trace_opt = v;
+        else if (!strcmp(a, "--hit-rate")) {
+            char *end;
+            hit_opt = strtod(v, &end);
+            if (!*v || *end || !(hit_opt >= 0 && hit_opt <= 1)) return cli_fail("plan: --hit-rate: \"%s\" is not a number in 0..1", v);
+        }
         else cache_opt = v;
     }
     if (!mo.model) return cli_fail("plan: --model is required (petrel plan --help)");
@@ -164,7 +172,8 @@ CLI_CMD(plan) {
         petrel_error e2 = {0};
         if (err.code == PETREL_ENOMEM && budget && !slots_req && plan_min_budget(eng, (int)ctx, &min, &e2) == 0)
             rc = cli_fail("plan: %s: a budget of %.2f GiB cannot work at a %ld-token context; the minimum is %.2f GiB (%llu MiB) (%s)", mo.model,
-                          gib((double)budget), ctx, gib((double)min), (unsigned long long)(min >> 20), err.msg);
+                          gib((double)budget), ctx < c->max_position_embeddings ? ctx : (long)c->max_position_embeddings, gib((double)min),
+                          (unsigned long long)(min >> 20), err.msg);
         else rc = cli_fail_err("plan", &err);
         free(p);
         petrel_engine_close(eng);
@@ -179,7 +188,10 @@ CLI_CMD(plan) {
     char up[4200], tbuf[4200];
     xs_replay_stats rs = {0};
     int have_hit = 1;
-    if (p->streaming && slots < E) {
+    if (p->streaming && slots < E && hit_opt >= 0) {
+        hit = hit_opt;
+        snprintf(hit_src, sizeof hit_src, "assumed (--hit-rate)");
+    } else if (p->streaming && slots < E) {
         have_hit = 0;
         int found = 0;
         uint64_t acc = 0;
@@ -266,6 +278,7 @@ CLI_CMD(plan) {
     }
     pt_predict pr = {0};
     if (have_m) plan_predict(eng, p, &m, have_hit ? hit : 0, (int)prompt, (int)prompt, &pr);
+    if (!have_hit) pr.decode_ms = pr.decode_tok_s = 0; /* no figure rather than one from an invented hit rate */
 
     /* KV per scheme */
     kv_shape ks;
@@ -341,8 +354,13 @@ CLI_CMD(plan) {
             cJSON_AddNumberToObject(o, "int8_gops", m.int8_gops);
             cJSON_AddNumberToObject(o, "f32_gflops", m.f32_gflops);
             cJSON_AddStringToObject(o, "source", msrc);
-            cJSON_AddNumberToObject(j, "decode_ms", pr.decode_ms);
-            cJSON_AddNumberToObject(j, "decode_tok_s", pr.decode_tok_s);
+            if (pr.decode_tok_s > 0) {
+                cJSON_AddNumberToObject(j, "decode_ms", pr.decode_ms);
+                cJSON_AddNumberToObject(j, "decode_tok_s", pr.decode_tok_s);
+            } else {
+                cJSON_AddNullToObject(j, "decode_ms");
+                cJSON_AddNullToObject(j, "decode_tok_s");
+            }
             cJSON_AddNumberToObject(j, "decode_serial_ms", pr.decode_serial_ms);
             cJSON_AddNumberToObject(j, "decode_disk_ms", pr.decode_io_ms);
             cJSON_AddNumberToObject(j, "prefill_tok_s", pr.prefill_tok_s);

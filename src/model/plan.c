@@ -432,16 +432,16 @@ void plan_predict(const petrel_engine *e, const pt_mem_plan *p, const pt_machine
         double ab = a.bytes + kv_layer;
         total_bytes += ab + m.bytes;
         if (!lw->is_moe) {
-            if (first < 0 || l < first) { serial += ab + m.bytes; out->pre_bytes += ab + m.bytes; }
+            if (first < 0 || l < first) { serial += ab + m.bytes; out->pre_bytes += a.bytes + m.bytes; }
             else moe_ms += (ab + m.bytes) / bw * R * 1e3; /* a dense layer after routing starts: no reads to overlap */
             continue;
         }
         mats x = expert_mats(lw);
         double xb = x.bytes > 0 ? x.bytes : rec;
         total_bytes += K * xb;
-        out->layer_bytes += a.bytes + m.bytes;
+        out->layer_bytes += (l == first ? 0 : a.bytes) + m.bytes;
         out->expert_bytes_tok += K * xb;
-        if (l == first) { serial += ab; out->pre_bytes += ab; }
+        if (l == first) { serial += ab; out->pre_bytes += a.bytes; }
         else moe_ms += ab / bw * R * 1e3;
         if (!p->streaming) continue;
         double misses = K * miss_rate, io_ms = misses * (rec > 0 ? rec : xb) / (ssd > 0 ? ssd : 1) * 1e3;
