@@ -82,6 +82,10 @@ int plan_machine_save(const char *path, const pt_machine *m, petrel_error *err);
 
 /* ---- prediction ---- */
 #define PLAN_RESIDENT_RATIO 1.12 /* resident decode / memory floor, measured 1.05-1.2 (RESULTS.md) */
+/* Streamed decode with every expert a hit still ran 1.15x the resident time on the 1d1m slice
+ * (8 GiB, 256 slots: 7.04 vs 8.10 tok/s, RESULTS.md 2026-12-03 15:40): the store's acquires, the
+ * embedding row read from the pack. Its compute parts are scaled by this on top. */
+#define PLAN_STREAM_RATIO 1.15
 typedef struct pt_predict {
     double head_bytes, pre_bytes;     /* lm_head; the layers before the first routing */
     double layer_bytes;               /* non-expert bytes of the MoE layers, all of them */
