@@ -92,6 +92,7 @@ CLI_CMD(template);
 CLI_CMD(run); CLI_CMD(chat);
 CLI_CMD(convert); CLI_CMD(synth); CLI_CMD(bench);
 CLI_CMD(perplexity);
+CLI_CMD(plan);
 
 /* Quant options of convert and synth (--quant, --experts, --attention, --dense, --embed, --mtp)
  * into a convert_opts (src/io/convert.h): 1 consumed, 0 not one, -1 bad value (printed). */

@@ -13,6 +13,7 @@
 #include "experts/xs.h"
 #include "io/pack.h"
 #include "model/engine.h"
+#include "model/plan.h"
 
 
 
@@ -89,18 +90,112 @@ void stream_chunk_plan(const petrel_config *c, int ctx, uint64_t budget, int *ch
     }
 }
 
-int stream_open(petrel_engine *e, const petrel_open_opts *o, petrel_error *err) {
+/* Bytes of a routed expert's three matrices in the model's own formats (models that are not
+ * packs, whose experts cannot stream yet: the plan still says what they would take). */
+static uint64_t expert_view_bytes(const layer_w *lw, int x) {
+    return wview_bytes(&lw->exp_gate[x]) + wview_bytes(&lw->exp_up[x]) + wview_bytes(&lw->exp_down[x]);
+}
+
+int stream_plan(const petrel_engine *e, uint64_t budget, int expert_slots, int ctx, pt_mem_plan *out, petrel_error *err) {
     const petrel_config *c = &e->cfg;
+    pt_mem_plan *p = out;
+    memset(p, 0, sizeof *p);
     int L = c->num_hidden_layers, nm = 0;
-    e->moe_index = malloc(sizeof(int) * (size_t)(L + 1));
-    e->moe_layer = malloc(sizeof(int) * (size_t)(L + 1));
-    if (!e->moe_index || !e->moe_layer) return pt_err(err, PETREL_ENOMEM, "out of memory");
-    for (int l = 0; l <= L; l++) e->moe_index[l] = l < L && c->layer_is_moe[l] ? nm++ : -1;
-    e->n_moe = nm;
-    int ctx = o && o->plan_context > 0 ? o->plan_context : 4096;
+    for (int l = 0; l < L; l++) nm += c->layer_is_moe[l] != 0;
+    p->n_moe_main = nm;
+    p->budget = budget;
+    if (ctx <= 0) ctx = 4096;
     if (ctx > c->max_position_embeddings) ctx = c->max_position_embeddings;
+    p->ctx = ctx;
     size_t pf_bytes = 0;
-    stream_chunk_plan(c, ctx, o ? o->mem_budget : 0, &e->chunk, &e->pf_rows, &pf_bytes);
+    stream_chunk_plan(c, ctx, budget, &p->chunk, &p->pf_rows, &pf_bytes);
+    p->pf_bytes = pf_bytes;
+    memcpy(p->kind_bytes, e->w.kind_bytes, sizeof p->kind_bytes);
+    for (int l = 0; l <= L; l++) /* latent KV bytes per token, every layer with a cache */
+        if (l < L || e->w.has_mtp)
+            p->kv_token += 4 * (uint64_t)(c->kv_lora_rank + c->qk_rope_head_dim + (l < L && c->layer_indexer_full[l] ? c->index_head_dim : 0));
+    p->kv_bytes = p->kv_token * (uint64_t)ctx;
+    double g = 1073741824.0;
+    if (!budget && !expert_slots) { /* every weight resident: the plan says what a session adds */
+        for (int k = 0; k < WK_COUNT; k++) p->resident_bytes += e->w.kind_bytes[k];
+        p->scratch_bytes = session_scratch_estimate(c, ctx, p->chunk);
+        p->total_bytes = p->resident_bytes + p->kv_bytes + p->scratch_bytes;
+        snprintf(p->text, sizeof p->text,
+                 "resident weights  %9.2f GiB  (every expert resident)\n"
+                 "KV cache          %9.2f GiB  (%d tokens x %.1f KiB, f32)\n"
+                 "scratch           %9.2f GiB  (a session's forward of up to %d rows)\n"
+                 "total             %9.2f GiB  for one session of %d tokens",
+                 p->resident_bytes / g, (double)p->kv_bytes / g, ctx, p->kv_token / 1024.0, p->scratch_bytes / g,
+                 ctx < p->chunk ? ctx : p->chunk, p->total_bytes / g, ctx);
+        return 0;
+    }
+    int mtp_streams = e->pack && e->w.has_mtp && !pack_expert_record(e->pack, L, 0, NULL, NULL, NULL);
+    p->needs_pack = !e->pack;
+    uint64_t rec_max = 0;
+    for (int l = 0; l <= L; l++) {
+        uint64_t off, bytes, x;
+        if (l < L ? !c->layer_is_moe[l] : !mtp_streams) continue;
+        if (!e->pack) bytes = expert_view_bytes(&e->w.layers[l], 0);
+        else if (pack_expert_record(e->pack, l, 0, &off, &bytes, &x))
+            return pt_err(err, PETREL_EFORMAT, "%s: no expert records for layer %d (an MoE layer in config.json)", e->path, l);
+        if (bytes > rec_max) rec_max = bytes;
+    }
+    p->record_bytes = rec_max;
+    p->n_store_layers = nm + mtp_streams;
+    if (!nm) return 0; /* nothing to stream: no plan to print */
+    p->streaming = 1;
+    uint64_t resident = 0;
+    for (int k = 0; k < WK_COUNT; k++)
+        if (k != WK_EXPERTS) resident += e->w.kind_bytes[k];
+    if (mtp_streams) /* the MTP layer's routed experts are counted with the MTP layer */
+        for (int x = 0; x < c->n_routed_experts; x++) resident -= expert_view_bytes(&e->w.mtp, x);
+    uint64_t embed_off = budget && e->pack ? pack_embed_on_disk_bytes(e->pack) : 0; /* read a row at a time (engine.c) */
+    resident -= embed_off;
+    p->embed_on_disk = embed_off;
+    p->resident_bytes = resident;
+    p->scratch_bytes = session_scratch_estimate(c, ctx, p->chunk) + pf_bytes + (64u << 20); /* + code, allocator, I/O queues */
+    xs_plan_in in = {.budget = budget, .expert_slots = expert_slots, .resident_bytes = resident, .kv_bytes = p->kv_bytes,
+                     .scratch_bytes = p->scratch_bytes, .record_bytes = rec_max, .n_layers = p->n_store_layers,
+                     .n_experts = c->n_routed_experts, .min_slots = 1}; /* fewer slots than top-k work: experts then run in chunks */
+    PT_TRY(xs_plan_make(&in, &p->xs, err));
+    p->total_bytes = p->xs.total_bytes;
+    int pw = xs_plan_format(&p->xs, p->text, sizeof p->text);
+    if (p->pf_rows && pw >= 0 && (size_t)pw < sizeof p->text)
+        pw += snprintf(p->text + pw, sizeof p->text - (size_t)pw,
+                       "\n(scratch: prompts run in chunks of %d rows, layer-major spans of %d rows, %.2f GiB of it)", p->chunk, p->pf_rows,
+                       (double)pf_bytes / g);
+    if (embed_off && pw >= 0 && (size_t)pw < sizeof p->text)
+        snprintf(p->text + pw, sizeof p->text - (size_t)pw, "\n(not counted: embed_tokens, %.2f GiB, stays in the pack; a token reads its row)",
+                 (double)embed_off / g);
+    return 0;
+}
+
+int plan_min_budget(const petrel_engine *e, int ctx, uint64_t *min, petrel_error *err) {
+    pt_mem_plan p;
+    petrel_error ig = {0};
+    uint64_t lo = 1u << 20, hi = 1ull << 50; /* plan(hi) works unless the pack is broken */
+    PT_TRY(stream_plan(e, hi, 0, ctx, &p, err));
+    if (!p.streaming) { /* nothing streams: the minimum is the resident plan itself */
+        PT_TRY(stream_plan(e, 0, 0, ctx, &p, err));
+        *min = p.total_bytes;
+        return 0;
+    }
+    /* the scratch grows with the budget (chunk, span): search the smallest that works */
+    while (hi - lo > (1u << 20)) {
+        uint64_t mid = lo + (hi - lo) / 2;
+        if (stream_plan(e, mid, 0, ctx, &p, &ig) == 0) hi = mid;
+        else lo = mid;
+    }
+    *min = (hi + (1u << 20) - 1) >> 20 << 20;
+    if (stream_plan(e, *min, 0, ctx, &p, &ig)) *min = hi;
+    return 0;
+}
+
+/* What stream_open sets up after the plan: trace-driven routing, the routing recorder, and,
+ * when the plan streams, the expert store with the plan's slots (and its usage history). */
+static int stream_open_rest(petrel_engine *e, const petrel_open_opts *o, const pt_mem_plan *plan, petrel_error *err) {
+    const petrel_config *c = &e->cfg;
+    int L = c->num_hidden_layers, nm = e->n_moe;
     if (o && o->route_trace) { /* trace-driven routing (benchmarks): checked against the model now */
         if (!nm) return pt_err(err, PETREL_EINVAL, "--route-trace: %s has no MoE layers to route", e->path);
         e->route = calloc(1, sizeof(xs_trace));
@@ -125,72 +220,46 @@ int stream_open(petrel_engine *e, const petrel_open_opts *o, petrel_error *err) 
         snprintf(e->trace_out, sizeof e->trace_out, "%s", o->trace_out);
         PT_TRY(pt_out_check(e->trace_out, e->path, err)); /* refuse a bad target now, not after the run */
     }
-    uint64_t kv_tok = 0; /* latent KV bytes per token, every layer with a cache */
-    for (int l = 0; l <= L; l++)
-        if (l < L || e->w.has_mtp)
-            kv_tok += 4 * (uint64_t)(c->kv_lora_rank + c->qk_rope_head_dim + (l < L && c->layer_indexer_full[l] ? c->index_head_dim : 0));
-    if (!o || (!o->mem_budget && !o->expert_slots)) { /* every weight resident: the plan says what a session adds */
-        uint64_t wb = 0;
-        for (int k = 0; k < WK_COUNT; k++) wb += e->w.kind_bytes[k];
-        size_t scr = session_scratch_estimate(c, ctx, e->chunk);
-        double g = 1073741824.0;
-        snprintf(e->plan_text, sizeof e->plan_text,
-                 "resident weights  %9.2f GiB  (every expert resident)\n"
-                 "KV cache          %9.2f GiB  (%d tokens x %.1f KiB, f32)\n"
-                 "scratch           %9.2f GiB  (a session's forward of up to %d rows)\n"
-                 "total             %9.2f GiB  for one session of %d tokens",
-                 wb / g, (double)kv_tok * ctx / g, ctx, kv_tok / 1024.0, scr / g, ctx < e->chunk ? ctx : e->chunk,
-                 (wb + kv_tok * (uint64_t)ctx + scr) / g, ctx);
-        return 0;
-    }
-    if (e->pack && e->w.has_mtp && !pack_expert_record(e->pack, L, 0, NULL, NULL, NULL))
-        e->moe_index[L] = nm++; /* the MTP layer's routed experts stream like the others (store layer n_moe) */
-    if (!e->pack)
-        return pt_err(err, PETREL_EUNSUPPORTED,
-                      "--mem-budget / --expert-slots stream experts from a petrel pack; convert this model first (petrel convert --in %s --out model.pack)",
-                      e->path);
-    uint64_t rec_max = 0;
-    for (int l = 0; l <= L; l++) {
-        uint64_t off, bytes, x;
-        if (e->moe_index[l] < 0) continue;
-        if (pack_expert_record(e->pack, l, 0, &off, &bytes, &x))
-            return pt_err(err, PETREL_EFORMAT, "%s: no expert records for layer %d (an MoE layer in config.json)", e->path, l);
-        if (bytes > rec_max) rec_max = bytes;
-    }
-    if (!nm) return 0;
-    uint64_t resident = 0, kv = 0;
-    for (int k = 0; k < WK_COUNT; k++)
-        if (k != WK_EXPERTS) resident += e->w.kind_bytes[k];
-    if (e->moe_index[L] >= 0) /* the MTP layer's routed experts are counted with the MTP layer */
-        for (int x = 0; x < c->n_routed_experts; x++)
-            resident -= wview_bytes(&e->w.mtp.exp_gate[x]) + wview_bytes(&e->w.mtp.exp_up[x]) + wview_bytes(&e->w.mtp.exp_down[x]);
-    uint64_t embed_off = o->mem_budget ? pack_embed_on_disk_bytes(e->pack) : 0; /* read a row at a time (engine.c) */
-    resident -= embed_off;
-    kv = kv_tok * (uint64_t)ctx;
-    xs_plan_in in = {.budget = o->mem_budget, .expert_slots = o->expert_slots, .resident_bytes = resident, .kv_bytes = kv,
-                     .scratch_bytes = session_scratch_estimate(c, ctx, e->chunk) + pf_bytes + (64u << 20), /* + code, allocator, I/O queues */
-                     .record_bytes = rec_max, .n_layers = nm, .n_experts = c->n_routed_experts, .min_slots = 1}; /* fewer slots than top-k work: experts then run in chunks */
-    xs_plan plan;
-    PT_TRY(xs_plan_make(&in, &plan, err));
-    int pw = xs_plan_format(&plan, e->plan_text, sizeof e->plan_text);
-    if (e->pf_rows && pw >= 0 && (size_t)pw < sizeof e->plan_text)
-        pw += snprintf(e->plan_text + pw, sizeof e->plan_text - (size_t)pw,
-                       "\n(scratch: prompts run in chunks of %d rows, layer-major spans of %d rows, %.2f GiB of it)", e->chunk, e->pf_rows,
-                       (double)pf_bytes / 1073741824.0);
-    if (embed_off && pw >= 0 && (size_t)pw < sizeof e->plan_text)
-        snprintf(e->plan_text + pw, sizeof e->plan_text - (size_t)pw, "\n(not counted: embed_tokens, %.2f GiB, stays in the pack; a token reads its row)",
-                 (double)embed_off / 1073741824.0);
+    if (!plan->streaming) return 0;
+    if (plan->n_store_layers > nm) e->moe_index[L] = nm; /* the MTP layer's routed experts stream like the others (store layer n_moe) */
     for (int l = 0; l <= L; l++)
         if (e->moe_index[l] >= 0) e->moe_layer[e->moe_index[l]] = l;
-    xs_source src = {.ctx = e, .path = pack_path(e->pack), .fd = -1, .n_layers = nm, .n_experts = c->n_routed_experts,
+    xs_source src = {.ctx = e, .path = pack_path(e->pack), .fd = -1, .n_layers = plan->n_store_layers, .n_experts = c->n_routed_experts,
                      .top_k = c->num_experts_per_tok, .record = rec_cb, .views = views_cb, .layer_ids = e->moe_layer};
-    PT_TRY(xs_store_create(&src, &plan, NULL, &e->xs, err));
+    PT_TRY(xs_store_create(&src, &plan->xs, NULL, &e->xs, err));
     char up[4200];
     int loaded = 0;
     xs_usage_path(e->path, up, sizeof up);
     petrel_error ignore = {0};
     if (!e->route) xs_usage_load(e->xs, up, &loaded, &ignore); /* history is optional; a trace-driven run starts cold, like its replay */
     return 0;
+}
+
+int stream_open(petrel_engine *e, const petrel_open_opts *o, petrel_error *err) {
+    const petrel_config *c = &e->cfg;
+    int L = c->num_hidden_layers, nm = 0;
+    e->moe_index = malloc(sizeof(int) * (size_t)(L + 1));
+    e->moe_layer = malloc(sizeof(int) * (size_t)(L + 1));
+    if (!e->moe_index || !e->moe_layer) return pt_err(err, PETREL_ENOMEM, "out of memory");
+    for (int l = 0; l <= L; l++) e->moe_index[l] = l < L && c->layer_is_moe[l] ? nm++ : -1;
+    e->n_moe = nm;
+    uint64_t budget = o ? o->mem_budget : 0;
+    int slots = o ? o->expert_slots : 0, streaming = budget || slots;
+    if (streaming && !e->pack)
+        return pt_err(err, PETREL_EUNSUPPORTED,
+                      "--mem-budget / --expert-slots stream experts from a petrel pack; convert this model first (petrel convert --in %s --out model.pack)",
+                      e->path);
+    pt_mem_plan *plan = malloc(sizeof *plan);
+    if (!plan) return pt_err(err, PETREL_ENOMEM, "out of memory");
+    int rc = stream_plan(e, budget, slots, o ? o->plan_context : 0, plan, err);
+    if (rc == 0) {
+        e->chunk = plan->chunk;
+        e->pf_rows = plan->pf_rows;
+        snprintf(e->plan_text, sizeof e->plan_text, "%s", plan->text);
+        rc = stream_open_rest(e, o, plan, err);
+    }
+    free(plan);
+    return rc;
 }
 
 void stream_trace_note(const petrel_engine *e, int layer, const int32_t *idx, int T, int K) {
