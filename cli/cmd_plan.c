@@ -392,10 +392,19 @@ CLI_CMD(plan) {
                             : k == WK_EMBED && p->embed_on_disk ? "  stays in the pack (a token reads its row)" : "";
         printf("  %-16s %10.2f GiB%s\n", weight_kind_names[k], gib((double)eng->w.kind_bytes[k]), where);
     }
-    printf("\nKV cache    %.2f KiB per token as the engine keeps it (f32); schemes of src/kv: f32 %.2f, bf16 %.2f, int8 %.2f KiB per token;\n"
-           "            %d tokens: %.2f GiB f32, %.2f GiB bf16, %.2f GiB int8\n",
-           p->kv_token / 1024.0, kvs[KV_F32] / 1024.0, kvs[KV_BF16] / 1024.0, kvs[KV_INT8] / 1024.0, p->ctx, gib((double)p->kv_bytes),
-           gib((double)kvs[KV_BF16] * p->ctx), gib((double)kvs[KV_INT8] * p->ctx));
+    printf("\nKV cache    %.2f KiB per token as this open keeps it (%s, --kv-type); f32 %.2f, bf16 %.2f, int8 %.2f KiB per token;\n"
+           "            %d tokens: %.3f GiB f32, %.3f GiB bf16, %.3f GiB int8\n",
+           p->kv_token / 1024.0, kv_scheme_name((kv_scheme)eng->kv_scheme), kvs[KV_F32] / 1024.0, kvs[KV_BF16] / 1024.0, kvs[KV_INT8] / 1024.0, p->ctx,
+           gib((double)kvs[KV_F32] * p->ctx), gib((double)kvs[KV_BF16] * p->ctx), gib((double)kvs[KV_INT8] * p->ctx));
+    if (p->budget && p->kv_token) { /* what the KV could grow to if the slots shrank to one per layer */
+        uint64_t fixed = p->total_bytes - p->kv_bytes - (p->streaming ? p->xs.expert_bytes : 0);
+        uint64_t one = p->streaming ? (uint64_t)p->n_store_layers * p->xs.slot_bytes : 0;
+        uint64_t room = p->budget > fixed + one ? p->budget - fixed - one : 0;
+        long long fit = (long long)(room / p->kv_token);
+        if (fit > eng->cfg.max_position_embeddings) fit = eng->cfg.max_position_embeddings;
+        printf("            longest context this budget allows: %lld tokens in %s (with one expert slot per layer; scratch as planned)\n", fit,
+               kv_scheme_name((kv_scheme)eng->kv_scheme));
+    }
     printf("scratch     %.2f GiB (chunks of %d rows%s)\n", gib((double)p->scratch_bytes), p->chunk,
            p->pf_rows ? ", layer-major prefill spans" : "");
     if (p->streaming)

@@ -134,8 +134,7 @@ static uint64_t engine_identity(const petrel_engine *e) {
 /* The engine's KV pool (petrel_open_opts kv_type, kv_bytes). */
 static int kv_open(petrel_engine *e, const petrel_open_opts *o, petrel_error *err) {
     const petrel_config *c = &e->cfg;
-    kv_pool_opts ko = {.scheme = KV_F32, .page_positions = KV_PAGE_DEFAULT};
-    if (o && o->kv_type) PT_TRY(kv_scheme_parse(o->kv_type, &ko.scheme, err));
+    kv_pool_opts ko = {.scheme = (kv_scheme)e->kv_scheme, .page_positions = KV_PAGE_DEFAULT};
     kv_shape sh;
     kv_shape_from_config(c, e->w.has_mtp, &sh);
     int ctx = o && o->plan_context > 0 ? o->plan_context : 4096;
@@ -157,6 +156,8 @@ int petrel_engine_open(const char *path, const petrel_open_opts *opts, petrel_en
     if (!path || !*path) return pt_err(err, PETREL_EINVAL, "no model path given");
     kn_table kt;
     PT_TRY(kernel_table(&kt, opts, err));
+    kv_scheme ks = KV_F32;
+    if (opts && opts->kv_type) PT_TRY(kv_scheme_parse(opts->kv_type, &ks, err));
     struct stat st;
     if (stat(path, &st) < 0) return pt_err(err, PETREL_EIO, "cannot open model %s: no such file or folder", path);
     if (!S_ISDIR(st.st_mode) && !S_ISREG(st.st_mode))
@@ -170,6 +171,7 @@ int petrel_engine_open(const char *path, const petrel_open_opts *opts, petrel_en
     petrel_engine *e = calloc(1, sizeof *e);
     if (!e) return pt_err(err, PETREL_ENOMEM, "out of memory");
     e->kt = kt;
+    e->kv_scheme = (int)ks;
     snprintf(e->path, sizeof e->path, "%s", path);
     char dir[4096];
     snprintf(dir, sizeof dir, "%s", path);

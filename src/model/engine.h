@@ -53,6 +53,7 @@ struct petrel_engine {
     char trace_out[4096];
     struct kv_pool *kv;      /* owned: the sessions' latent KV pages (src/kv) */
     uint64_t identity;       /* the model's identity in session files (engine.c) */
+    int kv_scheme;           /* kv_scheme (src/kv/kv.h) of the pool, from the open option kv_type */
     /* Trace-driven routing (open option route_trace): the trace and, per MoE index, its layer. */
     struct xs_trace *route;  /* owned, NULL when the routers choose */
     int *route_layer;        /* owned [n_moe] */

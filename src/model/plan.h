@@ -33,7 +33,7 @@ typedef struct pt_mem_plan {
     uint64_t resident_bytes;  /* weights kept in memory: all of them, or without the routed
                                  experts (and the embedding left in the pack) when streaming */
     uint64_t embed_on_disk;   /* embed_tokens bytes read a row at a time from the pack */
-    uint64_t kv_token;        /* latent KV bytes per token (f32, every layer with a cache) */
+    uint64_t kv_token;        /* latent KV bytes per token (the engine's scheme, every layer with a cache) */
     uint64_t kv_bytes;        /* kv_token * ctx */
     uint64_t scratch_bytes;   /* a session's arena (+ span + 64 MiB slack when streaming) */
     uint64_t record_bytes;    /* the largest routed-expert record */

@@ -12,6 +12,7 @@
 #include "base/outfile.h"
 #include "experts/xs.h"
 #include "io/pack.h"
+#include "kv/kv.h"
 #include "model/engine.h"
 #include "model/plan.h"
 
@@ -111,9 +112,9 @@ int stream_plan(const petrel_engine *e, uint64_t budget, int expert_slots, int c
     stream_chunk_plan(c, ctx, budget, &p->chunk, &p->pf_rows, &pf_bytes);
     p->pf_bytes = pf_bytes;
     memcpy(p->kind_bytes, e->w.kind_bytes, sizeof p->kind_bytes);
-    for (int l = 0; l <= L; l++) /* latent KV bytes per token, every layer with a cache */
-        if (l < L || e->w.has_mtp)
-            p->kv_token += 4 * (uint64_t)(c->kv_lora_rank + c->qk_rope_head_dim + (l < L && c->layer_indexer_full[l] ? c->index_head_dim : 0));
+    kv_shape ksh; /* latent KV bytes per token in the engine's scheme, every layer with a cache */
+    kv_shape_from_config(c, e->w.has_mtp, &ksh);
+    p->kv_token = kv_bytes_per_token(&ksh, (kv_scheme)e->kv_scheme, 0);
     p->kv_bytes = p->kv_token * (uint64_t)ctx;
     double g = 1073741824.0;
     if (!budget && !expert_slots) { /* every weight resident: the plan says what a session adds */
@@ -122,10 +123,10 @@ int stream_plan(const petrel_engine *e, uint64_t budget, int expert_slots, int c
         p->total_bytes = p->resident_bytes + p->kv_bytes + p->scratch_bytes;
         snprintf(p->text, sizeof p->text,
                  "resident weights  %9.2f GiB  (every expert resident)\n"
-                 "KV cache          %9.2f GiB  (%d tokens x %.1f KiB, f32)\n"
+                 "KV cache          %9.2f GiB  (%d tokens x %.1f KiB, %s)\n"
                  "scratch           %9.2f GiB  (a session's forward of up to %d rows)\n"
                  "total             %9.2f GiB  for one session of %d tokens",
-                 p->resident_bytes / g, (double)p->kv_bytes / g, ctx, p->kv_token / 1024.0, p->scratch_bytes / g,
+                 p->resident_bytes / g, (double)p->kv_bytes / g, ctx, p->kv_token / 1024.0, kv_scheme_name((kv_scheme)e->kv_scheme), p->scratch_bytes / g,
                  ctx < p->chunk ? ctx : p->chunk, p->total_bytes / g, ctx);
         return 0;
     }
