@@ -114,7 +114,7 @@ int stream_plan(const petrel_engine *e, uint64_t budget, int expert_slots, int c
     memcpy(p->kind_bytes, e->w.kind_bytes, sizeof p->kind_bytes);
     kv_shape ksh; /* latent KV bytes per token in the engine's scheme, every layer with a cache */
     kv_shape_from_config(c, e->w.has_mtp, &ksh);
-    p->kv_token = kv_bytes_per_token(&ksh, (kv_scheme)e->kv_scheme, 0);
+    p->kv_token = kv_bytes_per_token(&ksh, (kv_scheme)e->kv_scheme, e->kv_scheme == KV_INT8); /* int8 keeps k_pe f32 (engine.c) */
     p->kv_bytes = p->kv_token * (uint64_t)ctx;
     double g = 1073741824.0;
     if (!budget && !expert_slots) { /* every weight resident: the plan says what a session adds */
