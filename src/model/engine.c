@@ -243,3 +243,20 @@ int petrel_session_truncate(petrel_session *s, int n_past, petrel_error *err) {
     return 0;
 }
 
+void session_mtp_truncate(petrel_session *s, int n) {
+    if (n >= 0 && s->mtp_len > n) s->mtp_len = n;
+}
+
+int session_mtp_skip(petrel_session *s, int n, petrel_error *err) {
+    const petrel_config *c = &s->eng->cfg;
+    int L = c->num_hidden_layers;
+    if (s->n_layers <= L) return pt_err(err, PETREL_EINVAL, "session has no MTP cache");
+    if (n > s->cap || n > s->len + 1) return pt_err(err, PETREL_EINVAL, "MTP rows up to %d skipped past the session's %d positions", n, s->len);
+    for (int i = s->mtp_len; i < n; i++) {
+        memset(s->kv_c[L] + (size_t)i * c->kv_lora_rank, 0, sizeof(float) * (size_t)c->kv_lora_rank);
+        memset(s->kv_pe[L] + (size_t)i * c->qk_rope_head_dim, 0, sizeof(float) * (size_t)c->qk_rope_head_dim);
+    }
+    if (n > s->mtp_len) s->mtp_len = n;
+    return 0;
+}
+
