@@ -41,8 +41,11 @@ struct spec_ctx {
     uint64_t orng;       /* oracle PRNG state */
     cost_model cm;
     spec_stats st;
+    int wrong_rule;      /* test hook */
     char text[512];
 };
+
+void spec_test_wrong_rule(spec_ctx *c, int wrong) { c->wrong_rule = wrong; }
 
 static double now_s(void) {
     struct timespec ts;
@@ -468,12 +471,12 @@ int spec_step(spec_ctx *c, spec_seq *const *seqs, int n, petrel_error *err) {
                 }
                 /* rejected: the residual max(0, p - q), renormalized */
                 double sum = 0;
-                for (int v = 0; v < V; v++) {
+                for (int v = 0; v < V && !c->wrong_rule; v++) {
                     float r = c->pd[v] - qd[v];
                     c->pd[v] = r > 0 ? r : 0;
                     sum += c->pd[v];
                 }
-                if (!(sum > 0)) { /* p == q: cannot happen after a rejection but for rounding */
+                if (!(sum > 0) && !c->wrong_rule) { /* p == q: cannot happen after a rejection but for rounding */
                     memcpy(c->row, row, sizeof(float) * (size_t)V);
                     mask_row(q, c->row);
                     dense_dist(smp, c->row, V, c->pd);
@@ -490,14 +493,23 @@ int spec_step(spec_ctx *c, spec_seq *const *seqs, int n, petrel_error *err) {
         int n0 = len0[i];
         rc = petrel_session_truncate(q->s, n0 + a + 1, err);
         if (rc) break;
-        if (q->k == 0) { /* no drafting this step: the earlier pending rows are skipped */
-            rc = session_mtp_skip(q->s, n0, err);
-            if (rc) break;
-        }
-        q->npend = a + 1;
-        q->ptok[0] = q->tok;
-        for (int j = 1; j <= a; j++) q->ptok[j] = q->d[j];
-        memcpy(q->pend, c->hid + (size_t)base[i] * H, sizeof(float) * (size_t)(a + 1) * H);
+        if (q->k == 0) {
+            /* no drafting this step: the pending rows wait for the next draft, but when the cost
+             * model turned drafting off (the MTP head does not run then) or they overflow, the
+             * older ones are skipped (zero latents) */
+            int drop = k == 0 && c->p.draft == SPEC_AUTO ? q->npend : q->npend + 1 - SPEC_PEND;
+            if (drop > 0) {
+                rc = session_mtp_skip(q->s, q->s->mtp_len + drop, err);
+                if (rc) break;
+                memmove(q->pend, q->pend + (size_t)drop * H, sizeof(float) * (size_t)(q->npend - drop) * H);
+                memmove(q->ptok, q->ptok + drop, sizeof(int32_t) * (size_t)(q->npend - drop));
+                q->npend -= drop;
+            }
+        } else q->npend = 0; /* round 1 ran them */
+        q->ptok[q->npend] = q->tok;
+        for (int j = 1; j <= a; j++) q->ptok[q->npend + j] = q->d[j];
+        memcpy(q->pend + (size_t)q->npend * H, c->hid + (size_t)base[i] * H, sizeof(float) * (size_t)(a + 1) * H);
+        q->npend += a + 1;
         q->tok = x;
         c->st.tokens += a + 1;
         c->st.steps++;

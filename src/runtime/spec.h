@@ -110,6 +110,9 @@ void spec_set_token(spec_seq *q, int32_t tok);
  * out/nout (1 .. k + 1 tokens, accepted into its sampler; the last is the new pending token, the
  * others are cached). On failure the sessions are rolled back to before the step. */
 int spec_step(spec_ctx *c, spec_seq *const *seqs, int n, petrel_error *err);
+/* Test hook: 1 makes a rejection draw from p instead of max(0, p - q) (a wrong rule the
+ * distribution test must catch). */
+void spec_test_wrong_rule(spec_ctx *c, int wrong);
 /* One line of JSON (no newline) with tokens, forwards, tokens_per_forward, acceptance_by_position,
  * steps_by_k, ms_per_step_by_k, draft_ms, verify_ms, and the draft setting. */
 int spec_stats_json(const spec_ctx *c, char *buf, size_t cap);
