@@ -96,6 +96,18 @@ CLI_CMD(run); CLI_CMD(chat);
 CLI_CMD(convert); CLI_CMD(synth); CLI_CMD(bench);
 CLI_CMD(perplexity);
 
+/* petrel bench --draft (cli/bench_draft.c): decode with and without drafting, alternating. */
+typedef struct bench_draft_opts {
+    int draft;          /* 1..16 or -1 (auto) */
+    double oracle;      /* --oracle-accept P, 0: off */
+    long prompt, tokens, rounds;
+    int batch;          /* sessions per step (0/1: one) */
+    const char *golden; /* prompts from a golden.safetensors, or NULL: random prompts */
+    int json;
+} bench_draft_opts;
+struct petrel_engine;
+int bench_draft(struct petrel_engine *eng, const bench_draft_opts *o);
+
 /* Quant options of convert and synth (--quant, --experts, --attention, --dense, --embed, --mtp)
  * into a convert_opts (src/io/convert.h): 1 consumed, 0 not one, -1 bad value (printed). */
 struct convert_opts;

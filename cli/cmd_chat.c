@@ -230,6 +230,10 @@ CLI_CMD(chat) {
     }
     if (mo.open.verbose) verbose = 1; /* cli_model_opt takes -v / --verbose (engine load plan too) */
     if (!mo.model) return cli_fail("chat: --model is required");
+    /* the cost model's choices follow the clock and change which draws a step makes: seeded
+     * sampling stays reproducible by not drafting unless asked to (greedy output never depends
+     * on the drafts) */
+    if (dp.draft == SPEC_AUTO && seed_set && sp.temperature > 0 && sp.top_k != 1) dp.draft = 0;
     if (!seed_set) sp.seed = cli_random_seed();
     char tbuf[4096];
     const char *tok_path = cli_tokenizer_path("chat", tok_opt, mo.model, tbuf, sizeof tbuf);

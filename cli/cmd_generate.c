@@ -118,7 +118,8 @@ CLI_CMD(generate) {
         free(ids);
         return cli_engine_close("generate", eng, cli_fail_err("generate", &err));
     }
-    if (dp.draft != 0 && eng->w.has_mtp && ngen > 1) {
+    dp.draft = spec_effective_draft(eng, dp.draft);
+    if (dp.draft != 0 && ngen > 1) {
         rc = generate_spec(eng, &dp, ids, n, ngen, stop_eos, stats, &err);
         free(ids);
         return cli_engine_close("generate", eng, rc);

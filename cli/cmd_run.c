@@ -45,7 +45,8 @@ static const char *usage =
     "  --tokenizer FILE     tokenizer.json, or a pack holding one (default: the model's own,\n"
     "                       DIR/tokenizer.json or the copy stored in its pack)\n"
     "With -v, stderr also gets the seed, prompt size, speed and stop reason.\n" CLI_DRAFT_HELP
-    "                       (default auto on a model with an MTP layer, else off)\n" CLI_SAMPLING_OPTS_HELP
+    "                       (default auto on a model with an MTP layer; with --seed and\n"
+    "                       sampling, off unless given: the output stays reproducible)\n" CLI_SAMPLING_OPTS_HELP
     CLI_MODEL_OPTS_HELP
     "The bundled tests/data/tiny model has random weights: its text is gibberish by design.\n";
 
@@ -233,6 +234,10 @@ CLI_CMD(run) {
     if (mo.open.verbose) verbose = 1; /* cli_model_opt takes -v / --verbose (engine load plan too) */
     if (!mo.model) return cli_fail("run: --model is required");
     if (!prompt) return cli_fail("run: -p TEXT is required (the prompt)");
+    /* the cost model's choices follow the clock and change which draws a step makes: seeded
+     * sampling stays reproducible by not drafting unless asked to (greedy output never depends
+     * on the drafts) */
+    if (dp.draft == SPEC_AUTO && seed_set && sp.temperature > 0 && sp.top_k != 1) dp.draft = 0;
     if (!seed_set) sp.seed = cli_random_seed();
     char tbuf[4096];
     const char *tok_path = cli_tokenizer_path("run", tok_opt, mo.model, tbuf, sizeof tbuf);

@@ -319,3 +319,58 @@ TEST(spec, refusals) {
     petrel_engine_close(e);
     petrel_engine_close(t);
 }
+
+/* ---- the CLI: --draft, --stats, refusals ($PETREL_BIN) ---- */
+
+static int count_lines(const char *s) {
+    int n = 0;
+    for (; *s; s++) n += *s == '\n';
+    return n;
+}
+
+TEST(spec, cli_draft) {
+    const char *b = getenv("PETREL_BIN");
+    if (!b) { test_skip("PETREL_BIN unset: CLI --draft tests skipped"); return; }
+    static char cmd[4096], o1[65536], o2[65536], e[8192];
+    const char *m = test_data("trained");
+    /* generate: the same ids with and without drafting; --stats gives one JSON line */
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --ids 3,17,29,5,88,41,7 -n 40 --draft 0", b, m);
+    CHECK_EQ_INT(test_sh(cmd, o1, sizeof o1, e, sizeof e), 0);
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --ids 3,17,29,5,88,41,7 -n 40 --draft 3 --stats", b, m);
+    CHECK_EQ_INT(test_sh(cmd, o2, sizeof o2, e, sizeof e), 0);
+    CHECK_MSG(!strcmp(o1, o2), "generate --draft 3 printed other ids:\n%s\nvs\n%s", o2, o1);
+    CHECK_EQ_INT(count_lines(e), 1);
+    CHECK(strstr(e, "\"tokens\":") && strstr(e, "\"forwards\":") && strstr(e, "\"tokens_per_forward\":") && strstr(e, "\"acceptance_by_position\":["));
+    /* batch: each prompt's ids with drafting equal those without */
+    const char *pf = test_tmp("spec_prompts.txt");
+    FILE *f = fopen(pf, "w");
+    if (!f) { test_fail(__FILE__, __LINE__, "cannot write %s", pf); return; }
+    fputs("3,17,29,5,88,41,7\n1,2\n900,901,902,903,904,905,906,907,908,909,910\n44\n", f);
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "%s batch --model %s --prompts %s -n 20 --max-batch 3", b, m, pf);
+    CHECK_EQ_INT(test_sh(cmd, o1, sizeof o1, e, sizeof e), 0);
+    snprintf(cmd, sizeof cmd, "%s batch --model %s --prompts %s -n 20 --max-batch 3 --draft 3 --stats", b, m, pf);
+    CHECK_EQ_INT(test_sh(cmd, o2, sizeof o2, e, sizeof e), 0);
+    CHECK_MSG(!strcmp(o1, o2), "batch --draft 3 printed other ids:\n%s\nvs\n%s", o2, o1);
+    CHECK(strstr(e, "\"acceptance_by_position\":[") != NULL);
+    /* run greedy: the same text */
+    snprintf(cmd, sizeof cmd, "%s run --model %s -p 'The cat' -n 30 --temp 0 --draft 0", b, m);
+    CHECK_EQ_INT(test_sh(cmd, o1, sizeof o1, e, sizeof e), 0);
+    snprintf(cmd, sizeof cmd, "%s run --model %s -p 'The cat' -n 30 --temp 0 --draft 4 --stats", b, m);
+    CHECK_EQ_INT(test_sh(cmd, o2, sizeof o2, e, sizeof e), 0);
+    CHECK_MSG(!strcmp(o1, o2), "run --draft 4 --temp 0 wrote other text");
+    CHECK(strstr(e, "\"tokens_per_forward\":") != NULL);
+    /* refusals: one line, non-zero */
+    const char *bad[] = {"generate --model %s --ids 1,2 -n 4 --draft -1", "generate --model %s --ids 1,2 -n 4 --draft 17",
+                         "run --model %s -p x --draft many", "batch --model %s --prompts /dev/null --draft 99"};
+    for (int i = 0; i < 4; i++) {
+        char c2[1024];
+        snprintf(c2, sizeof c2, bad[i], m);
+        snprintf(cmd, sizeof cmd, "%s %s", b, c2);
+        CHECK_MSG(test_sh(cmd, o1, sizeof o1, e, sizeof e) != 0, "accepted: %s", c2);
+        CHECK_MSG(count_lines(e) == 1 && strstr(e, "--draft"), "%s: stderr %s", c2, e);
+    }
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --ids 1,2 -n 4 --draft 3", b, test_data("odd"));
+    CHECK(test_sh(cmd, o1, sizeof o1, e, sizeof e) != 0);
+    CHECK_MSG(count_lines(e) == 1 && strstr(e, "no MTP layer"), "stderr: %s", e);
+}

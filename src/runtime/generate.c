@@ -68,7 +68,7 @@ int gen_init(gen_ctx *g, petrel_engine *eng, const tokenizer *tok, int ctx, cons
 int gen_enable_spec(gen_ctx *g, const spec_params *p, petrel_error *err) {
     if (!p || p->draft == 0) return 0;
     PT_TRY(spec_check(g->eng, p, err));
-    if (p->draft == SPEC_AUTO && !g->eng->w.has_mtp) return 0;
+    if (spec_effective_draft(g->eng, p->draft) == 0) return 0;
     PT_TRY(spec_create(g->eng, p, 1, &g->spec, err));
     int rc = spec_seq_init(&g->seq, g->spec, g->s, &g->smp, g->masked, g->n_masked, err);
     if (rc < 0) {

@@ -66,13 +66,21 @@ int spec_check(const petrel_engine *eng, const spec_params *p, petrel_error *err
     if (!(p->oracle_accept >= 0 && p->oracle_accept <= 1)) return pt_err(err, PETREL_EINVAL, "--oracle-accept %g is not in [0, 1]", p->oracle_accept);
     if (p->draft > 0 && !eng->w.has_mtp)
         return pt_err(err, PETREL_EUNSUPPORTED, "--draft %d: this model (%s) has no MTP layer to draft with", p->draft, eng->path);
+    if (p->draft > 0 && eng->trace)
+        return pt_err(err, PETREL_EUNSUPPORTED, "--draft %d: drafting does not run while a routing trace is recorded (--trace-out)", p->draft);
     return 0;
+}
+
+int spec_effective_draft(const petrel_engine *eng, int draft) {
+    if (draft == SPEC_AUTO && (!eng->w.has_mtp || eng->trace)) return 0;
+    return draft;
 }
 
 int spec_create(petrel_engine *eng, const spec_params *p, int max_seqs, spec_ctx **out, petrel_error *err) {
     *out = NULL;
     PT_TRY(spec_check(eng, p, err));
-    if (!eng->w.has_mtp) return pt_err(err, PETREL_EUNSUPPORTED, "this model (%s) has no MTP layer to draft with", eng->path);
+    if (!eng->w.has_mtp || eng->trace || p->draft == 0)
+        return pt_err(err, PETREL_EUNSUPPORTED, "no drafting here: %s", p->draft == 0 ? "--draft 0" : !eng->w.has_mtp ? "the model has no MTP layer" : "a routing trace is recorded");
     if (max_seqs < 1) return pt_err(err, PETREL_EINVAL, "speculative decoding of %d timelines", max_seqs);
     spec_ctx *c = calloc(1, sizeof *c);
     if (!c) return pt_err(err, PETREL_ENOMEM, "out of memory");
@@ -284,10 +292,11 @@ static int choose_k(spec_ctx *c) {
     cost_model *m = &c->cm;
     if (c->p.draft != SPEC_AUTO) return c->K;
     long long s = m->step++;
-    if (s == 0) return m->last = 3 < SPEC_AUTO_MAX ? 3 : SPEC_AUTO_MAX; /* the first guess, then plain */
-    if (s == 1) return m->last = 0;
+    /* explore: one draft and none, twice each (the first of each is a warm-up the second
+     * replaces); the costs of wider windows are extrapolated until they are chosen or probed */
+    if (s < 4) return m->last = s % 2 == 0 ? 1 : 0;
     int b = best_k(m);
-    if (s == 2) m->next_probe = s + m->interval;
+    if (s == 4) m->next_probe = s + m->interval;
     if (s >= m->next_probe) { /* a neighbour of the choice, at growing intervals while it holds */
         int pk = b < SPEC_AUTO_MAX ? b + 1 : b - 1;
         if (m->n[pk] && (s / m->interval) % 2 && b > 0) pk = b - 1;
@@ -305,7 +314,7 @@ static void cost_note(spec_ctx *c, int k, double ms) {
     cost_model *m = &c->cm;
     if (k > SPEC_AUTO_MAX) return;
     /* a running mean that forgets: the last ~8 steps of each k weigh most */
-    if (!m->n[k]) m->ms[k] = ms;
+    if (m->n[k] <= 1) m->ms[k] = ms; /* the first sample of each k is a warm-up */
     else m->ms[k] += (ms - m->ms[k]) * (m->n[k] < 8 ? 1.0 / (m->n[k] + 1) : 0.125);
     m->n[k]++;
 }

@@ -84,6 +84,9 @@ typedef struct spec_seq {
  * is asked of a model without one; PETREL_EINVAL for a draft count outside 0..16 or auto) and
  * allocates for up to max_seqs timelines per step. */
 int spec_check(const petrel_engine *eng, const spec_params *p, petrel_error *err);
+/* The draft setting in effect: SPEC_AUTO on a model without an MTP layer, or while a routing
+ * trace is recorded, is 0 (off); anything else as given (spec_check refuses what cannot run). */
+int spec_effective_draft(const petrel_engine *eng, int draft);
 int spec_create(petrel_engine *eng, const spec_params *p, int max_seqs, spec_ctx **out, petrel_error *err);
 void spec_free(spec_ctx *c);
 const spec_stats *spec_get_stats(const spec_ctx *c);
