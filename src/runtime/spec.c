@@ -18,10 +18,15 @@
 #include "model/engine.h"
 
 typedef struct cost_model {
-    double ms[SPEC_AUTO_MAX + 1];  /* running mean of a step's wall time with k drafts */
-    int n[SPEC_AUTO_MAX + 1];
+    double ms[SPEC_AUTO_MAX + 1];  /* running mean of a step's wall time with k drafts (all timelines) */
+    int n[SPEC_AUTO_MAX + 1];      /* samples; the first of each k is a warm-up the second replaces */
     long long reach[SPEC_MAX_DRAFT + 1], acc[SPEC_MAX_DRAFT + 1]; /* conditional: draft j verified after j-1 accepted */
-    int best, last;
+    /* plain steps' make-up (batch_stats over their forwards), for predicting wider windows */
+    double exp_ms, attn_ms, head_ms, all_ms; /* summed over plain steps: experts (I/O included), attention + indexer per row, head, all */
+    double experts, rows, psteps;  /* routed experts run, rows, plain steps measured */
+    double mtp_ms, mtp_rounds;     /* measured draft rounds */
+    int B;                         /* timelines in the measured steps */
+    int best;
     long long step, next_probe, interval;
 } cost_model;
 
@@ -247,67 +252,79 @@ int spec_truncate(spec_seq *q, int n, petrel_error *err) {
 
 void spec_set_token(spec_seq *q, int32_t tok) { q->tok = tok; }
 
-/* ---- the cost model ---- */
+/* ---- the cost model ----
+ * Time per token of k drafts = step_ms(k) / expected_tokens(k). expected_tokens multiplies the
+ * running conditional acceptance of each draft position (a uniform prior: (acc + 1) / (tries +
+ * 2)); step_ms is measured (after a warm-up sample) for each k that ran, else predicted from the
+ * plain steps' make-up: + the routed experts a wider window adds (the union of B(k+1) rows'
+ * choices in each MoE layer, at random routing, times the measured ms per expert, which holds the
+ * I/O wait when experts stream), + the per-row attention of the k more rows, + k draft rounds
+ * (measured, or one MoE layer plus the head of a plain step). Plain first (two steps), then the
+ * best k; a neighbour is probed at doubling intervals while the choice holds, and only when it
+ * could win with every draft accepted. */
 
-static double expected_tokens(const cost_model *m, int k) {
+static double expected_tokens_r(const cost_model *m, int k, double bonus) {
     double e = 1, pr = 1;
     for (int j = 1; j <= k; j++) {
-        double r = (m->acc[j] + 1.0) / (m->reach[j] + 2.0); /* a uniform prior */
+        double r = (m->acc[j] + 1.0 + bonus) / (m->reach[j] + 2.0 + bonus);
         pr *= r;
         e += pr;
     }
     return e;
 }
+static double expected_tokens(const cost_model *m, int k) { return expected_tokens_r(m, k, 0); }
 
-/* A step's time with k drafts: measured, else interpolated linearly between the nearest measured
- * k below and above, else extrapolated from the two largest measured (or 1 + k times k = 0's). */
-static double step_ms(const cost_model *m, int k) {
-    if (m->n[k]) return m->ms[k];
-    int lo = -1, hi = -1;
-    for (int j = k - 1; j >= 0 && lo < 0; j--) if (m->n[j]) lo = j;
-    for (int j = k + 1; j <= SPEC_AUTO_MAX && hi < 0; j++) if (m->n[j]) hi = j;
-    if (lo >= 0 && hi >= 0) return m->ms[lo] + (m->ms[hi] - m->ms[lo]) * (k - lo) / (hi - lo);
-    int a = lo >= 0 ? lo : hi, b = -1;
-    if (a < 0) return 1 + k;
-    for (int j = a - 1; j >= 0 && b < 0; j--) if (m->n[j]) b = j;
-    if (b >= 0) {
-        double slope = (m->ms[a] - m->ms[b]) / (a - b);
-        if (slope < 0) slope = 0;
-        return m->ms[a] + slope * (k - a);
-    }
-    return m->ms[a] * (1.0 + k) / (1.0 + a);
+static double predict_ms(const spec_ctx *c, const cost_model *m, int k) {
+    if (!m->psteps) return 1e30; /* nothing measured: only plain is known to be cheap */
+    const petrel_config *cf = &c->eng->cfg;
+    double T0 = m->n[0] ? m->ms[0] : m->all_ms / m->psteps, E = cf->n_routed_experts, K = cf->num_experts_per_tok;
+    int L = cf->num_hidden_layers, nmoe = c->eng->n_moe > 0 ? c->eng->n_moe : 1;
+    double B = m->B > 0 ? m->B : 1;
+    double per_exp = m->experts > 0 ? m->exp_ms / m->experts : 0;
+    double u1 = E * (1 - pow(1 - K / E, B)), uk = E * (1 - pow(1 - K / E, B * (k + 1)));
+    double attn_row = m->rows > 0 ? m->attn_ms / m->rows : 0;
+    double round = m->mtp_rounds > 0 ? m->mtp_ms / m->mtp_rounds : (T0 - m->head_ms / m->psteps) / L + m->head_ms / m->psteps;
+    (void)nmoe;
+    return T0 + (uk - u1) * per_exp * (m->experts / m->psteps / (u1 > 0 ? u1 : 1)) + k * B * attn_row + k * round;
 }
 
-static int best_k(const cost_model *m) {
+static double step_ms(const spec_ctx *c, const cost_model *m, int k) {
+    if (m->n[k] >= 2 || (k == 0 && m->n[0])) return m->ms[k];
+    return predict_ms(c, m, k);
+}
+
+static int best_k_b(const spec_ctx *c, const cost_model *m, double bonus, int kmax) {
     int best = 0;
-    double bc = step_ms(m, 0);
-    for (int k = 1; k <= SPEC_AUTO_MAX; k++) {
-        double c = step_ms(m, k) / expected_tokens(m, k);
-        if (c < bc) bc = c, best = k;
+    double bc = step_ms(c, m, 0);
+    for (int k = 1; k <= kmax; k++) {
+        double v = step_ms(c, m, k) / expected_tokens_r(m, k, bonus);
+        if (v < bc) bc = v, best = k;
     }
     return best;
 }
+static int best_k(const spec_ctx *c, const cost_model *m) { return best_k_b(c, m, 0, SPEC_AUTO_MAX); }
 
 static int choose_k(spec_ctx *c) {
     cost_model *m = &c->cm;
     if (c->p.draft != SPEC_AUTO) return c->K;
     long long s = m->step++;
-    /* explore: one draft and none, twice each (the first of each is a warm-up the second
-     * replaces); the costs of wider windows are extrapolated until they are chosen or probed */
-    if (s < 4) return m->last = s % 2 == 0 ? 1 : 0;
-    int b = best_k(m);
-    if (s == 4) m->next_probe = s + m->interval;
-    if (s >= m->next_probe) { /* a neighbour of the choice, at growing intervals while it holds */
-        int pk = b < SPEC_AUTO_MAX ? b + 1 : b - 1;
-        if (m->n[pk] && (s / m->interval) % 2 && b > 0) pk = b - 1;
-        if (b == m->best) m->interval = m->interval < 512 ? m->interval * 2 : 512;
-        else m->interval = 16;
-        m->best = b;
+    if (s < 2) return 0; /* plain first: a warm-up step, then one measured */
+    int b = best_k(c, m);
+    if (s == 2) m->next_probe = s + m->interval;
+    if (s >= m->next_probe) {
+        m->interval = b == m->best && m->interval < 1024 ? m->interval * 2 : 16;
         m->next_probe = s + m->interval;
-        return m->last = pk;
+        m->best = b;
+        /* a neighbour, if it could win were every draft accepted (bonus: a strong prior) */
+        for (int d = 1; d >= -1; d -= 2) {
+            int pk = b + d;
+            if (pk < 0 || pk > SPEC_AUTO_MAX) continue;
+            double v = step_ms(c, m, pk) / expected_tokens_r(m, pk, 1e6), cur = step_ms(c, m, b) / expected_tokens(m, b);
+            if (v < cur) return pk;
+        }
     }
     m->best = b;
-    return m->last = b;
+    return b;
 }
 
 static void cost_note(spec_ctx *c, int k, double ms) {
@@ -315,17 +332,19 @@ static void cost_note(spec_ctx *c, int k, double ms) {
     if (k > SPEC_AUTO_MAX) return;
     /* a running mean that forgets: the last ~8 steps of each k weigh most */
     if (m->n[k] <= 1) m->ms[k] = ms; /* the first sample of each k is a warm-up */
-    else m->ms[k] += (ms - m->ms[k]) * (m->n[k] < 8 ? 1.0 / (m->n[k] + 1) : 0.125);
+    else m->ms[k] += (ms - m->ms[k]) * (m->n[k] < 8 ? 1.0 / m->n[k] : 0.125);
     m->n[k]++;
 }
 
 const char *spec_model_text(const spec_ctx *c) {
     const cost_model *m = &c->cm;
     int o = snprintf((char *)c->text, sizeof c->text, "draft %s, chosen k %d:", c->p.draft == SPEC_AUTO ? "auto" : "fixed",
-                     c->p.draft == SPEC_AUTO ? best_k(m) : c->K);
-    for (int k = 0; k <= SPEC_AUTO_MAX && o < (int)sizeof c->text - 64; k++)
-        o += snprintf((char *)c->text + o, sizeof c->text - (size_t)o, " k%d %.2f tok %.1f ms%s", k, expected_tokens(m, k), step_ms(m, k),
-                      m->n[k] ? "" : "(est)");
+                     c->p.draft == SPEC_AUTO ? best_k(c, m) : c->K);
+    for (int k = 0; k <= SPEC_AUTO_MAX && o < (int)sizeof c->text - 64; k++) {
+        double ms = step_ms(c, m, k);
+        o += snprintf((char *)c->text + o, sizeof c->text - (size_t)o, " k%d %.2f tok %.2f ms%s", k, expected_tokens(m, k), ms < 1e29 ? ms : 0.0,
+                      m->n[k] >= 2 || (k == 0 && m->n[0]) ? "" : " (predicted)");
+    }
     return c->text;
 }
 
@@ -434,6 +453,7 @@ int spec_step(spec_ctx *c, spec_seq *const *seqs, int n, petrel_error *err) {
         c->rows[m++] = (petrel_row){q->s, q->tok, 1};
         for (int j = 1; j <= q->k; j++) c->rows[m++] = (petrel_row){q->s, q->d[j], 1};
     }
+    fwd_stats fs0 = *batch_stats(c->b);
     rc = batch_forward_h(c->b, c->rows, m, c->lg, c->hid, err);
     if (rc) {
         for (int i = 0; i < n; i++) session_mtp_truncate(seqs[i]->s, mtp0[i]);
@@ -537,6 +557,22 @@ int spec_step(spec_ctx *c, spec_seq *const *seqs, int n, petrel_error *err) {
     c->st.draft_s += t1 - t0;
     c->st.verify_s += t2 - t1;
     if (kmax == k) cost_note(c, k, (t3 - t0) * 1e3);
+    if (!rc && kmax == 0 && k == 0 && c->cm.step > 1) { /* a plain step's make-up (not the warm-up) */
+        const fwd_stats *f1 = batch_stats(c->b);
+        cost_model *cm = &c->cm;
+        cm->exp_ms += (double)(f1->ns[FS_EXPERTS] - fs0.ns[FS_EXPERTS]) / 1e6;
+        cm->attn_ms += (double)(f1->ns[FS_ATTN] + f1->ns[FS_INDEXER] - fs0.ns[FS_ATTN] - fs0.ns[FS_INDEXER]) / 1e6;
+        cm->head_ms += (double)(f1->ns[FS_HEAD] - fs0.ns[FS_HEAD]) / 1e6;
+        cm->all_ms += (t2 - t1) * 1e3;
+        cm->experts += (double)(f1->experts_run - fs0.experts_run);
+        cm->rows += (double)(f1->rows - fs0.rows);
+        cm->psteps++;
+        cm->B = n;
+    }
+    if (!rc && kmax > 0) {
+        c->cm.mtp_ms += (t1 - t0) * 1e3;
+        c->cm.mtp_rounds += kmax;
+    }
     return rc;
 }
 
