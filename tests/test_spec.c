@@ -374,3 +374,31 @@ TEST(spec, cli_draft) {
     CHECK(test_sh(cmd, o1, sizeof o1, e, sizeof e) != 0);
     CHECK_MSG(count_lines(e) == 1 && strstr(e, "no MTP layer"), "stderr: %s", e);
 }
+
+/* petrel logits --mtp writes the MTP logits [T-1][V] of a prompt: the fixture's mtp_logits */
+TEST(spec, cli_logits_mtp) {
+    const char *b = getenv("PETREL_BIN");
+    if (!b) { test_skip("PETREL_BIN unset: CLI tests skipped"); return; }
+    char p[600];
+    snprintf(p, sizeof p, "%s/golden.safetensors", test_data("trained"));
+    st_set *g;
+    petrel_error err = {0};
+    if (st_open(p, &g, &err)) { test_fail(__FILE__, __LINE__, "%s", err.msg); return; }
+    const st_tensor *ids = test_gold(g, 3, "ids"), *ref = test_gold(g, 3, "mtp_logits");
+    if (!ids || !ref) { st_close(g); test_fail(__FILE__, __LINE__, "no prompt 3 mtp_logits"); return; }
+    int T = (int)ids->shape[0];
+    static char cmd[16384], o[4096], e[4096];
+    const char *out = test_tmp("mtp.f32");
+    int k = snprintf(cmd, sizeof cmd, "%s logits --model %s --mtp --out %s --ids ", b, test_data("trained"), out);
+    for (int i = 0; i < T; i++) k += snprintf(cmd + k, sizeof cmd - (size_t)k, "%s%d", i ? "," : "", ((const int32_t *)ids->data)[i]);
+    CHECK_EQ_INT(test_sh(cmd, o, sizeof o, e, sizeof e), 0);
+    size_t n = (size_t)(T - 1) * (size_t)ref->shape[1];
+    float *got = malloc(sizeof(float) * n);
+    FILE *f = fopen(out, "rb");
+    CHECK(f && fread(got, sizeof(float), n, f) == n && fgetc(f) == EOF);
+    if (f) fclose(f);
+    double d = test_rel_l2(got, (const float *)ref->data, n);
+    CHECK_MSG(d < 1e-4, "logits --mtp: rel L2 error %.3g against mtp_logits", d);
+    free(got);
+    st_close(g);
+}
