@@ -16,7 +16,9 @@
 #include "io/safetensors.h"
 #include "model/engine.h"
 #include "runtime/sampler.h"
+#include "runtime/generate.h"
 #include "runtime/spec.h"
+#include "text/tokenizer.h"
 #include "test.h"
 
 /* the prompt of prompt_<pi> of the trained fixture's golden set (its first n ids) */
@@ -401,4 +403,65 @@ TEST(spec, cli_logits_mtp) {
     CHECK_MSG(d < 1e-4, "logits --mtp: rel L2 error %.3g against mtp_logits", d);
     free(got);
     st_close(g);
+}
+
+/* The generation loop with drafting (run/chat): the same greedy tokens as without, across
+ * turns that reuse the cached prefix (spec_truncate, then spec_feed), stops at max_tokens and
+ * a full context. */
+typedef struct gcol {
+    int32_t ids[512];
+    int n;
+} gcol;
+static int gcol_piece(void *u, int32_t id, const char *b, size_t n) {
+    (void)b, (void)n;
+    gcol *c = u;
+    if (id >= 0 && c->n < 512) c->ids[c->n++] = id;
+    return 0;
+}
+
+TEST(spec, gen_turns_equal_plain) {
+    petrel_engine *e = NULL;
+    petrel_error err = {0};
+    if (petrel_engine_open(test_data("trained"), NULL, &e, &err)) { test_fail(__FILE__, __LINE__, "%s", err.msg); return; }
+    tokenizer *tok = NULL;
+    if (tok_load(test_data("trained/tokenizer.json"), &tok, &err)) { test_fail(__FILE__, __LINE__, "%s", err.msg); petrel_engine_close(e); return; }
+    sampler_params p;
+    sampler_params_default(&p);
+    p.temperature = 0;
+    int32_t a[] = {5, 17, 300, 42, 7, 99, 100, 101, 102}, b2[] = {5, 17, 300, 42, 8, 200};
+    gcol out[2][4];
+    memset(out, 0, sizeof out);
+    for (int mode = 0; mode < 2; mode++) {
+        gen_ctx g;
+        CHECK(gen_init(&g, e, tok, 72, &p, &err) == 0);
+        spec_params sp = {.draft = mode ? 3 : 0};
+        CHECK(gen_enable_spec(&g, &sp, &err) == 0);
+        CHECK((g.spec != NULL) == mode);
+        gen_stats st;
+        gen_opts o = {.max_tokens = 20};
+        CHECK(gen_prompt(&g, a, 9, &st, &err) == 0);
+        CHECK(gen_generate(&g, &o, gcol_piece, &out[mode][0], &st, &err) == 0);
+        /* the next turn: the first turn's ids and the reply, then more */
+        int32_t t2[128];
+        int n2 = 0;
+        for (int i = 0; i < 9; i++) t2[n2++] = a[i];
+        for (int i = 0; i < out[mode][0].n; i++) t2[n2++] = out[mode][0].ids[i];
+        t2[n2++] = 77;
+        t2[n2++] = 78;
+        CHECK(gen_prompt(&g, t2, n2, &st, &err) == 0);
+        CHECK(st.n_reused >= n2 - 3);
+        CHECK(gen_generate(&g, &o, gcol_piece, &out[mode][1], &st, &err) == 0);
+        CHECK(gen_prompt(&g, b2, 6, &st, &err) == 0); /* a shorter, diverging prompt */
+        CHECK(gen_generate(&g, &o, gcol_piece, &out[mode][2], &st, &err) == 0);
+        gen_opts lots = {.max_tokens = -1}; /* until the context is full */
+        CHECK(gen_prompt(&g, b2, 6, &st, &err) == 0);
+        CHECK(gen_generate(&g, &lots, gcol_piece, &out[mode][3], &st, &err) == 0);
+        if (mode) CHECK(strstr(st.json, "\"tokens_per_forward\":") != NULL);
+        gen_free(&g);
+    }
+    for (int k = 0; k < 4; k++)
+        CHECK_MSG(out[0][k].n == out[1][k].n && !memcmp(out[0][k].ids, out[1][k].ids, sizeof(int32_t) * (size_t)out[0][k].n),
+                  "turn %d: %d tokens with drafting vs %d without, or other tokens", k, out[1][k].n, out[0][k].n);
+    tok_free(tok);
+    petrel_engine_close(e);
 }
