@@ -25,6 +25,13 @@ int cli_parse_count_msg(const char *s, long lo, long hi, long *out, char *why, s
 int cli_parse_size_msg(const char *s, uint64_t lo, uint64_t hi, uint64_t *out, char *why, size_t whysz);
 int cli_opt_count(const char *cmd, const char *flag, const char *v, long lo, long hi, long *out);
 int cli_opt_size(const char *cmd, const char *flag, const char *v, uint64_t lo, uint64_t hi, uint64_t *out);
+/* --draft VALUE: "auto" (-1, SPEC_AUTO) or 0..16; -1 with the one line printed. */
+int cli_opt_draft(const char *cmd, const char *v, int *out);
+#define CLI_DRAFT_HELP                                                                             \
+    "  --draft K|auto       speculative decoding with the model's MTP head: K drafts per step\n"   \
+    "                       (1..16), 0 = off, auto = a cost model picks K per step (0 included)\n"\
+    "  --stats              print one JSON line on stderr at the end: tokens, forwards,\n"         \
+    "                       tokens_per_forward, acceptance_by_position, steps and ms by K\n"
 /* Short forms without the message: 0 or -1. cli_parse_size allows 0..CLI_SIZE_MAX. */
 int cli_parse_size(const char *s, uint64_t *out);
 int cli_parse_int(const char *s, long lo, long hi, long *out);
@@ -93,6 +100,18 @@ CLI_CMD(run); CLI_CMD(chat);
 CLI_CMD(convert); CLI_CMD(synth); CLI_CMD(bench);
 CLI_CMD(perplexity);
 CLI_CMD(plan);
+
+/* petrel bench --draft (cli/bench_draft.c): decode with and without drafting, alternating. */
+typedef struct bench_draft_opts {
+    int draft;          /* 1..16 or -1 (auto) */
+    double oracle;      /* --oracle-accept P, 0: off */
+    long prompt, tokens, rounds;
+    int batch;          /* sessions per step (0/1: one) */
+    const char *golden; /* prompts from a golden.safetensors, or NULL: random prompts */
+    int json;
+} bench_draft_opts;
+struct petrel_engine;
+int bench_draft(struct petrel_engine *eng, const bench_draft_opts *o);
 
 /* Quant options of convert and synth (--quant, --experts, --attention, --dense, --embed, --mtp)
  * into a convert_opts (src/io/convert.h): 1 consumed, 0 not one, -1 bad value (printed). */

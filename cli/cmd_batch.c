@@ -15,6 +15,9 @@
 
 #include "cli.h"
 #include "model/config.h"
+#include "model/engine.h"
+#include "runtime/sampler.h"
+#include "runtime/spec.h"
 #include "text/tokenizer.h"
 
 static const char *usage =
@@ -32,6 +35,11 @@ static const char *usage =
     "  --max-batch B        sessions generating at once (default 8)\n"
     "  --max-rows R         rows per forward pass (default 512)\n"
     "  --stop-at-eos        stop a prompt after the model's eos id, as generate --stop-at-eos\n"
+    "  --draft K|auto       speculative decoding with the MTP head (default 0 = off): each session\n"
+    "                       drafts K tokens and verifies its own window of K + 1 rows inside the\n"
+    "                       same batch forward; the ids are the same. Prompts are then read one\n"
+    "                       session at a time as they are admitted (not mixed into decode batches)\n"
+    "  --stats              one JSON line on stderr at the end (tokens, forwards, acceptance, ...)\n"
     "A bad line fails that prompt (a line on stderr naming it); the others still run; the exit\n"
     "status is then 1.\n" CLI_MODEL_OPTS_HELP;
 
@@ -39,6 +47,9 @@ typedef struct job {
     int32_t *ids;       /* owned: prompt then generated ids */
     int n_prompt, n_out, fed, failed, done;
     petrel_session *s;  /* owned while running */
+    sampler smp;        /* --draft: greedy, and the timeline */
+    spec_seq q;
+    int have_q;
 } job;
 
 /* Reads FILE into lines (owned copies, without the newline; a final newline ends the last
@@ -105,7 +116,8 @@ CLI_CMD(batch) {
     cli_model_opts mo = {0};
     const char *prompts = NULL, *tok_opt = NULL;
     long ngen = 16, max_batch = 8, max_rows = 512;
-    int text = 0, stop_eos = 0;
+    int text = 0, stop_eos = 0, stats = 0;
+    spec_params dp = {.draft = 0};
     for (int i = 1; i < argc; i++) {
         int r = cli_model_opt(argc, argv, &i, &mo);
         if (r < 0) return 1;
@@ -113,6 +125,8 @@ CLI_CMD(batch) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { fputs(usage, stdout); return 0; }
         else if (!strcmp(argv[i], "--text")) text = 1;
         else if (!strcmp(argv[i], "--stop-at-eos")) stop_eos = 1;
+        else if (!strcmp(argv[i], "--stats")) stats = 1;
+        else if (!strcmp(argv[i], "--draft") && i + 1 < argc) { if (cli_opt_draft("batch", argv[++i], &dp.draft)) return 1; }
         else if (!strcmp(argv[i], "--prompts") && i + 1 < argc) prompts = argv[++i];
         else if (!strcmp(argv[i], "--tokenizer") && i + 1 < argc) tok_opt = argv[++i];
         else if (!strcmp(argv[i], "-n") && i + 1 < argc) {
@@ -176,6 +190,16 @@ CLI_CMD(batch) {
         if (ngen == 0) j->done = 1;
     }
     petrel_batch *b = NULL;
+    spec_ctx *sc = NULL;
+    if (!rc && spec_check(eng, &dp, &err)) rc = cli_fail_err("batch", &err);
+    if (!rc) dp.draft = spec_effective_draft(eng, dp.draft);
+    if (!rc && dp.draft != 0 && max_batch > 64) rc = cli_fail("batch: --draft: at most 64 sessions at once (--max-batch)");
+    if (!rc && dp.draft != 0 && spec_create(eng, &dp, (int)max_batch, &sc, &err)) rc = cli_fail_err("batch", &err);
+    sampler_params gp;
+    sampler_params_default(&gp);
+    gp.temperature = 0;
+    gp.penalty_last_n = 0;
+    long n_forwards = 0;
     if (!rc && petrel_batch_create(eng, (int)max_rows, &b, &err)) rc = cli_fail_err("batch", &err);
     petrel_row *rows = rc ? NULL : malloc(sizeof(petrel_row) * (size_t)max_rows);
     int *owner = rc ? NULL : malloc(sizeof(int) * (size_t)max_rows);
@@ -193,6 +217,24 @@ CLI_CMD(batch) {
                 j->failed = any_failed = 1;
                 next++;
                 continue;
+            }
+            if (sc) { /* drafting: the prompt alone, then the first token */
+                int32_t first = 0;
+                int e2 = sampler_init(&j->smp, &gp, V, &err);
+                if (!e2) e2 = spec_seq_init(&j->q, sc, j->s, &j->smp, NULL, 0, &err);
+                j->have_q = !e2;
+                if (!e2) e2 = spec_feed(&j->q, j->ids, j->n_prompt, lg, &err);
+                if (e2) {
+                    fprintf(stderr, "petrel batch: line %d (index %d): %s\n", next + 1, next, err.msg);
+                    j->failed = any_failed = 1;
+                    next++;
+                    continue;
+                }
+                first = argmax(lg, V);
+                j->fed = j->n_prompt;
+                j->ids[j->n_prompt + j->n_out++] = first;
+                if (j->n_out == ngen || (stop_eos && config_is_eos(cfg, first))) j->done = 1;
+                else spec_set_token(&j->q, first);
             }
             active[n_active++] = next++;
         }
@@ -223,6 +265,38 @@ CLI_CMD(batch) {
             printed++;
         }
         if (!n_active) break;
+        if (sc) { /* one speculative step: every active session's window in one forward */
+            spec_seq *run[64];
+            int m = 0;
+            for (int a = 0; a < n_active; a++) {
+                job *j = &jobs[active[a]];
+                if (j->done) continue;
+                j->q.limit = (int)(ngen - j->n_out);
+                run[m++] = &j->q;
+            }
+            if (m && spec_step(sc, run, m, &err)) { rc = cli_fail_err("batch", &err); break; }
+            if (m) n_forwards++;
+            for (int a = 0; a < n_active; a++) {
+                job *j = &jobs[active[a]];
+                for (int k = 0; !j->done && k < j->q.nout; k++) {
+                    int32_t t = j->q.out[k];
+                    j->ids[j->n_prompt + j->n_out++] = t;
+                    if (j->n_out == ngen || (stop_eos && config_is_eos(cfg, t))) j->done = 1;
+                }
+                if (!j->done && j->q.nout) spec_set_token(&j->q, j->q.out[j->q.nout - 1]);
+                j->q.nout = 0;
+            }
+            for (int a = 0; a < n_active;) {
+                job *j = &jobs[active[a]];
+                if (j->done) {
+                    if (j->have_q) spec_seq_free(&j->q), sampler_free(&j->smp), j->have_q = 0;
+                    petrel_session_free(j->s);
+                    j->s = NULL;
+                    active[a] = active[--n_active];
+                } else a++;
+            }
+            continue;
+        }
         /* one forward: a decode row per generating session, then prompt chunks */
         int n = 0;
         for (int pass = 0; pass < 2; pass++)
@@ -243,6 +317,7 @@ CLI_CMD(batch) {
                 }
             }
         if (petrel_batch_forward(b, rows, n, lg, &err)) { rc = cli_fail_err("batch", &err); break; }
+        n_forwards++;
         int li = 0;
         for (int r = 0; r < n; r++) {
             job *j = &jobs[owner[r]];
@@ -261,7 +336,14 @@ CLI_CMD(batch) {
             } else a++;
         }
     }
+    if (!rc && stats) {
+        char js[2048];
+        if (sc) spec_stats_json(sc, js, sizeof js);
+        else snprintf(js, sizeof js, "{\"draft\":0,\"forwards\":%ld,\"acceptance_by_position\":[]}", n_forwards);
+        fprintf(stderr, "%s\n", js);
+    }
     for (int i = 0; jobs && i < nl; i++) {
+        if (jobs[i].have_q) spec_seq_free(&jobs[i].q), sampler_free(&jobs[i].smp);
         petrel_session_free(jobs[i].s);
         free(jobs[i].ids);
     }
@@ -273,6 +355,7 @@ CLI_CMD(batch) {
     free(lg);
     free(active);
     petrel_batch_free(b);
+    spec_free(sc);
     rc = eng ? cli_engine_close("batch", eng, rc) : rc; /* writes --trace-out */
     tok_free(tok);
     if (!rc && fflush(stdout)) rc = cli_fail("batch: cannot write the results to stdout");

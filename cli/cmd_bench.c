@@ -51,6 +51,14 @@ static const char *usage =
     "  the SSD read bandwidth of the same run (the better of an O_DIRECT probe and the store's own\n"
     "  reads during decode), and decode_floor_ratio = decode time / max(needed SSD bytes per\n"
     "  token / SSD bandwidth, bytes per token / memory bandwidth).\n"
+    "  --draft K|auto   decode with and without speculative drafting (K drafts per step, or the\n"
+    "                   cost model), alternating over --rounds R (default 3) of --steps tokens per\n"
+    "                   prompt; with --golden FILE its prompts, else random ones of --prompt tokens;\n"
+    "                   with --batch B, B sessions per step; reports both tok/s and their ratio,\n"
+    "                   tokens per verify, acceptance by position, ms per step by draft count\n"
+    "  --oracle-accept P with --draft: accept each draft with probability P instead of checking it\n"
+    "                   (random-weight slices, whose MTP agrees with nothing: the verify cost of\n"
+    "                   real shapes at a given acceptance; the tokens are then not the model's)\n"
     "  --golden FILE    quality instead of speed: run every prompt_N.ids of a golden.safetensors and\n"
     "                   compare with its prompt_N.logits (relative L2 error, top-1 agreement, KL)\n" CLI_MODEL_OPTS_HELP;
 
@@ -537,7 +545,9 @@ CLI_CMD(bench) {
     cli_model_opts mo = {0};
     int json = 0;
     const char *golden = NULL, *trace = NULL, *route = NULL;
-    long ctx = 0, prompt = 512, steps = 24, bw_mib = 1024, prefill_runs = 3, batch = 0;
+    long ctx = 0, prompt = 512, steps = 24, bw_mib = 1024, prefill_runs = 3, batch = 0, rounds = 3;
+    int draft_set = 0;
+    bench_draft_opts bd = {0};
     for (int i = 1; i < argc; i++) {
         int r = cli_model_opt(argc, argv, &i, &mo);
         if (r < 0) return 1;
@@ -545,6 +555,13 @@ CLI_CMD(bench) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { fputs(usage, stdout); return 0; }
         else if (!strcmp(argv[i], "--json")) json = 1;
         else if (!strcmp(argv[i], "--golden") && i + 1 < argc) golden = argv[++i];
+        else if (!strcmp(argv[i], "--draft") && i + 1 < argc) { if (cli_opt_draft("bench", argv[++i], &bd.draft)) return 1; draft_set = 1; }
+        else if (!strcmp(argv[i], "--rounds") && i + 1 < argc) { if (cli_parse_int(argv[++i], 1, 1000, &rounds)) return cli_fail("bench: --rounds: \"%s\" is not a count (1 .. 1000)", argv[i]); }
+        else if (!strcmp(argv[i], "--oracle-accept") && i + 1 < argc) {
+            char *end;
+            bd.oracle = strtod(argv[++i], &end);
+            if (*end || end == argv[i] || !(bd.oracle >= 0 && bd.oracle <= 1)) return cli_fail("bench: --oracle-accept: \"%s\" is not a probability in [0, 1]", argv[i]);
+        }
         else if (!strcmp(argv[i], "--trace") && i + 1 < argc) trace = argv[++i];
         else if (!strcmp(argv[i], "--route-trace") && i + 1 < argc) route = argv[++i];
         else if (!strcmp(argv[i], "--ctx") && i + 1 < argc) { if (cli_parse_int(argv[++i], 1, 1 << 24, &ctx)) return cli_fail("bench: bad --ctx"); }
@@ -571,7 +588,8 @@ CLI_CMD(bench) {
     if (orc) return cli_fail_err("bench", &err);
     if (route) printf("routing: every MoE layer's choices from %s (%d tokens, trace layers spread over the %d MoE layers)\n", route, eng->route->n_tokens,
                       eng->n_moe);
-    if (golden) {
+    if (draft_set && bd.draft == 0) { petrel_engine_close(eng); return cli_fail("bench: --draft 0: nothing to compare (give 1..16 or auto)"); }
+    if (golden && !draft_set) {
         int grc = bench_golden(eng, golden, json);
         return cli_engine_close("bench", eng, grc);
     }
@@ -609,6 +627,15 @@ CLI_CMD(bench) {
     }
     /* SSD bandwidth: probed before and after the timed decode (a shared disk varies); the best
      * probe is used, which gives the lowest floor and so the most conservative ratio. */
+    if (draft_set) {
+        bd.prompt = prompt;
+        bd.tokens = steps + 1;
+        bd.rounds = rounds;
+        bd.batch = (int)batch;
+        bd.golden = golden;
+        bd.json = json;
+        return cli_engine_close("bench", eng, bench_draft(eng, &bd));
+    }
     double ssd_gbs = eng->xs ? measure_ssd(eng, 16, 2ull << 30) : 0;
 
     petrel_session *s;

@@ -15,6 +15,7 @@
 #include "model/config.h"
 #include "runtime/chat.h"
 #include "runtime/generate.h"
+#include "runtime/spec.h"
 #include "runtime/sampler.h"
 #include "text/jinja.h"
 #include "text/tokenizer.h"
@@ -45,7 +46,9 @@ static const char *usage =
     "                       folder or stored in its pack)\n"
     "  --tokenizer FILE     tokenizer.json, or a pack holding one (default: the model's own,\n"
     "                       DIR/tokenizer.json or the copy stored in its pack)\n"
-    "With -v, stderr also gets per-turn token counts, cache reuse and speed.\n" CLI_SAMPLING_OPTS_HELP
+    "With -v, stderr also gets per-turn token counts, cache reuse and speed.\n"
+    "  --draft K|auto       speculative decoding with the MTP head: K drafts per step (1..16),\n"
+    "                       0 = off, auto (the default on a model with an MTP layer) = a cost model\n" CLI_SAMPLING_OPTS_HELP
     CLI_MODEL_OPTS_HELP
     "The bundled tests/data/tiny model has random weights: its replies are gibberish by design.\n";
 
@@ -207,6 +210,7 @@ CLI_CMD(chat) {
     const char *tok_opt = NULL, *tmpl_path = NULL, *system = NULL, *session = NULL;
     long ngen = -1, ctx_opt = 4096;
     int think = 1, hide = 0, verbose = 0, seed_set = 0;
+    spec_params dp = {.draft = SPEC_AUTO};
     for (int i = 1; i < argc; i++) {
         int r = cli_model_opt(argc, argv, &i, &mo);
         if (r == 0) r = cli_sampling_opt("chat", argc, argv, &i, &sp, &seed_set);
@@ -218,6 +222,7 @@ CLI_CMD(chat) {
         else if (!strcmp(a, "--no-think")) think = 0;
         else if (!strcmp(a, "--hide-thinking")) hide = 1;
         else if (!strcmp(a, "--session") && i + 1 < argc) session = argv[++i];
+        else if (!strcmp(a, "--draft") && has) { if (cli_opt_draft("chat", argv[++i], &dp.draft)) return 1; }
         else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) verbose = 1;
         else if (!strcmp(a, "--tokenizer") && has) tok_opt = argv[++i];
         else if (!strcmp(a, "--template") && has) tmpl_path = argv[++i];
@@ -230,6 +235,10 @@ CLI_CMD(chat) {
     }
     if (mo.open.verbose) verbose = 1; /* cli_model_opt takes -v / --verbose (engine load plan too) */
     if (!mo.model) return cli_fail("chat: --model is required");
+    /* the cost model's choices follow the clock and change which draws a step makes: seeded
+     * sampling stays reproducible by not drafting unless asked to (greedy output never depends
+     * on the drafts) */
+    if (dp.draft == SPEC_AUTO && seed_set && sp.temperature > 0 && sp.top_k != 1) dp.draft = 0;
     if (!seed_set) sp.seed = cli_random_seed();
     char tbuf[4096];
     const char *tok_path = cli_tokenizer_path("chat", tok_opt, mo.model, tbuf, sizeof tbuf);
@@ -256,6 +265,7 @@ CLI_CMD(chat) {
     int ctx = ctx_opt < maxpos ? (int)ctx_opt : maxpos;
     if (gen_init(&g, eng, tok, ctx, &sp, &err) < 0) { rc = cli_fail_err("chat", &err); goto done; }
     have_gen = 1;
+    if (gen_enable_spec(&g, &dp, &err) < 0) { rc = cli_fail_err("chat", &err); goto done; }
     cli_progress pg = {.verbose = verbose};
     petrel_session_set_progress(g.s, cli_progress_fn, &pg);
     int32_t stops[3];

@@ -20,6 +20,7 @@
 #include "runtime/chat.h"
 #include "runtime/generate.h"
 #include "runtime/sampler.h"
+#include "runtime/spec.h"
 #include "text/jinja.h"
 #include "text/tokenizer.h"
 
@@ -46,7 +47,9 @@ static const char *usage =
     "                       folder or stored in its pack)\n"
     "  --tokenizer FILE     tokenizer.json, or a pack holding one (default: the model's own,\n"
     "                       DIR/tokenizer.json or the copy stored in its pack)\n"
-    "With -v, stderr also gets the seed, prompt size, speed and stop reason.\n" CLI_SAMPLING_OPTS_HELP
+    "With -v, stderr also gets the seed, prompt size, speed and stop reason.\n" CLI_DRAFT_HELP
+    "                       (default auto on a model with an MTP layer; with --seed and\n"
+    "                       sampling, off unless given: the output stays reproducible)\n" CLI_SAMPLING_OPTS_HELP
     CLI_MODEL_OPTS_HELP
     "The bundled tests/data/tiny model has random weights: its text is gibberish by design.\n";
 
@@ -207,7 +210,8 @@ CLI_CMD(run) {
     sampler_params_default(&sp);
     const char *prompt = NULL, *tok_opt = NULL, *tmpl_path = NULL, *system = NULL, *session = NULL;
     long ngen = 128;
-    int chat = 0, think = 1, verbose = 0, seed_set = 0;
+    int chat = 0, think = 1, verbose = 0, seed_set = 0, stats = 0;
+    spec_params dp = {.draft = SPEC_AUTO};
     for (int i = 1; i < argc; i++) {
         int r = cli_model_opt(argc, argv, &i, &mo);
         if (r == 0) r = cli_sampling_opt("run", argc, argv, &i, &sp, &seed_set);
@@ -219,6 +223,8 @@ CLI_CMD(run) {
         else if (!strcmp(a, "--raw")) chat = 0;
         else if (!strcmp(a, "--chat")) chat = 1;
         else if (!strcmp(a, "--no-think")) think = 0;
+        else if (!strcmp(a, "--stats")) stats = 1;
+        else if (!strcmp(a, "--draft") && has) { if (cli_opt_draft("run", argv[++i], &dp.draft)) return 1; }
         else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) verbose = 1;
         else if ((!strcmp(a, "-p") || !strcmp(a, "--prompt")) && has) prompt = argv[++i];
         else if (!strcmp(a, "--tokenizer") && has) tok_opt = argv[++i];
@@ -234,6 +240,10 @@ CLI_CMD(run) {
     if (!prompt) return cli_fail("run: -p TEXT is required (the prompt)");
     petrel_error serr = {0};
     if (session && pt_out_check(session, mo.model, &serr) < 0) return cli_fail("run: --session: %s", serr.msg); /* before the work */
+    /* the cost model's choices follow the clock and change which draws a step makes: seeded
+     * sampling stays reproducible by not drafting unless asked to (greedy output never depends
+     * on the drafts) */
+    if (dp.draft == SPEC_AUTO && seed_set && sp.temperature > 0 && sp.top_k != 1) dp.draft = 0;
     if (!seed_set) sp.seed = cli_random_seed();
     char tbuf[4096];
     const char *tok_path = cli_tokenizer_path("run", tok_opt, mo.model, tbuf, sizeof tbuf);
@@ -265,7 +275,7 @@ CLI_CMD(run) {
             if ((stops[n_stop] = tok_token_to_id(tok, stop_names[k])) >= 0) n_stop++;
         cli_progress pg = {.verbose = verbose};
         gen_opts go = {.max_tokens = (int)ngen, .stop_ids = stops, .n_stop = n_stop, .progress = cli_progress_fn, .progress_user = &pg,
-                       .session = session};
+                       .session = session, .spec = &dp};
         gen_stats st = {0};
         run_out o = {0};
         if (generate_text(eng, tok, prompt, plen, &sp, &go, on_piece, &o, &st, &err) < 0) rc = cli_fail_err("run", &err);
@@ -275,6 +285,7 @@ CLI_CMD(run) {
             fflush(stdout);
             if (st.stop == GEN_STOP_CONTEXT)
                 fprintf(stderr, "petrel run: stopped: the context is full (%d prompt + %d generated tokens)\n", st.n_prompt, st.n_gen);
+            if (stats) fprintf(stderr, "%s\n", st.json);
             if (verbose) {
                 fprintf(stderr, "petrel run: prompt %d tokens in %.3f s (%.1f tok/s); generated %d tokens in %.3f s (%.2f tok/s); stop: %s\n",
                         st.n_prompt, st.prompt_s, st.prompt_s > 0 ? st.n_prompt / st.prompt_s : 0.0, st.n_gen, st.gen_s,

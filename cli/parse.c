@@ -131,3 +131,19 @@ int cli_parse_size(const char *s, uint64_t *out) {
     char why[300];
     return cli_parse_size_msg(s, 0, CLI_SIZE_MAX, out, why, sizeof why);
 }
+
+int cli_opt_draft(const char *cmd, const char *v, int *out) {
+    if (v && !strcmp(v, "auto")) {
+        *out = -1; /* SPEC_AUTO */
+        return 0;
+    }
+    long n = 0;
+    char why[160];
+    /* a '-' is taken as digits here so that "-1" reads as out of range, not as "not a number" */
+    if (cli_parse_count_msg(v, -1000000, 1000000, &n, why, sizeof why) || n < 0 || n > 16) {
+        cli_fail("%s: --draft: \"%s\" is out of range: want 0..16 (drafts per step; 0 = off) or auto", cmd, v ? v : "");
+        return -1;
+    }
+    *out = (int)n;
+    return 0;
+}

@@ -62,6 +62,10 @@ void petrel_batch_free(petrel_batch *b) {
 }
 
 int petrel_batch_forward(petrel_batch *b, const petrel_row *rows, int n, float *logits, petrel_error *err) {
+    return batch_forward_h(b, rows, n, logits, NULL, err);
+}
+
+int batch_forward_h(petrel_batch *b, const petrel_row *rows, int n, float *logits, float *hidden, petrel_error *err) {
     petrel_engine *e = b->eng;
     const petrel_config *c = &e->cfg;
     if (n <= 0) return pt_err(err, PETREL_EINVAL, "empty batch: no rows to run");
@@ -99,7 +103,32 @@ int petrel_batch_forward(petrel_batch *b, const petrel_row *rows, int n, float *
     }
     if (e->trace && (nseg > 1 || n > e->chunk))
         return pt_err(err, PETREL_EINVAL, "while recording a routing trace (--trace-out) a batch holds one session's rows, at most %d", e->chunk);
-    return fwd_rows(&b->scr, b->seg, nseg, b->ids, n, logits, b->lrows, nlog, err);
+    return fwd_rows_h(&b->scr, b->seg, nseg, b->ids, n, logits, b->lrows, nlog, hidden, err);
+}
+
+int batch_mtp(petrel_batch *b, const petrel_row *rows, int n, const float *hidden, float *logits, float *hout, petrel_error *err) {
+    petrel_engine *e = b->eng;
+    if (n <= 0) return pt_err(err, PETREL_EINVAL, "empty MTP batch");
+    if (n > b->max_rows) return pt_err(err, PETREL_EINVAL, "MTP batch of %d rows exceeds its capacity of %d", n, b->max_rows);
+    int nseg = 0, nlog = 0;
+    for (int r = 0; r < n; r++) {
+        petrel_session *s = rows[r].session;
+        if (!s || s->eng != e) return pt_err(err, PETREL_EINVAL, "MTP row %d: no session, or a session of another engine", r);
+        if (nseg && b->seg[nseg - 1].s == s) b->seg[nseg - 1].n++;
+        else {
+            for (int g = 0; g < nseg; g++)
+                if (b->seg[g].s == s) return pt_err(err, PETREL_EINVAL, "MTP row %d: a session's rows must be consecutive", r);
+            b->seg[nseg++] = (fwd_seg){s, r, 1};
+        }
+        b->ids[r] = rows[r].token;
+        if (rows[r].want_logits) b->lrows[nlog++] = r;
+    }
+    for (int g = 0; g < nseg; g++) {
+        if (b->seg[g].n > b->seg[g].s->max_batch)
+            return pt_err(err, PETREL_EINVAL, "MTP row %d: %d rows of one session exceed its chunk of %d", b->seg[g].r0, b->seg[g].n, b->seg[g].s->max_batch);
+        b->seg[g].s->ar.used = 0;
+    }
+    return fwd_mtp_h(&b->scr, b->seg, nseg, b->ids, hidden, n, logits, b->lrows, nlog, hout, err);
 }
 
 const fwd_stats *batch_stats(const petrel_batch *b) { return &b->scr.stats; }

@@ -342,3 +342,23 @@ int petrel_session_truncate(petrel_session *s, int n_past, petrel_error *err) {
     return 0;
 }
 
+void session_mtp_truncate(petrel_session *s, int n) {
+    if (n >= 0 && s->mtp_len > n) s->mtp_len = n;
+    if (n >= 0 && s->kv->mtp_len > n) s->kv->mtp_len = n; /* the pages stay: the next rows overwrite them */
+}
+
+int session_mtp_skip(petrel_session *s, int n, petrel_error *err) {
+    const petrel_config *c = &s->eng->cfg;
+    int L = c->num_hidden_layers;
+    if (s->n_layers <= L) return pt_err(err, PETREL_EINVAL, "session has no MTP cache");
+    if (n > s->cap || n > s->len + 1) return pt_err(err, PETREL_EINVAL, "MTP rows up to %d skipped past the session's %d positions", n, s->len);
+    static const float zeros[8192];
+    if (c->kv_lora_rank > 8192 || c->qk_rope_head_dim > 8192) return pt_err(err, PETREL_EUNSUPPORTED, "MTP skip: kv_lora_rank %d too wide", c->kv_lora_rank);
+    if (n <= s->mtp_len) return 0;
+    PT_TRY(kv_seq_reserve(s->kv, s->mtp_len, n, err));
+    for (int i = s->mtp_len; i < n; i++) PT_TRY(kv_write(s->kv, L, i, zeros, zeros, err)); /* rows never attended as real ones */
+    PT_TRY(kv_seq_mtp_advance(s->kv, n - s->mtp_len, err));
+    s->mtp_len = n;
+    return 0;
+}
+

@@ -173,6 +173,16 @@ typedef struct fwd_seg {
  * Appends every row to its session (len += n) on success; on failure no length changes. */
 int fwd_rows(petrel_session *scr, const fwd_seg *seg, int nseg, const int32_t *ids, int T, float *logits,
              const int32_t *lrows, int nlog, petrel_error *err);
+/* fwd_rows that also writes every row's final-normed hidden state into hidden [T][H] (NULL:
+ * none): the MTP head's input for speculative decoding (src/runtime/spec.c). */
+int fwd_rows_h(petrel_session *scr, const fwd_seg *seg, int nseg, const int32_t *ids, int T, float *logits,
+               const int32_t *lrows, int nlog, float *hidden, petrel_error *err);
+/* petrel_session_forward that writes each chunk's final-normed hidden states into hidden
+ * [session_span_rows][H] and then calls fn(user, hidden, done, T) with the chunk's first id's
+ * index and its row count (a failure from fn fails the call, truncating the session back). */
+int session_forward_h(petrel_session *s, const int32_t *ids, int n, float *logits, int all_logits, float *hidden,
+                      int (*fn)(void *user, const float *hidden, int done, int T, petrel_error *err), void *user, petrel_error *err);
+int session_span_rows(const petrel_session *s);
 /* Timings accumulated by a batch's forwards (petrel bench --batch). */
 const fwd_stats *batch_stats(const petrel_batch *b);
 /* The MTP (NextN) head over rows of segments through the same attention and MoE code as the
@@ -182,6 +192,23 @@ const fwd_stats *batch_stats(const petrel_batch *b);
  * layer, shared_head.norm and lm_head into logits [T][V]. Appends to the MTP caches. */
 int fwd_mtp(petrel_session *scr, const fwd_seg *seg, int nseg, const int32_t *next, const float *hidden, int T, float *logits,
             petrel_error *err);
+/* fwd_mtp with logits only for rows lrows[0..nlog) (ascending; lrows NULL: every row) into
+ * logits [nlog][V], and the decoder layer's output before shared_head.norm of every row into
+ * hout [T][H] (NULL: none), which a chained draft takes as its hidden input. */
+int fwd_mtp_h(petrel_session *scr, const fwd_seg *seg, int nseg, const int32_t *next, const float *hidden, int T, float *logits,
+              const int32_t *lrows, int nlog, float *hout, petrel_error *err);
+/* The MTP cache for speculative decoding (engine.c): session_mtp_truncate drops MTP rows >= n
+ * (drafted rows whose hidden was the MTP's own); session_mtp_skip fills rows mtp_len..n-1 whose
+ * main hidden state is not at hand (drafting was off) with zero latents, so that later rows
+ * attend to them as keys of score 0 and value 0, and sets mtp_len = n (n <= s->len + 1). */
+void session_mtp_truncate(petrel_session *s, int n);
+int session_mtp_skip(petrel_session *s, int n, petrel_error *err);
+/* petrel_batch_forward that also writes every row's final-normed hidden state into hidden
+ * [n][H] (NULL: none); batch_mtp runs the MTP head over rows of many sessions with the batch's
+ * scratch: row r is (session, next token t[i+1], want_logits) at the session's next MTP position,
+ * hidden [n][H] its main hidden state; logits [rows with want_logits][V], hout [n][H] (or NULL). */
+int batch_forward_h(petrel_batch *b, const petrel_row *rows, int n, float *logits, float *hidden, petrel_error *err);
+int batch_mtp(petrel_batch *b, const petrel_row *rows, int n, const float *hidden, float *logits, float *hout, petrel_error *err);
 /* One session's rows ids[0..T) at positions s->len.. (the one-segment fwd_rows); logits [T][V]
  * for rows from logits_from on (or NULL). T <= max_batch, or up to pf.rows (a span). */
 int fwd_batch(petrel_session *s, const int32_t *ids, int T, float *logits, int logits_from, petrel_error *err);

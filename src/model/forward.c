@@ -106,6 +106,11 @@ int attn_segs(petrel_session *scr, int l, const layer_w *lw, float *h, const flo
 
 int fwd_rows(petrel_session *scr, const fwd_seg *seg, int nseg, const int32_t *ids, int T, float *logits,
              const int32_t *lrows, int nlog, petrel_error *err) {
+    return fwd_rows_h(scr, seg, nseg, ids, T, logits, lrows, nlog, NULL, err);
+}
+
+int fwd_rows_h(petrel_session *scr, const fwd_seg *seg, int nseg, const int32_t *ids, int T, float *logits,
+               const int32_t *lrows, int nlog, float *hidden, petrel_error *err) {
     const petrel_engine *e = scr->eng;
     const petrel_config *c = &e->cfg;
     const model_w *w = &e->w;
@@ -203,6 +208,8 @@ int fwd_rows(petrel_session *scr, const fwd_seg *seg, int nseg, const int32_t *i
     t0 = pt_now_ns();
     if (tr && tr->hidden)
         for (int r = 0; r < T; r++) op_rmsnorm(tr->hidden + ((size_t)L * T + r) * H, h + (size_t)r * H, w->norm, H, c->rms_norm_eps);
+    if (hidden) /* every row's final-normed state (the MTP head's input; speculative decoding) */
+        for (int r = 0; r < T; r++) op_rmsnorm(hidden + (size_t)r * H, h + (size_t)r * H, w->norm, H, c->rms_norm_eps);
     for (int i0 = 0; logits && i0 < nlog; i0 += C) { /* the head over the rows that want logits */
         int n = nlog - i0 < C ? nlog - i0 : C;
         float *xl;
@@ -228,6 +235,11 @@ int fwd_rows(petrel_session *scr, const fwd_seg *seg, int nseg, const int32_t *i
 
 int fwd_mtp(petrel_session *scr, const fwd_seg *seg, int nseg, const int32_t *next, const float *hidden, int T, float *logits,
             petrel_error *err) {
+    return fwd_mtp_h(scr, seg, nseg, next, hidden, T, logits, NULL, T, NULL, err);
+}
+
+int fwd_mtp_h(petrel_session *scr, const fwd_seg *seg, int nseg, const int32_t *next, const float *hidden, int T, float *logits,
+              const int32_t *lrows, int nlog, float *hout, petrel_error *err) {
     const petrel_engine *e = scr->eng;
     const petrel_config *c = &e->cfg;
     const model_w *w = &e->w;
@@ -283,8 +295,11 @@ int fwd_mtp(petrel_session *scr, const fwd_seg *seg, int nseg, const int32_t *ne
     }
     if (rc) return rc;
     for (int i = 0; i < T * H; i++) h[i] += b.y[i];
-    for (int r = 0; r < T; r++) op_rmsnorm(b.x + (size_t)r * H, h + (size_t)r * H, w->shared_head_norm, H, c->rms_norm_eps);
-    if (logits) kt_matmul(&e->kt, &w->lm_head, b.x, T, logits);
+    if (hout) memcpy(hout, h, sizeof(float) * (size_t)T * H); /* the layer's output before shared_head.norm: a chained draft's hidden */
+    if (!lrows) nlog = T;
+    for (int i = 0; i < nlog; i++) /* the rows that want logits, in order (lrows ascending; NULL: all) */
+        op_rmsnorm(b.x + (size_t)i * H, h + (size_t)(lrows ? lrows[i] : i) * H, w->shared_head_norm, H, c->rms_norm_eps);
+    if (logits && nlog > 0) kt_matmul(&e->kt, &w->lm_head, b.x, nlog, logits);
     return 0;
 }
 
@@ -299,6 +314,15 @@ void petrel_session_set_progress(petrel_session *s, petrel_progress_fn fn, void 
 }
 
 int petrel_session_forward(petrel_session *s, const int32_t *ids, int n, float *logits, int all_logits, petrel_error *err) {
+    return session_forward_h(s, ids, n, logits, all_logits, NULL, NULL, NULL, err);
+}
+
+int session_span_rows(const petrel_session *s) {
+    return s->pf.rows > s->max_batch && !s->trace && !s->eng->trace ? s->pf.rows : s->max_batch;
+}
+
+int session_forward_h(petrel_session *s, const int32_t *ids, int n, float *logits, int all_logits, float *hidden,
+                      int (*fn)(void *user, const float *hidden, int done, int T, petrel_error *err), void *user, petrel_error *err) {
     const petrel_config *c = &s->eng->cfg;
     if (n <= 0) return pt_err(err, PETREL_EINVAL, "empty prompt: nothing to run");
     for (int i = 0; i < n; i++)
@@ -315,7 +339,7 @@ int petrel_session_forward(petrel_session *s, const int32_t *ids, int n, float *
     int start = s->len;
     /* streaming prefill longer than a chunk: layer-major spans of up to pf.rows rows (not while
      * recording a trace, which follows the chunks) */
-    int span = s->pf.rows > s->max_batch && !s->trace && !s->eng->trace ? s->pf.rows : s->max_batch;
+    int span = session_span_rows(s);
     s->pg_total = (long long)n * c->num_hidden_layers;
     s->pg_done = 0;
     for (int done = 0; done < n;) {
@@ -325,7 +349,9 @@ int petrel_session_forward(petrel_session *s, const int32_t *ids, int n, float *
         int from = T;
         if (logits && all_logits) { lg = logits + (size_t)done * c->vocab_size; from = 0; }
         else if (logits && last) { lg = logits; from = T - 1; }
-        int rc = fwd_batch(s, ids + done, T, lg, from, err);
+        fwd_seg one = {s, 0, T};
+        int rc = fwd_rows_h(s, &one, 1, ids + done, T, lg && from < T ? lg : NULL, NULL, T - from, hidden, err);
+        if (rc == 0 && fn) rc = fn(user, hidden, done, T, err);
         if (rc < 0) {
             s->len = start;
             return rc;

@@ -17,6 +17,7 @@
 
 #include "petrel.h"
 #include "runtime/sampler.h"
+#include "runtime/spec.h"
 #include "text/tokenizer.h"
 
 typedef enum {
@@ -37,6 +38,8 @@ typedef struct gen_opts {
     const char *session;      /* generate_text: load the session from this file first when it
                                  exists (the prompt then reuses its cached prefix), save it at
                                  the end; NULL: none */
+    const spec_params *spec;  /* generate_text: speculative decoding (NULL or draft 0: off;
+                                 SPEC_AUTO on a model without an MTP layer: off) */
 } gen_opts;
 
 typedef struct gen_stats {
@@ -46,6 +49,9 @@ typedef struct gen_stats {
     gen_stop stop;
     int32_t stop_id;    /* the eos id sampled, when stop == GEN_STOP_EOS, else -1 */
     double prompt_s, gen_s; /* wall time of prompt processing and of generation */
+    int n_forwards;     /* main-model forwards after the prompt (decode or verify steps) */
+    char json[2048];    /* gen_generate: the --stats line (tokens, forwards, tokens_per_forward,
+                           acceptance_by_position, ...), no newline */
 } gen_stats;
 
 /* Called per emitted token with its text (possibly empty while a character is incomplete), and
@@ -65,12 +71,18 @@ typedef struct gen_ctx {
     int32_t *masked;          /* ids never sampled (no bytes in the tokenizer) */
     int n_masked;
     sampler smp;
+    spec_ctx *spec;           /* owned, NULL unless gen_enable_spec turned drafting on */
+    spec_seq seq;             /* the session's speculative timeline, when spec */
 } gen_ctx;
 
 /* Creates the session (ctx positions) and the sampler. */
 int gen_init(gen_ctx *g, petrel_engine *eng, const tokenizer *tok, int ctx, const sampler_params *sp,
              petrel_error *err);
 void gen_free(gen_ctx *g);
+/* Speculative decoding for this context (before its first gen_prompt): p->draft 0 leaves it
+ * off, SPEC_AUTO on a model without an MTP layer too; a fixed draft count on one is refused
+ * (spec_check). */
+int gen_enable_spec(gen_ctx *g, const spec_params *p, petrel_error *err);
 /* Makes the cache hold exactly ids[0..n) with logits for the last one, reusing the common
  * prefix. The penalty window is refilled from the prompt's last ids. PETREL_ERANGE if n > ctx. */
 int gen_prompt(gen_ctx *g, const int32_t *ids, int n, gen_stats *st, petrel_error *err);

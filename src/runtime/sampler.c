@@ -102,6 +102,25 @@ void sampler_accept(sampler *s, int32_t id) {
     s->hist_pos = (s->hist_pos + 1) % W;
 }
 
+int32_t sampler_accept_undoable(sampler *s, int32_t id) {
+    int W = s->p.penalty_last_n;
+    if (W <= 0 || id < 0 || id >= s->vocab) return -2; /* nothing recorded */
+    int32_t ev = s->hist_len == W ? s->hist[s->hist_pos] : -1;
+    sampler_accept(s, id);
+    return ev;
+}
+
+void sampler_unaccept(sampler *s, int32_t evicted) {
+    int W = s->p.penalty_last_n;
+    if (evicted == -2 || W <= 0 || s->hist_len == 0) return;
+    s->hist_pos = (s->hist_pos + W - 1) % W;
+    s->counts[s->hist[s->hist_pos]]--;
+    if (evicted >= 0) {
+        s->hist[s->hist_pos] = evicted;
+        s->counts[evicted]++;
+    } else s->hist_len--;
+}
+
 void sampler_apply_penalties(sampler *s, float *logits, int vocab) {
     const sampler_params *p = &s->p;
     if (p->repeat_penalty == 1.0f && p->presence_penalty == 0.0f && p->frequency_penalty == 0.0f) return;

@@ -64,6 +64,13 @@ void sampler_reset(sampler *s, uint64_t seed);
 void sampler_clear_history(sampler *s);
 /* Adds an id to the penalty window (drops the oldest when full). Out-of-range ids are ignored. */
 void sampler_accept(sampler *s, int32_t id);
+/* sampler_accept that can be taken back (speculative drafts): returns what sampler_unaccept
+ * needs to undo it (the id it pushed out of a full window, -1 for none, -2 if nothing was
+ * recorded); undo in the reverse order of the accepts. */
+int32_t sampler_accept_undoable(sampler *s, int32_t id);
+void sampler_unaccept(sampler *s, int32_t evicted);
+/* Whether sampler_sample is a pure argmax (after penalties): no draw, no PRNG. */
+static inline int sampler_is_greedy(const sampler *s) { return s->p.temperature <= 0.0f || s->p.top_k == 1; }
 /* Steps 1-7 above: returns the chosen id (logits has `vocab` entries, the size given at init). */
 int32_t sampler_sample(sampler *s, float *logits, int vocab);
 
