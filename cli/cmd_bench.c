@@ -577,7 +577,7 @@ CLI_CMD(bench) {
     if (mo.open.mem_budget && bw_mib > 128) bw_mib = 128; /* the probe buffer counts against the budget */
     if (ctx < prompt) ctx = prompt;
     if (!mo.open.plan_context) /* the plan (KV pool, scratch) for the sessions this bench runs, whole pages each */
-        mo.open.plan_context = (int)((batch > 1 ? batch : 1) * (ctx + steps + 4 + 64));
+        mo.open.plan_context = (int)((batch + 2) * (ctx + steps + 4 + 64)); /* the timed session, a prefill run's, the batch's */
     petrel_error err = {0};
     petrel_engine *eng;
     char route_tmp[512] = "";

@@ -78,6 +78,8 @@ typedef struct petrel_open_opts {
      * does not fit in the pool fails with PETREL_ERANGE saying how many positions fit. */
     const char *kv_type;
     uint64_t kv_bytes;
+    int kv_page_positions;  /* positions per KV page, 1..4096; 0 = 64 (tests use others: one page larger
+                               than any context is the contiguous cache) */
 } petrel_open_opts;
 
 /* Opens a model folder (Hugging Face checkpoint) or file. */

@@ -274,3 +274,64 @@ TEST(session, cli_continue) {
     CHECK_EQ_INT(test_sh(cmd, o3, sizeof o3, er, sizeof er), 1);
     CHECK_EQ_INT(test_count_lines(er), 1);
 }
+
+/* Paged f32 KV is bitwise the contiguous cache (one page larger than any context) in every
+ * attention path: prefill chunks and DSA selection past index_topk, decode, batched decode rows
+ * of several sessions, the MTP head, experts streamed through a span; for pages of 64 and 5. */
+static void run_paths(petrel_engine *e, float *out, int V) {
+    petrel_error err = {0};
+    int32_t ids[120];
+    prompt_ids(ids, 120, V, 4);
+    petrel_session *a = NULL, *b = NULL;
+    CHECK(petrel_session_create(e, 200, &a, &err) == 0 && petrel_session_create(e, 200, &b, &err) == 0);
+    CHECK(petrel_session_forward(a, ids, 100, out, 1, &err) == 0); /* [100][V] */
+    CHECK(petrel_session_forward(b, ids + 7, 45, NULL, 0, &err) == 0);
+    petrel_batch *bt = NULL;
+    CHECK(petrel_batch_create(e, 8, &bt, &err) == 0);
+    float *o = out + (size_t)100 * V;
+    for (int k = 0; k < 3; k++) { /* decode rows of two sessions */
+        petrel_row rows[2] = {{a, ids[100 + k], 1}, {b, ids[110 + k], 1}};
+        CHECK(petrel_batch_forward(bt, rows, 2, o, &err) == 0);
+        o += (size_t)2 * V;
+    }
+    petrel_batch_free(bt);
+    if (e->w.has_mtp) {
+        fwd_seg one = {a, 0, 1};
+        float *hid = calloc((size_t)e->cfg.hidden_size, sizeof(float));
+        for (int i = 0; i < e->cfg.hidden_size; i++) hid[i] = (float)((i % 7) - 3) / 4.0f;
+        for (int k = 0; k < 3; k++) CHECK(fwd_mtp(a, &one, 1, ids + k, hid, 1, o + (size_t)k * V, &err) == 0);
+        free(hid);
+    }
+    petrel_session_free(a);
+    petrel_session_free(b);
+}
+
+static void check_paged(const char *model, int slots) {
+    int pages[3] = {1024, 64, 5};
+    float *res[3] = {0};
+    int V = 0;
+    for (int k = 0; k < 3; k++) {
+        petrel_open_opts o = {0};
+        o.kv_page_positions = pages[k];
+        o.expert_slots = slots;
+        petrel_engine *e = NULL;
+        petrel_error err = {0};
+        if (petrel_engine_open(model, &o, &e, &err)) {
+            test_fail(__FILE__, __LINE__, "open %s: %s", model, err.msg);
+            break;
+        }
+        V = e->cfg.vocab_size;
+        res[k] = calloc((size_t)V * 109, sizeof(float));
+        run_paths(e, res[k], V);
+        petrel_engine_close(e);
+    }
+    for (int k = 1; k < 3; k++)
+        if (res[0] && res[k]) CHECK_MSG(!memcmp(res[0], res[k], sizeof(float) * (size_t)V * 109), "%s: pages of %d differ from the contiguous cache", model, pages[k]);
+    for (int k = 0; k < 3; k++) free(res[k]);
+}
+
+TEST(session, paged_equals_contiguous) { check_paged(test_data("trained"), 0); }
+TEST(session, paged_equals_contiguous_streamed) {
+    const char *pk = test_pack_of("trained", 0);
+    if (pk) check_paged(pk, 3);
+}
