@@ -39,6 +39,8 @@ static const char *usage =
     "                   (the union of the rows' choices), bytes per step, floor ratio of the step\n"
     "  --bw-mib N       size of the bandwidth probe buffer in MiB (default 1024; 128 with --mem-budget)\n"
     "  --json           print the result as one JSON object on the last line\n"
+    "  --prefix-cache   after prefill, time a new session of the same prompt through the prefix\n"
+    "                   cache (its whole pages taken, the rest run): time to the first token's logits\n"
     "  --route-trace FILE  route every MoE layer by a recorded trace (.txt or .gz; its layers spread\n"
     "                   over the model's MoE layers, token = position mod its length) instead of the\n"
     "                   routers, and report the decode hit rate beside the offline replay of the\n"
@@ -546,7 +548,7 @@ CLI_CMD(bench) {
     int json = 0;
     const char *golden = NULL, *trace = NULL, *route = NULL;
     long ctx = 0, prompt = 512, steps = 24, bw_mib = 1024, prefill_runs = 3, batch = 0, rounds = 3;
-    int draft_set = 0;
+    int draft_set = 0, prefix_reuse = 0;
     bench_draft_opts bd = {0};
     for (int i = 1; i < argc; i++) {
         int r = cli_model_opt(argc, argv, &i, &mo);
@@ -554,6 +556,7 @@ CLI_CMD(bench) {
         if (r) continue;
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { fputs(usage, stdout); return 0; }
         else if (!strcmp(argv[i], "--json")) json = 1;
+        else if (!strcmp(argv[i], "--prefix-cache")) prefix_reuse = 1;
         else if (!strcmp(argv[i], "--golden") && i + 1 < argc) golden = argv[++i];
         else if (!strcmp(argv[i], "--draft") && i + 1 < argc) { if (cli_opt_draft("bench", argv[++i], &bd.draft)) return 1; draft_set = 1; }
         else if (!strcmp(argv[i], "--rounds") && i + 1 < argc) { if (cli_parse_int(argv[++i], 1, 1000, &rounds)) return cli_fail("bench: --rounds: \"%s\" is not a count (1 .. 1000)", argv[i]); }
@@ -678,6 +681,25 @@ CLI_CMD(bench) {
         prefill_s = pre_s[med];
         pst = pre_st[med];
         prefill_best = pre_s[order[0]];
+    }
+    double pfx_s = -1;
+    int pfx_got = 0, pfx_same = 0;
+    if (!rc && prefix_reuse) { /* the prefix cache: a new session with the same prompt takes its pages */
+        petrel_session *t = NULL;
+        float *l2 = malloc(sizeof(float) * (size_t)V);
+        if (!l2 || petrel_session_prefix_put(s, &err) < 0 || petrel_session_create(eng, (int)(ctx + 2), &t, &err)) rc = cli_fail_err("bench", &err);
+        uint64_t t0 = pt_now_ns();
+        if (!rc && (pfx_got = petrel_session_prefix_get(t, ids, (int)prompt - 1, &err)) < 0) rc = cli_fail_err("bench", &err);
+        if (!rc && petrel_session_forward(t, ids + pfx_got, (int)prompt - pfx_got, l2, 0, &err)) rc = cli_fail_err("bench", &err);
+        pfx_s = (double)(pt_now_ns() - t0) / 1e9;
+        if (!rc) pfx_same = !memcmp(lg, l2, sizeof(float) * (size_t)V);
+        if (!rc)
+            printf("prefix cache: a new session of the same %ld-token prompt took %d tokens from the cache and ran %ld: first token's logits after "
+                   "%.3f s instead of %.3f s (%.1fx), bitwise %s\n",
+                   prompt, pfx_got, prompt - pfx_got, pfx_s, prefill_s > 0 ? prefill_s : pre_s[0], pfx_s > 0 ? (prefill_s > 0 ? prefill_s : pre_s[0]) / pfx_s : 0,
+                   pfx_same ? "the same" : "DIFFERENT");
+        petrel_session_free(t);
+        free(l2);
     }
     double peak = 0, peak_int8 = 0, expert_gflops = 0, expert_peak_frac = 0;
     if (!rc) {
