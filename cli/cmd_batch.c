@@ -40,6 +40,8 @@ static const char *usage =
     "                       same batch forward; the ids are the same. Prompts are then read one\n"
     "                       session at a time as they are admitted (not mixed into decode batches)\n"
     "  --stats              one JSON line on stderr at the end (tokens, forwards, acceptance, ...)\n"
+    "Prompts that share a prefix of whole KV pages (64 tokens) with one read before take it from\n"
+    "the engine's prefix cache instead of running it again (the ids are the same).\n"
     "A bad line fails that prompt (a line on stderr naming it); the others still run; the exit\n"
     "status is then 1.\n" CLI_MODEL_OPTS_HELP;
 
@@ -207,6 +209,7 @@ CLI_CMD(batch) {
     int *active = rc ? NULL : malloc(sizeof(int) * (size_t)max_batch);
     if (!rc && (!rows || !owner || !lg || !active)) rc = cli_fail("batch: out of memory");
     int n_active = 0, next = 0, printed = 0;
+    long n_cached = 0; /* prompt tokens taken from the prefix cache */
     while (!rc) {
         /* admit prompts while there is room */
         while (n_active < max_batch && next < nl) {
@@ -235,6 +238,13 @@ CLI_CMD(batch) {
                 j->ids[j->n_prompt + j->n_out++] = first;
                 if (j->n_out == ngen || (stop_eos && config_is_eos(cfg, first))) j->done = 1;
                 else spec_set_token(&j->q, first);
+            }
+            if (!sc && ngen > 0) { /* a known prefix (a shared system prompt, an earlier line) comes from the cache */
+                int got = petrel_session_prefix_get(j->s, j->ids, j->n_prompt - 1, &err);
+                if (got > 0) {
+                    j->fed = got;
+                    n_cached += got;
+                }
             }
             active[n_active++] = next++;
         }
@@ -321,7 +331,7 @@ CLI_CMD(batch) {
         int li = 0;
         for (int r = 0; r < n; r++) {
             job *j = &jobs[owner[r]];
-            if (j->fed < j->n_prompt) j->fed++;
+            if (j->fed < j->n_prompt && ++j->fed == j->n_prompt) petrel_session_prefix_put(j->s, &(petrel_error){0}); /* a hint */
             if (!rows[r].want_logits) continue;
             int32_t best = argmax(lg + (size_t)li++ * V, V);
             j->ids[j->n_prompt + j->n_out++] = best;
@@ -339,7 +349,7 @@ CLI_CMD(batch) {
     if (!rc && stats) {
         char js[2048];
         if (sc) spec_stats_json(sc, js, sizeof js);
-        else snprintf(js, sizeof js, "{\"draft\":0,\"forwards\":%ld,\"acceptance_by_position\":[]}", n_forwards);
+        else snprintf(js, sizeof js, "{\"draft\":0,\"forwards\":%ld,\"prefix_cached_tokens\":%ld,\"acceptance_by_position\":[]}", n_forwards, n_cached);
         fprintf(stderr, "%s\n", js);
     }
     for (int i = 0; jobs && i < nl; i++) {

@@ -335,3 +335,29 @@ TEST(session, paged_equals_contiguous_streamed) {
     const char *pk = test_pack_of("trained", 0);
     if (pk) check_paged(pk, 3);
 }
+
+/* petrel batch takes a shared prefix from the prefix cache (later prompts) and prints the same ids. */
+TEST(session, batch_prefix_cache) {
+    const char *b = getenv("PETREL_BIN");
+    if (!b) {
+        test_skip("PETREL_BIN unset (make test sets it)");
+        return;
+    }
+    const char *pf = test_tmp("prefix-prompts.txt");
+    FILE *f = fopen(pf, "w");
+    if (!f) { test_fail(__FILE__, __LINE__, "cannot write %s", pf); return; }
+    for (int k = 0; k < 3; k++) {
+        for (int i = 0; i < 140; i++) fprintf(f, "%s%d", i ? "," : "", (i * 37 + 5) % 3000 + 1);
+        for (int i = 0; i < 3 + k; i++) fprintf(f, ",%d", 100 + 17 * k + i);
+        fputc('\n', f);
+    }
+    fclose(f);
+    static char cmd[4096], out[8192], er[4096];
+    snprintf(cmd, sizeof cmd, "%s batch --model %s --prompts %s -n 5 --max-batch 1 --stats", b, test_data("trained"), pf);
+    CHECK_EQ_INT(test_sh(cmd, out, sizeof out, er, sizeof er), 0);
+    CHECK_MSG(strstr(er, "\"prefix_cached_tokens\":256"), "two later prompts should take 128 cached tokens each: %s", er);
+    snprintf(cmd, sizeof cmd, "%s batch --model %s --prompts %s -n 5 --max-batch 3", b, test_data("trained"), pf);
+    static char out2[8192];
+    CHECK_EQ_INT(test_sh(cmd, out2, sizeof out2, er, sizeof er), 0);
+    CHECK_MSG(!strcmp(out, out2), "with the prefix cache: %s\nwithout: %s", out, out2);
+}
