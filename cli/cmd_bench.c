@@ -24,6 +24,7 @@
 #include "io/safetensors.h"
 #include "kernels/kernels.h"
 #include "model/engine.h"
+#include "model/plan.h"
 
 static const char *usage =
     "usage: petrel bench --model PACK|DIR [--json] [--ctx N] [--prompt N] [--steps N] [--threads N]\n"
@@ -132,56 +133,6 @@ static int cmp_double(const void *a, const void *b) {
  * 4 KiB-ahead software prefetch as the kernels where the CPU has them. (A plain malloc'd buffer
  * in 4 KiB pages read by scalar loads measured ~25 % less here, which put decode "under the
  * floor".) */
-typedef struct { const uint64_t *p; size_t n; uint64_t sum; } bwjob;
-#if defined(__x86_64__)
-#include <immintrin.h>
-__attribute__((target("avx512f"))) static uint64_t bw_sum_avx512(const uint64_t *p, size_t n) {
-    const char *c = (const char *)p;
-    size_t bytes = n * 8 / 256 * 256;
-    __m512i a = _mm512_setzero_si512(), b = a, d = a, e = a;
-    for (size_t o = 0; o < bytes; o += 256) {
-        _mm_prefetch(c + o + 4096, _MM_HINT_T0);
-        _mm_prefetch(c + o + 4096 + 128, _MM_HINT_T0);
-        a = _mm512_add_epi64(a, _mm512_loadu_si512((const void *)(c + o)));
-        b = _mm512_add_epi64(b, _mm512_loadu_si512((const void *)(c + o + 64)));
-        d = _mm512_add_epi64(d, _mm512_loadu_si512((const void *)(c + o + 128)));
-        e = _mm512_add_epi64(e, _mm512_loadu_si512((const void *)(c + o + 192)));
-    }
-    return (uint64_t)_mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_add_epi64(a, b), _mm512_add_epi64(d, e)));
-}
-#endif
-static void *bw_thread(void *a) {
-    bwjob *j = a;
-#if defined(__x86_64__)
-    if (__builtin_cpu_supports("avx512f")) {
-        j->sum = bw_sum_avx512(j->p, j->n);
-        return NULL;
-    }
-#endif
-    uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-    for (size_t i = 0; i + 4 <= j->n; i += 4) { s0 += j->p[i]; s1 += j->p[i + 1]; s2 += j->p[i + 2]; s3 += j->p[i + 3]; }
-    j->sum = s0 + s1 + s2 + s3;
-    return NULL;
-}
-/* One multi-threaded streaming read of buf[n]; GB/s. */
-static double bw_pass(const uint64_t *buf, size_t n, int threads) {
-    pthread_t th[64];
-    bwjob jobs[64];
-    if (threads > 64) threads = 64;
-    size_t per = n / (size_t)threads / 32 * 32;
-    uint64_t t0 = pt_now_ns();
-    for (int t = 0; t < threads; t++) {
-        jobs[t] = (bwjob){buf + (size_t)t * per, per, 0};
-        if (t) pthread_create(&th[t], NULL, bw_thread, &jobs[t]);
-    }
-    bw_thread(&jobs[0]);
-    for (int t = 1; t < threads; t++) pthread_join(th[t], NULL);
-    uint64_t dt = pt_now_ns() - t0;
-    volatile uint64_t sink = 0;
-    for (int t = 0; t < threads; t++) sink += jobs[t].sum;
-    (void)sink;
-    return (double)(per * (size_t)threads * 8) / (double)dt;
-}
 
 static uint64_t *bw_buffer(size_t bytes) {
     size_t n = bytes / 8;
@@ -288,7 +239,7 @@ static int bench_batch(petrel_engine *eng, int B, long ctx, long steps, uint64_t
         double g = 0;
         if (k >= 2)
             for (int rep = 0, parts = bw_mib >= 1024 ? 4 : 1; rep < 3; rep++) {
-                double v = bw_pass(bw_buf + (size_t)(rep % parts) * (bw_n / (size_t)parts), bw_n / (size_t)parts, threads);
+                double v = plan_bw_pass(bw_buf + (size_t)(rep % parts) * (bw_n / (size_t)parts), bw_n / (size_t)parts, threads);
                 if (v > g) g = v;
             }
         for (int r = 0; r < B; r++) rows[r] = (petrel_row){ss[r], tok[r], 1};
@@ -754,7 +705,7 @@ CLI_CMD(bench) {
     double *step_ms = calloc((size_t)steps, sizeof(double)), *step_bw = calloc((size_t)steps, sizeof(double)),
            *step_ratio = calloc((size_t)steps, sizeof(double));
     if (!rc && (!step_ms || !step_bw || !step_ratio || !bw_buf)) rc = cli_fail("bench: out of memory");
-    if (!rc) bw_pass(bw_buf, bw_n, threads); /* page-in */
+    if (!rc) plan_bw_pass(bw_buf, bw_n, threads); /* page-in */
     xs_stats xs0 = {0}, xs1 = {0};
     for (int k = 0; !rc && k < 2 + steps; k++) { /* ctx + 2 + steps tokens in all */
         if (k == 2) {
@@ -763,7 +714,7 @@ CLI_CMD(bench) {
         }
         if (k >= 2) /* best of 3 passes, each over a quarter of a large buffer (~5 ms a pass) */
             for (int rep = 0, parts = bw_mib >= 1024 ? 4 : 1; rep < 3; rep++) {
-                double g = bw_pass(bw_buf + (size_t)(rep % parts) * (bw_n / (size_t)parts), bw_n / (size_t)parts, threads);
+                double g = plan_bw_pass(bw_buf + (size_t)(rep % parts) * (bw_n / (size_t)parts), bw_n / (size_t)parts, threads);
                 if (g > step_bw[k - 2]) step_bw[k - 2] = g;
             }
         uint64_t ts = pt_now_ns();

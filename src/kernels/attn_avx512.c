@@ -18,6 +18,8 @@
  * Every output element is one chain in the order kernels.h defines, whatever its tile, lane or
  * task: results do not depend on M, the blocking or the threads (tests/test_kernels.c). */
 #include <immintrin.h>
+
+#include "kernels/exp512.h"
 #include <math.h>
 #include <string.h>
 
@@ -40,24 +42,6 @@ static inline float *blk_s(const at_job *j, int b) { return blk_qt(j, b) + (size
 static inline int *blk_nk(const at_job *j, int b) { return (int *)(blk_s(j, b) + (size_t)j->a->N * MB); }
 static inline int blk_m(const at_job *j, int b) { int m = j->a->M - b * MB; return m < MB ? m : MB; }
 
-/* kn_softmax's exp (actq_avx512.c exp512; kn_ref_exp is its scalar twin). */
-AI __m512 exp512(__m512 x) {
-    x = _mm512_max_ps(_mm512_set1_ps(-104.f), x);
-    x = _mm512_min_ps(_mm512_set1_ps(89.f), x);
-    __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(k, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.f / 5040.f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 720.f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120.f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24.f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6.f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-    return _mm512_scalef_ps(p, k);
-}
 
 /* ---- 0. q^T ---- */
 static void prep_task(void *ctx, int b, int thread) {

@@ -137,7 +137,7 @@ static void *bw_thread(void *a) {
     j->sum = s0 + s1 + s2 + s3;
     return NULL;
 }
-static double bw_pass(const uint64_t *buf, size_t n, int threads) {
+double plan_bw_pass(const uint64_t *buf, size_t n, int threads) {
     pthread_t th[64];
     bwjob jobs[64];
     if (threads > 64) threads = 64;
@@ -171,7 +171,7 @@ static double measure_mem(int threads, int mib) {
     uint64_t *b = buf;
     for (size_t i = 0; i < n; i++) b[i] = i * 2654435761u;
     double r[7];
-    for (int k = 0; k < 7; k++) r[k] = bw_pass(b, n, threads);
+    for (int k = 0; k < 7; k++) r[k] = plan_bw_pass(b, n, threads);
     free(buf);
     qsort(r, 7, sizeof r[0], cmp_double);
     return r[3]; /* the median pass, as the bench's floor takes the median of its probes */

@@ -42,6 +42,10 @@ typedef struct pt_mem_plan {
     char text[1024];          /* what petrel_engine_plan prints */
 } pt_mem_plan;
 
+/* One multi-threaded streaming read of buf[n] (AVX-512 loads and a 4 KiB-ahead prefetch where the
+ * CPU has them, as the kernels read weights): GB/s. The memory probe of plan and bench. */
+double plan_bw_pass(const uint64_t *buf, size_t n, int threads);
+
 struct petrel_engine;
 /* The plan for `budget` / `expert_slots` (0: none) and `ctx` tokens (0: 4096; clamped to the
  * model's max positions). PETREL_ENOMEM with the shortfall when the budget cannot be met,

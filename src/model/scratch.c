@@ -131,6 +131,27 @@ static size_t mlp_phases(const petrel_config *c, size_t base, int T, int C, int 
     return max2(max2(dense, la), top) - base;
 }
 
+/* What both arenas hold above the rows' state (rows bytes; phase: the largest phase so far):
+ * the lookahead guesses, the MLP phases, the head; and the MTP head's own rows with its
+ * attention (attn bytes) and MLP phases above them. */
+static size_t rest_of_plan(const petrel_config *c, size_t rows, size_t phase, int T, int chunk, size_t attn) {
+    arena a = ar_sizing();
+    a.used = rows;
+    la_scr ls;
+    la_carve(&a, c, T, &ls);
+    phase = max2(phase, a.used - rows);
+    phase = max2(phase, mlp_phases(c, rows, T, chunk, 1));
+    a.used = rows;
+    float *xl;
+    head_carve(&a, c, T, &xl);
+    phase = max2(phase, a.used - rows);
+    a = ar_sizing();
+    mtp_scr m;
+    mtp_carve(&a, c, T, T, &m);
+    size_t mrows = a.used, mphase = max2(attn, mlp_phases(c, mrows, T, chunk, 1));
+    return max2(rows + phase, mrows + mphase) + 4096;
+}
+
 size_t plan_session_arena(const petrel_config *c, int chunk, int ctx) {
     int T = chunk < ctx ? chunk : ctx, kst = c->index_topk < ctx ? c->index_topk : ctx;
     if (T < 1) T = 1;
@@ -146,22 +167,7 @@ size_t plan_session_arena(const petrel_config *c, int chunk, int ctx) {
     dsa_carve(&a, c, T, ctx, &d);
     phase = max2(phase, a.used - rows);
     phase = max2(phase, att - rows + mla_scratch_bytes(c, T, ctx) + 64);
-    a.used = rows;
-    la_scr ls;
-    la_carve(&a, c, T, &ls);
-    phase = max2(phase, a.used - rows);
-    phase = max2(phase, mlp_phases(c, rows, T, chunk, 1));
-    a.used = rows;
-    float *xl;
-    head_carve(&a, c, T, &xl);
-    phase = max2(phase, a.used - rows);
-    /* the MTP head (fwd_mtp): its own rows, then the same attention and MoE phases */
-    a = ar_sizing();
-    mtp_scr m;
-    mtp_carve(&a, c, T, T, &m);
-    size_t mrows = a.used;
-    size_t mphase = max2(mla_scratch_bytes(c, T, ctx) + 64, mlp_phases(c, mrows, T, chunk, 1));
-    return max2(rows + phase, mrows + mphase) + 4096;
+    return rest_of_plan(c, rows, phase, T, chunk, mla_scratch_bytes(c, T, ctx) + 64);
 }
 
 size_t plan_batch_arena(const petrel_config *c, int max_rows) {
@@ -172,18 +178,5 @@ size_t plan_batch_arena(const petrel_config *c, int max_rows) {
     size_t rows = a.used, phase = 0;
     int m = max_rows < FWD_ROWS_GROUP ? max_rows : FWD_ROWS_GROUP;
     phase = max2(phase, mla_rows_scratch_bytes(c, m) + 64); /* decode rows sharing their head products */
-    la_scr ls;
-    la_carve(&a, c, max_rows, &ls);
-    phase = max2(phase, a.used - rows);
-    phase = max2(phase, mlp_phases(c, rows, max_rows, max_rows, 1));
-    a.used = rows;
-    float *xl;
-    head_carve(&a, c, max_rows, &xl);
-    phase = max2(phase, a.used - rows);
-    a = ar_sizing();
-    mtp_scr mt;
-    mtp_carve(&a, c, max_rows, max_rows, &mt);
-    size_t mrows = a.used;
-    size_t mphase = max2(mla_rows_scratch_bytes(c, m) + 64, mlp_phases(c, mrows, max_rows, max_rows, 1));
-    return max2(rows + phase, mrows + mphase) + 4096;
+    return rest_of_plan(c, rows, phase, max_rows, max_rows, mla_rows_scratch_bytes(c, m) + 64);
 }
