@@ -23,6 +23,7 @@
 #include "io/pack.h"
 #include "io/safetensors.h"
 #include "kernels/kernels.h"
+#include "kv/kv.h"
 #include "model/engine.h"
 #include "model/plan.h"
 
@@ -562,7 +563,19 @@ CLI_CMD(bench) {
     uint64_t resident = 0, experts = 0;
     for (int l = 0; l < c->num_hidden_layers; l++) resident += layer_bytes(c, &w->layers[l], &experts);
     uint64_t head = vbytes(&w->lm_head) + (uint64_t)w->embed_tokens.row_bytes + 4ull * (uint64_t)c->hidden_size;
-    uint64_t bytes_tok = resident + experts + head;
+    /* the latent KV a decode step at context ctx reads: each layer's attended keys (c and k_pe of
+     * min(ctx, index_topk) keys on DSA layers, every key on the others) and the indexer keys
+     * every full layer scores, in the pool's scheme */
+    const kv_layout *kl = kv_pool_layout(eng->kv);
+    uint64_t kv_step = 0;
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        uint64_t keys = (uint64_t)ctx, sel = keys < (uint64_t)c->index_topk ? keys : (uint64_t)c->index_topk;
+        kv_step += sel * ((uint64_t)kl->Rkv * (uint64_t)kl->c_bytes + (uint64_t)kl->Dr * (uint64_t)kl->pe_bytes + (kl->c_bytes == 1 ? 4u : 0u));
+        if (c->layer_indexer_full[l]) kv_step += keys * ((uint64_t)kl->Di * (uint64_t)kl->c_bytes + (kl->c_bytes == 1 ? 4u : 0u));
+    }
+    uint64_t bytes_tok = resident + experts + head + kv_step;
+    printf("latent KV read per decode step: %.2f MB (%s, context %ld; counted in bytes per token and the floor)\n", (double)kv_step / 1e6,
+           kv_scheme_name(kl->scheme), ctx);
     uint64_t expert1 = experts / (uint64_t)c->num_experts_per_tok; /* then one expert of one layer (all alike) */
     int n_moe = 0;
     for (int l = 0; l < c->num_hidden_layers; l++) n_moe += c->layer_is_moe[l] && eng->w.layers[l].exp_gate;
@@ -805,8 +818,8 @@ CLI_CMD(bench) {
                "(median %.1f); per-step floor ratio %.2f..%.2f\n",
                dms, mean_ms, min_ms, step_ms[steps - 1], bw_lo, bw_hi, bw, step_ratio[0], step_ratio[steps - 1]);
         printf("memory read bandwidth: %.1f GB/s (median of the probes before each step, %d threads, %ld MiB buffer)\n", bw, threads, bw_mib);
-        printf("bytes per decode token: %.1f MB (resident %.1f MB + routed experts %.1f MB + head %.1f MB)\n", bytes_tok / 1e6, resident / 1e6,
-               experts / 1e6, head / 1e6);
+        printf("bytes per decode token: %.1f MB (resident %.1f MB + routed experts %.1f MB + head %.1f MB + latent KV %.2f MB)\n", bytes_tok / 1e6,
+               resident / 1e6, experts / 1e6, head / 1e6, kv_step / 1e6);
         printf("decode at context %ld: %.2f ms/token = %.2f tok/s; floor %.2f ms; decode_floor_ratio %.2f (median of per-step ratios)\n", ctx, dms,
                1e3 / dms, floor_ms, ratio);
         if (batch > 0)
