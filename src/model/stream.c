@@ -97,6 +97,14 @@ static uint64_t expert_view_bytes(const layer_w *lw, int x) {
     return wview_bytes(&lw->exp_gate[x]) + wview_bytes(&lw->exp_up[x]) + wview_bytes(&lw->exp_down[x]);
 }
 
+/* Appends the KV bytes per token of every scheme, as engines keep them (--kv-type). */
+static void kv_schemes_line(const kv_shape *sh, char *text, size_t n) {
+    size_t w = strlen(text);
+    if (w < n)
+        snprintf(text + w, n - w, "\n(KV per token: f32 %.1f, bf16 %.1f, int8 %.1f KiB: --kv-type)", kv_bytes_per_token(sh, KV_F32, 0) / 1024.0,
+                 kv_bytes_per_token(sh, KV_BF16, 0) / 1024.0, kv_bytes_per_token(sh, KV_INT8, 1) / 1024.0);
+}
+
 int stream_plan(const petrel_engine *e, uint64_t budget, int expert_slots, int ctx, pt_mem_plan *out, petrel_error *err) {
     const petrel_config *c = &e->cfg;
     pt_mem_plan *p = out;
@@ -128,6 +136,7 @@ int stream_plan(const petrel_engine *e, uint64_t budget, int expert_slots, int c
                  "total             %9.2f GiB  for one session of %d tokens",
                  p->resident_bytes / g, (double)p->kv_bytes / g, ctx, p->kv_token / 1024.0, kv_scheme_name((kv_scheme)e->kv_scheme), p->scratch_bytes / g,
                  ctx < p->chunk ? ctx : p->chunk, p->total_bytes / g, ctx);
+        kv_schemes_line(&ksh, p->text, sizeof p->text);
         return 0;
     }
     int mtp_streams = e->pack && e->w.has_mtp && !pack_expert_record(e->pack, L, 0, NULL, NULL, NULL);
@@ -168,6 +177,7 @@ int stream_plan(const petrel_engine *e, uint64_t budget, int expert_slots, int c
     if (embed_off && pw >= 0 && (size_t)pw < sizeof p->text)
         snprintf(p->text + pw, sizeof p->text - (size_t)pw, "\n(not counted: embed_tokens, %.2f GiB, stays in the pack; a token reads its row)",
                  (double)embed_off / g);
+    kv_schemes_line(&ksh, p->text, sizeof p->text);
     return 0;
 }
 
