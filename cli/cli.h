@@ -84,8 +84,8 @@ void cli_progress_fn(void *user, long long done, long long total);
     "  --relayout on|off    interleave q8/q4 matrices 16 rows at open for the AVX-512 VNNI\n" \
     "                       kernels (on, the default, where the CPU has VNNI)\n"          \
     "  --isa NAME           kernel set: auto (default), scalar, avx2, avx512\n"                \
-    "  --kv-type T          latent KV storage: f32 (default, exact), bf16, int8 (c and indexer\n" \
-    "                       keys int8 with a scale per token and layer, k_pe f32), auto (= bf16)\n" \
+    "  --kv-type T          latent KV storage: f32 (default, exact), bf16, int8 (c int8 with a\n" \
+    "                       scale per token and layer), auto (= bf16); indexer keys stay f32\n" \
     "  --kv-size SIZE       the KV page pool (default: the plan's KV under --mem-budget, else room\n" \
     "                       for 16 sessions of 4096 tokens, at most half the memory; touched as used)\n"
 

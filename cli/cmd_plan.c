@@ -284,7 +284,10 @@ CLI_CMD(plan) {
     kv_shape ks;
     kv_shape_from_config(c, eng->w.has_mtp, &ks);
     size_t kvs[KV_SCHEME_COUNT];
-    for (int s = 0; s < KV_SCHEME_COUNT; s++) kvs[s] = kv_bytes_per_token(&ks, (kv_scheme)s, s == KV_INT8); /* as engines keep them */
+    for (int s = 0; s < KV_SCHEME_COUNT; s++) { /* as engines keep them */
+        kv_pool_opts ko = kv_engine_opts((kv_scheme)s, 0);
+        kvs[s] = kv_bytes_per_token_opts(&ks, &ko);
+    }
 
     /* budget split: the classes that could be int4 (q4 group-64), and what the saving buys */
     split sp[3] = {{"attention (MLA)", WK_ATTN, 0, 0}, {"shared experts", WK_SHARED, 0, 0}, {"dense MLP", WK_DENSE, 0, 0}};

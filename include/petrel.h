@@ -71,7 +71,8 @@ typedef struct petrel_open_opts {
      * usual. The trace must have the model's expert count and top-k. NULL: the routers choose. */
     const char *route_trace;
     /* The latent KV cache: one page pool per engine (src/kv). kv_type "f32" (the default: exact),
-     * "bf16", "int8" (c and indexer keys int8 with a scale per token and layer, k_pe f32), or
+     * "bf16" (the indexer keys f32), "int8" (c int8 with a scale per token and layer, k_pe and the
+     * indexer keys f32), or
      * "auto" (= bf16); NULL = f32. kv_bytes: the pool's size; 0 = with mem_budget the plan's KV
      * (plan_context tokens), else room for 16 sessions of plan_context (at least 4096) tokens,
      * at most half the machine's memory (pages are touched only when used). A forward that

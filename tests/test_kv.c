@@ -34,7 +34,7 @@ static void row(int salt, int l, int pos, int part, int w, float *out) {
 static kv_pool *mk_pool(kv_scheme sc, int P, int pages, int pe_f32) {
     kv_shape sh = shape();
     kv_layout lay;
-    kv_pool_opts o = {sc, P, pe_f32};
+    kv_pool_opts o = {sc, P, pe_f32, 0};
     petrel_error err = {0};
     if (kv_layout_init(&lay, &sh, &o, &err)) return NULL;
     size_t pb = lay.page_bytes;
@@ -109,7 +109,7 @@ TEST(kv, bytes_per_token) {
     CHECK_EQ_INT(kv_bytes_per_token(&g, KV_INT8, 0), 79 * (512 + 4 + 128) + 21 * (128 + 4)); /* 53648 */
     CHECK_EQ_INT(kv_bytes_per_token(&g, KV_INT8, 1), 79 * (512 + 4 + 256) + 21 * (128 + 4));
     kv_layout lay;
-    kv_pool_opts o = {KV_INT8, 0, 0};
+    kv_pool_opts o = {KV_INT8, 0, 0, 0};
     petrel_error err = {0};
     CHECK(kv_layout_init(&lay, &g, &o, &err) == 0);
     CHECK_EQ_INT(lay.P, KV_PAGE_DEFAULT);
@@ -566,7 +566,7 @@ TEST(kv, session_file_refusals) {
     kv_pool *q = mk_pool(KV_BF16, PP, 16, 0);
     kv_seq *u = NULL;
     CHECK(q && kv_seq_create(q, 32, &u, &err) == 0 && fill(u, 0, 6, 7) == 0);
-    refuse(u, path, MODEL, PETREL_EINVAL, "holds int8 KV (k_pe 2 bytes a value); this session uses bf16", __LINE__);
+    refuse(u, path, MODEL, PETREL_EINVAL, "holds int8 KV (k_pe 2, indexer keys 1 bytes a value); this session uses bf16", __LINE__);
     kv_seq_free(u);
     kv_pool_free(q);
     kv_seq *small = NULL;

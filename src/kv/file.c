@@ -44,9 +44,15 @@ static int fields_of(const kv_layout *y, int l, int64_t off[5], size_t rb[5]) {
     off[n] = f->c, rb[n++] = (size_t)y->Rkv * (size_t)y->c_bytes;
     if (f->c_scale >= 0) off[n] = f->c_scale, rb[n++] = 4;
     off[n] = f->pe, rb[n++] = (size_t)y->Dr * (size_t)y->pe_bytes;
-    if (f->idx >= 0) off[n] = f->idx, rb[n++] = (size_t)y->Di * (size_t)y->c_bytes;
+    if (f->idx >= 0) off[n] = f->idx, rb[n++] = (size_t)y->Di * (size_t)y->idx_bytes;
     if (f->idx_scale >= 0) off[n] = f->idx_scale, rb[n++] = 4;
     return n;
+}
+
+/* Header field 28: k_pe's bytes a value, and the indexer keys' in the next byte when they are
+ * not the scheme's own (0 there: as the scheme). */
+static uint32_t elem_code(const kv_layout *y) {
+    return (uint32_t)y->pe_bytes | (y->idx_bytes != y->c_bytes ? (uint32_t)y->idx_bytes << 8 : 0u);
 }
 
 static int valid_of(const kv_layout *y, int l, int n, int m) { return l == y->mtp_layer ? m : n; }
@@ -89,7 +95,7 @@ int kv_save(const kv_seq *s, const char *path, uint64_t model_id, petrel_error *
     put32(h, 12, HDR);
     put64(h, 16, model_id);
     put32(h, 24, (uint32_t)y->scheme);
-    put32(h, 28, (uint32_t)y->pe_bytes);
+    put32(h, 28, elem_code(y));
     put32(h, 32, (uint32_t)y->n_layers);
     put32(h, 36, (uint32_t)y->Rkv);
     put32(h, 40, (uint32_t)y->Dr);
@@ -174,9 +180,11 @@ static int check_header(const kv_seq *s, const uint8_t *h, const char *what, uin
         return pt_err(err, PETREL_EINVAL, "%s: session file was saved for another model (model id %016llx; this model is %016llx)", what,
                       (unsigned long long)mid, (unsigned long long)model_id);
     uint32_t sc = get32(h, 24), peb = get32(h, 28);
-    if (sc != (uint32_t)y->scheme || peb != (uint32_t)y->pe_bytes)
-        return pt_err(err, PETREL_EINVAL, "%s: session file holds %s KV (k_pe %u bytes a value); this session uses %s (k_pe %d bytes)", what,
-                      sc < KV_SCHEME_COUNT ? kv_scheme_name((kv_scheme)sc) : "unknown", peb, kv_scheme_name(y->scheme), y->pe_bytes);
+    if (sc != (uint32_t)y->scheme || peb != elem_code(y))
+        return pt_err(err, PETREL_EINVAL, "%s: session file holds %s KV (k_pe %u, indexer keys %u bytes a value); this session uses %s (k_pe %d, indexer keys %d bytes)",
+                      what, sc < KV_SCHEME_COUNT ? kv_scheme_name((kv_scheme)sc) : "unknown", peb & 255,
+                      (peb >> 8) ? (peb >> 8) : sc == KV_INT8 ? 1u : sc == KV_BF16 ? 2u : 4u,
+                      kv_scheme_name(y->scheme), y->pe_bytes, y->idx_bytes);
     if (get32(h, 32) != (uint32_t)y->n_layers || get32(h, 36) != (uint32_t)y->Rkv || get32(h, 40) != (uint32_t)y->Dr ||
         get32(h, 44) != (uint32_t)y->Di || (int32_t)get32(h, 48) != y->mtp_layer)
         return pt_err(err, PETREL_EINVAL,

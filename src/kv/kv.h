@@ -122,6 +122,7 @@ typedef struct kv_pool_opts {
     kv_scheme scheme;
     int page_positions;    /* positions per page; 0 = KV_PAGE_DEFAULT; 1..4096 */
     int pe_f32;            /* KV_INT8 / KV_BF16: keep k_pe f32 (default: bf16) */
+    int idx_f32;           /* KV_INT8 / KV_BF16: keep the indexer keys f32 (default: the scheme) */
 } kv_pool_opts;
 
 /* Where each array of a layer sits in a page (bytes from the page start), -1 when absent. */
@@ -133,7 +134,8 @@ typedef struct kv_layer_off {
 typedef struct kv_layout {
     int n_layers, Rkv, Dr, Di, mtp_layer, P;
     kv_scheme scheme;
-    int c_bytes, pe_bytes;   /* bytes of one value: c and idx (4/2/1), k_pe (4/2) */
+    int c_bytes, pe_bytes;   /* bytes of one value: c (4/2/1), k_pe (4/2) */
+    int idx_bytes;           /* bytes of one indexer-key value (4/2/1) */
     uint8_t *has_index;      /* owned [n_layers] */
     kv_layer_off *off;       /* owned [n_layers] */
     size_t page_bytes;       /* one page, a multiple of 64 */
@@ -147,6 +149,11 @@ int64_t kv_layout_max_positions(const kv_layout *lay, uint64_t bytes);
 /* Payload bytes per position for a shape and scheme (pe_f32 as in kv_pool_opts): for the plan
  * to print next to the other schemes' without building layouts. */
 size_t kv_bytes_per_token(const kv_shape *shape, kv_scheme scheme, int pe_f32);
+size_t kv_bytes_per_token_opts(const kv_shape *shape, const kv_pool_opts *o);
+/* The options an engine uses for a scheme (measured on the trained fixture, bench/RESULTS.md):
+ * the DSA indexer keys stay f32 in bf16 and int8 pools (a flipped selection costs more than the
+ * keys' bytes: int8's KL over the goldens 3.4e-3 -> 1.8e-3), and int8 keeps k_pe f32. */
+kv_pool_opts kv_engine_opts(kv_scheme scheme, int page_positions);
 
 /* ---- the pool ---- */
 typedef struct kv_pool kv_pool;
@@ -226,6 +233,7 @@ int kv_gather(const kv_seq *s, int l, const int32_t *pos, int n, float *c, float
  * pbuf unused, may be NULL); other schemes decode row i into cbuf + i Rkv / pbuf + i Dr. */
 int kv_rows(const kv_seq *s, int l, const int32_t *pos, int n, const float **c, const float **pe, float *cbuf, float *pbuf, petrel_error *err);
 int kv_is_f32(const kv_seq *s);
+int kv_index_is_f32(const kv_seq *s); /* the indexer keys alone are f32 (kv_run gives them in place) */
 
 /* ---- prefix cache ---- */
 /* Registers the full pages of s (positions < floor(len / P) P) with their token prefix. A page

@@ -32,13 +32,25 @@ void kv_shape_from_config(const petrel_config *cfg, int with_mtp, kv_shape *out)
 static int elem_bytes(kv_scheme s) { return s == KV_F32 ? 4 : s == KV_BF16 ? 2 : 1; }
 static int pe_elem_bytes(kv_scheme s, int pe_f32) { return s == KV_F32 || pe_f32 ? 4 : 2; }
 
-size_t kv_bytes_per_token(const kv_shape *sh, kv_scheme scheme, int pe_f32) {
+size_t kv_bytes_per_token_opts(const kv_shape *sh, const kv_pool_opts *o) {
+    kv_scheme scheme = o->scheme;
     size_t eb = (size_t)elem_bytes(scheme), sc = scheme == KV_INT8 ? 4 : 0, t = 0;
+    size_t ib = o->idx_f32 ? 4 : eb, isc = ib == 1 ? 4 : 0;
     for (int l = 0; l < sh->n_layers; l++) {
-        t += (size_t)sh->kv_lora_rank * eb + sc + (size_t)sh->qk_rope_head_dim * (size_t)pe_elem_bytes(scheme, pe_f32);
-        if (sh->has_index && sh->has_index[l]) t += (size_t)sh->index_head_dim * eb + sc;
+        t += (size_t)sh->kv_lora_rank * eb + sc + (size_t)sh->qk_rope_head_dim * (size_t)pe_elem_bytes(scheme, o->pe_f32);
+        if (sh->has_index && sh->has_index[l]) t += (size_t)sh->index_head_dim * ib + isc;
     }
     return t;
+}
+
+kv_pool_opts kv_engine_opts(kv_scheme scheme, int page_positions) {
+    kv_pool_opts o = {.scheme = scheme, .page_positions = page_positions, .pe_f32 = scheme == KV_INT8, .idx_f32 = scheme != KV_F32};
+    return o;
+}
+
+size_t kv_bytes_per_token(const kv_shape *sh, kv_scheme scheme, int pe_f32) {
+    kv_pool_opts o = {.scheme = scheme, .pe_f32 = pe_f32};
+    return kv_bytes_per_token_opts(sh, &o);
 }
 
 static int64_t al64(int64_t x) { return (x + 63) & ~(int64_t)63; }
@@ -58,6 +70,7 @@ int kv_layout_init(kv_layout *lay, const kv_shape *sh, const kv_pool_opts *o, pe
     lay->mtp_layer = sh->mtp_layer, lay->P = P, lay->scheme = sc;
     lay->c_bytes = elem_bytes(sc);
     lay->pe_bytes = pe_elem_bytes(sc, o ? o->pe_f32 : 0);
+    lay->idx_bytes = o && o->idx_f32 ? 4 : lay->c_bytes;
     lay->has_index = calloc((size_t)sh->n_layers, 1);
     lay->off = calloc((size_t)sh->n_layers, sizeof *lay->off);
     if (!lay->has_index || !lay->off) {
@@ -74,14 +87,15 @@ int kv_layout_init(kv_layout *lay, const kv_shape *sh, const kv_pool_opts *o, pe
         if (sc == KV_INT8) f->c_scale = at, at = al64(at + (int64_t)P * 4);
         f->pe = at, at = al64(at + (int64_t)P * lay->Dr * lay->pe_bytes);
         if (hi) {
-            f->idx = at, at = al64(at + (int64_t)P * lay->Di * lay->c_bytes);
-            if (sc == KV_INT8) f->idx_scale = at, at = al64(at + (int64_t)P * 4);
+            f->idx = at, at = al64(at + (int64_t)P * lay->Di * lay->idx_bytes);
+            if (lay->idx_bytes == 1) f->idx_scale = at, at = al64(at + (int64_t)P * 4);
         }
     }
     lay->page_bytes = (size_t)at;
     kv_shape s2 = *sh;
     s2.has_index = lay->has_index;
-    lay->bytes_per_token = kv_bytes_per_token(&s2, sc, o ? o->pe_f32 : 0);
+    kv_pool_opts o2 = {.scheme = sc, .pe_f32 = o ? o->pe_f32 : 0, .idx_f32 = o ? o->idx_f32 : 0};
+    lay->bytes_per_token = kv_bytes_per_token_opts(&s2, &o2);
     return 0;
 }
 

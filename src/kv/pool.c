@@ -233,7 +233,7 @@ int kv_write_index(kv_seq *s, int l, int pos, const float *ki, petrel_error *err
     if (f->idx < 0) return pt_err(err, PETREL_EINVAL, "KV layer %d keeps no indexer keys", l);
     int i = pos % s->P;
     float *sc = f->idx_scale >= 0 ? (float *)(pg + f->idx_scale) + i : NULL;
-    kv_encode_row(y->c_bytes, ki, y->Di, pg + f->idx + (size_t)i * y->Di * y->c_bytes, sc);
+    kv_encode_row(y->idx_bytes, ki, y->Di, pg + f->idx + (size_t)i * y->Di * y->idx_bytes, sc);
     return 0;
 }
 
@@ -303,7 +303,7 @@ static void run_of(const kv_seq *s, int l, int a, int n, kv_run *r) {
     r->n = n;
     r->c = pg + f->c + (size_t)i * y->Rkv * y->c_bytes;
     r->pe = pg + f->pe + (size_t)i * y->Dr * y->pe_bytes;
-    r->idx = f->idx >= 0 ? pg + f->idx + (size_t)i * y->Di * y->c_bytes : NULL;
+    r->idx = f->idx >= 0 ? pg + f->idx + (size_t)i * y->Di * y->idx_bytes : NULL;
     r->c_scale = f->c_scale >= 0 ? (const float *)(pg + f->c_scale) + i : NULL;
     r->idx_scale = f->idx_scale >= 0 ? (const float *)(pg + f->idx_scale) + i : NULL;
 }
@@ -321,7 +321,7 @@ static void decode_run(const kv_layout *y, const kv_run *r, float *c, float *pe,
         if (c) kv_decode_row(y->c_bytes, (const uint8_t *)r->c + (size_t)i * y->Rkv * y->c_bytes, r->c_scale ? r->c_scale[i] : 0, y->Rkv,
                              c + (size_t)i * y->Rkv);
         if (pe) kv_decode_row(y->pe_bytes, (const uint8_t *)r->pe + (size_t)i * y->Dr * y->pe_bytes, 0, y->Dr, pe + (size_t)i * y->Dr);
-        if (idx) kv_decode_row(y->c_bytes, (const uint8_t *)r->idx + (size_t)i * y->Di * y->c_bytes, r->idx_scale ? r->idx_scale[i] : 0,
+        if (idx) kv_decode_row(y->idx_bytes, (const uint8_t *)r->idx + (size_t)i * y->Di * y->idx_bytes, r->idx_scale ? r->idx_scale[i] : 0,
                                y->Di, idx + (size_t)i * y->Di);
     }
 }
@@ -381,4 +381,5 @@ int kv_rows(const kv_seq *s, int l, const int32_t *pos, int n, const float **c, 
     return 0;
 }
 
-int kv_is_f32(const kv_seq *s) { return s->pool->lay.c_bytes == 4 && s->pool->lay.pe_bytes == 4; }
+int kv_is_f32(const kv_seq *s) { return s->pool->lay.c_bytes == 4 && s->pool->lay.pe_bytes == 4 && s->pool->lay.idx_bytes == 4; }
+int kv_index_is_f32(const kv_seq *s) { return s->pool->lay.idx_bytes == 4; }

@@ -62,7 +62,7 @@ int dsa_select(petrel_session *s, int l, const layer_w *lw, const float *x, cons
             int m = kv_run_at(s->kv, l, a, n, &run, err);
             if (m < 0) return m;
             const float *ks = run.idx;
-            if (!kv_is_f32(s->kv)) {
+            if (!kv_index_is_f32(s->kv)) {
                 if (m > KV_PAGE_DEFAULT) m = KV_PAGE_DEFAULT; /* the decode buffer's rows */
                 PT_TRY(kv_decode(s->kv, l, a, a + m, NULL, NULL, d.kbuf, err));
                 ks = d.kbuf;

@@ -134,16 +134,13 @@ static uint64_t engine_identity(const petrel_engine *e) {
 /* The engine's KV pool (petrel_open_opts kv_type, kv_bytes). */
 static int kv_open(petrel_engine *e, const petrel_open_opts *o, petrel_error *err) {
     const petrel_config *c = &e->cfg;
-    /* int8 keeps k_pe f32: on the trained fixture's held-out text (ctx 256) that takes int8 KV's
-     * mean KL against f32 KV from 1.9e-3 to 1.7e-3 nats for 19 % more bytes (bench/RESULTS.md) */
-    kv_pool_opts ko = {.scheme = (kv_scheme)e->kv_scheme, .page_positions = o && o->kv_page_positions ? o->kv_page_positions : KV_PAGE_DEFAULT,
-                       .pe_f32 = e->kv_scheme == KV_INT8};
+    kv_pool_opts ko = kv_engine_opts((kv_scheme)e->kv_scheme, o && o->kv_page_positions ? o->kv_page_positions : KV_PAGE_DEFAULT);
     if (ko.page_positions < 1 || ko.page_positions > 4096)
         return pt_err(err, PETREL_EINVAL, "kv_page_positions %d: want 1 .. 4096", ko.page_positions);
     kv_shape sh;
     kv_shape_from_config(c, e->w.has_mtp, &sh);
     int ctx = o && o->plan_context > 0 ? o->plan_context : 4096;
-    uint64_t tok = kv_bytes_per_token(&sh, ko.scheme, ko.pe_f32), bytes = o ? o->kv_bytes : 0;
+    uint64_t tok = kv_bytes_per_token_opts(&sh, &ko), bytes = o ? o->kv_bytes : 0;
     if (!bytes) {
         if (o && o->mem_budget) bytes = tok * (uint64_t)(ctx + 2 * ko.page_positions); /* the plan's KV, whole pages */
         else {

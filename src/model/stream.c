@@ -101,8 +101,11 @@ static uint64_t expert_view_bytes(const layer_w *lw, int x) {
 static void kv_schemes_line(const kv_shape *sh, char *text, size_t n) {
     size_t w = strlen(text);
     if (w < n)
-        snprintf(text + w, n - w, "\n(KV per token: f32 %.1f, bf16 %.1f, int8 %.1f KiB: --kv-type)", kv_bytes_per_token(sh, KV_F32, 0) / 1024.0,
-                 kv_bytes_per_token(sh, KV_BF16, 0) / 1024.0, kv_bytes_per_token(sh, KV_INT8, 1) / 1024.0);
+    {
+        kv_pool_opts a = kv_engine_opts(KV_F32, 0), b = kv_engine_opts(KV_BF16, 0), d = kv_engine_opts(KV_INT8, 0);
+        snprintf(text + w, n - w, "\n(KV per token: f32 %.1f, bf16 %.1f, int8 %.1f KiB: --kv-type)", kv_bytes_per_token_opts(sh, &a) / 1024.0,
+                 kv_bytes_per_token_opts(sh, &b) / 1024.0, kv_bytes_per_token_opts(sh, &d) / 1024.0);
+    }
 }
 
 int stream_plan(const petrel_engine *e, uint64_t budget, int expert_slots, int ctx, pt_mem_plan *out, petrel_error *err) {
@@ -122,7 +125,8 @@ int stream_plan(const petrel_engine *e, uint64_t budget, int expert_slots, int c
     memcpy(p->kind_bytes, e->w.kind_bytes, sizeof p->kind_bytes);
     kv_shape ksh; /* latent KV bytes per token in the engine's scheme, every layer with a cache */
     kv_shape_from_config(c, e->w.has_mtp, &ksh);
-    p->kv_token = kv_bytes_per_token(&ksh, (kv_scheme)e->kv_scheme, e->kv_scheme == KV_INT8); /* int8 keeps k_pe f32 (engine.c) */
+    kv_pool_opts kso = kv_engine_opts((kv_scheme)e->kv_scheme, KV_PAGE_DEFAULT);
+    p->kv_token = kv_bytes_per_token_opts(&ksh, &kso); /* as the engine keeps it */
     p->kv_bytes = p->kv_token * (uint64_t)ctx;
     double g = 1073741824.0;
     if (!budget && !expert_slots) { /* every weight resident: the plan says what a session adds */
