@@ -147,24 +147,6 @@ static uint64_t *bw_buffer(size_t bytes) {
     return b;
 }
 
-static void cpu_model(char *out, size_t n) {
-    snprintf(out, n, "unknown");
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    if (!f) return;
-    char line[512];
-    while (fgets(line, sizeof line, f))
-        if (!strncmp(line, "model name", 10)) {
-            char *c = strchr(line, ':');
-            if (c) {
-                c++;
-                while (*c == ' ') c++;
-                c[strcspn(c, "\n")] = 0;
-                snprintf(out, n, "%s", c);
-            }
-            break;
-        }
-    fclose(f);
-}
 
 /* ---- bytes per decode token ---- */
 /* Payload plus scales of a view (wview_bytes counts scales of FP8 only). */
@@ -551,7 +533,7 @@ CLI_CMD(bench) {
     const petrel_config *c = &eng->cfg;
     int threads = kn_threads();
     char cpu[256];
-    cpu_model(cpu, sizeof cpu);
+    plan_cpu_model(cpu, sizeof cpu);
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     printf("machine: %s, %ld cores online, kernels %s, %d threads\n", cpu, cores, kt_isa_name(&eng->kt), threads);
     printf("model: %s (%d layers, hidden %d, %d experts top-%d)\n", mo.model, c->num_hidden_layers, c->hidden_size, c->n_routed_experts,
