@@ -596,3 +596,21 @@ TEST(serve, cli_sigterm) {
     CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 0, "exit status %d", st);
     close(pfd[0]);
 }
+
+/* The official `openai` npm package (tests/node, installed by make deps) against the server. */
+TEST(serve, openai_npm_client) {
+    char o[16384], e[4096];
+    if (test_sh("command -v node", o, sizeof o, e, sizeof e) != 0) { test_skip("node is not installed: the openai npm client test needs it"); return; }
+    char mod[4200];
+    snprintf(mod, sizeof mod, "%s/../node/node_modules/openai/package.json", test_data(""));
+    if (access(mod, R_OK)) { test_skip("tests/node/node_modules/openai is missing (make deps installs it with npm)"); return; }
+    serve_opts so = {.api_key = "sk-npm", .ctx = 1024};
+    serve *sv = start(&so);
+    if (!sv) return;
+    char cmd[4400];
+    snprintf(cmd, sizeof cmd, "node %s/../node/openai_client.mjs %d sk-npm", test_data(""), serve_port(sv));
+    int rc = test_sh(cmd, o, sizeof o, e, sizeof e);
+    CHECK_MSG(rc == 0 && strstr(o, "all ok"), "openai client (rc %d):\n%s%s", rc, o, e);
+    serve_stop(sv);
+    serve_free(sv);
+}
