@@ -614,3 +614,33 @@ TEST(serve, openai_npm_client) {
     serve_stop(sv);
     serve_free(sv);
 }
+
+/* A long prompt's prefill is covered by ": keep-alive" comments (here every millisecond), and
+ * the stream is still framed exactly; /metrics is Prometheus text. */
+TEST(serve, keepalive_and_metrics) {
+    serve_opts o = {.keepalive_ms = 1, .max_rows = 64}; /* 64-row chunks: many forwards before the first token */
+    serve *sv = start(&o);
+    if (!sv) return;
+    int p = serve_port(sv);
+    char *body = malloc(16384);
+    strcpy(body, "{\"prompt\":[");
+    for (int k = 0; k < 1000; k++) sprintf(body + strlen(body), k ? ",%d" : "%d", 300 + k % 500);
+    strcat(body, "],\"max_tokens\":4,\"temperature\":0,\"ignore_eos\":true,\"stream\":true,\"return_token_ids\":true}");
+    reply r;
+    CHECK(http(p, "POST", "/v1/completions", NULL, body, &r) == 0);
+    CHECK_EQ_INT(r.status, 200);
+    sse_out so;
+    CHECK(parse_sse(r.body, r.body_len, 0, &so) == 0);
+    CHECK_EQ_INT(so.n_ids, 4);
+    CHECK_MSG(!strncmp(r.body, ": keep-alive\n\n", 14), "no keep-alive before the first token: %.80s", r.body);
+    reply_free(&r);
+    free(body);
+    CHECK(http(p, "GET", "/metrics", NULL, NULL, &r) == 0);
+    CHECK(r.status == 200 && strcasestr(r.head, "content-type: text/plain"));
+    CHECK(strstr(r.body, "# TYPE petrel_generation_tokens_total counter\npetrel_generation_tokens_total 4\n") != NULL);
+    CHECK(strstr(r.body, "petrel_prompt_tokens_total 1000\n") != NULL);
+    CHECK(strstr(r.body, "petrel_time_to_first_token_seconds_count 1\n") != NULL);
+    reply_free(&r);
+    serve_stop(sv);
+    serve_free(sv);
+}
