@@ -644,3 +644,46 @@ TEST(serve, keepalive_and_metrics) {
     serve_stop(sv);
     serve_free(sv);
 }
+
+typedef struct fail_arg { int port; const char *body; int status; char text[512]; } fail_arg;
+static void *fail_main(void *p) {
+    fail_arg *a = p;
+    reply r;
+    if (http(a->port, "POST", "/v1/completions", NULL, a->body, &r) == 0) {
+        a->status = r.status;
+        snprintf(a->text, sizeof a->text, "%s", r.body);
+        reply_free(&r);
+    }
+    return NULL;
+}
+
+/* A request whose forward fails (here: a KV pool too small for its prompt) ends with an error
+ * body; the requests sharing its batch still get their tokens, and the server keeps serving. */
+TEST(serve, failed_request_spares_others) {
+    if (fixture()) return;
+    petrel_engine *eng = NULL;
+    petrel_error err = {0};
+    petrel_open_opts oo = {.kv_bytes = 1u << 20}; /* 4 pages of 64 positions on this fixture */
+    if (petrel_engine_open(test_data("trained"), &oo, &eng, &err)) { test_fail(__FILE__, __LINE__, "%s", err.msg); return; }
+    serve_opts o = {.parallel = 4};
+    serve *sv = NULL;
+    if (serve_start(eng, g_tok, g_tmpl, &o, &sv, &err)) { test_fail(__FILE__, __LINE__, "%s", err.msg); petrel_engine_close(eng); return; }
+    int p = serve_port(sv);
+    char *big = malloc(16384);
+    strcpy(big, "{\"prompt\":[");
+    for (int k = 0; k < 900; k++) sprintf(big + strlen(big), k ? ",%d" : "%d", 300 + k % 500);
+    strcat(big, "],\"max_tokens\":4,\"temperature\":0}");
+    const char *small = "{\"prompt\":[630,2095,482,1486],\"max_tokens\":8,\"temperature\":0,\"ignore_eos\":true}";
+    fail_arg a[3] = {{p, big, 0, ""}, {p, small, 0, ""}, {p, small, 0, ""}};
+    pthread_t th[3];
+    for (int i = 0; i < 3; i++) pthread_create(&th[i], NULL, fail_main, &a[i]);
+    for (int i = 0; i < 3; i++) pthread_join(th[i], NULL);
+    CHECK_MSG(a[0].status == 503 && strstr(a[0].text, "\"error\"") && strstr(a[0].text, "KV pool"), "long prompt: %d %s", a[0].status, a[0].text);
+    for (int i = 1; i < 3; i++) CHECK_MSG(a[i].status == 200 && strstr(a[i].text, "\"completion_tokens\":8"), "short %d: %d %s", i, a[i].status, a[i].text);
+    fail_main(&a[1]);
+    CHECK_EQ_INT(a[1].status, 200);
+    free(big);
+    serve_stop(sv);
+    serve_free(sv);
+    petrel_engine_close(eng);
+}

@@ -337,13 +337,12 @@ static void *sched_main(void *arg) {
             }
         }
         /* rows: a decode row per generating job first, then prompt chunks */
-        int n = 0, n_lg = 0;
+        int n = 0;
         for (int a = 0; a < n_run; a++) {
             job *j = sv->run[a];
             if (j->done || !j->s || j->fed < j->n_prompt || n >= max_rows) continue;
             sv->rows[n] = (petrel_row){j->s, j->ids[j->n_ids - 1], 1};
             sv->row_job[n++] = j;
-            n_lg++;
         }
         for (int a = 0; a < n_run && n < max_rows; a++) {
             job *j = sv->run[a];
@@ -355,7 +354,6 @@ static void *sched_main(void *arg) {
                 int last = j->fed + k == j->n_prompt - 1;
                 sv->rows[n] = (petrel_row){j->s, j->ids[j->fed + k], last};
                 sv->row_job[n++] = j;
-                n_lg += last;
             }
         }
         if (!n) continue;
@@ -365,24 +363,38 @@ static void *sched_main(void *arg) {
         sv->m.forwards++;
         sv->m.rows += n;
         pthread_mutex_unlock(&sv->mu);
-        if (rc) { /* every job of this batch fails; the others go on */
-            pthread_mutex_lock(&sv->mu);
-            for (int r = 0; r < n; r++) job_finish_locked(sv, sv->row_job[r], NULL, rc == PETREL_ERANGE || rc == PETREL_ENOMEM ? 503 : 500, e.msg);
-            pthread_mutex_unlock(&sv->mu);
-            continue;
+        if (rc) {
+            /* A failed forward appends nothing. Rerun each job's rows alone (rows are independent
+             * of their batch: the same logits), so only the jobs that fail by themselves (a read
+             * error of their experts, a full KV pool) end with the error; the others go on. */
+            int li0 = 0;
+            for (int r = 0; r < n;) {
+                job *j = sv->row_job[r];
+                int r1 = r, nl = 0;
+                while (r1 < n && sv->row_job[r1] == j) nl += sv->rows[r1++].want_logits;
+                petrel_error e1 = {0};
+                int rc1 = petrel_batch_forward(sv->b, sv->rows + r, r1 - r, sv->lg + (size_t)li0 * (size_t)sv->V, &e1);
+                if (rc1) {
+                    pthread_mutex_lock(&sv->mu);
+                    job_finish_locked(sv, j, NULL, rc1 == PETREL_ERANGE || rc1 == PETREL_ENOMEM ? 503 : 500, e1.msg);
+                    pthread_mutex_unlock(&sv->mu);
+                }
+                li0 += nl;
+                r = r1;
+            }
         }
         int li = 0;
         for (int r = 0; r < n; r++) {
             job *j = sv->row_job[r];
+            int want = sv->rows[r].want_logits;
+            float *row = want ? sv->lg + (size_t)li++ * (size_t)sv->V : NULL;
+            if (j->done) continue; /* failed in this forward: its rows were not appended */
             if (j->fed < j->n_prompt) {
                 if (++j->fed == j->n_prompt) petrel_session_prefix_put(j->s, &(petrel_error){0}); /* a hint */
             } else
                 j->fed++;
-            if (!sv->rows[r].want_logits) continue;
-            float *row = sv->lg + (size_t)li++ * (size_t)sv->V;
-            if (!j->done) take_token(sv, j, row);
+            if (want) take_token(sv, j, row);
         }
-        (void)n_lg;
     }
     return NULL;
 }
