@@ -541,7 +541,23 @@ TEST(serve, disconnect_frees_place) {
     reply_free(&r);
     long gen = metric(p, "petrel_generation_tokens_total");
     CHECK_MSG(gen < 1000, "the dropped stream ran to its end (%ld tokens)", gen);
-    CHECK_EQ_INT(metric(p, "petrel_running_sequences"), 0);
+    /* the same for a request that is not streamed: its client closes while it waits */
+    const char *body2 = "{\"prompt\":\"The os module provides\",\"max_tokens\":1000,\"temperature\":0,\"ignore_eos\":true}";
+    fd = connect_to(p);
+    CHECK(fd >= 0 && send_req(fd, "POST", "/v1/completions", NULL, body2, strlen(body2)) == 0);
+    usleep(20000);
+    close(fd);
+    CHECK(http(p, "POST", "/v1/completions", NULL, "{\"prompt\":[300,301],\"max_tokens\":4,\"temperature\":0}", &r) == 0);
+    CHECK_EQ_INT(r.status, 200);
+    reply_free(&r);
+    long gen2 = metric(p, "petrel_generation_tokens_total");
+    CHECK_MSG(gen2 - gen < 1000, "the dropped request ran to its end (%ld tokens)", gen2 - gen);
+    long running = -1;
+    for (int t = 0; t < 100 && running != 0; t++) { /* dropped at the scheduler's next step */
+        running = metric(p, "petrel_running_sequences");
+        if (running) usleep(10000);
+    }
+    CHECK_EQ_INT(running, 0);
     serve_stop(sv);
     serve_free(sv);
 }

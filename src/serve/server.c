@@ -772,7 +772,28 @@ static int handle_completion(serve *sv, struct MHD_Connection *c, conn *cs, int 
         MHD_destroy_response(r);
         return ret;
     }
-    while (!j->done) pthread_cond_wait(&j->cv, &sv->mu);
+    /* wait, checking every 50 ms that the client is still there (a closed socket reads 0
+     * bytes): one that went away cancels its request */
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    int fd = ci ? ci->connect_fd : -1;
+    double next_check = now_s() + 0.05;
+    while (!j->done) {
+        struct timespec dl;
+        clock_gettime(CLOCK_REALTIME, &dl);
+        dl.tv_nsec += 50000000L;
+        if (dl.tv_nsec >= 1000000000L) dl.tv_sec++, dl.tv_nsec -= 1000000000L;
+        pthread_cond_timedwait(&j->cv, &sv->mu, &dl); /* woken by every token, too */
+        if (j->done || fd < 0 || now_s() < next_check) continue;
+        next_check = now_s() + 0.05;
+        char b;
+        if (recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) == 0) { /* gone: the scheduler drops it at its next step */
+            j->cancelled = 1;
+            pthread_cond_signal(&sv->sched_cv);
+            job_release_locked(sv, j);
+            pthread_mutex_unlock(&sv->mu);
+            return MHD_NO;
+        }
+    }
     cJSON *out;
     int status = 200;
     if (j->err_status) {
