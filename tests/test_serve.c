@@ -650,12 +650,26 @@ TEST(serve, keepalive_and_metrics) {
     CHECK_EQ_INT(so.n_ids, 4);
     CHECK_MSG(!strncmp(r.body, ": keep-alive\n\n", 14), "no keep-alive before the first token: %.80s", r.body);
     reply_free(&r);
+    /* the same prompt again takes its whole pages from the prefix cache: same tokens */
+    char *body2 = malloc(16384), *at = strstr(body, "\"stream\":true");
+    snprintf(body2, 16384, "%.*s\"stream\":false%s", (int)(at - body), body, at + 13);
+    CHECK(http(p, "POST", "/v1/completions", NULL, body2, &r) == 0);
+    free(body2);
+    CHECK_EQ_INT(r.status, 200);
+    cJSON *j = json_of(&r);
+    int32_t ids2[8];
+    int n2 = ids_of(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0), "token_ids"), ids2, 8);
+    CHECK(n2 == 4 && !memcmp(ids2, so.ids, sizeof(int32_t) * 4));
+    cJSON *ct = cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "usage"), "prompt_tokens_details"), "cached_tokens");
+    CHECK_MSG(cJSON_IsNumber(ct) && ct->valueint == 960, "cached tokens: %s", r.body); /* 15 whole pages of 64 of 999 */
+    cJSON_Delete(j);
+    reply_free(&r);
     free(body);
     CHECK(http(p, "GET", "/metrics", NULL, NULL, &r) == 0);
     CHECK(r.status == 200 && strcasestr(r.head, "content-type: text/plain"));
-    CHECK(strstr(r.body, "# TYPE petrel_generation_tokens_total counter\npetrel_generation_tokens_total 4\n") != NULL);
-    CHECK(strstr(r.body, "petrel_prompt_tokens_total 1000\n") != NULL);
-    CHECK(strstr(r.body, "petrel_time_to_first_token_seconds_count 1\n") != NULL);
+    CHECK(strstr(r.body, "# TYPE petrel_generation_tokens_total counter\npetrel_generation_tokens_total 8\n") != NULL);
+    CHECK(strstr(r.body, "petrel_prompt_tokens_total 2000\n") != NULL);
+    CHECK(strstr(r.body, "petrel_time_to_first_token_seconds_count 2\n") != NULL);
     reply_free(&r);
     serve_stop(sv);
     serve_free(sv);
