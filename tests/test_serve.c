@@ -461,7 +461,9 @@ TEST(serve, stop_strings_chat_tokenize) {
     CHECK(full && strlen(full) > 20);
     char stop[16] = "", body[512];
     if (full && strlen(full) > 20) memcpy(stop, full + 12, 5);
-    char *esc = cJSON_PrintUnformatted(cJSON_CreateString(stop)); /* leaks a tiny node: fine in a test */
+    cJSON *stop_j = cJSON_CreateString(stop);
+    char *esc = cJSON_PrintUnformatted(stop_j);
+    cJSON_Delete(stop_j);
     for (int s = 0; s < 2; s++) {
         snprintf(body, sizeof body, "{\"prompt\":\"The os module provides\",\"max_tokens\":24,\"temperature\":0,\"ignore_eos\":true,\"stop\":[%s],\"stream\":%s}",
                  esc, s ? "true" : "false");
