@@ -100,6 +100,7 @@ CLI_CMD(run); CLI_CMD(chat);
 CLI_CMD(convert); CLI_CMD(synth); CLI_CMD(bench);
 CLI_CMD(perplexity);
 CLI_CMD(plan);
+CLI_CMD(serve); CLI_CMD(bench_serve);
 
 /* petrel bench --draft (cli/bench_draft.c): decode with and without drafting, alternating. */
 typedef struct bench_draft_opts {

@@ -20,6 +20,8 @@ static const command commands[] = {
     {"synth", cmd_synth, "write a GLM-5.2-shaped pack with random weights (benchmarks)"},
     {"bench", cmd_bench, "measure decode/prefill speed against the memory-bandwidth floor"},
     {"plan", cmd_plan, "will a model run here: memory plan for a budget, hit rate, predicted tok/s"},
+    {"serve", cmd_serve, "OpenAI-compatible HTTP server with continuous batching"},
+    {"bench-serve", cmd_bench_serve, "drive a running petrel serve with N streaming clients: tok/s, TTFT, ITL"},
     {"perplexity", cmd_perplexity, "perplexity of a text file (and KL divergence from saved logits)"},
 };
 #define N_COMMANDS (sizeof commands / sizeof commands[0])

@@ -1,0 +1,1050 @@
+/* server.c: the scheduler thread and the HTTP front of `petrel serve` (see server.h).
+ *
+ * Locking: one mutex (serve.mu) guards the queue, the running set, every job's output fields
+ * (text released so far, done, finish, error) and the counters. The scheduler holds it only to
+ * take jobs in and to publish results, never across a forward. A job is shared by its
+ * connection thread and the scheduler (refs = 2); whichever lets go last frees it. Encoding and
+ * template rendering run on connection threads under tok_mu. */
+#include "serve/server.h"
+
+#include <arpa/inet.h>
+#include <math.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include <cjson/cJSON.h>
+
+#include "base/err.h"
+#include "model/config.h"
+#include "runtime/chat.h"
+#include "runtime/sampler.h"
+#include "serve/request.h"
+
+typedef struct { char *p; size_t n, cap; int oom; } sbuf;
+static void sb_add(sbuf *b, const char *s, size_t n) {
+    if (b->oom || !n) return;
+    if (b->n + n + 1 > b->cap) {
+        size_t c = b->cap ? b->cap : 256;
+        while (c < b->n + n + 1) c *= 2;
+        char *q = realloc(b->p, c);
+        if (!q) { b->oom = 1; return; }
+        b->p = q;
+        b->cap = c;
+    }
+    memcpy(b->p + b->n, s, n);
+    b->n += n;
+    b->p[b->n] = 0;
+}
+static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sb_printf(sbuf *b, const char *fmt, ...) {
+    char tmp[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    if (n > 0) sb_add(b, tmp, (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+enum { J_QUEUED, J_RUNNING, J_DONE };
+
+typedef struct job {
+    struct job *next;         /* queue link */
+    int refs;                 /* connection + scheduler */
+    int state, cancelled;
+    long id;
+    int chat;
+    int32_t *ids;             /* owned [cap]: prompt then generated ids */
+    int n_prompt, n_ids, cap, max_new, n_out, fed, n_cached;
+    sampler smp;              /* owned */
+    int have_smp, penalties, ignore_eos;
+    char *stop[SERVE_MAX_STOP];
+    int n_stop;
+    petrel_session *s;        /* owned while running */
+    tok_stream ts;
+    chat_split cs;
+    sbuf hold;                /* scheduler only: answer bytes held back for stop matching */
+    /* published under serve.mu */
+    sbuf content, reasoning;
+    int done;
+    const char *finish;       /* "stop" | "length" */
+    int err_status;           /* != 0: failed with errmsg */
+    char errmsg[1100];
+    double t_queued, t_first, t_last;
+    long created;             /* unix time of arrival: every chunk's "created" */
+    pthread_cond_t cv;
+} job;
+
+typedef struct metrics {
+    long requests_ok, requests_err, prompt_tokens, gen_tokens, cached_tokens, forwards, rows;
+    double ttft_sum, itl_sum;
+    long ttft_n, itl_n;
+    long ttft_le[8];          /* histogram buckets, see ttft_bounds */
+} metrics;
+static const double ttft_bounds[8] = {0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
+
+struct serve {
+    petrel_engine *eng;       /* borrowed */
+    const tokenizer *tok;     /* borrowed */
+    const jinja_template *tmpl; /* borrowed, may be NULL */
+    serve_opts o;
+    char *model_name, *api_key; /* owned copies */
+    int V, ctx;
+    int32_t *masked;          /* ids the tokenizer cannot decode: never sampled */
+    int n_masked;
+    int32_t chat_stop[3];
+    int n_chat_stop;
+    pthread_mutex_t mu, tok_mu;
+    pthread_cond_t sched_cv;
+    job *q_head, *q_tail;
+    int n_queued;
+    job **run;                /* [parallel] */
+    int n_run;
+    int stopping;
+    long next_id;
+    metrics m;
+    pthread_t sched;
+    int sched_started;
+    struct MHD_Daemon *d;
+    int port;
+    petrel_batch *b;
+    petrel_row *rows;
+    job **row_job;
+    float *lg;                /* [parallel][V] */
+};
+
+/* ---------- jobs ---------- */
+
+static void job_release_locked(serve *sv, job *j) {
+    (void)sv;
+    if (--j->refs > 0) return;
+    if (j->have_smp) sampler_free(&j->smp);
+    petrel_session_free(j->s);
+    tok_stream_free(&j->ts);
+    for (int k = 0; k < j->n_stop; k++) free(j->stop[k]);
+    free(j->ids);
+    free(j->hold.p);
+    free(j->content.p);
+    free(j->reasoning.p);
+    pthread_cond_destroy(&j->cv);
+    free(j);
+}
+
+/* Under mu: the job ends (once). The scheduler drops its session at the next step. */
+static void job_finish_locked(serve *sv, job *j, const char *finish, int status, const char *msg) {
+    if (j->done) return;
+    if (status) {
+        j->err_status = status;
+        snprintf(j->errmsg, sizeof j->errmsg, "%s", msg ? msg : "internal error");
+        sv->m.requests_err++;
+    } else {
+        j->finish = finish;
+        sv->m.requests_ok++;
+    }
+    j->done = 1;
+    j->state = J_DONE;
+    pthread_cond_broadcast(&j->cv);
+}
+
+/* Answer text through the stop strings: bytes that could still begin a stop string are held
+ * back; a match ends the job with "stop" and nothing from the match on is released. Returns 1
+ * when a stop string matched. */
+static int emit_answer(serve *sv, job *j, const char *b, size_t n) {
+    sb_add(&j->hold, b, n);
+    if (j->hold.oom) return 0;
+    size_t cut = j->hold.n, keep = 0;
+    int hit = 0;
+    for (int k = 0; k < j->n_stop; k++) {
+        const char *p = memmem(j->hold.p, j->hold.n, j->stop[k], strlen(j->stop[k]));
+        if (p && (size_t)(p - j->hold.p) < cut) cut = (size_t)(p - j->hold.p), hit = 1;
+    }
+    if (!hit)
+        for (int k = 0; k < j->n_stop; k++) {
+            size_t sl = strlen(j->stop[k]);
+            for (size_t l = sl - 1; l > keep; l--)
+                if (l <= j->hold.n && !memcmp(j->hold.p + j->hold.n - l, j->stop[k], l)) { keep = l; break; }
+        }
+    size_t rel = hit ? cut : j->hold.n - keep;
+    pthread_mutex_lock(&sv->mu);
+    sb_add(&j->content, j->hold.p, rel);
+    if (hit) job_finish_locked(sv, j, "stop", 0, NULL);
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&sv->mu);
+    memmove(j->hold.p, j->hold.p + rel, j->hold.n - rel);
+    j->hold.n -= rel;
+    if (hit) j->hold.n = 0;
+    return hit;
+}
+
+typedef struct { serve *sv; job *j; } split_ctx;
+static void on_split(void *user, int thinking, const char *b, size_t n) {
+    split_ctx *c = user;
+    if (c->j->done) return;
+    if (thinking) {
+        pthread_mutex_lock(&c->sv->mu);
+        sb_add(&c->j->reasoning, b, n);
+        pthread_cond_broadcast(&c->j->cv);
+        pthread_mutex_unlock(&c->sv->mu);
+    } else
+        emit_answer(c->sv, c->j, b, n);
+}
+
+static void push_bytes(serve *sv, job *j, int32_t id, const char *b, size_t n) {
+    split_ctx c = {sv, j};
+    if (j->chat) chat_split_piece(&j->cs, id, b, n, on_split, &c);
+    else if (n) emit_answer(sv, j, b, n);
+}
+
+/* The job reached its end without a stop string: what is held goes out. */
+static void flush_and_finish(serve *sv, job *j, const char *finish) {
+    const char *b = NULL;
+    size_t n = 0;
+    petrel_error e = {0};
+    if (tok_stream_flush(&j->ts, &b, &n, &e) == 0 && n) push_bytes(sv, j, -1, b, n);
+    pthread_mutex_lock(&sv->mu);
+    if (!j->done) {
+        sb_add(&j->content, j->hold.p, j->hold.n);
+        j->hold.n = 0;
+        job_finish_locked(sv, j, finish, 0, NULL);
+    }
+    pthread_mutex_unlock(&sv->mu);
+}
+
+static int is_stop_id(serve *sv, job *j, int32_t t) {
+    if (j->ignore_eos) return 0;
+    if (config_is_eos(petrel_engine_config(sv->eng), t)) return 1;
+    for (int k = 0; j->chat && k < sv->n_chat_stop; k++)
+        if (sv->chat_stop[k] == t) return 1;
+    return 0;
+}
+
+/* One sampled token of a running job. */
+static void take_token(serve *sv, job *j, float *lg) {
+    for (int i = 0; i < sv->n_masked; i++) lg[sv->masked[i]] = -INFINITY;
+    int32_t t = sampler_sample(&j->smp, lg, sv->V);
+    double now = now_s();
+    pthread_mutex_lock(&sv->mu);
+    if (j->n_out == 0) {
+        j->t_first = now;
+        double d = now - j->t_queued;
+        sv->m.ttft_sum += d;
+        sv->m.ttft_n++;
+        for (int k = 0; k < 8; k++)
+            if (d <= ttft_bounds[k]) sv->m.ttft_le[k]++;
+    } else {
+        sv->m.itl_sum += now - j->t_last;
+        sv->m.itl_n++;
+    }
+    j->t_last = now;
+    pthread_mutex_unlock(&sv->mu);
+    if (is_stop_id(sv, j, t)) { flush_and_finish(sv, j, "stop"); return; }
+    pthread_mutex_lock(&sv->mu);
+    j->ids[j->n_ids++] = t;
+    j->n_out++;
+    sv->m.gen_tokens++;
+    pthread_mutex_unlock(&sv->mu);
+    if (j->penalties) sampler_accept(&j->smp, t);
+    const char *b = NULL;
+    size_t n = 0;
+    petrel_error e = {0};
+    if (tok_stream_push(&j->ts, t, &b, &n, &e) < 0) {
+        pthread_mutex_lock(&sv->mu);
+        job_finish_locked(sv, j, NULL, 500, e.msg);
+        pthread_mutex_unlock(&sv->mu);
+        return;
+    }
+    push_bytes(sv, j, t, b, n);
+    if (!j->done && j->n_out >= j->max_new) flush_and_finish(sv, j, "length");
+}
+
+/* ---------- the scheduler ---------- */
+
+static void *sched_main(void *arg) {
+    serve *sv = arg;
+    const int max_rows = sv->o.max_rows;
+    for (;;) {
+        pthread_mutex_lock(&sv->mu);
+        while (!sv->stopping && !sv->q_head && sv->n_run == 0) pthread_cond_wait(&sv->sched_cv, &sv->mu);
+        if (sv->stopping) { /* everything still open ends with an error */
+            for (int a = 0; a < sv->n_run; a++) {
+                job_finish_locked(sv, sv->run[a], NULL, 503, "the server is shutting down");
+                job_release_locked(sv, sv->run[a]);
+            }
+            sv->n_run = 0;
+            while (sv->q_head) {
+                job *j = sv->q_head;
+                sv->q_head = j->next;
+                job_finish_locked(sv, j, NULL, 503, "the server is shutting down");
+                job_release_locked(sv, j);
+            }
+            sv->q_tail = NULL;
+            sv->n_queued = 0;
+            pthread_mutex_unlock(&sv->mu);
+            break;
+        }
+        /* finished or cancelled jobs free their place */
+        for (int a = 0; a < sv->n_run;) {
+            job *j = sv->run[a];
+            if (j->cancelled && !j->done) job_finish_locked(sv, j, NULL, 499, "cancelled: the client went away");
+            if (j->done) {
+                petrel_session_free(j->s);
+                j->s = NULL;
+                job_release_locked(sv, j);
+                sv->run[a] = sv->run[--sv->n_run];
+            } else a++;
+        }
+        int first_new = sv->n_run;
+        while (sv->n_run < sv->o.parallel && sv->q_head) {
+            job *j = sv->q_head;
+            sv->q_head = j->next;
+            if (!sv->q_head) sv->q_tail = NULL;
+            sv->n_queued--;
+            if (j->cancelled) { job_finish_locked(sv, j, NULL, 499, "cancelled"); job_release_locked(sv, j); continue; }
+            j->state = J_RUNNING;
+            sv->run[sv->n_run++] = j;
+        }
+        int n_run = sv->n_run;
+        pthread_mutex_unlock(&sv->mu);
+        if (!n_run) continue;
+        /* sessions for the new jobs; a known prefix comes from the cache */
+        for (int a = first_new; a < n_run; a++) {
+            job *j = sv->run[a];
+            petrel_error e = {0};
+            if (petrel_session_create(sv->eng, j->cap, &j->s, &e)) {
+                pthread_mutex_lock(&sv->mu);
+                job_finish_locked(sv, j, NULL, 503, e.msg);
+                pthread_mutex_unlock(&sv->mu);
+                continue;
+            }
+            int got = petrel_session_prefix_get(j->s, j->ids, j->n_prompt - 1, &e);
+            if (got > 0) {
+                j->fed = got;
+                j->n_cached = got;
+                pthread_mutex_lock(&sv->mu);
+                sv->m.cached_tokens += got;
+                pthread_mutex_unlock(&sv->mu);
+            }
+        }
+        /* rows: a decode row per generating job first, then prompt chunks */
+        int n = 0;
+        for (int a = 0; a < n_run; a++) {
+            job *j = sv->run[a];
+            if (j->done || !j->s || j->fed < j->n_prompt || n >= max_rows) continue;
+            sv->rows[n] = (petrel_row){j->s, j->ids[j->n_ids - 1], 1};
+            sv->row_job[n++] = j;
+        }
+        for (int a = 0; a < n_run && n < max_rows; a++) {
+            job *j = sv->run[a];
+            if (j->done || !j->s || j->fed >= j->n_prompt) continue;
+            int take = j->n_prompt - j->fed, ch = petrel_session_chunk(j->s);
+            if (take > ch) take = ch;
+            if (take > max_rows - n) take = max_rows - n;
+            for (int k = 0; k < take; k++) {
+                int last = j->fed + k == j->n_prompt - 1;
+                sv->rows[n] = (petrel_row){j->s, j->ids[j->fed + k], last};
+                sv->row_job[n++] = j;
+            }
+        }
+        if (!n) continue;
+        petrel_error e = {0};
+        int rc = petrel_batch_forward(sv->b, sv->rows, n, sv->lg, &e);
+        pthread_mutex_lock(&sv->mu);
+        sv->m.forwards++;
+        sv->m.rows += n;
+        pthread_mutex_unlock(&sv->mu);
+        if (rc) {
+            /* A failed forward appends nothing. Rerun each job's rows alone (rows are independent
+             * of their batch: the same logits), so only the jobs that fail by themselves (a read
+             * error of their experts, a full KV pool) end with the error; the others go on. */
+            int li0 = 0;
+            for (int r = 0; r < n;) {
+                job *j = sv->row_job[r];
+                int r1 = r, nl = 0;
+                while (r1 < n && sv->row_job[r1] == j) nl += sv->rows[r1++].want_logits;
+                petrel_error e1 = {0};
+                int rc1 = petrel_batch_forward(sv->b, sv->rows + r, r1 - r, sv->lg + (size_t)li0 * (size_t)sv->V, &e1);
+                if (rc1) {
+                    pthread_mutex_lock(&sv->mu);
+                    job_finish_locked(sv, j, NULL, rc1 == PETREL_ERANGE || rc1 == PETREL_ENOMEM ? 503 : 500, e1.msg);
+                    pthread_mutex_unlock(&sv->mu);
+                }
+                li0 += nl;
+                r = r1;
+            }
+        }
+        int li = 0;
+        for (int r = 0; r < n; r++) {
+            job *j = sv->row_job[r];
+            int want = sv->rows[r].want_logits;
+            float *row = want ? sv->lg + (size_t)li++ * (size_t)sv->V : NULL;
+            if (j->done) continue; /* failed in this forward: its rows were not appended */
+            if (j->fed < j->n_prompt) {
+                if (++j->fed == j->n_prompt) petrel_session_prefix_put(j->s, &(petrel_error){0}); /* a hint */
+            } else
+                j->fed++;
+            if (want) take_token(sv, j, row);
+        }
+    }
+    return NULL;
+}
+
+/* ---------- HTTP ---------- */
+
+typedef struct conn {
+    sbuf body;
+    int too_big;
+} conn;
+
+static int queue_response(struct MHD_Connection *c, int status, const char *ctype, char *body, size_t len) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
+    if (!r) { free(body); return MHD_NO; }
+    MHD_add_response_header(r, "Content-Type", ctype);
+    int ret = MHD_queue_response(c, (unsigned)status, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+static int send_json(struct MHD_Connection *c, int status, cJSON *j) {
+    char *s = cJSON_PrintUnformatted(j);
+    cJSON_Delete(j);
+    if (!s) return MHD_NO;
+    return queue_response(c, status, "application/json", s, strlen(s));
+}
+
+static const char *err_type(int status) {
+    return status == 401 ? "authentication_error" : status == 404 ? "not_found_error" : status < 500 ? "invalid_request_error" : status == 503 ? "server_overloaded" : "server_error";
+}
+
+static cJSON *error_obj(int status, const char *code, const char *param, const char *msg) {
+    cJSON *j = cJSON_CreateObject(), *e = cJSON_AddObjectToObject(j, "error");
+    char *clean = chat_utf8_clean(msg, strlen(msg));
+    cJSON_AddStringToObject(e, "message", clean ? clean : "error");
+    free(clean);
+    cJSON_AddStringToObject(e, "type", err_type(status));
+    if (param && *param) cJSON_AddStringToObject(e, "param", param);
+    else cJSON_AddNullToObject(e, "param");
+    if (code) cJSON_AddStringToObject(e, "code", code);
+    else cJSON_AddNullToObject(e, "code");
+    return j;
+}
+
+static int send_error(struct MHD_Connection *c, int status, const char *code, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static int send_error(struct MHD_Connection *c, int status, const char *code, const char *param, const char *fmt, ...) {
+    char msg[1200];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return send_json(c, status, error_obj(status, code, param, msg));
+}
+
+/* Constant time in the key's length: every byte of the key is compared, whatever the input. */
+static int key_ok(const serve *sv, struct MHD_Connection *c) {
+    if (!sv->api_key) return 1;
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+    const char *k = sv->api_key;
+    size_t kn = strlen(k);
+    if (!h || strncmp(h, "Bearer ", 7)) return 0;
+    h += 7;
+    size_t hn = strlen(h);
+    volatile unsigned char d = hn != kn;
+    for (size_t i = 0; i < kn; i++) d |= (unsigned char)(i < hn ? h[i] : 0) ^ (unsigned char)k[i];
+    return d == 0;
+}
+
+static cJSON *usage_obj(const job *j) {
+    cJSON *u = cJSON_CreateObject();
+    cJSON_AddNumberToObject(u, "prompt_tokens", j->n_prompt);
+    cJSON_AddNumberToObject(u, "completion_tokens", j->n_out);
+    cJSON_AddNumberToObject(u, "total_tokens", j->n_prompt + j->n_out);
+    if (j->n_cached) {
+        cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
+        cJSON_AddNumberToObject(d, "cached_tokens", j->n_cached);
+    }
+    return u;
+}
+
+static void add_clean(cJSON *o, const char *name, const char *s, size_t n) {
+    char *c = chat_utf8_clean(s ? s : "", s ? n : 0);
+    cJSON_AddStringToObject(o, name, c ? c : "");
+    free(c);
+}
+
+static cJSON *ids_arr(const int32_t *ids, int n) {
+    cJSON *a = cJSON_CreateArray();
+    for (int k = 0; a && k < n; k++) cJSON_AddItemToArray(a, cJSON_CreateNumber(ids[k]));
+    return a;
+}
+
+/* The envelope of a reply or a chunk. */
+static cJSON *envelope(const serve *sv, const job *j, const char *object) {
+    cJSON *r = cJSON_CreateObject();
+    char id[64];
+    snprintf(id, sizeof id, "%s-%ld", j->chat ? "chatcmpl" : "cmpl", j->id);
+    cJSON_AddStringToObject(r, "id", id);
+    cJSON_AddStringToObject(r, "object", object);
+    cJSON_AddNumberToObject(r, "created", (double)j->created);
+    cJSON_AddStringToObject(r, "model", sv->model_name);
+    return r;
+}
+
+typedef struct stream {
+    serve *sv;
+    job *j;
+    int return_ids, include_usage, role_sent, phase; /* phase 0 streaming, 1 ended */
+    size_t c_sent, r_sent;
+    int ids_sent;
+    sbuf out;
+    size_t off;
+} stream;
+
+static void sse_json(sbuf *b, cJSON *j) {
+    char *s = cJSON_PrintUnformatted(j);
+    cJSON_Delete(j);
+    sb_add(b, "data: ", 6);
+    if (s) sb_add(b, s, strlen(s));
+    sb_add(b, "\n\n", 2);
+    free(s);
+}
+
+/* Under mu: SSE events for what the job published since the last call. */
+static void stream_events_locked(stream *st) {
+    serve *sv = st->sv;
+    job *j = st->j;
+    int newc = j->content.n > st->c_sent, newr = j->reasoning.n > st->r_sent, newids = j->n_out > st->ids_sent;
+    if (!st->role_sent && j->chat) { /* OpenAI's first chunk: the role */
+        cJSON *e = envelope(sv, j, "chat.completion.chunk"), *ch = cJSON_AddArrayToObject(e, "choices"), *c = cJSON_CreateObject();
+        cJSON_AddNumberToObject(c, "index", 0);
+        cJSON *d = cJSON_AddObjectToObject(c, "delta");
+        cJSON_AddStringToObject(d, "role", "assistant");
+        cJSON_AddStringToObject(d, "content", "");
+        cJSON_AddNullToObject(c, "logprobs");
+        cJSON_AddNullToObject(c, "finish_reason");
+        cJSON_AddItemToArray(ch, c);
+        sse_json(&st->out, e);
+        st->role_sent = 1;
+    }
+    if (j->err_status) {
+        sse_json(&st->out, error_obj(j->err_status, NULL, NULL, j->errmsg));
+        sb_add(&st->out, "data: [DONE]\n\n", 14);
+        st->phase = 1;
+        return;
+    }
+    if (newc || newr || (newids && st->return_ids)) {
+        cJSON *e = envelope(sv, j, j->chat ? "chat.completion.chunk" : "text_completion"), *ch = cJSON_AddArrayToObject(e, "choices"),
+              *c = cJSON_CreateObject();
+        cJSON_AddNumberToObject(c, "index", 0);
+        if (j->chat) {
+            cJSON *d = cJSON_AddObjectToObject(c, "delta");
+            if (newr) add_clean(d, "reasoning_content", j->reasoning.p + st->r_sent, j->reasoning.n - st->r_sent);
+            if (newc || !newr) add_clean(d, "content", j->content.p ? j->content.p + st->c_sent : "", j->content.n - st->c_sent);
+        } else
+            add_clean(c, "text", j->content.p ? j->content.p + st->c_sent : "", j->content.n - st->c_sent);
+        if (st->return_ids) cJSON_AddItemToObject(c, "token_ids", ids_arr(j->ids + j->n_prompt + st->ids_sent, j->n_out - st->ids_sent));
+        cJSON_AddNullToObject(c, "logprobs");
+        cJSON_AddNullToObject(c, "finish_reason");
+        cJSON_AddItemToArray(ch, c);
+        sse_json(&st->out, e);
+        st->c_sent = j->content.n;
+        st->r_sent = j->reasoning.n;
+        st->ids_sent = j->n_out;
+    }
+    if (j->done) {
+        cJSON *e = envelope(sv, j, j->chat ? "chat.completion.chunk" : "text_completion"), *ch = cJSON_AddArrayToObject(e, "choices"),
+              *c = cJSON_CreateObject();
+        cJSON_AddNumberToObject(c, "index", 0);
+        if (j->chat) cJSON_AddObjectToObject(c, "delta");
+        else cJSON_AddStringToObject(c, "text", "");
+        cJSON_AddNullToObject(c, "logprobs");
+        cJSON_AddStringToObject(c, "finish_reason", j->finish);
+        cJSON_AddItemToArray(ch, c);
+        sse_json(&st->out, e);
+        if (st->include_usage) {
+            e = envelope(sv, j, j->chat ? "chat.completion.chunk" : "text_completion");
+            cJSON_AddArrayToObject(e, "choices");
+            cJSON_AddItemToObject(e, "usage", usage_obj(j));
+            sse_json(&st->out, e);
+        }
+        sb_add(&st->out, "data: [DONE]\n\n", 14);
+        st->phase = 1;
+    }
+}
+
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
+    (void)pos;
+    stream *st = cls;
+    serve *sv = st->sv;
+    if (st->off == st->out.n) {
+        st->out.n = st->off = 0;
+        if (st->phase == 1) return MHD_CONTENT_READER_END_OF_STREAM;
+        pthread_mutex_lock(&sv->mu);
+        job *j = st->j;
+        struct timespec dl;
+        clock_gettime(CLOCK_REALTIME, &dl);
+        long ns = dl.tv_nsec + (long)(sv->o.keepalive_ms % 1000) * 1000000L;
+        dl.tv_sec += sv->o.keepalive_ms / 1000 + ns / 1000000000L;
+        dl.tv_nsec = ns % 1000000000L;
+        int timed_out = 0;
+        while (st->role_sent == (j->chat ? 1 : st->role_sent) && !j->done && j->content.n == st->c_sent && j->reasoning.n == st->r_sent &&
+               !(st->return_ids && j->n_out > st->ids_sent) && !timed_out)
+            timed_out = pthread_cond_timedwait(&j->cv, &sv->mu, &dl) != 0;
+        stream_events_locked(st);
+        pthread_mutex_unlock(&sv->mu);
+        if (st->out.n == 0) sb_add(&st->out, ": keep-alive\n\n", 14);
+        if (st->out.oom) return MHD_CONTENT_READER_END_WITH_ERROR;
+    }
+    size_t k = st->out.n - st->off;
+    if (k > max) k = max;
+    memcpy(buf, st->out.p + st->off, k);
+    st->off += k;
+    return (ssize_t)k;
+}
+
+static void stream_free(void *cls) {
+    stream *st = cls;
+    serve *sv = st->sv;
+    pthread_mutex_lock(&sv->mu);
+    if (!st->j->done) { /* the client went away: the scheduler drops the job at its next step */
+        st->j->cancelled = 1;
+        pthread_cond_signal(&sv->sched_cv);
+    }
+    job_release_locked(sv, st->j);
+    pthread_mutex_unlock(&sv->mu);
+    free(st->out.p);
+    free(st);
+}
+
+static int handle_completion(serve *sv, struct MHD_Connection *c, conn *cs, int chat) {
+    serve_request rq;
+    char param[64] = "";
+    petrel_error e = {0};
+    if (serve_request_parse(cs->body.p, cs->body.n, chat, &rq, param, &e))
+        return send_error(c, e.code == PETREL_ENOMEM ? 500 : 400, NULL, param, "%s", e.msg);
+    int ret;
+    if (rq.model && strcmp(rq.model, sv->model_name)) {
+        ret = send_error(c, 404, "model_not_found", "model", "The model '%.200s' does not exist; this server serves '%.200s'", rq.model, sv->model_name);
+        serve_request_free(&rq);
+        return ret;
+    }
+    int32_t *ids = NULL;
+    int n = 0, in_think = 0, rc = 0;
+    if (chat && !sv->tmpl) {
+        serve_request_free(&rq);
+        return send_error(c, 400, NULL, "messages", "this model has no chat template: use /v1/completions");
+    }
+    pthread_mutex_lock(&sv->tok_mu);
+    if (chat) {
+        char *text = NULL;
+        size_t tl = 0;
+        rc = chat_render(sv->tmpl, rq.messages, 1, rq.enable_thinking, &text, &tl, &e);
+        if (!rc) {
+            in_think = chat_ends_in_think(text, tl);
+            size_t m = 0;
+            rc = tok_encode(sv->tok, text, tl, &ids, &m, &e);
+            n = (int)m;
+        }
+        free(text);
+    } else if (rq.prompt) {
+        size_t m = 0;
+        rc = tok_encode(sv->tok, rq.prompt, rq.prompt_len, &ids, &m, &e);
+        n = (int)m;
+    } else {
+        ids = rq.prompt_ids, n = rq.n_prompt_ids;
+        rq.prompt_ids = NULL;
+    }
+    pthread_mutex_unlock(&sv->tok_mu);
+    if (rc) {
+        free(ids);
+        serve_request_free(&rq);
+        return send_error(c, rc == PETREL_ENOMEM ? 500 : 400, NULL, chat ? "messages" : "prompt", "%s", e.msg);
+    }
+    const char *perr = NULL;
+    char pmsg[300];
+    if (n == 0) perr = "the prompt holds no tokens";
+    for (int k = 0; !perr && k < n; k++)
+        if (ids[k] >= sv->V) snprintf(pmsg, sizeof pmsg, "token id %d is outside the vocabulary (%d ids)", ids[k], sv->V), perr = pmsg;
+    long max_new = rq.max_tokens >= 0 ? rq.max_tokens : chat ? sv->ctx - n + 1 : 16;
+    if (!perr && n > sv->ctx) {
+        free(ids);
+        serve_request_free(&rq);
+        return send_error(c, 400, "context_length_exceeded", chat ? "messages" : "prompt",
+                          "This model's maximum context length is %d tokens. However, your prompt has %d tokens.", sv->ctx, n);
+    }
+    if (!perr && rq.max_tokens >= 0 && n + max_new - 1 > sv->ctx) {
+        free(ids);
+        serve_request_free(&rq);
+        return send_error(c, 400, "context_length_exceeded", "max_tokens",
+                          "This model's maximum context length is %d tokens. However, you requested %ld tokens (%d in the prompt, %ld in the completion).",
+                          sv->ctx, n + max_new, n, max_new);
+    }
+    if (rq.max_tokens < 0 && n + max_new - 1 > sv->ctx) max_new = sv->ctx - n + 1;
+    if (perr) {
+        free(ids);
+        serve_request_free(&rq);
+        return send_error(c, 400, NULL, chat ? "messages" : "prompt", "%s", perr);
+    }
+    job *j = calloc(1, sizeof *j);
+    if (j) j->ids = realloc(ids, sizeof(int32_t) * ((size_t)n + (size_t)max_new + 1));
+    if (!j || !j->ids) {
+        free(j);
+        free(ids);
+        serve_request_free(&rq);
+        return send_error(c, 500, NULL, NULL, "out of memory");
+    }
+    j->refs = 2;
+    j->chat = chat;
+    j->n_prompt = j->n_ids = n;
+    j->max_new = (int)max_new;
+    j->cap = n + (int)max_new - 1 > n ? n + (int)max_new - 1 : n;
+    j->ignore_eos = rq.ignore_eos;
+    j->penalties = rq.sp.penalty_last_n > 0;
+    for (int k = 0; k < rq.n_stop; k++) j->stop[k] = rq.stop[k], rq.stop[k] = NULL;
+    j->n_stop = rq.n_stop;
+    rq.n_stop = 0;
+    pthread_cond_init(&j->cv, NULL);
+    tok_stream_init(&j->ts, sv->tok);
+    if (chat) chat_split_init(&j->cs, sv->tok, in_think);
+    if (!rq.seed_set) rq.sp.seed = (uint64_t)(now_s() * 1e9) ^ ((uint64_t)(uintptr_t)j << 17);
+    if (sampler_init(&j->smp, &rq.sp, sv->V, &e)) {
+        j->refs = 1;
+        pthread_mutex_lock(&sv->mu);
+        job_release_locked(sv, j);
+        pthread_mutex_unlock(&sv->mu);
+        serve_request_free(&rq);
+        return send_error(c, 400, NULL, NULL, "%s", e.msg);
+    }
+    j->have_smp = 1;
+    int stream_mode = rq.stream, return_ids = rq.return_token_ids, include_usage = rq.include_usage;
+    serve_request_free(&rq);
+    pthread_mutex_lock(&sv->mu);
+    if (sv->stopping) {
+        j->refs = 1;
+        job_release_locked(sv, j);
+        pthread_mutex_unlock(&sv->mu);
+        return send_error(c, 503, NULL, NULL, "the server is shutting down");
+    }
+    j->id = ++sv->next_id;
+    j->t_queued = now_s();
+    j->created = (long)time(NULL);
+    sv->m.prompt_tokens += n;
+    if (max_new == 0) { /* nothing to generate: no session needed */
+        j->refs = 1;
+        job_finish_locked(sv, j, "length", 0, NULL);
+    } else {
+        j->state = J_QUEUED;
+        if (sv->q_tail) sv->q_tail->next = j;
+        else sv->q_head = j;
+        sv->q_tail = j;
+        sv->n_queued++;
+        pthread_cond_signal(&sv->sched_cv);
+    }
+    if (stream_mode) {
+        pthread_mutex_unlock(&sv->mu);
+        stream *st = calloc(1, sizeof *st);
+        struct MHD_Response *r = st ? MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_read, st, stream_free) : NULL;
+        if (!r) {
+            pthread_mutex_lock(&sv->mu);
+            j->cancelled = 1;
+            job_release_locked(sv, j);
+            pthread_mutex_unlock(&sv->mu);
+            free(st);
+            return MHD_NO;
+        }
+        st->sv = sv;
+        st->j = j;
+        st->return_ids = return_ids;
+        st->include_usage = include_usage;
+        MHD_add_response_header(r, "Content-Type", "text/event-stream");
+        MHD_add_response_header(r, "Cache-Control", "no-cache");
+        ret = MHD_queue_response(c, 200, r);
+        MHD_destroy_response(r);
+        return ret;
+    }
+    /* wait, checking every 50 ms that the client is still there (a closed socket reads 0
+     * bytes): one that went away cancels its request */
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    int fd = ci ? ci->connect_fd : -1;
+    double next_check = now_s() + 0.05;
+    while (!j->done) {
+        struct timespec dl;
+        clock_gettime(CLOCK_REALTIME, &dl);
+        dl.tv_nsec += 50000000L;
+        if (dl.tv_nsec >= 1000000000L) dl.tv_sec++, dl.tv_nsec -= 1000000000L;
+        pthread_cond_timedwait(&j->cv, &sv->mu, &dl); /* woken by every token, too */
+        if (j->done || fd < 0 || now_s() < next_check) continue;
+        next_check = now_s() + 0.05;
+        char b;
+        if (recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) == 0) { /* gone: the scheduler drops it at its next step */
+            j->cancelled = 1;
+            pthread_cond_signal(&sv->sched_cv);
+            job_release_locked(sv, j);
+            pthread_mutex_unlock(&sv->mu);
+            return MHD_NO;
+        }
+    }
+    cJSON *out;
+    int status = 200;
+    if (j->err_status) {
+        status = j->err_status == 499 ? 500 : j->err_status;
+        out = error_obj(status, NULL, NULL, j->errmsg);
+    } else {
+        out = envelope(sv, j, chat ? "chat.completion" : "text_completion");
+        cJSON *ch = cJSON_AddArrayToObject(out, "choices"), *c0 = cJSON_CreateObject();
+        cJSON_AddNumberToObject(c0, "index", 0);
+        if (chat) {
+            cJSON *m = cJSON_AddObjectToObject(c0, "message");
+            cJSON_AddStringToObject(m, "role", "assistant");
+            add_clean(m, "content", j->content.p, j->content.n);
+            if (j->reasoning.n) add_clean(m, "reasoning_content", j->reasoning.p, j->reasoning.n);
+        } else
+            add_clean(c0, "text", j->content.p, j->content.n);
+        if (return_ids) cJSON_AddItemToObject(c0, "token_ids", ids_arr(j->ids + j->n_prompt, j->n_out));
+        cJSON_AddNullToObject(c0, "logprobs");
+        cJSON_AddStringToObject(c0, "finish_reason", j->finish);
+        cJSON_AddItemToArray(ch, c0);
+        if (return_ids) cJSON_AddItemToObject(out, "prompt_token_ids", ids_arr(j->ids, j->n_prompt));
+        cJSON_AddItemToObject(out, "usage", usage_obj(j));
+    }
+    job_release_locked(sv, j);
+    pthread_mutex_unlock(&sv->mu);
+    return send_json(c, status, out);
+}
+
+static int handle_tokenize(serve *sv, struct MHD_Connection *c, conn *cs, int detok) {
+    cJSON *j = cs->body.n ? cJSON_ParseWithLength(cs->body.p, cs->body.n) : NULL;
+    if (!cJSON_IsObject(j)) { cJSON_Delete(j); return send_error(c, 400, NULL, NULL, "the request body is not a JSON object"); }
+    petrel_error e = {0};
+    cJSON *out = cJSON_CreateObject();
+    int status = 200;
+    if (detok) {
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, "tokens");
+        int32_t *ids = NULL;
+        int n = 0;
+        if (!cJSON_IsArray(t) || serve_parse_ids_array(t, &ids, &n, "tokens", &e)) {
+            cJSON_Delete(out);
+            out = error_obj(400, NULL, "tokens", cJSON_IsArray(t) ? e.msg : "'tokens' must be an array of token ids");
+            status = 400;
+        } else {
+            char *s = NULL;
+            size_t l = 0;
+            pthread_mutex_lock(&sv->tok_mu);
+            int rc = tok_decode(sv->tok, ids, (size_t)n, &s, &l, &e);
+            pthread_mutex_unlock(&sv->tok_mu);
+            if (rc) { cJSON_Delete(out); out = error_obj(400, NULL, "tokens", e.msg); status = 400; }
+            else add_clean(out, "prompt", s, l);
+            free(s);
+        }
+        free(ids);
+    } else {
+        const cJSON *p = cJSON_GetObjectItemCaseSensitive(j, "prompt");
+        if (!cJSON_IsString(p)) { cJSON_Delete(out); out = error_obj(400, NULL, "prompt", "'prompt' must be a string"); status = 400; }
+        else {
+            int32_t *ids = NULL;
+            size_t n = 0;
+            pthread_mutex_lock(&sv->tok_mu);
+            int rc = tok_encode(sv->tok, p->valuestring, strlen(p->valuestring), &ids, &n, &e);
+            pthread_mutex_unlock(&sv->tok_mu);
+            if (rc) { cJSON_Delete(out); out = error_obj(400, NULL, "prompt", e.msg); status = 400; }
+            else {
+                cJSON_AddItemToObject(out, "tokens", ids_arr(ids, (int)n));
+                cJSON_AddNumberToObject(out, "count", (double)n);
+                cJSON_AddNumberToObject(out, "max_model_len", sv->ctx);
+            }
+            free(ids);
+        }
+    }
+    cJSON_Delete(j);
+    return send_json(c, status, out);
+}
+
+static int handle_metrics(serve *sv, struct MHD_Connection *c) {
+    sbuf b = {0};
+    pthread_mutex_lock(&sv->mu);
+    metrics m = sv->m;
+    int run = sv->n_run, q = sv->n_queued;
+    pthread_mutex_unlock(&sv->mu);
+    sb_printf(&b, "# HELP petrel_requests_total Completed requests by result.\n# TYPE petrel_requests_total counter\n");
+    sb_printf(&b, "petrel_requests_total{result=\"ok\"} %ld\npetrel_requests_total{result=\"error\"} %ld\n", m.requests_ok, m.requests_err);
+    sb_printf(&b, "# TYPE petrel_prompt_tokens_total counter\npetrel_prompt_tokens_total %ld\n", m.prompt_tokens);
+    sb_printf(&b, "# TYPE petrel_prompt_tokens_cached_total counter\npetrel_prompt_tokens_cached_total %ld\n", m.cached_tokens);
+    sb_printf(&b, "# TYPE petrel_generation_tokens_total counter\npetrel_generation_tokens_total %ld\n", m.gen_tokens);
+    sb_printf(&b, "# TYPE petrel_running_sequences gauge\npetrel_running_sequences %d\n", run);
+    sb_printf(&b, "# TYPE petrel_queued_sequences gauge\npetrel_queued_sequences %d\n", q);
+    sb_printf(&b, "# TYPE petrel_forwards_total counter\npetrel_forwards_total %ld\n", m.forwards);
+    sb_printf(&b, "# TYPE petrel_batch_rows_total counter\npetrel_batch_rows_total %ld\n", m.rows);
+    sb_printf(&b, "# TYPE petrel_time_to_first_token_seconds histogram\n");
+    for (int k = 0; k < 8; k++) sb_printf(&b, "petrel_time_to_first_token_seconds_bucket{le=\"%g\"} %ld\n", ttft_bounds[k], m.ttft_le[k]);
+    sb_printf(&b, "petrel_time_to_first_token_seconds_bucket{le=\"+Inf\"} %ld\n", m.ttft_n);
+    sb_printf(&b, "petrel_time_to_first_token_seconds_sum %.6f\npetrel_time_to_first_token_seconds_count %ld\n", m.ttft_sum, m.ttft_n);
+    sb_printf(&b, "# TYPE petrel_inter_token_latency_seconds summary\npetrel_inter_token_latency_seconds_sum %.6f\npetrel_inter_token_latency_seconds_count %ld\n",
+              m.itl_sum, m.itl_n);
+    if (b.oom || !b.p) { free(b.p); return MHD_NO; }
+    return queue_response(c, 200, "text/plain; version=0.0.4", b.p, b.n);
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method, const char *version,
+                                  const char *upload, size_t *upload_size, void **con_cls) {
+    (void)version;
+    serve *sv = cls;
+    conn *cs = *con_cls;
+    if (!cs) {
+        cs = calloc(1, sizeof *cs);
+        if (!cs) return MHD_NO;
+        *con_cls = cs;
+        return MHD_YES;
+    }
+    if (*upload_size) {
+        if (cs->body.n + *upload_size > sv->o.max_body) cs->too_big = 1;
+        else sb_add(&cs->body, upload, *upload_size);
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    int get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
+    if (!strcmp(url, "/health")) return get ? send_json(c, 200, cJSON_Parse("{\"status\":\"ok\"}")) : send_error(c, 405, NULL, NULL, "use GET");
+    if (!key_ok(sv, c)) return send_error(c, 401, "invalid_api_key", NULL, "Incorrect or missing API key: send the header \"Authorization: Bearer KEY\"");
+    if (cs->too_big) return send_error(c, 413, "request_too_large", NULL, "the request body is larger than the limit of %zu bytes", sv->o.max_body);
+    if (cs->body.oom) return send_error(c, 500, NULL, NULL, "out of memory");
+    int chat = !strcmp(url, "/v1/chat/completions");
+    if (chat || !strcmp(url, "/v1/completions")) return post ? handle_completion(sv, c, cs, chat) : send_error(c, 405, NULL, NULL, "use POST");
+    if (!strcmp(url, "/tokenize") || !strcmp(url, "/detokenize"))
+        return post ? handle_tokenize(sv, c, cs, url[1] == 'd') : send_error(c, 405, NULL, NULL, "use POST");
+    if (!strcmp(url, "/metrics")) return get ? handle_metrics(sv, c) : send_error(c, 405, NULL, NULL, "use GET");
+    if (!strcmp(url, "/v1/models") || (!strncmp(url, "/v1/models/", 11) && !strcmp(url + 11, sv->model_name))) {
+        if (!get) return send_error(c, 405, NULL, NULL, "use GET");
+        cJSON *m = cJSON_CreateObject();
+        cJSON_AddStringToObject(m, "id", sv->model_name);
+        cJSON_AddStringToObject(m, "object", "model");
+        cJSON_AddNumberToObject(m, "created", 0);
+        cJSON_AddStringToObject(m, "owned_by", "petrel");
+        cJSON_AddNumberToObject(m, "max_model_len", sv->ctx);
+        if (url[10] == '/') return send_json(c, 200, m);
+        cJSON *l = cJSON_CreateObject();
+        cJSON_AddStringToObject(l, "object", "list");
+        cJSON_AddItemToArray(cJSON_AddArrayToObject(l, "data"), m);
+        return send_json(c, 200, l);
+    }
+    return send_error(c, 404, "not_found", NULL, "no endpoint %.200s %.200s", method, url);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
+    (void)cls, (void)c, (void)toe;
+    conn *cs = *con_cls;
+    if (!cs) return;
+    free(cs->body.p);
+    free(cs);
+    *con_cls = NULL;
+}
+
+/* ---------- lifetime ---------- */
+
+int serve_start(petrel_engine *eng, const tokenizer *tok, const jinja_template *tmpl, const serve_opts *o, serve **out, petrel_error *err) {
+    *out = NULL;
+    serve *sv = calloc(1, sizeof *sv);
+    if (!sv) return pt_err(err, PETREL_ENOMEM, "out of memory");
+    sv->eng = eng;
+    sv->tok = tok;
+    sv->tmpl = tmpl;
+    sv->o = *o;
+    const petrel_config *cfg = petrel_engine_config(eng);
+    sv->V = petrel_engine_vocab_size(eng);
+    if (sv->o.parallel <= 0) sv->o.parallel = 8;
+    if (sv->o.max_rows <= 0) sv->o.max_rows = 512;
+    if (sv->o.max_body == 0) sv->o.max_body = 4u << 20;
+    if (sv->o.keepalive_ms <= 0) sv->o.keepalive_ms = 5000;
+    if (sv->o.max_connections <= 0) sv->o.max_connections = 512;
+    if (sv->o.max_rows < sv->o.parallel) sv->o.max_rows = sv->o.parallel;
+    int maxpos = cfg->max_position_embeddings;
+    sv->ctx = sv->o.ctx > 0 ? sv->o.ctx : 4096;
+    if (sv->ctx > maxpos) sv->ctx = maxpos;
+    sv->model_name = strdup(o->model_name && *o->model_name ? o->model_name : "petrel");
+    sv->api_key = o->api_key && *o->api_key ? strdup(o->api_key) : NULL;
+    pthread_mutex_init(&sv->mu, NULL);
+    pthread_mutex_init(&sv->tok_mu, NULL);
+    pthread_cond_init(&sv->sched_cv, NULL);
+    int rc = 0;
+    sv->run = calloc((size_t)sv->o.parallel, sizeof *sv->run);
+    sv->rows = malloc(sizeof(petrel_row) * (size_t)sv->o.max_rows);
+    sv->row_job = malloc(sizeof(job *) * (size_t)sv->o.max_rows);
+    sv->lg = malloc(sizeof(float) * (size_t)sv->o.parallel * (size_t)sv->V);
+    sv->masked = malloc(sizeof(int32_t) * (size_t)sv->V);
+    if (!sv->model_name || (o->api_key && *o->api_key && !sv->api_key) || !sv->run || !sv->rows || !sv->row_job || !sv->lg || !sv->masked)
+        rc = pt_err(err, PETREL_ENOMEM, "out of memory");
+    for (int id = 0; !rc && id < sv->V; id++)
+        if (!tok_id_to_bytes(tok, id, &(size_t){0})) sv->masked[sv->n_masked++] = id;
+    static const char *const stop_names[] = {"<|user|>", "<|observation|>", "<|endoftext|>"};
+    for (int k = 0; k < 3; k++) {
+        int32_t id = tok_token_to_id(tok, stop_names[k]);
+        if (id >= 0) sv->chat_stop[sv->n_chat_stop++] = id;
+    }
+    if (!rc) rc = petrel_batch_create(eng, sv->o.max_rows, &sv->b, err);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)o->port)};
+    const char *host = o->host && *o->host ? o->host : "127.0.0.1";
+    if (!strcmp(host, "localhost")) host = "127.0.0.1";
+    if (!rc && inet_pton(AF_INET, host, &sa.sin_addr) != 1) rc = pt_err(err, PETREL_EINVAL, "--host: \"%s\" is not an IPv4 address", host);
+    if (!rc && (o->port < 0 || o->port > 65535)) rc = pt_err(err, PETREL_EINVAL, "--port: %d is not a port (0 .. 65535)", o->port);
+    if (!rc) {
+        if (pthread_create(&sv->sched, NULL, sched_main, sv)) rc = pt_err(err, PETREL_ENOMEM, "cannot start the scheduler thread");
+        else sv->sched_started = 1;
+    }
+    if (!rc) {
+        sv->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL, 0, NULL, NULL,
+                                 (MHD_AccessHandlerCallback)on_request, sv, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
+                                 MHD_OPTION_NOTIFY_COMPLETED, on_completed, sv, MHD_OPTION_CONNECTION_LIMIT, (unsigned)sv->o.max_connections,
+                                 MHD_OPTION_END);
+        if (!sv->d) rc = pt_err(err, PETREL_EIO, "cannot listen on %s:%d (in use, or not an address of this machine?)", host, o->port);
+    }
+    if (!rc) {
+        const union MHD_DaemonInfo *di = MHD_get_daemon_info(sv->d, MHD_DAEMON_INFO_BIND_PORT);
+        sv->port = di ? di->port : o->port;
+    }
+    if (rc) {
+        serve_stop(sv);
+        serve_free(sv);
+        return rc;
+    }
+    *out = sv;
+    return 0;
+}
+
+int serve_port(const serve *s) { return s->port; }
+
+void serve_stop(serve *sv) {
+    if (!sv) return;
+    if (sv->d) MHD_quiesce_daemon(sv->d); /* no new connections */
+    pthread_mutex_lock(&sv->mu);
+    sv->stopping = 1;
+    pthread_cond_signal(&sv->sched_cv);
+    pthread_mutex_unlock(&sv->mu);
+    if (sv->sched_started) pthread_join(sv->sched, NULL);
+    sv->sched_started = 0;
+    if (sv->d) MHD_stop_daemon(sv->d); /* joins the connection threads: their jobs have ended */
+    sv->d = NULL;
+}
+
+void serve_free(serve *sv) {
+    if (!sv) return;
+    petrel_batch_free(sv->b);
+    free(sv->run);
+    free(sv->rows);
+    free(sv->row_job);
+    free(sv->lg);
+    free(sv->masked);
+    free(sv->model_name);
+    free(sv->api_key);
+    pthread_mutex_destroy(&sv->mu);
+    pthread_mutex_destroy(&sv->tok_mu);
+    pthread_cond_destroy(&sv->sched_cv);
+    free(sv);
+}
