@@ -137,6 +137,12 @@ int petrel_session_fork(const petrel_session *src, petrel_session **out, petrel_
 int petrel_session_prefix_put(petrel_session *s, petrel_error *err);
 int petrel_session_prefix_get(petrel_session *s, const int32_t *ids, int n, petrel_error *err);
 
+/* The engine's KV pool in positions: obtainable now (free pages and pages only the prefix cache
+ * holds) and in all, and the page size; a session's reserved positions (whole pages). For
+ * admission decisions (a server that would rather queue a request than fail it mid-way). */
+void petrel_kv_usage(const petrel_engine *e, long long *free_positions, long long *total_positions, int *page_positions);
+int petrel_session_kv_reserved(const petrel_session *s);
+
 /* Runs n tokens at positions len..len+n-1 as one batch of rows and appends them to the cache.
  * logits: NULL, or [n, vocab] (all rows) when all_logits, else [vocab] for the last row. */
 int petrel_session_forward(petrel_session *s, const int32_t *ids, int n, float *logits,

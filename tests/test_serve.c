@@ -719,3 +719,39 @@ TEST(serve, failed_request_spares_others) {
     serve_free(sv);
     petrel_engine_close(eng);
 }
+
+/* Admission from the KV pool: three requests that each fit the small pool but not together
+ * wait their turn and all finish; one that can never fit is refused at once with the numbers. */
+TEST(serve, kv_admission_queues) {
+    if (fixture()) return;
+    petrel_engine *eng = NULL;
+    petrel_error err = {0};
+    petrel_open_opts oo = {.kv_bytes = 1u << 20}; /* 4 pages of 64 positions on this fixture */
+    if (petrel_engine_open(test_data("trained"), &oo, &eng, &err)) { test_fail(__FILE__, __LINE__, "%s", err.msg); return; }
+    long long fr = 0, tot = 0;
+    int pp = 0;
+    petrel_kv_usage(eng, &fr, &tot, &pp);
+    CHECK(tot >= 3 * 64 && tot < 9 * 64 && pp == 64); /* room for one or two of the requests below, not three */
+    serve_opts o = {.parallel = 4};
+    serve *sv = NULL;
+    if (serve_start(eng, g_tok, g_tmpl, &o, &sv, &err)) { test_fail(__FILE__, __LINE__, "%s", err.msg); petrel_engine_close(eng); return; }
+    int p = serve_port(sv);
+    static char mid[3][4096], huge[8192];
+    for (int r = 0; r < 3; r++) { /* 100-token prompts + 40 tokens: 3 pages each */
+        strcpy(mid[r], "{\"prompt\":[");
+        for (int k = 0; k < 100; k++) sprintf(mid[r] + strlen(mid[r]), k ? ",%d" : "%d", 200 + (k * 7 + r * 13) % 900);
+        strcat(mid[r], "],\"max_tokens\":40,\"temperature\":0,\"ignore_eos\":true}");
+    }
+    snprintf(huge, sizeof huge, "{\"prompt\":[1,2,3],\"max_tokens\":%lld,\"temperature\":0}", tot + 100);
+    fail_arg a[4] = {{p, mid[0], 0, ""}, {p, mid[1], 0, ""}, {p, mid[2], 0, ""}, {p, huge, 0, ""}};
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++) pthread_create(&th[i], NULL, fail_main, &a[i]);
+    for (int i = 0; i < 4; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < 3; i++) CHECK_MSG(a[i].status == 200 && strstr(a[i].text, "\"completion_tokens\":40"), "request %d: %d %s", i, a[i].status, a[i].text);
+    char want[64];
+    snprintf(want, sizeof want, "KV pool holds %lld", tot);
+    CHECK_MSG(a[3].status == 503 && strstr(a[3].text, want), "never-fitting request: %d %s", a[3].status, a[3].text);
+    serve_stop(sv);
+    serve_free(sv);
+    petrel_engine_close(eng);
+}

@@ -305,14 +305,46 @@ static void *sched_main(void *arg) {
             } else a++;
         }
         int first_new = sv->n_run;
+        /* Admission from the KV pool: a request starts only when the pages it can grow into fit
+         * beside what the running ones may still take (each may grow to its cap); one that can
+         * never fit the pool is refused now, with the numbers, instead of failing mid-way. */
+        long long kv_free = 0, kv_total = 0, owed = 0;
+        int kv_page = 1;
+        petrel_kv_usage(sv->eng, &kv_free, &kv_total, &kv_page);
+        for (int a = 0; a < sv->n_run; a++) {
+            const job *r = sv->run[a];
+            long long want = ((long long)r->cap + kv_page - 1) / kv_page * kv_page, held = r->s ? petrel_session_kv_reserved(r->s) : 0;
+            if (want > held) owed += want - held;
+        }
         while (sv->n_run < sv->o.parallel && sv->q_head) {
             job *j = sv->q_head;
+            if (j->cancelled) {
+                sv->q_head = j->next;
+                if (!sv->q_head) sv->q_tail = NULL;
+                sv->n_queued--;
+                job_finish_locked(sv, j, NULL, 499, "cancelled");
+                job_release_locked(sv, j);
+                continue;
+            }
+            long long need = ((long long)j->cap + kv_page - 1) / kv_page * kv_page;
+            if (need > kv_total) { /* never: refuse it */
+                sv->q_head = j->next;
+                if (!sv->q_head) sv->q_tail = NULL;
+                sv->n_queued--;
+                char msg[256];
+                snprintf(msg, sizeof msg, "the request needs %lld KV positions (prompt + max_tokens) but the KV pool holds %lld (raise --kv-size or lower max_tokens)",
+                         need, kv_total);
+                job_finish_locked(sv, j, NULL, 503, msg);
+                job_release_locked(sv, j);
+                continue;
+            }
+            if (need + owed > kv_free && sv->n_run > 0) break; /* wait for running ones to finish */
             sv->q_head = j->next;
             if (!sv->q_head) sv->q_tail = NULL;
             sv->n_queued--;
-            if (j->cancelled) { job_finish_locked(sv, j, NULL, 499, "cancelled"); job_release_locked(sv, j); continue; }
             j->state = J_RUNNING;
             sv->run[sv->n_run++] = j;
+            owed += need;
         }
         int n_run = sv->n_run;
         pthread_mutex_unlock(&sv->mu);
