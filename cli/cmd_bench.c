@@ -50,6 +50,8 @@ static const char *usage =
     "  --trace FILE     no model needed: replay a routing trace (.txt or .gz) through the expert\n"
     "                   cache policy at --expert-slots N slots per layer (default: 16..192) and\n"
     "                   report its hit rate beside LRU and the offline optimum (Belady)\n"
+    "  --history-split  with --trace: the first half as an earlier run's usage history (the pins\n"
+    "                   a store loads), the second half replayed with it, cold, and without pins\n"
     "  With --mem-budget / --expert-slots (a pack): experts stream from the SSD; the report adds\n"
     "  hit rate, experts and bytes read per token, I/O wait and disk-busy time, prefill's reads,\n"
     "  the SSD read bandwidth of the same run (the better of an O_DIRECT probe and the store's own\n"
@@ -362,7 +364,51 @@ static const char *trace_plain(const char *path, char *tmp, size_t n_tmp) {
     return tmp;
 }
 
-static int bench_trace(const char *path, int slots, int json) {
+/* tokens [a, b) of t as a trace of their own */
+static int sub_trace(const xs_trace *t, int a, int b, xs_trace *out, petrel_error *err) {
+    PT_TRY(xs_trace_init(out, t->n_layers, t->n_experts, t->topk));
+    int32_t ids[256];
+    for (int tok = a; tok < b; tok++)
+        for (int l = 0; l < t->n_layers; l++) {
+            const int16_t *d = t->ids + ((size_t)tok * t->n_layers + l) * t->topk;
+            int k = 0;
+            for (; k < t->topk && k < 256 && d[k] >= 0; k++) ids[k] = d[k];
+            PT_TRY(xs_trace_add(out, tok - a, l, ids, k, err));
+        }
+    return 0;
+}
+
+/* --history-split: the first half of the trace as an earlier run's usage history (the pins a
+ * store would load), the second half replayed: with that history, cold (pins learned as it
+ * goes), and without pins. */
+static int bench_trace_history(const xs_trace *t, int slots, petrel_error *err) {
+    xs_trace h, r;
+    int half = t->n_tokens / 2;
+    PT_TRY(sub_trace(t, 0, half, &h, err));
+    int rc = sub_trace(t, half, t->n_tokens, &r, err);
+    printf("history: tokens 0..%d as the usage history, %d..%d replayed\n", half, half, t->n_tokens);
+    printf("%-8s %16s %12s %12s %10s %10s\n", "slots", "pins+history", "pins, cold", "no pins", "LRU", "Belady");
+    int caps_default[] = {16, 32, 64, 96, 128, 192}, ncap = slots ? 1 : 6;
+    for (int i = 0; i < ncap && !rc; i++) {
+        int cap = slots ? slots : caps_default[i];
+        if (cap > t->n_experts || cap < t->topk) continue;
+        xs_policy_params prm, np;
+        xs_policy_defaults(&prm);
+        np = prm;
+        np.pin_frac = 0;
+        xs_replay_stats a, b, c;
+        if ((rc = xs_trace_replay_hist(&r, &h, &prm, cap, &a, err)) || (rc = xs_trace_replay(&r, &prm, cap, &b, err)) ||
+            (rc = xs_trace_replay(&r, &np, cap, &c, err)))
+            break;
+        printf("%-8d %15.1f%% %11.1f%% %11.1f%% %9.1f%% %9.1f%%\n", cap, 100 * a.policy_rate, 100 * b.policy_rate, 100 * c.policy_rate, 100 * a.lru_rate,
+               100 * a.belady_rate);
+    }
+    xs_trace_deinit(&h);
+    xs_trace_deinit(&r);
+    return rc;
+}
+
+static int bench_trace(const char *path, int slots, int json, int history_split) {
     char tmp[512];
     const char *file = trace_plain(path, tmp, sizeof tmp);
     if (!file) return cli_fail("bench: cannot decompress %s (gzip -dc failed)", path);
@@ -372,6 +418,11 @@ static int bench_trace(const char *path, int slots, int json) {
     if (tmp[0]) unlink(tmp);
     if (rc) return cli_fail_err("bench", &err);
     printf("trace: %s: %d tokens x %d MoE layers, %d experts, top-%d\n", path, t.n_tokens, t.n_layers, t.n_experts, t.topk);
+    if (history_split) {
+        rc = bench_trace_history(&t, slots, &err);
+        xs_trace_deinit(&t);
+        return rc ? cli_fail_err("bench", &err) : 0;
+    }
     printf("%-10s %10s %10s %10s %16s\n", "slots", "policy", "LRU", "Belady", "policy/Belady");
     int caps_default[] = {16, 32, 64, 96, 128, 192}, ncap = slots ? 1 : 6;
     xs_policy_params prm;
@@ -482,7 +533,7 @@ CLI_CMD(bench) {
     int json = 0;
     const char *golden = NULL, *trace = NULL, *route = NULL;
     long ctx = 0, prompt = 512, steps = 24, bw_mib = 1024, prefill_runs = 3, batch = 0, rounds = 3;
-    int draft_set = 0, prefix_reuse = 0;
+    int draft_set = 0, prefix_reuse = 0, history_split = 0;
     bench_draft_opts bd = {0};
     for (int i = 1; i < argc; i++) {
         int r = cli_model_opt(argc, argv, &i, &mo);
@@ -491,6 +542,7 @@ CLI_CMD(bench) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { fputs(usage, stdout); return 0; }
         else if (!strcmp(argv[i], "--json")) json = 1;
         else if (!strcmp(argv[i], "--prefix-cache")) prefix_reuse = 1;
+        else if (!strcmp(argv[i], "--history-split")) history_split = 1;
         else if (!strcmp(argv[i], "--golden") && i + 1 < argc) golden = argv[++i];
         else if (!strcmp(argv[i], "--draft") && i + 1 < argc) { if (cli_opt_draft("bench", argv[++i], &bd.draft)) return 1; draft_set = 1; }
         else if (!strcmp(argv[i], "--rounds") && i + 1 < argc) { if (cli_parse_int(argv[++i], 1, 1000, &rounds)) return cli_fail("bench: --rounds: \"%s\" is not a count (1 .. 1000)", argv[i]); }
@@ -509,7 +561,7 @@ CLI_CMD(bench) {
         else if (!strcmp(argv[i], "--bw-mib") && i + 1 < argc) { if (cli_parse_int(argv[++i], 16, 1 << 20, &bw_mib)) return cli_fail("bench: bad --bw-mib"); }
         else return cli_fail("bench: unknown or incomplete option \"%s\" (petrel bench --help)", argv[i]);
     }
-    if (trace) return bench_trace(trace, mo.open.expert_slots, json);
+    if (trace) return bench_trace(trace, mo.open.expert_slots, json, history_split);
     if (!mo.model) return cli_fail("bench: --model is required");
     if (mo.open.mem_budget && bw_mib > 128) bw_mib = 128; /* the probe buffer counts against the budget */
     if (ctx < prompt) ctx = prompt;

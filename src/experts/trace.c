@@ -228,6 +228,14 @@ static uint64_t replay_belady(const xs_trace *t, int layer, int cap, int *res, u
 
 int xs_trace_replay(const xs_trace *t, const xs_policy_params *prm, int capacity, xs_replay_stats *st,
                     petrel_error *err) {
+    return xs_trace_replay_hist(t, NULL, prm, capacity, st, err);
+}
+
+int xs_trace_replay_hist(const xs_trace *t, const xs_trace *hist, const xs_policy_params *prm, int capacity, xs_replay_stats *st,
+                         petrel_error *err) {
+    if (hist && (hist->n_layers != t->n_layers || hist->n_experts != t->n_experts))
+        return pt_err(err, PETREL_EINVAL, "replay: the history trace has %d layers x %d experts, the trace %d x %d", hist->n_layers,
+                      hist->n_experts, t->n_layers, t->n_experts);
     memset(st, 0, sizeof *st);
     st->capacity = capacity;
     if (capacity < t->topk || capacity > t->n_experts)
@@ -254,6 +262,13 @@ int xs_trace_replay(const xs_trace *t, const xs_policy_params *prm, int capacity
         }
         xs_pol p;
         if (xs_pol_init(&p, E, capacity, prm)) { rc = pt_err(err, PETREL_ENOMEM, "replay: out of memory"); goto out; }
+        if (hist) { /* the usage history of an earlier run: its counts, then the pins they give */
+            for (int tok = 0; tok < hist->n_tokens; tok++) {
+                const int16_t *d = hist->ids + ((size_t)tok * hist->n_layers + l) * hist->topk;
+                for (int k = 0; k < hist->topk && d[k] >= 0; k++) p.uses[d[k]]++;
+            }
+            xs_pol_repin(&p);
+        }
         st->policy_hits += replay_pol(t, l, &p, capacity, res, inres, cur);
         xs_pol_deinit(&p);
         if (xs_pol_init(&p, E, capacity, &lru)) { rc = pt_err(err, PETREL_ENOMEM, "replay: out of memory"); goto out; }

@@ -345,4 +345,8 @@ typedef struct xs_replay_stats {
  * per layer, demand-filled, the token's own experts never evicted. Cold start. */
 int xs_trace_replay(const xs_trace *t, const xs_policy_params *prm, int capacity,
                     xs_replay_stats *st, petrel_error *err);
+/* The same with the policy's usage history taken from hist's counts first (as a store does
+ * from <model>.petrel-usage at open: lifetime counts, pins recomputed); hist NULL: cold. */
+int xs_trace_replay_hist(const xs_trace *t, const xs_trace *hist, const xs_policy_params *prm, int capacity,
+                         xs_replay_stats *st, petrel_error *err);
 #endif
