@@ -444,56 +444,8 @@ static int bench_trace(const char *path, int slots, int json, int history_split)
     return rc ? 1 : 0;
 }
 
-/* ---- SSD read bandwidth: expert records at random, O_DIRECT (no page cache) ----
- * Read the way the store reads: 4 records at a time, each as 4 concurrent pieces (xs_io.h), so
- * 16 reads of ~4.8 MB in flight; each thread takes one piece of a random record. */
-typedef struct { const char *path; const pack *pk; int layer; int n_experts; uint64_t bytes; int seed; uint64_t rec; int pieces; } ssdjob;
-static void *ssd_thread(void *a) {
-    ssdjob *j = a;
-    int fd = open(j->path, O_RDONLY | O_DIRECT);
-    if (fd < 0) return NULL;
-    uint64_t chunk = ((j->rec + (uint64_t)j->pieces - 1) / (uint64_t)j->pieces + 4095) / 4096 * 4096;
-    void *buf = NULL;
-    if (posix_memalign(&buf, 4096, (size_t)chunk)) { close(fd); return NULL; }
-    memset(buf, 0, (size_t)chunk); /* an O_DIRECT read into untouched pages is much slower */
-    uint64_t x = 0x9E3779B97F4A7C15ull * (uint64_t)(j->seed + 1), done = 0;
-    for (int k = 0; k < 256 && done < j->bytes; k++) {
-        x ^= x << 13; x ^= x >> 7; x ^= x << 17;
-        uint64_t off, bytes, h;
-        if (pack_expert_record(j->pk, j->layer, (int)(x % (uint64_t)j->n_experts), &off, &bytes, &h)) break;
-        uint64_t piece = (x >> 32) % (uint64_t)j->pieces, po = piece * chunk;
-        if (po >= bytes) po = 0;
-        uint64_t rem = bytes - po, len = rem < chunk ? (rem + 4095) / 4096 * 4096 : chunk; /* O_DIRECT: whole blocks */
-        ssize_t got = pread(fd, buf, (size_t)len, (off_t)(off + po));
-        if (got <= 0) break;
-        done += (uint64_t)got;
-    }
-    j->bytes = done;
-    free(buf);
-    close(fd);
-    return NULL;
-}
-/* GB/s reading random expert records with O_DIRECT on `threads` threads (~limit bytes). */
-static double measure_ssd(const petrel_engine *eng, int threads, uint64_t limit) {
-    const pack *pk = eng->pack;
-    int layer = -1;
-    for (int l = 0; l < eng->cfg.num_hidden_layers && layer < 0; l++)
-        if (eng->moe_index[l] >= 0) layer = l;
-    uint64_t off, rec, h;
-    if (!pk || layer < 0 || pack_expert_record(pk, layer, 0, &off, &rec, &h)) return 0;
-    pthread_t th[16];
-    ssdjob jobs[16];
-    if (threads > 16) threads = 16;
-    uint64_t t0 = pt_now_ns();
-    for (int t = 0; t < threads; t++) {
-        jobs[t] = (ssdjob){pack_path(pk), pk, layer, eng->cfg.n_routed_experts, limit / (uint64_t)threads, t, rec, 4};
-        pthread_create(&th[t], NULL, ssd_thread, &jobs[t]);
-    }
-    uint64_t total = 0;
-    for (int t = 0; t < threads; t++) { pthread_join(th[t], NULL); total += jobs[t].bytes; }
-    uint64_t dt = pt_now_ns() - t0;
-    return dt ? (double)total / (double)dt : 0;
-}
+/* SSD read bandwidth: plan_ssd_probe (src/model/plan.h), expert records at random with O_DIRECT
+ * the way the store reads them. */
 
 /* Trace-driven routing (--route-trace): the offline replay of the tokens the timed decode steps
  * routed, at the store's slots, after the tokens before them (prompt and untimed steps): the
@@ -637,7 +589,7 @@ CLI_CMD(bench) {
         bd.json = json;
         return cli_engine_close("bench", eng, bench_draft(eng, &bd));
     }
-    double ssd_gbs = eng->xs ? measure_ssd(eng, 16, 2ull << 30) : 0;
+    double ssd_gbs = eng->xs ? plan_ssd_probe(eng, 16, 2ull << 30, 60.0) : 0;
 
     petrel_session *s;
     int rc = 0;
@@ -789,7 +741,7 @@ CLI_CMD(bench) {
         double floor_ms = (double)bytes_tok / (bw * 1e9) * 1e3;
         double hit_rate = 1, miss_bytes_tok = 0, ssd_seen_gbs = 0, ssd_probe_gbs = 0, route_pol = -1, route_bel = -1;
         if (eng->xs) {
-            double ssd1 = measure_ssd(eng, 16, 2ull << 30);
+            double ssd1 = plan_ssd_probe(eng, 16, 2ull << 30, 60.0);
             if (ssd1 > ssd_gbs) ssd_gbs = ssd1;
             /* The store's own reads during decode are a lower bound on what the disk can do
              * (bytes over the time any read was in progress): a probe that ran while the shared

@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/sbuf.h"
 #include "base/err.h"
 #include "base/outfile.h"
 #include "cli.h"
@@ -52,21 +53,6 @@ static const char *usage =
     CLI_MODEL_OPTS_HELP
     "The bundled tests/data/tiny model has random weights: its replies are gibberish by design.\n";
 
-typedef struct { char *p; size_t n, cap; int oom; } sbuf;
-static void sb_add(sbuf *b, const char *s, size_t n) {
-    if (b->oom) return;
-    if (b->n + n + 1 > b->cap) {
-        size_t c = b->cap ? b->cap : 256;
-        while (c < b->n + n + 1) c *= 2;
-        char *q = realloc(b->p, c);
-        if (!q) { b->oom = 1; return; }
-        b->p = q;
-        b->cap = c;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-}
 
 typedef struct {
     int tty;            /* stdout is a terminal: thinking dimmed on stdout */

@@ -207,7 +207,7 @@ static void *ssd_thread(void *a) {
     close(fd);
     return NULL;
 }
-static double measure_ssd(const petrel_engine *e, uint64_t limit, double secs) {
+double plan_ssd_probe(const petrel_engine *e, int threads, uint64_t limit, double secs) {
     const pack *pk = e->pack;
     int layer = -1;
     for (int l = 0; l < e->cfg.num_hidden_layers && layer < 0; l++)
@@ -218,9 +218,10 @@ static double measure_ssd(const petrel_engine *e, uint64_t limit, double secs) {
     pthread_t th[NT];
     ssdjob jobs[NT];
     int started = 0;
+    if (threads < 1 || threads > NT) threads = NT;
     uint64_t t0 = pt_now_ns();
-    for (int t = 0; t < NT; t++) {
-        jobs[t] = (ssdjob){pack_path(pk), pk, layer, e->cfg.n_routed_experts, t, 4, rec, limit / NT, secs};
+    for (int t = 0; t < threads; t++) {
+        jobs[t] = (ssdjob){pack_path(pk), pk, layer, e->cfg.n_routed_experts, t, 4, rec, limit / (uint64_t)threads, secs};
         if (pthread_create(&th[t], NULL, ssd_thread, &jobs[t])) break;
         started++;
     }
@@ -273,7 +274,7 @@ int plan_measure(const petrel_engine *e, int threads, int mem_mib, pt_machine *m
     m->mem_gbs = measure_mem(threads, mem_mib > 0 ? mem_mib : 512);
     if (m->mem_gbs <= 0) return pt_err(err, PETREL_ENOMEM, "plan_measure: no memory for the %d MiB bandwidth probe", mem_mib);
     if (e && e->pack) {
-        m->ssd_gbs = measure_ssd(e, 2ull << 30, 3.0);
+        m->ssd_gbs = plan_ssd_probe(e, 16, 2ull << 30, 3.0);
         snprintf(m->ssd_file, sizeof m->ssd_file, "%s", pack_path(e->pack));
     }
     m->int8_gops = measure_kernel(1, 2048, 6144, 256);

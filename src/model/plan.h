@@ -45,6 +45,11 @@ typedef struct pt_mem_plan {
 /* One multi-threaded streaming read of buf[n] (AVX-512 loads and a 4 KiB-ahead prefetch where the
  * CPU has them, as the kernels read weights): GB/s. The memory probe of plan and bench. */
 double plan_bw_pass(const uint64_t *buf, size_t n, int threads);
+/* GB/s reading random routed-expert records of a pack with O_DIRECT the way the store does
+ * (threads in groups of 4, each group one record in 4 concurrent pieces), ~limit bytes or secs
+ * seconds; 0 when the model is not a pack. The SSD probe of plan and bench. */
+struct petrel_engine;
+double plan_ssd_probe(const struct petrel_engine *e, int threads, uint64_t limit, double secs);
 
 struct petrel_engine;
 /* The plan for `budget` / `expert_slots` (0: none) and `ctx` tokens (0: 4096; clamped to the
