@@ -409,3 +409,63 @@ TEST(session, kv_quality_goldens) {
     CHECK_MSG(b < 1.6e-3, "bf16 KV: mean KL %.3g nats (measured 1.29e-3)", b);
     CHECK_MSG(i8 < 2e-3, "int8 KV: mean KL %.3g nats, above the 2e-3 target", i8);
 }
+
+/* Bad input on the new options: one line on stderr, exit 1, no file left behind. */
+TEST(session, cli_bad_input) {
+    const char *b = getenv("PETREL_BIN");
+    if (!b) {
+        test_skip("PETREL_BIN unset (make test sets it)");
+        return;
+    }
+    static char cmd[4096], out[4096], er[4096];
+    const char *m = test_data("trained"), *d = test_tmpdir(), *nf = test_tmp("never.sess");
+    struct { const char *args; const char *want; } cases[] = {
+        {"generate --model %s --ids 1,2 -n 2 --kv-type fp4", "--kv-type"},
+        {"generate --model %s --ids 1,2 -n 2 --kv-size 0", "--kv-size"},
+        {"generate --model %s --ids 1,2 -n 2 --kv-size 1", "KV pool"},
+        {"generate --model %s -n 2 --session-in /nonexistent/x.sess", "x.sess"},
+        {"generate --model %s -n 2", "--ids"},
+        {"bench --model %s --route-trace /nonexistent/t.txt --steps 1 --prompt 4", "t.txt"},
+        {"bench --model %s --route-trace bench/data/glm5-like-2048.txt.gz --steps 1 --prompt 4", "experts"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        char a[1024];
+        snprintf(a, sizeof a, cases[k].args, m);
+        snprintf(cmd, sizeof cmd, "%s %s", b, a);
+        int rc = test_sh(cmd, out, sizeof out, er, sizeof er);
+        CHECK_MSG(rc == 1 && test_count_lines(er) == 1 && strstr(er, cases[k].want), "`%s`: exit %d, stderr: %s", a, rc, er);
+    }
+    /* a session target that must not be replaced (a folder, the model itself), refused before any work */
+    const char *targets[2] = {d, m};
+    for (int k = 0; k < 2; k++) {
+        snprintf(cmd, sizeof cmd, "%s generate --model %s --ids 1,2 -n 2 --session-out %s", b, m, targets[k]);
+        int rc = test_sh(cmd, out, sizeof out, er, sizeof er);
+        CHECK_MSG(rc == 1 && test_count_lines(er) == 1 && !out[0], "--session-out %s: exit %d, stdout \"%s\", stderr: %s", targets[k], rc, out, er);
+        snprintf(cmd, sizeof cmd, "%s run --model %s -p hi -n 2 --session %s", b, m, targets[k]);
+        rc = test_sh(cmd, out, sizeof out, er, sizeof er);
+        CHECK_MSG(rc == 1 && test_count_lines(er) == 1, "run --session %s: exit %d, stderr: %s", targets[k], rc, er);
+    }
+    /* a failed run leaves no session file */
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --ids 1,999999 -n 2 --session-out %s", b, m, nf);
+    CHECK_EQ_INT(test_sh(cmd, out, sizeof out, er, sizeof er), 1);
+    FILE *f = fopen(nf, "rb");
+    CHECK_MSG(!f, "a failed generate left %s", nf);
+    if (f) fclose(f);
+    /* chat --session whose messages file is gone: refused with one line */
+    const char *cs = test_tmp("chat.sess");
+    snprintf(cmd, sizeof cmd, "printf 'hello\\n' | %s chat --model %s --temp 0 -n 3 --session %s", b, m, cs);
+    CHECK_EQ_INT(test_sh(cmd, out, sizeof out, er, sizeof er), 0);
+    char mp[700];
+    snprintf(mp, sizeof mp, "%s.messages.json", cs);
+    CHECK_MSG(remove(mp) == 0, "chat --session wrote no %s", mp);
+    snprintf(cmd, sizeof cmd, "printf 'again\\n' | %s chat --model %s --temp 0 -n 3 --session %s", b, m, cs);
+    int rc = test_sh(cmd, out, sizeof out, er, sizeof er);
+    CHECK_MSG(rc == 1 && test_count_lines(er) == 1 && strstr(er, "messages.json"), "chat --session without its messages: exit %d, stderr: %s", rc, er);
+    /* the library refuses a page size out of range */
+    petrel_open_opts o = {0};
+    o.kv_page_positions = 5000;
+    petrel_engine *e = NULL;
+    petrel_error err = {0};
+    CHECK_EQ_INT(petrel_engine_open(m, &o, &e, &err), PETREL_EINVAL);
+    CHECK(e == NULL);
+}
