@@ -47,6 +47,8 @@ int cli_out_check(const char *cmd, const char *path, const char *input);
 typedef struct cli_model_opts {
     const char *model;
     petrel_open_opts open;
+    petrel_lora_spec lora[8]; /* --lora DIR[=SCALE], in order (open.lora points here at open) */
+    char lora_dir[8][4096];
 } cli_model_opts;
 /* If argv[*i] is a model option (--model, --threads, --mem-budget, --expert-slots), consumes it
  * (and its value) and returns 1; returns 0 if not one; -1 on a bad value (message printed). */
@@ -87,7 +89,11 @@ void cli_progress_fn(void *user, long long done, long long total);
     "  --kv-type T          latent KV storage: f32 (default, exact), bf16, int8 (c int8 with a\n" \
     "                       scale per token and layer), auto (= bf16); indexer keys stay f32\n" \
     "  --kv-size SIZE       the KV page pool (default: the plan's KV under --mem-budget, else room\n" \
-    "                       for 16 sessions of 4096 tokens, at most half the memory; touched as used)\n"
+    "                       for 16 sessions of 4096 tokens, at most half the memory; touched as used)\n" \
+    "  --lora DIR[=SCALE]   apply a PEFT LoRA adapter (adapter_config.json + adapter_model.safetensors)\n" \
+    "                       on top of the weights, scaled by SCALE (default 1); repeat to sum up to 8\n" \
+    "  --lora-merge         merge the adapters into the weights at open (f32/bf16 models, resident\n" \
+    "                       experts): exact and faster to decode, but every session gets them\n"
 
 #define CLI_CMD(name) int cmd_##name(int argc, char **argv)
 CLI_CMD(info);

@@ -1,5 +1,6 @@
 /* util.c: argument parsing helpers shared by the subcommands. */
 #include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -125,9 +126,43 @@ static int kernel_opt(int argc, char **argv, int *i, cli_model_opts *mo) {
     return 1;
 }
 
+/* --lora DIR[=SCALE] (the last '=' followed by a number) and --lora-merge. */
+static int lora_opt(int argc, char **argv, int *i, cli_model_opts *mo) {
+    const char *a = argv[*i];
+    if (!strcmp(a, "--lora-merge")) {
+        mo->open.lora_merge = 1;
+        return 1;
+    }
+    if (strcmp(a, "--lora")) return 0;
+    if (*i + 1 >= argc) { cli_fail("--lora needs an adapter folder (DIR or DIR=SCALE)"); return -1; }
+    const char *v = argv[++*i];
+    if (mo->open.n_lora >= 8) { cli_fail("--lora: at most 8 adapters"); return -1; }
+    int k = mo->open.n_lora;
+    const char *eq = strrchr(v, '=');
+    float scale = 1.0f;
+    size_t dl = strlen(v);
+    if (eq) {
+        char *end;
+        errno = 0;
+        double d = strtod(eq + 1, &end);
+        if (eq[1] && !*end && !errno && isfinite(d)) {
+            scale = (float)d;
+            dl = (size_t)(eq - v);
+            if (d == 0) { cli_fail("--lora %s: a scale of 0 applies nothing (leave the adapter out)", v); return -1; }
+        }
+    }
+    if (!dl || dl >= sizeof mo->lora_dir[k]) { cli_fail("--lora \"%s\": want an adapter folder, DIR or DIR=SCALE", v); return -1; }
+    memcpy(mo->lora_dir[k], v, dl);
+    mo->lora_dir[k][dl] = 0;
+    mo->lora[k] = (petrel_lora_spec){mo->lora_dir[k], NULL, scale};
+    mo->open.n_lora = k + 1;
+    return 1;
+}
+
 int cli_model_opt(int argc, char **argv, int *i, cli_model_opts *mo) {
     int kr = kernel_opt(argc, argv, i, mo);
     if (kr) return kr;
+    if ((kr = lora_opt(argc, argv, i, mo))) return kr;
     const char *a = argv[*i];
     int is_model = !strcmp(a, "--model") || !strcmp(a, "-m");
     int is_thr = !strcmp(a, "--threads") || !strcmp(a, "-t");
@@ -160,6 +195,8 @@ int cli_engine_open(const cli_model_opts *mo, petrel_engine **eng, petrel_error 
     if (mo->open.trace_out && pt_out_check(mo->open.trace_out, mo->model, err) < 0) /* before minutes of loading */
         return pt_err_ctx(err, "--trace-out");
     petrel_open_opts oo = mo->open;
+    if (oo.n_lora) oo.lora = mo->lora;
+    if (oo.lora_merge && !oo.n_lora) return pt_err(err, PETREL_EINVAL, "--lora-merge without --lora: no adapter to merge");
     oo.load_progress = oo.load_progress || isatty(STDERR_FILENO); /* a long load must not look hung */
     int rc = petrel_engine_open(mo->model, &oo, eng, err);
     if (rc == 0 && (mo->open.mem_budget || mo->open.expert_slots || mo->open.verbose)) { /* resident: with -v */

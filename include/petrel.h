@@ -38,6 +38,13 @@ typedef struct petrel_engine petrel_engine;
 typedef struct petrel_session petrel_session;
 typedef struct petrel_config petrel_config; /* defined in src/model/config.h */
 
+/* A LoRA adapter (PEFT's adapter_config.json + adapter_model.safetensors in one folder). */
+typedef struct petrel_lora_spec {
+    const char *path;       /* the adapter folder */
+    const char *name;       /* how /v1/models and messages call it; NULL: the folder */
+    float scale;            /* multiplies the adapter's lora_alpha / r; 0 = 1 */
+} petrel_lora_spec;
+
 typedef struct petrel_open_opts {
     int n_threads;          /* compute threads; 0 = all cores */
     int verbose;            /* print the load plan on stderr */
@@ -81,6 +88,17 @@ typedef struct petrel_open_opts {
     uint64_t kv_bytes;
     int kv_page_positions;  /* positions per KV page, 1..4096; 0 = 64 (tests use others: one page larger
                                than any context is the contiguous cache) */
+    /* LoRA adapters, read and checked at open (an adapter for other shapes, a target the model
+     * lacks, a rank mismatch, a bad file: one line, the open fails). Unmerged (the default)
+     * they apply on top of any weight format, y = W x + scale B (A x), each session with its
+     * own set: new sessions start with every adapter at its scale, or with none when
+     * lora_select is set (a server picks one per request: petrel_session_set_lora).
+     * lora_merge: W + scale B A computed once into f32 / bf16 copies of the targeted weights
+     * (f32 / bf16 bases, resident experts): every session runs the adapted model. */
+    const petrel_lora_spec *lora;
+    int n_lora;             /* at most 8 */
+    int lora_merge;
+    int lora_select;
 } petrel_open_opts;
 
 /* Opens a model folder (Hugging Face checkpoint) or file. */
@@ -117,6 +135,17 @@ void petrel_session_free(petrel_session *s);
 int petrel_session_len(const petrel_session *s);
 /* Drops cached positions >= n_past (speculative rollback, prompt reuse). */
 int petrel_session_truncate(petrel_session *s, int n_past, petrel_error *err);
+
+/* The adapters loaded at open (petrel_open_opts.lora), by index. */
+int petrel_engine_lora_count(const petrel_engine *eng);
+const char *petrel_engine_lora_name(const petrel_engine *eng, int i);
+/* The adapters this session's rows apply: idx[0..n) into the engine's, each at scale[i] (NULL:
+ * the open option's scales); n = 0: none (the base model). Only before the session's first
+ * position (a session's KV is made by one adapter set); refused when the adapters were merged.
+ * The prefix cache and session files keep the set apart: a cached prefix of another set never
+ * matches, a session file made under another set does not load. */
+int petrel_session_set_lora(petrel_session *s, const int *idx, const float *scale, int n,
+                            petrel_error *err);
 
 /* Persistence: save writes the session's tokens and latent KV (the pool's scheme) to a file,
  * whole or not at all; load replaces an empty or used session's contents with a file's. A

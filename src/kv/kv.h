@@ -180,6 +180,8 @@ typedef struct kv_seq {
     int n_pages;       /* pages in the table (positions < n_pages P are reserved) */
     int len;           /* positions appended (main layers) */
     int mtp_len;       /* positions of the MTP layer appended (<= len); 0 without one */
+    uint64_t salt;     /* mixed into the prefix cache's keys: what else made the KV (a LoRA
+                          adapter set); 0 = none. Pages only match sessions of the same salt. */
 } kv_seq;
 /* A session of up to cap positions; no pages are taken until reserve. */
 int kv_seq_create(kv_pool *p, int cap, kv_seq **out, petrel_error *err);

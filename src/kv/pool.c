@@ -281,6 +281,7 @@ int kv_seq_fork(const kv_seq *src, int cap, kv_seq **out, petrel_error *err) {
     if (src->len) memcpy(d->tokens, src->tokens, sizeof *d->tokens * (size_t)src->len);
     d->len = src->len;
     d->mtp_len = src->mtp_len;
+    d->salt = src->salt;
     *out = d;
     return 0;
 }

@@ -88,9 +88,9 @@ void kv_prefix_clear(kv_pool *p) {
 }
 
 /* Ticks the entries of the first m pages of ids deepest-first (each found again by its key). */
-static void touch_locked(kv_pool *p, const int32_t *ids, int m) {
+static void touch_locked(kv_pool *p, const int32_t *ids, int m, uint64_t salt) {
     int P = p->lay.P;
-    uint64_t h = KV_PREFIX_SEED, t0 = p->pc_tick;
+    uint64_t h = KV_PREFIX_SEED ^ salt, t0 = p->pc_tick;
     for (int k = 0; k < m; k++) {
         uint64_t hk = page_hash(ids + (size_t)k * P, P, h);
         int i = find_locked(p, hk, h, ids + (size_t)k * P);
@@ -105,7 +105,7 @@ int kv_prefix_put(kv_seq *s, petrel_error *err) {
     int P = s->P, full = s->len / P, added = 0, k = 0;
     (void)err;
     pthread_mutex_lock(&p->mu);
-    uint64_t h = KV_PREFIX_SEED;
+    uint64_t h = KV_PREFIX_SEED ^ s->salt;
     for (; k < full; k++) {
         const int32_t *ids = s->tokens + (size_t)k * P;
         uint64_t hk = page_hash(ids, P, h);
@@ -134,7 +134,7 @@ int kv_prefix_put(kv_seq *s, petrel_error *err) {
         }
         h = hk;
     }
-    touch_locked(p, s->tokens, k);
+    touch_locked(p, s->tokens, k, s->salt);
     pthread_mutex_unlock(&p->mu);
     return added;
 }
@@ -145,7 +145,7 @@ int kv_prefix_get(kv_seq *s, const int32_t *ids, int n, petrel_error *err) {
     kv_pool *p = s->pool;
     int P = s->P, m = 0, mtp = 0, maxk = (n < s->cap ? n : s->cap) / P;
     pthread_mutex_lock(&p->mu);
-    uint64_t h = KV_PREFIX_SEED;
+    uint64_t h = KV_PREFIX_SEED ^ s->salt;
     for (; m < maxk; m++) {
         uint64_t hk = page_hash(ids + (size_t)m * P, P, h);
         int i = find_locked(p, hk, h, ids + (size_t)m * P);
@@ -155,7 +155,7 @@ int kv_prefix_get(kv_seq *s, const int32_t *ids, int n, petrel_error *err) {
         if (mtp == m && p->pc[i].mtp_ok) mtp++;
         h = hk;
     }
-    touch_locked(p, ids, m);
+    touch_locked(p, ids, m, s->salt);
     p->pc_hits += (uint64_t)m;
     if (m < maxk) p->pc_misses++;
     pthread_mutex_unlock(&p->mu);

@@ -44,7 +44,7 @@ int petrel_batch_create(petrel_engine *eng, int max_rows, petrel_batch **out, pe
     b->seg = malloc(sizeof(fwd_seg) * (size_t)max_rows);
     b->ids = malloc(sizeof(int32_t) * (size_t)max_rows);
     b->lrows = malloc(sizeof(int32_t) * (size_t)max_rows);
-    if (!b->scr.ar.base || !b->seg || !b->ids || !b->lrows) {
+    if (!b->scr.ar.base || !b->seg || !b->ids || !b->lrows || session_lora_alloc(&b->scr, max_rows) < 0) {
         petrel_batch_free(b);
         return pt_err(err, PETREL_ENOMEM, "out of memory for a batch of %d rows", max_rows);
     }
@@ -55,6 +55,7 @@ int petrel_batch_create(petrel_engine *eng, int max_rows, petrel_batch **out, pe
 void petrel_batch_free(petrel_batch *b) {
     if (!b) return;
     free(b->scr.ar.base);
+    free(b->scr.row_lora_buf);
     free(b->seg);
     free(b->ids);
     free(b->lrows);

@@ -10,6 +10,7 @@
 #include "base/err.h"
 #include "kernels/kernels.h"
 #include "model/engine.h"
+#include "model/lora.h"
 #include "model/ops.h"
 #include "model/scratch.h"
 #include "kv/kv.h"
@@ -33,11 +34,15 @@ int dsa_select(petrel_session *s, int l, const layer_w *lw, const float *x, cons
     if (dsa_carve(&s->ar, c, T, P + T, &d)) return pt_err(err, PETREL_ENOMEM, "indexer scratch exhausted (layer %d)", l);
     float *qi = d.qi, *ki = d.ki, *iw = d.iw, *score = d.score;
     int32_t *tmp = d.tmp;
-    (void)H;
     const kn_table *tb = &s->eng->kt;
     kt_matmul(tb, &lw->idx_wq_b, qr, T, qi);
     kt_matmul(tb, &lw->idx_wk, x, T, ki);
     kt_matmul(tb, &lw->idx_weights_proj, x, T, iw);
+    if (s->lora.n) {
+        lora_add(tb, &s->lora, l, LT_IDX_Q_B, -1, qr, c->q_lora_rank, T, qi, Hi * Di, 0, Hi * Di);
+        lora_add(tb, &s->lora, l, LT_IDX_K, -1, x, H, T, ki, Di, 0, Di);
+        lora_add(tb, &s->lora, l, LT_IDX_W, -1, x, H, T, iw, Hi, 0, Hi);
+    }
     const float wscale = (float)(1.0 / sqrt((double)Hi) / sqrt((double)Di));
     for (int r = 0; r < T; r++) {
         const float *cs = rope->cos_ + (size_t)r * (Dr / 2), *sn = rope->sin_ + (size_t)r * (Dr / 2);

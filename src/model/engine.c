@@ -3,6 +3,7 @@
  * sized once at create so the token loop never allocates. */
 #include <errno.h>
 #include <libgen.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -153,6 +154,87 @@ static int kv_open(petrel_engine *e, const petrel_open_opts *o, petrel_error *er
     return kv_pool_create(&sh, &ko, bytes, &e->kv, err);
 }
 
+/* The adapters of the open options: read and checked, the default set made, merged when asked. */
+static int lora_open(petrel_engine *e, const petrel_open_opts *o, petrel_error *err) {
+    if (!o || o->n_lora <= 0) return 0;
+    if (o->n_lora > LORA_SET_MAX) return pt_err(err, PETREL_EINVAL, "%d LoRA adapters given; at most %d", o->n_lora, LORA_SET_MAX);
+    if (!o->lora) return pt_err(err, PETREL_EINVAL, "n_lora %d without adapters", o->n_lora);
+    for (int i = 0; i < o->n_lora; i++) {
+        const petrel_lora_spec *sp = &o->lora[i];
+        if (!sp->path || !*sp->path) return pt_err(err, PETREL_EINVAL, "LoRA adapter %d has no folder", i + 1);
+        if (!isfinite(sp->scale)) return pt_err(err, PETREL_EINVAL, "LoRA adapter %s: scale is not a number", sp->path);
+        for (int j = 0; j < i; j++)
+            if (sp->name && o->lora[j].name && !strcmp(sp->name, o->lora[j].name))
+                return pt_err(err, PETREL_EINVAL, "two LoRA adapters are named %s", sp->name);
+        PT_TRY(lora_load(sp->path, sp->name, &e->cfg, &e->lora[i], err));
+        e->n_lora = i + 1;
+        e->lora_scale[i] = sp->scale != 0 ? sp->scale : 1.0f;
+        e->lora_bytes += lora_bytes(e->lora[i]);
+        if (lora_max_rank(e->lora[i]) > e->lora_max_rank) e->lora_max_rank = lora_max_rank(e->lora[i]);
+    }
+    lora_set all = {0};
+    for (int i = 0; i < e->n_lora; i++) all.a[i] = e->lora[i], all.scale[i] = e->lora_scale[i];
+    all.n = e->n_lora;
+    lora_set_finish(&all);
+    if (o->lora_merge) {
+        uint64_t mb = 0;
+        PT_TRY(lora_merge(&all, &e->w, &e->cfg, o->mem_budget || o->expert_slots, &mb, err));
+        e->lora_bytes += mb;
+        e->lora_merged = 1;
+        e->lora_default = all; /* its id joins the identity; then cleared */
+        return 0;
+    }
+    if (!o->lora_select) e->lora_default = all;
+    return 0;
+}
+
+int petrel_engine_lora_count(const petrel_engine *e) { return e->n_lora; }
+const char *petrel_engine_lora_name(const petrel_engine *e, int i) { return i >= 0 && i < e->n_lora ? lora_name(e->lora[i]) : NULL; }
+
+int session_lora_alloc(petrel_session *s, int rows) {
+    const petrel_engine *e = s->eng;
+    if (!e->n_lora || e->lora_merged || rows <= s->row_lora_cap) return 0;
+    const lora_set **b = realloc(s->row_lora_buf, sizeof *b * (size_t)rows);
+    if (!b) return -1;
+    s->row_lora_buf = b;
+    s->row_lora_cap = rows;
+    return 0;
+}
+
+int session_lora_rows(petrel_session *scr, const fwd_seg *seg, int nseg, int T, petrel_error *err) {
+    scr->row_lora = NULL;
+    int any = 0;
+    for (int g = 0; g < nseg && !any; g++) any = seg[g].s->lora.n > 0;
+    if (!any) return 0;
+    if (session_lora_alloc(scr, T) < 0) return pt_err(err, PETREL_ENOMEM, "out of memory");
+    for (int g = 0; g < nseg; g++)
+        for (int i = 0; i < seg[g].n; i++) scr->row_lora_buf[seg[g].r0 + i] = seg[g].s->lora.n ? &seg[g].s->lora : NULL;
+    scr->row_lora = scr->row_lora_buf;
+    return 0;
+}
+
+int petrel_session_set_lora(petrel_session *s, const int *idx, const float *scale, int n, petrel_error *err) {
+    const petrel_engine *e = s->eng;
+    if (e->lora_merged) return pt_err(err, PETREL_EINVAL, "the LoRA adapters were merged into the weights at open: sessions cannot choose them");
+    if (s->len) return pt_err(err, PETREL_EINVAL, "a session's adapters are set before its first token (this one holds %d)", s->len);
+    if (n < 0 || n > LORA_SET_MAX) return pt_err(err, PETREL_EINVAL, "%d adapters: 0 to %d", n, LORA_SET_MAX);
+    lora_set ls = {0};
+    for (int i = 0; i < n; i++) {
+        if (!idx || idx[i] < 0 || idx[i] >= e->n_lora)
+            return pt_err(err, PETREL_EINVAL, "LoRA adapter %d: the engine has %d", idx ? idx[i] : -1, e->n_lora);
+        float sc = scale ? scale[i] : e->lora_scale[idx[i]];
+        if (!isfinite(sc)) return pt_err(err, PETREL_EINVAL, "LoRA adapter scale is not a number");
+        ls.a[i] = e->lora[idx[i]];
+        ls.scale[i] = sc;
+    }
+    ls.n = n;
+    lora_set_finish(&ls);
+    if (session_lora_alloc(s, s->pf.rows > s->max_batch ? s->pf.rows : s->max_batch) < 0) return pt_err(err, PETREL_ENOMEM, "out of memory");
+    s->lora = ls;
+    s->kv->salt = ls.id;
+    return 0;
+}
+
 int petrel_engine_open(const char *path, const petrel_open_opts *opts, petrel_engine **out, petrel_error *err) {
     *out = NULL;
     if (!path || !*path) return pt_err(err, PETREL_EINVAL, "no model path given");
@@ -208,16 +290,19 @@ int petrel_engine_open(const char *path, const petrel_open_opts *opts, petrel_en
     }
     e->no_indexer = e->w.no_indexer;
     kn_init(opts ? opts->n_threads : 0);
-    if ((rc = stream_open(e, opts, err)) < 0 || (rc = kv_open(e, opts, err)) < 0) {
+    if ((rc = lora_open(e, opts, err)) < 0 || (rc = stream_open(e, opts, err)) < 0 || (rc = kv_open(e, opts, err)) < 0) {
         petrel_engine_close(e);
         return rc;
     }
+    if (e->lora_merged) e->identity ^= e->lora_default.id; /* session files of the merged model are its own */
+    if (e->lora_merged) memset(&e->lora_default, 0, sizeof e->lora_default);
     *out = e;
     return 0;
 }
 
 void petrel_engine_close(petrel_engine *e) {
     if (!e) return;
+    for (int i = 0; i < e->n_lora; i++) lora_free(e->lora[i]);
     kv_pool_free(e->kv);
     stream_close(e);
     weights_deinit(&e->w, &e->cfg);
@@ -269,6 +354,9 @@ int petrel_session_create(petrel_engine *e, int max_tokens, petrel_session **out
         s->pf.sel_stride = kst;
         ok = (s->pf.block = malloc(pf_carve(NULL, c, M, kst, NULL))) != NULL; /* laid out by pf_carve at each span */
     }
+    s->lora = e->lora_default;
+    s->kv->salt = s->lora.id;
+    if (ok && session_lora_alloc(s, s->pf.rows > s->max_batch ? s->pf.rows : s->max_batch) < 0) ok = 0;
     if (!ok) {
         petrel_session_free(s);
         return pt_err(err, PETREL_ENOMEM, "out of memory for a session of %d tokens", max_tokens);
@@ -282,6 +370,7 @@ void petrel_session_free(petrel_session *s) {
     kv_seq_free(s->kv);
     free(s->ar.base);
     free(s->pf.block);
+    free(s->row_lora_buf);
     free(s);
 }
 
@@ -301,11 +390,11 @@ void petrel_kv_usage(const petrel_engine *e, long long *free_positions, long lon
 int petrel_session_kv_reserved(const petrel_session *s) { return kv_seq_reserved(s->kv); }
 
 int petrel_session_save(const petrel_session *s, const char *path, petrel_error *err) {
-    return kv_save(s->kv, path, s->eng->identity, err);
+    return kv_save(s->kv, path, s->eng->identity ^ s->lora.id, err);
 }
 
 int petrel_session_load(petrel_session *s, const char *path, petrel_error *err) {
-    PT_TRY(kv_load(s->kv, path, s->eng->identity, s->eng->cfg.vocab_size, err));
+    PT_TRY(kv_load(s->kv, path, s->eng->identity ^ s->lora.id, s->eng->cfg.vocab_size, err));
     s->len = s->kv->len;
     s->mtp_len = s->kv->mtp_len;
     return 0;
@@ -331,6 +420,7 @@ int petrel_session_fork(const petrel_session *src, petrel_session **out, petrel_
     s->kv = k;
     s->len = src->len;
     s->mtp_len = src->mtp_len;
+    s->lora = src->lora;
     return 0;
 }
 

@@ -12,6 +12,7 @@
 #include "io/safetensors.h"
 #include "kernels/kernels.h"
 #include "model/config.h"
+#include "model/lora.h"
 #include "model/weights.h"
 
 struct petrel_engine {
@@ -57,6 +58,14 @@ struct petrel_engine {
     /* Trace-driven routing (open option route_trace): the trace and, per MoE index, its layer. */
     struct xs_trace *route;  /* owned, NULL when the routers choose */
     int *route_layer;        /* owned [n_moe] */
+    /* LoRA adapters (src/model/lora.h): loaded at open; lora_default is the set new sessions
+     * start with (every adapter at its scale, or none under lora_select). lora_merged: baked
+     * into the weights at open (sessions then carry no set). */
+    lora_adapter *lora[LORA_SET_MAX]; /* owned */
+    float lora_scale[LORA_SET_MAX];
+    int n_lora, lora_merged, lora_max_rank;
+    lora_set lora_default;
+    uint64_t lora_bytes;     /* the adapters' arrays and merged copies (in the memory plan) */
 };
 
 /* A model given as a regular file that is not a pack: 0 if it may be a safetensors file (st_open
@@ -153,6 +162,12 @@ struct petrel_session {
         uint8_t *block; /* owned */
         int rows, sel_stride;
     } pf;
+    lora_set lora;      /* the adapters this session's rows apply (empty: the base model) */
+    /* While a forward runs on this session as scratch: row r's adapter set (its segment's
+     * session's; NULL entries: none), or row_lora NULL when no row has one. */
+    const lora_set **row_lora;
+    const lora_set **row_lora_buf; /* owned [row_lora_cap] */
+    int row_lora_cap;
 
 };
 
@@ -164,6 +179,11 @@ typedef struct fwd_seg {
     petrel_session *s; /* borrowed */
     int r0, n;
 } fwd_seg;
+/* LoRA rows (engine.c): session_lora_alloc makes room for `rows` row sets; session_lora_rows
+ * points scr->row_lora at each row's set for a forward over seg (NULL when no row has one). */
+int session_lora_alloc(petrel_session *s, int rows);
+int session_lora_rows(petrel_session *scr, const fwd_seg *seg, int nseg, int T, petrel_error *err);
+
 #define FWD_ROWS_GROUP 16 /* one-row segments whose attention shares its head products */
 /* THE layer loop: runs rows ids[0..T) of the segments through every layer. Scratch for the
  * rows comes from scr's arena (scr is one of the sessions, or a batch's cache-less scratch
@@ -251,7 +271,8 @@ int moe_forward(petrel_session *s, int l, const layer_w *lw, int next_l, const f
                 int32_t *rl, const int32_t *route_pos, float *out, petrel_error *err);
 /* The next MoE layer's guesses from x [T][H], for a store that wants them (else nothing). */
 void moe_prefetch_next(petrel_session *s, int next_l, const float *x, int T);
-int mlp_dense(petrel_session *s, const layer_w *lw, const float *x, int T, float *out, petrel_error *err);
+/* The dense MLP of layer l over T rows (rs: the rows' LoRA sets, or NULL). */
+int mlp_dense(petrel_session *s, int l, const layer_w *lw, const lora_set *const *rs, const float *x, int T, float *out, petrel_error *err);
 /* Routing for one row (exposed for tests): writes K expert ids (ascending selection order not
  * guaranteed) and their final weights. scratch needs 2 * E floats. */
 void moe_route(const petrel_config *cfg, const float *logits, const float *bias, int32_t *idx, float *wts, float *scratch);

@@ -19,11 +19,19 @@
 #include "io/pack.h"
 #include "kernels/kernels.h"
 #include "model/engine.h"
+#include "model/lora.h"
 #include "model/ops.h"
 #include "model/scratch.h"
 #include "kv/kv.h"
 
 const char *const fwd_part_names[FS_COUNT] = {"attention", "indexer", "dense mlp", "router", "routed experts", "shared expert", "head", "other"};
+
+/* Each segment's LoRA terms on target t: y[r] (width on) += delta x[r] for its rows. */
+static void seg_lora(const kn_table *kt, const fwd_seg *seg, int nseg, int l, lora_target t, const float *x, int ldx, float *y, int ldy, int on) {
+    for (int g = 0; g < nseg; g++)
+        if (seg[g].s->lora.n && lora_set_has(&seg[g].s->lora, l, t))
+            lora_add(kt, &seg[g].s->lora, l, t, -1, x + (size_t)seg[g].r0 * ldx, ldx, seg[g].n, y + (size_t)seg[g].r0 * ldy, ldy, 0, on);
+}
 
 int attn_segs(petrel_session *scr, int l, const layer_w *lw, float *h, const float *x, int T, const fwd_seg *seg, int nseg,
               const rope_rows *rope, int32_t *sel, int *sel_n, int sel_stride, const attn_bufs *b, petrel_error *err) {
@@ -36,8 +44,11 @@ int attn_segs(petrel_session *scr, int l, const layer_w *lw, float *h, const flo
     /* the projections over every row at once (weights read once per batch) */
     kn_job a[2] = {{&lw->q_a_proj, x, T, qa}, {&lw->kv_a_proj_with_mqa, x, T, kva}}; /* one dispatch */
     kt_matmul_many(&e->kt, a, 2);
+    seg_lora(&e->kt, seg, nseg, l, LT_Q_A, x, H, qa, Rq, Rq);
+    seg_lora(&e->kt, seg, nseg, l, LT_KV_A, x, H, kva, Rkv + Dr, Rkv + Dr);
     for (int r = 0; r < T; r++) op_rmsnorm(qa + (size_t)r * Rq, qa + (size_t)r * Rq, lw->q_a_layernorm, Rq, 1e-6);
     kt_matmul(&e->kt, &lw->q_b_proj, qa, T, q);
+    seg_lora(&e->kt, seg, nseg, l, LT_Q_B, qa, Rq, q, NH * Dqk, NH * Dqk);
     for (int g = 0; g < nseg; g++) { /* RoPE; each row's latent KV into its session's cache */
         petrel_session *s = seg[g].s;
         for (int i = 0; i < seg[g].n; i++) {
@@ -99,6 +110,7 @@ int attn_segs(petrel_session *scr, int l, const layer_w *lw, float *h, const flo
     ns[FS_ATTN] += pt_now_ns() - t0;
     t0 = pt_now_ns();
     kt_matmul(&e->kt, &lw->o_proj, o, T, y);
+    seg_lora(&e->kt, seg, nseg, l, LT_O, o, NH * Dv, y, H, H);
     for (int i = 0; i < T * H; i++) h[i] += y[i];
     ns[FS_ATTN] += pt_now_ns() - t0;
     return 0;
@@ -141,6 +153,7 @@ int fwd_rows_h(petrel_session *scr, const fwd_seg *seg, int nseg, const int32_t 
         if (rows_carve(&scr->ar, c, T, kmax, &st, &b)) return pt_err(err, PETREL_ENOMEM, "forward scratch exhausted");
     }
     size_t mark = scr->ar.used;
+    PT_TRY(session_lora_rows(scr, seg, nseg, T, err));
     float *h = st.h;
     for (int g = 0; g < nseg; g++)
         for (int i = 0; i < seg[g].n; i++) {
@@ -189,7 +202,7 @@ int fwd_rows_h(petrel_session *scr, const fwd_seg *seg, int nseg, const int32_t 
             LAP(FS_ATTN);
             if (!lw->is_moe) {
                 if (!span && nl >= 0) moe_prefetch_next(scr, nl, b.x, n);
-                rc = mlp_dense(scr, lw, b.x, n, b.y, err);
+                rc = mlp_dense(scr, l, lw, scr->row_lora ? scr->row_lora + r0 : NULL, b.x, n, b.y, err);
                 for (size_t i = 0; i < (size_t)n * H && !rc; i++) hc[i] += b.y[i];
                 LAP(FS_DENSE);
             }
@@ -203,7 +216,10 @@ int fwd_rows_h(petrel_session *scr, const fwd_seg *seg, int nseg, const int32_t 
         if (!rc && span && scr->progress) scr->progress(scr->progress_user, scr->pg_done + (long long)T * (l + 1), scr->pg_total);
     }
     if (span) s0->len = P0;
-    if (rc) return rc;
+    if (rc) {
+        scr->row_lora = NULL;
+        return rc;
+    }
     scr->ar.used = mark;
     t0 = pt_now_ns();
     if (tr && tr->hidden)
@@ -220,10 +236,15 @@ int fwd_rows_h(petrel_session *scr, const fwd_seg *seg, int nseg, const int32_t 
         }
         LAP(FS_OTHER);
         kt_matmul(&e->kt, &w->lm_head, xl, n, logits + (size_t)i0 * V);
+        for (int i = 0; i < n && scr->row_lora; i++) {
+            int r = lrows ? lrows[i0 + i] : T - nlog + i0 + i;
+            lora_add(&e->kt, scr->row_lora[r], 0, LT_HEAD, -1, xl + (size_t)i * H, H, 1, logits + (size_t)(i0 + i) * V, V, 0, V);
+        }
         LAP(FS_HEAD);
         scr->ar.used = mark;
     }
 #undef LAP
+    scr->row_lora = NULL;
     scr->stats.rows += (uint64_t)T;
     if (e->trace) PT_TRY(stream_trace_flush(e, T, err));
     for (int g = 0; g < nseg; g++) {
@@ -270,7 +291,9 @@ int fwd_mtp_h(petrel_session *scr, const fwd_seg *seg, int nseg, const int32_t *
             op_rope_table(c->rope_theta, Dr, seg[g].s->mtp_len + i, rope.cos_ + (size_t)r * (Dr / 2), rope.sin_ + (size_t)r * (Dr / 2));
         }
     if (e->pack) pack_release_on_disk(e->pack);
+    PT_TRY(session_lora_rows(scr, seg, nseg, T, err));
     kt_matmul(&e->kt, &w->eh_proj, cat, T, h);
+    lora_add_rows(&e->kt, scr->row_lora, L, LT_EH, -1, cat, 2 * H, T, h, H);
     /* the decoder layer runs at the MTP cache's positions: the sessions' lengths stand in for it
      * while it runs (attn_segs and mla read s->len) */
     int rc = 0, *len = m.len;
@@ -293,13 +316,20 @@ int fwd_mtp_h(petrel_session *scr, const fwd_seg *seg, int nseg, const int32_t *
             rc = kv_seq_mtp_advance(seg[g].s->kv, seg[g].n, err);
         }
     }
-    if (rc) return rc;
+    if (rc) {
+        scr->row_lora = NULL;
+        return rc;
+    }
     for (int i = 0; i < T * H; i++) h[i] += b.y[i];
     if (hout) memcpy(hout, h, sizeof(float) * (size_t)T * H); /* the layer's output before shared_head.norm: a chained draft's hidden */
     if (!lrows) nlog = T;
     for (int i = 0; i < nlog; i++) /* the rows that want logits, in order (lrows ascending; NULL: all) */
         op_rmsnorm(b.x + (size_t)i * H, h + (size_t)(lrows ? lrows[i] : i) * H, w->shared_head_norm, H, c->rms_norm_eps);
     if (logits && nlog > 0) kt_matmul(&e->kt, &w->lm_head, b.x, nlog, logits);
+    for (int i = 0; logits && i < nlog && scr->row_lora; i++)
+        lora_add(&e->kt, scr->row_lora[lrows ? lrows[i] : i], 0, LT_HEAD, -1, b.x + (size_t)i * H, H, 1, logits + (size_t)i * c->vocab_size,
+                 c->vocab_size, 0, c->vocab_size);
+    scr->row_lora = NULL;
     return 0;
 }
 

@@ -27,6 +27,7 @@
 #include "kernels/kernels.h"
 #include "kv/kv.h"
 #include "model/engine.h"
+#include "model/lora.h"
 #include "model/scratch.h"
 
 static pt_wview f32_view(const float *data, int64_t rows, int64_t cols) {
@@ -51,6 +52,8 @@ typedef struct {
     const float *q;       /* [NH][Dqk] of one row */
     float *qt;            /* [NH][Rkv] out */
     int Dqk, Rkv;
+    const lora_set *ls;   /* LoRA on kv_b_proj (NULL: none) of layer l; Dn, Dv the head's parts */
+    int l, Dn, Dv;
 } uk_job;
 
 /* q~[h] = W_UK[h]^T q_nope[h]: the transposed product, one pass over the head's rows. */
@@ -58,6 +61,8 @@ static void uk_task(void *ctx, int h, int thread) {
     (void)thread;
     const uk_job *j = ctx;
     kt_matmul_t(j->tb, &j->lw->w_uk[h], j->q + (size_t)h * j->Dqk, 1, j->qt + (size_t)h * j->Rkv);
+    if (j->ls)
+        lora_add_t(j->tb, j->ls, j->l, LT_KV_B, j->q + (size_t)h * j->Dqk, j->Dqk, 1, j->qt + (size_t)h * j->Rkv, j->Rkv, h * (j->Dn + j->Dv), j->Dn);
 }
 
 typedef struct {
@@ -66,12 +71,17 @@ typedef struct {
     const float *lat;     /* [NH][Rkv] */
     float *out;           /* [NH][Dv] */
     int Rkv, Dv;
+    const lora_set *ls;
+    int l, Dn;
 } uv_job;
 
 static void uv_task(void *ctx, int h, int thread) {
     (void)thread;
     const uv_job *j = ctx;
     kt_matmul(j->tb, &j->lw->w_uv[h], j->lat + (size_t)h * j->Rkv, 1, j->out + (size_t)h * j->Dv);
+    if (j->ls)
+        lora_add(j->tb, j->ls, j->l, LT_KV_B, -1, j->lat + (size_t)h * j->Rkv, j->Rkv, 1, j->out + (size_t)h * j->Dv, j->Dv, h * (j->Dn + j->Dv) + j->Dn,
+                 j->Dv);
 }
 
 /* ---- absorbed, blocked over rows with a prefix selection ---- */
@@ -90,6 +100,8 @@ typedef struct {
     float *out;                /* [T][NH][Dv] */
     float *scr;                /* per thread: abp_floats() floats */
     size_t per;
+    const lora_set *ls;        /* LoRA on kv_b_proj of layer l, or NULL */
+    int l;
 } abp_job;
 
 static size_t abp_floats(int nmax, int Dn, int Dr, int Dv, int Rkv) {
@@ -120,9 +132,11 @@ static void abp_head(const abp_job *j, int h, float *scr) {
             if (nk[i] > Nc) Nc = nk[i];
         }
         kt_matmul_t(j->tb, &j->lw->w_uk[h], qn, nb, qt); /* q~ [nb][Rkv] */
+        if (j->ls) lora_add_t(j->tb, j->ls, j->l, LT_KV_B, qn, Dn, nb, qt, Rkv, h * (Dn + Dv), Dn);
         kn_attn a = {nb, Rkv, Dr, Nc, qt, Rkv, qp, Dr, j->kc, j->kp, nk, j->scale, lat, Rkv};
         kt_attn_core(j->tb, &a, ascr);                       /* lat [nb][Rkv] */
         kt_matmul(j->tb, &j->lw->w_uv[h], lat, nb, oh);      /* o [nb][Dv] */
+        if (j->ls) lora_add(j->tb, j->ls, j->l, LT_KV_B, -1, lat, Rkv, nb, oh, Dv, h * (Dn + Dv) + Dn, Dv);
         for (int i = 0; i < nb; i++)
             memcpy(j->out + ((size_t)j->rows[b0 + i] * NH + h) * Dv, oh + (size_t)i * Dv, sizeof(float) * (size_t)Dv);
     }
@@ -199,6 +213,7 @@ static int absorbed(petrel_session *s, int l, const layer_w *lw, const float *q,
     int NH = c->num_attention_heads, Dn = c->qk_nope_head_dim, Dr = c->qk_rope_head_dim, Dv = c->v_head_dim;
     int Rkv = c->kv_lora_rank, Dqk = c->qk_head_dim;
     const float scale = (float)(1.0 / sqrt((double)Dqk));
+    const lora_set *ls = lora_set_has(&s->lora, l, LT_KV_B) ? &s->lora : NULL;
     /* rows whose selection is the prefix 0..n-1 (sorted, distinct: the last is n-1) go blocked
      * when there are several of them; the others one by one */
     int32_t *rows = ar_alloc(&s->ar, sizeof(int32_t) * (size_t)T);
@@ -218,7 +233,7 @@ static int absorbed(petrel_session *s, int l, const layer_w *lw, const float *q,
         if (block_carve(&s->ar, c, pmax, !kv_is_f32(s->kv), pool_threads(kn_pool()), &k, &hs))
             return pt_err(err, PETREL_ENOMEM, "attention scratch exhausted (layer %d)", l);
         PT_TRY(kv_rows(s->kv, l, NULL, pmax, k.kc, k.kp, k.cb, k.pb, err)); /* keys 0..pmax-1 of the rows */
-        abp_job j = {tb, lw, q, rows, sel_n, k.kc, k.kp, m, NH, Dn, Dr, Dv, Dqk, Rkv, pmax, scale, out, hs, per};
+        abp_job j = {tb, lw, q, rows, sel_n, k.kc, k.kp, m, NH, Dn, Dr, Dv, Dqk, Rkv, pmax, scale, out, hs, per, ls, l};
         pool_run(kn_pool(), NH, abp_task, &j);
     }
     if (m > 1 && m == T) return 0;
@@ -227,10 +242,10 @@ static int absorbed(petrel_session *s, int l, const layer_w *lw, const float *q,
     for (int r = 0, k = 0; r < T; r++) {
         if (m > 1 && k < m && rows[k] == r) { k++; continue; } /* done above */
         const float *qr = q + (size_t)r * NH * Dqk;
-        uk_job uj = {tb, lw, qr, qt, Dqk, Rkv};
+        uk_job uj = {tb, lw, qr, qt, Dqk, Rkv, ls, l, Dn, Dv};
         pool_run(kn_pool(), NH, uk_task, &uj);
         PT_TRY(row_core(s, l, qr, qt, sel ? sel + (size_t)r * sel_stride : NULL, sel_n[r], lat, err));
-        uv_job vj = {tb, lw, lat, out + (size_t)r * NH * Dv, Rkv, Dv};
+        uv_job vj = {tb, lw, lat, out + (size_t)r * NH * Dv, Rkv, Dv, ls, l, Dn};
         pool_run(kn_pool(), NH, uv_task, &vj);
     }
     return 0;
@@ -250,6 +265,8 @@ typedef struct {
     float *QT, *LAT;          /* [m][NH][Rkv] */
     float *out;               /* [T][NH][Dv] */
     float *scr;               /* per thread: m * (Dn + Rkv + Dv) floats */
+    petrel_session *const *sess; /* row i's session (its LoRA set); l the layer */
+    int l, lora;              /* lora: some row's set adapts kv_b_proj */
 } abr_job;
 
 static void abr_uk_task(void *ctx, int h, int thread) {
@@ -257,6 +274,8 @@ static void abr_uk_task(void *ctx, int h, int thread) {
     float *qn = j->scr + (size_t)thread * j->m * (j->Dn + j->Rkv + j->Dv), *qt = qn + (size_t)j->m * j->Dn;
     for (int i = 0; i < j->m; i++) memcpy(qn + (size_t)i * j->Dn, j->q + ((size_t)j->rows[i] * j->NH + h) * j->Dqk, sizeof(float) * (size_t)j->Dn);
     kt_matmul_t(j->tb, &j->lw->w_uk[h], qn, j->m, qt);
+    for (int i = 0; i < j->m && j->lora; i++)
+        lora_add_t(j->tb, &j->sess[i]->lora, j->l, LT_KV_B, qn + (size_t)i * j->Dn, j->Dn, 1, qt + (size_t)i * j->Rkv, j->Rkv, h * (j->Dn + j->Dv), j->Dn);
     for (int i = 0; i < j->m; i++) memcpy(j->QT + ((size_t)i * j->NH + h) * j->Rkv, qt + (size_t)i * j->Rkv, sizeof(float) * (size_t)j->Rkv);
 }
 
@@ -265,6 +284,9 @@ static void abr_uv_task(void *ctx, int h, int thread) {
     float *lt = j->scr + (size_t)thread * j->m * (j->Dn + j->Rkv + j->Dv), *oh = lt + (size_t)j->m * j->Rkv;
     for (int i = 0; i < j->m; i++) memcpy(lt + (size_t)i * j->Rkv, j->LAT + ((size_t)i * j->NH + h) * j->Rkv, sizeof(float) * (size_t)j->Rkv);
     kt_matmul(j->tb, &j->lw->w_uv[h], lt, j->m, oh);
+    for (int i = 0; i < j->m && j->lora; i++)
+        lora_add(j->tb, &j->sess[i]->lora, j->l, LT_KV_B, -1, lt + (size_t)i * j->Rkv, j->Rkv, 1, oh + (size_t)i * j->Dv, j->Dv,
+                 h * (j->Dn + j->Dv) + j->Dn, j->Dv);
     for (int i = 0; i < j->m; i++) memcpy(j->out + ((size_t)j->rows[i] * j->NH + h) * j->Dv, oh + (size_t)i * j->Dv, sizeof(float) * (size_t)j->Dv);
 }
 
@@ -275,7 +297,8 @@ int mla_attention_rows(petrel_session *scr, int l, const layer_w *lw, petrel_ses
     int NH = c->num_attention_heads, Dn = c->qk_nope_head_dim, Dv = c->v_head_dim, Rkv = c->kv_lora_rank, Dqk = c->qk_head_dim;
     size_t mark = scr->ar.used;
     int nt = pool_threads(kn_pool());
-    abr_job j = {tb, lw, q, rows, m, NH, Dn, Dqk, Dv, Rkv, NULL, NULL, out, NULL};
+    abr_job j = {tb, lw, q, rows, m, NH, Dn, Dqk, Dv, Rkv, NULL, NULL, out, NULL, sess, l, 0};
+    for (int i = 0; i < m && !j.lora; i++) j.lora = lora_set_has(&sess[i]->lora, l, LT_KV_B);
     if (rows_carve_mla(&scr->ar, c, m, nt, &j.QT, &j.LAT, &j.scr)) return pt_err(err, PETREL_ENOMEM, "attention scratch exhausted (layer %d)", l);
     pool_run(kn_pool(), NH, abr_uk_task, &j);
     for (int i = 0; i < m; i++) {
@@ -311,6 +334,8 @@ typedef struct {
     float *out;                /* [T][NH][Dv] */
     float *scr;                /* per thread: rec_floats() floats */
     size_t per;
+    const lora_set *ls;        /* LoRA on kv_b_proj of layer l, or NULL */
+    int l, Rkv;
 } rec_job;
 
 /* Scratch of one head, in floats, each piece 64-byte aligned. */
@@ -327,11 +352,13 @@ static void rec_head(const rec_job *j, int h, float *scr) {
     uint8_t *keep = (uint8_t *)(oh + A16((size_t)T * Dv));
 #undef A16
     kt_matmul(j->tb, &j->lw->w_uk[h], j->C, N, kn); /* k_nope [N][Dn] */
+    if (j->ls) lora_add(j->tb, j->ls, j->l, LT_KV_B, -1, j->C, j->Rkv, N, kn, Dn, h * (Dn + Dv), Dn);
     for (int t = 0; t < N; t++) {
         memcpy(kh + (size_t)t * Dqk, kn + (size_t)t * Dn, sizeof(float) * (size_t)Dn);
         memcpy(kh + (size_t)t * Dqk + Dn, j->PE + (size_t)t * Dr, sizeof(float) * (size_t)Dr);
     }
     kt_matmul(j->tb, &j->lw->w_uv[h], j->C, N, vn); /* V [N][Dv] = C W_UV^T, the same product as decode's */
+    if (j->ls) lora_add(j->tb, j->ls, j->l, LT_KV_B, -1, j->C, j->Rkv, N, vn, Dv, h * (Dn + Dv) + Dn, Dv);
     for (int t0 = 0; t0 < N; t0 += 16) /* V^T [Dv][N], in 16 x 16 tiles */
         for (int d0 = 0; d0 < Dv; d0 += 16)
             for (int t = t0; t < t0 + 16 && t < N; t++)
@@ -393,9 +420,12 @@ static int reconstructed(petrel_session *s, int l, const layer_w *lw, const floa
     PT_TRY(kv_decode(s->kv, l, 0, N, C, PE, NULL, err)); /* the twin reads the keys contiguous */
     rec_job j = {tb, lw, q, C, PE, sel, sel_n, sel_stride, T, s->len, s->len + T, c->num_attention_heads,
                  c->qk_nope_head_dim, c->qk_rope_head_dim, c->v_head_dim, c->qk_head_dim,
-                 (float)(1.0 / sqrt((double)c->qk_head_dim)), out, NULL, 0};
+                 (float)(1.0 / sqrt((double)c->qk_head_dim)), out, NULL, 0, NULL, 0, 0};
     j.per = per;
     j.scr = hs;
+    j.ls = lora_set_has(&s->lora, l, LT_KV_B) ? &s->lora : NULL;
+    j.l = l;
+    j.Rkv = c->kv_lora_rank;
     if (nt > 1) pool_run(kn_pool(), j.NH, rec_task, &j);
     else
         for (int h = 0; h < j.NH; h++) rec_head(&j, h, j.scr); /* one head at a time, each product threaded */

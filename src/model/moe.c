@@ -14,6 +14,7 @@
 #include "experts/xs.h"
 #include "kernels/kernels.h"
 #include "model/engine.h"
+#include "model/lora.h"
 #include "model/ops.h"
 #include "model/scratch.h"
 
@@ -84,8 +85,15 @@ void moe_route_given(const petrel_config *cfg, const float *logits, const int32_
     }
 }
 
+/* LoRA on an MLP's three products: row r's set rs[r] (rs NULL: none), targets tg, tg + 1, tg + 2
+ * (gate, up, down) of layer l, expert e (-1: not a routed expert). */
+typedef struct mlp_lora {
+    const lora_set *const *rs;
+    int l, tg, e;
+} mlp_lora;
+
 static int swiglu(petrel_session *s, const pt_wview *g, const pt_wview *u, const pt_wview *d, const float *x, int T,
-                  float *out, petrel_error *err) {
+                  const mlp_lora *lo, float *out, petrel_error *err) {
     size_t mark = s->ar.used;
     mlp_scr m;
     if (g->rows != u->rows || mlp_carve(&s->ar, T, g->rows, &m)) return pt_err(err, PETREL_ENOMEM, "MLP scratch exhausted");
@@ -93,14 +101,21 @@ static int swiglu(petrel_session *s, const pt_wview *g, const pt_wview *u, const
     kn_job gu[2] = {{g, x, T, gb}, {u, x, T, ub}}; /* one dispatch, x prepared once */
     const kn_table *tb = &s->eng->kt;
     kt_matmul_many(tb, gu, 2);
+    int H = (int)g->cols, I = (int)g->rows;
+    if (lo && lo->rs) {
+        lora_add_rows(tb, lo->rs, lo->l, (lora_target)lo->tg, lo->e, x, H, T, gb, I);
+        lora_add_rows(tb, lo->rs, lo->l, (lora_target)(lo->tg + 1), lo->e, x, H, T, ub, I);
+    }
     kt_silu_mul(tb, gb, gb, ub, (int64_t)T * g->rows);
     kt_matmul(tb, d, gb, T, out);
+    if (lo && lo->rs) lora_add_rows(tb, lo->rs, lo->l, (lora_target)(lo->tg + 2), lo->e, gb, I, T, out, (int)d->rows);
     s->ar.used = mark;
     return 0;
 }
 
-int mlp_dense(petrel_session *s, const layer_w *lw, const float *x, int T, float *out, petrel_error *err) {
-    return swiglu(s, &lw->gate_proj, &lw->up_proj, &lw->down_proj, x, T, out, err);
+int mlp_dense(petrel_session *s, int l, const layer_w *lw, const lora_set *const *rs, const float *x, int T, float *out, petrel_error *err) {
+    mlp_lora lo = {rs, l, LT_GATE, -1};
+    return swiglu(s, &lw->gate_proj, &lw->up_proj, &lw->down_proj, x, T, &lo, out, err);
 }
 
 /* One MoE layer's rows, their choices by expert and where the experts' outputs go. */
@@ -115,7 +130,22 @@ typedef struct moe_rows {
                                to out as each expert finishes (experts then come ascending) */
     float *out;             /* [T][H] */
     float *xs, *ys, *gb, *ub; /* [cap][H], [max(cap,32)][H], [max(cap,32)][I] x 2 */
+    /* LoRA on the routed experts: rs [T] each row's set (NULL: no row's set adapts this layer's
+     * experts), gset [max(cap,32)] the gathered rows' sets; l the layer */
+    const lora_set *const *rs;
+    const lora_set **gset;
+    int l;
 } moe_rows;
+
+/* The LoRA terms of expert e's gate / up (phase 0, input xb) or down (phase 1, input gb) over
+ * n gathered rows whose sets are gs[0..n). */
+static void expert_lora(const moe_rows *m, int e, int phase, const lora_set *const *gs, const float *xb, float *gb, float *ub, float *yb,
+                        int n, int I) {
+    if (phase == 0) {
+        lora_add_rows(m->tb, gs, m->l, LT_EXP_GATE, e, xb, m->H, n, gb, I);
+        lora_add_rows(m->tb, gs, m->l, LT_EXP_UP, e, xb, m->H, n, ub, I);
+    } else lora_add_rows(m->tb, gs, m->l, LT_EXP_DOWN, e, gb, I, n, yb, m->H);
+}
 
 static void emit(const moe_rows *m, int32_t slot, const float *y) {
     if (m->yk) memcpy(m->yk + (size_t)slot * m->H, y, sizeof(float) * (size_t)m->H);
@@ -136,9 +166,14 @@ static void run_set(const moe_rows *m, const xs_expert_ref *const *ev, const int
         jobs[2 * b + 1] = (kn_job){&ev[b]->up, xb, cnt[b], m->ub + (size_t)st[b] * I};
     }
     kt_matmul_many(m->tb, jobs, 2 * ne);
+    for (int b = 0; b < ne && m->rs; b++)
+        expert_lora(m, ev[b]->expert, 0, m->gset + st[b], m->xs + (size_t)st[b] * m->H, m->gb + (size_t)st[b] * I, m->ub + (size_t)st[b] * I, NULL,
+                    cnt[b], (int)I);
     kt_silu_mul(m->tb, m->gb, m->gb, m->ub, (int64_t)rows * I);
     for (int b = 0; b < ne; b++) jobs[b] = (kn_job){&ev[b]->down, m->gb + (size_t)st[b] * I, cnt[b], m->ys + (size_t)st[b] * m->H};
     kt_matmul_many(m->tb, jobs, ne);
+    for (int b = 0; b < ne && m->rs; b++)
+        expert_lora(m, ev[b]->expert, 1, m->gset + st[b], NULL, m->gb + (size_t)st[b] * I, NULL, m->ys + (size_t)st[b] * m->H, cnt[b], (int)I);
 }
 
 /* Runs experts ev[0..n) (in this order) over the rows that chose them, emitting every choice's
@@ -155,8 +190,12 @@ static int run_experts(petrel_session *s, const moe_rows *m, const xs_expert_ref
             int e = ev[i].expert;
             for (int j0 = m->start[e]; j0 < m->start[e + 1]; j0 += m->cap) {
                 int c = m->start[e + 1] - j0 < m->cap ? m->start[e + 1] - j0 : m->cap;
-                for (int j = 0; j < c; j++) memcpy(m->xs + (size_t)j * H, m->x + (size_t)(m->rl[j0 + j] / m->K) * H, sizeof(float) * (size_t)H);
-                PT_TRY(swiglu(s, &ev[i].gate, &ev[i].up, &ev[i].down, m->xs, c, m->ys, err));
+                for (int j = 0; j < c; j++) {
+                    memcpy(m->xs + (size_t)j * H, m->x + (size_t)(m->rl[j0 + j] / m->K) * H, sizeof(float) * (size_t)H);
+                    if (m->rs) m->gset[j] = m->rs[m->rl[j0 + j] / m->K];
+                }
+                mlp_lora lo = {m->rs ? (const lora_set *const *)m->gset : NULL, m->l, LT_EXP_GATE, e};
+                PT_TRY(swiglu(s, &ev[i].gate, &ev[i].up, &ev[i].down, m->xs, c, &lo, m->ys, err));
                 for (int j = 0; j < c; j++) emit(m, m->rl[j0 + j], m->ys + (size_t)j * H);
             }
         }
@@ -169,9 +208,11 @@ static int run_experts(petrel_session *s, const moe_rows *m, const xs_expert_ref
             jobs[2 * i + 1] = (kn_job){&ev[i].up, m->x, 1, m->ub + (size_t)i * I};
         }
         kt_matmul_many(m->tb, jobs, 2 * n);
+        for (int i = 0; i < n && m->rs; i++) expert_lora(m, ev[i].expert, 0, m->rs, m->x, m->gb + (size_t)i * I, m->ub + (size_t)i * I, NULL, 1, (int)I);
         kt_silu_mul(m->tb, m->gb, m->gb, m->ub, (int64_t)n * I);
         for (int i = 0; i < n; i++) jobs[i] = (kn_job){&ev[i].down, m->gb + (size_t)i * I, 1, m->ys + (size_t)i * H};
         kt_matmul_many(m->tb, jobs, n);
+        for (int i = 0; i < n && m->rs; i++) expert_lora(m, ev[i].expert, 1, m->rs, NULL, m->gb + (size_t)i * I, NULL, m->ys + (size_t)i * H, 1, (int)I);
         for (int i = 0; i < n; i++) emit(m, m->rl[m->start[ev[i].expert]], m->ys + (size_t)i * H);
         return 0;
     }
@@ -192,8 +233,11 @@ static int run_experts(petrel_session *s, const moe_rows *m, const xs_expert_ref
         if (i == n) break;
         for (int j0 = 0; j0 < c; j0 += m->cap) { /* gather (in pieces when it has more rows than fit) */
             int p = c - j0 < m->cap ? c - j0 : m->cap;
-            for (int j = 0; j < p; j++)
-                memcpy(m->xs + (size_t)(rows + j) * H, m->x + (size_t)(m->rl[m->start[e] + j0 + j] / m->K) * H, sizeof(float) * (size_t)H);
+            for (int j = 0; j < p; j++) {
+                int r = m->rl[m->start[e] + j0 + j] / m->K;
+                memcpy(m->xs + (size_t)(rows + j) * H, m->x + (size_t)r * H, sizeof(float) * (size_t)H);
+                if (m->rs) m->gset[rows + j] = m->rs[r];
+            }
             if (c <= m->cap) break;
             const xs_expert_ref *one = &ev[i];
             int z = 0;
@@ -237,7 +281,7 @@ typedef struct moe_cb {
     petrel_session *s;
     const layer_w *lw;
     const float *x;
-    int T, next_l, shared_done;
+    int T, next_l, shared_done, l;
     float *ysh;             /* [T][H] the shared expert's output when it ran early */
     uint64_t shared_ns;
 } moe_cb;
@@ -251,7 +295,8 @@ static int cb_idle(void *ctx, petrel_error *err) { /* the shared expert, while m
     moe_cb *c = ctx;
     if (!c->lw->has_shared || !c->ysh) return 0;
     uint64_t t0 = pt_now_ns();
-    PT_TRY(swiglu(c->s, &c->lw->sh_gate, &c->lw->sh_up, &c->lw->sh_down, c->x, c->T, c->ysh, err));
+    mlp_lora lo = {c->s->row_lora, c->l, LT_SH_GATE, -1};
+    PT_TRY(swiglu(c->s, &c->lw->sh_gate, &c->lw->sh_up, &c->lw->sh_down, c->x, c->T, &lo, c->ysh, err));
     c->shared_ns = pt_now_ns() - t0;
     c->shared_done = 1;
     return 0;
@@ -275,7 +320,12 @@ int moe_forward(petrel_session *s, int l, const layer_w *lw, int next_l, const f
     if (!rl) rl = ms.rl;
     moe_rows m = {.tb = &eng->kt, .x = x, .T = T, .K = K, .H = H, .cap = cap, .start = start, .rl = rl, .wts = wts, .out = out,
                   .xs = ms.xs, .ys = ms.ys, .gb = ms.gb, .ub = ms.ub, .yk = ms.yk};
-    moe_cb cb = {.s = s, .lw = lw, .x = x, .T = T, .next_l = next_l, .ysh = ms.ysh};
+    moe_cb cb = {.s = s, .lw = lw, .x = x, .T = T, .next_l = next_l, .ysh = ms.ysh, .l = l};
+    m.l = l;
+    m.gset = ms.gset;
+    for (int r = 0; r < T && s->row_lora && !m.rs; r++) /* any row's set adapting these experts */
+        if (lora_set_has(s->row_lora[r], l, LT_EXP_GATE) || lora_set_has(s->row_lora[r], l, LT_EXP_UP) || lora_set_has(s->row_lora[r], l, LT_EXP_DOWN))
+            m.rs = s->row_lora;
     uint64_t *ns = s->stats.ns, t0 = pt_now_ns(), t1;
     for (int r0 = 0; r0 < T; r0 += cap) { /* route every row (the router in pieces of cap rows) */
         int n = T - r0 < cap ? T - r0 : cap;
@@ -345,7 +395,8 @@ int moe_forward(petrel_session *s, int l, const layer_w *lw, int next_l, const f
         else
             for (int r0 = 0; r0 < T; r0 += cap) {
                 int n1 = T - r0 < cap ? T - r0 : cap;
-                PT_TRY(swiglu(s, &lw->sh_gate, &lw->sh_up, &lw->sh_down, x + (size_t)r0 * H, n1, m.ys, err));
+                mlp_lora lo = {s->row_lora ? s->row_lora + r0 : NULL, l, LT_SH_GATE, -1};
+                PT_TRY(swiglu(s, &lw->sh_gate, &lw->sh_up, &lw->sh_down, x + (size_t)r0 * H, n1, &lo, m.ys, err));
                 float *o = out + (size_t)r0 * H;
                 for (size_t i = 0; i < (size_t)n1 * H; i++) o[i] += m.ys[i];
             }

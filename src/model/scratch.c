@@ -80,7 +80,7 @@ int moe_carve(arena *a, const petrel_config *c, int T, int C, int ready, int own
     size_t cap = (size_t)m->cap, wide = (size_t)m->wide;
     int ok = TAKE(m->lg, 4 * cap * E) & TAKE(m->scratch, 8 * E) & TAKE(m->start, 4 * (E + 1)) & TAKE(m->pos, 4 * E) & TAKE(m->order, 4 * E) &
              TAKE(m->refs, sizeof(xs_expert_ref) * E) & TAKE(m->chosen, E) & TAKE(m->xs, 4 * cap * H) & TAKE(m->ys, 4 * wide * H) &
-             TAKE(m->gb, 4 * wide * I) & TAKE(m->ub, 4 * wide * I);
+             TAKE(m->gb, 4 * wide * I) & TAKE(m->ub, 4 * wide * I) & TAKE(m->gset, sizeof(void *) * wide);
     if (ok && own_rl) ok = TAKE(m->rl, 4 * (size_t)T * K);
     if (ok && ready) ok = TAKE(m->yk, 4 * (size_t)T * K * H) & TAKE(m->ysh, 4 * (size_t)T * H);
     return ok ? 0 : -1;

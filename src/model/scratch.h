@@ -69,6 +69,7 @@ typedef struct moe_scr {
     float *xs, *ys, *gb, *ub;     /* [cap][H], [wide][H], [wide][I] x 2 (wide = max(cap, 32)) */
     int32_t *rl;                  /* [T][K] when the caller has none */
     float *yk, *ysh;              /* ready-order runs: [T][K][H] each choice's output, [T][H] shared */
+    const struct lora_set **gset; /* [wide]: the LoRA set of each gathered row */
     int cap, wide;
 } moe_scr;
 /* T rows, chunk C (cap = min(T, C)); ready: the experts may come in any order; own_rl: carve rl. */
