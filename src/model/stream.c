@@ -131,15 +131,16 @@ int stream_plan(const petrel_engine *e, uint64_t budget, int expert_slots, int c
     double g = 1073741824.0;
     if (!budget && !expert_slots) { /* every weight resident: the plan says what a session adds */
         for (int k = 0; k < WK_COUNT; k++) p->resident_bytes += e->w.kind_bytes[k];
+        p->resident_bytes += e->lora_bytes; /* LoRA adapters (and merged copies) */
         p->scratch_bytes = session_scratch_estimate(c, ctx, p->chunk);
         p->total_bytes = p->resident_bytes + p->kv_bytes + p->scratch_bytes;
         snprintf(p->text, sizeof p->text,
-                 "resident weights  %9.2f GiB  (every expert resident)\n"
+                 "resident weights  %9.2f GiB  (every expert resident%s)\n"
                  "KV cache          %9.2f GiB  (%d tokens x %.1f KiB, %s)\n"
                  "scratch           %9.2f GiB  (a session's forward of up to %d rows)\n"
                  "total             %9.2f GiB  for one session of %d tokens",
-                 p->resident_bytes / g, (double)p->kv_bytes / g, ctx, p->kv_token / 1024.0, kv_scheme_name((kv_scheme)e->kv_scheme), p->scratch_bytes / g,
-                 ctx < p->chunk ? ctx : p->chunk, p->total_bytes / g, ctx);
+                 p->resident_bytes / g, e->lora_bytes ? ", LoRA adapters included" : "", (double)p->kv_bytes / g, ctx, p->kv_token / 1024.0,
+                 kv_scheme_name((kv_scheme)e->kv_scheme), p->scratch_bytes / g, ctx < p->chunk ? ctx : p->chunk, p->total_bytes / g, ctx);
         kv_schemes_line(&ksh, p->text, sizeof p->text);
         return 0;
     }
@@ -165,6 +166,7 @@ int stream_plan(const petrel_engine *e, uint64_t budget, int expert_slots, int c
         for (int x = 0; x < c->n_routed_experts; x++) resident -= expert_view_bytes(&e->w.mtp, x);
     uint64_t embed_off = budget && e->pack ? pack_embed_on_disk_bytes(e->pack) : 0; /* read a row at a time (engine.c) */
     resident -= embed_off;
+    resident += e->lora_bytes; /* LoRA adapters (and merged copies) */
     p->embed_on_disk = embed_off;
     p->resident_bytes = resident;
     p->scratch_bytes = session_scratch_estimate(c, ctx, p->chunk) + pf_bytes + (64u << 20); /* + code, allocator, I/O queues */
@@ -181,6 +183,8 @@ int stream_plan(const petrel_engine *e, uint64_t budget, int expert_slots, int c
     if (embed_off && pw >= 0 && (size_t)pw < sizeof p->text)
         snprintf(p->text + pw, sizeof p->text - (size_t)pw, "\n(not counted: embed_tokens, %.2f GiB, stays in the pack; a token reads its row)",
                  (double)embed_off / g);
+    if (e->lora_bytes && pw >= 0 && (size_t)pw < sizeof p->text)
+        snprintf(p->text + strlen(p->text), sizeof p->text - strlen(p->text), "\n(resident includes %.3f GiB of LoRA adapters)", (double)e->lora_bytes / g);
     kv_schemes_line(&ksh, p->text, sizeof p->text);
     return 0;
 }
