@@ -20,7 +20,7 @@ static kv_seq *seq;
 
 static void setup(void) {
     kv_shape sh = {4, 16, 4, 8, HAS_IDX, 3};
-    kv_pool_opts o = {KV_INT8, 4, 0};
+    kv_pool_opts o = {KV_INT8, 4, 0, 0};
     petrel_error err;
     kv_layout lay;
     if (kv_layout_init(&lay, &sh, &o, &err)) abort();

@@ -12,6 +12,7 @@
 
 #include "base/err.h"
 #include "base/file.h"
+#include "base/pool.h"
 #include "io/safetensors.h"
 #include "model/lora.h"
 
@@ -81,38 +82,64 @@ void lora_set_finish(lora_set *s) {
     s->id = s->n ? (h ? h : 1) : 0;
 }
 
-/* ---- applying ---- */
+/* ---- applying ----
+ * Rows go in blocks of LORA_RB, blocks in parallel on the kernel pool (inline when called from
+ * inside a pool task). In a block, u[row][k] = s * (A_k . x_row) and then y_row += u[row][k] Bt_k
+ * for k = 0 .. r-1: each row's arithmetic is the same fixed sequence whatever the block, the
+ * thread or the number of rows (row independence), while A_k and Bt_k are read once per block. */
 
-void lora_add(const kn_table *kt, const lora_set *s, int layer, lora_target t, int expert, const float *x, int ldx, int n, float *y,
-              int ldy, int o0, int on) {
-    if (!s) return;
+#define LORA_RB 16
+
+typedef struct add_job {
+    const kn_table *kt;
+    const lora_mat *m;
+    float sc;
+    const float *x;
+    float *y;
+    int ldx, ldy, n, o0, on, trans;
+} add_job;
+
+static void add_task(void *ctx, int b, int thread) {
+    (void)thread;
+    const add_job *j = ctx;
+    const lora_mat *m = j->m;
+    int r0 = b * LORA_RB, nb = j->n - r0 < LORA_RB ? j->n - r0 : LORA_RB;
+    static __thread float u[LORA_RB * LORA_MAX_RANK];
+    if (!j->trans) { /* y[o0 .. o0+on) += s B (A x) */
+        for (int k = 0; k < m->r; k++)
+            for (int i = 0; i < nb; i++) u[i * m->r + k] = j->sc * kt_dot(j->kt, m->A + (size_t)k * m->in, j->x + (size_t)(r0 + i) * j->ldx, m->in);
+        for (int k = 0; k < m->r; k++)
+            for (int i = 0; i < nb; i++) kt_axpy(j->kt, j->y + (size_t)(r0 + i) * j->ldy, u[i * m->r + k], m->Bt + (size_t)k * m->ldb + j->o0, j->on);
+    } else { /* y (in wide) += s A^T (B[o0 .. o0+on)^T x) */
+        for (int k = 0; k < m->r; k++)
+            for (int i = 0; i < nb; i++)
+                u[i * m->r + k] = j->sc * kt_dot(j->kt, m->Bt + (size_t)k * m->ldb + j->o0, j->x + (size_t)(r0 + i) * j->ldx, j->on);
+        for (int k = 0; k < m->r; k++)
+            for (int i = 0; i < nb; i++) kt_axpy(j->kt, j->y + (size_t)(r0 + i) * j->ldy, u[i * m->r + k], m->A + (size_t)k * m->in, m->in);
+    }
+}
+
+static void add_run(const kn_table *kt, const lora_set *s, int layer, lora_target t, int expert, const float *x, int ldx, int n, float *y,
+                    int ldy, int o0, int on, int trans) {
+    if (!s || n <= 0) return;
     for (int i = 0; i < s->n; i++) {
         const lora_mat *m = lora_get(s->a[i], layer, t, expert);
         if (!m) continue;
-        float sc = s->scale[i] * m->scale, u[LORA_MAX_RANK];
-        for (int row = 0; row < n; row++) {
-            const float *xr = x + (size_t)row * ldx;
-            float *yr = y + (size_t)row * ldy;
-            for (int k = 0; k < m->r; k++) u[k] = sc * kt_dot(kt, m->A + (size_t)k * m->in, xr, m->in);
-            for (int k = 0; k < m->r; k++) kt_axpy(kt, yr, u[k], m->Bt + (size_t)k * m->ldb + o0, on);
-        }
+        add_job j = {kt, m, s->scale[i] * m->scale, x, y, ldx, ldy, n, o0, on, trans};
+        int nblk = (n + LORA_RB - 1) / LORA_RB;
+        if (nblk == 1) add_task(&j, 0, 0);
+        else pool_run(kn_pool(), nblk, add_task, &j);
     }
+}
+
+void lora_add(const kn_table *kt, const lora_set *s, int layer, lora_target t, int expert, const float *x, int ldx, int n, float *y,
+              int ldy, int o0, int on) {
+    add_run(kt, s, layer, t, expert, x, ldx, n, y, ldy, o0, on, 0);
 }
 
 void lora_add_t(const kn_table *kt, const lora_set *s, int layer, lora_target t, const float *x, int ldx, int n, float *y, int ldy,
                 int o0, int on) {
-    if (!s) return;
-    for (int i = 0; i < s->n; i++) {
-        const lora_mat *m = lora_get(s->a[i], layer, t, -1);
-        if (!m) continue;
-        float sc = s->scale[i] * m->scale, u[LORA_MAX_RANK];
-        for (int row = 0; row < n; row++) {
-            const float *xr = x + (size_t)row * ldx;
-            float *yr = y + (size_t)row * ldy;
-            for (int k = 0; k < m->r; k++) u[k] = sc * kt_dot(kt, m->Bt + (size_t)k * m->ldb + o0, xr, on);
-            for (int k = 0; k < m->r; k++) kt_axpy(kt, yr, u[k], m->A + (size_t)k * m->in, m->in);
-        }
-    }
+    add_run(kt, s, layer, t, -1, x, ldx, n, y, ldy, o0, on, 1);
 }
 
 void lora_add_rows(const kn_table *kt, const lora_set *const *sets, int layer, lora_target t, int expert, const float *x, int ldx, int n,
@@ -492,6 +519,8 @@ int lora_load(const char *dir, const char *name, const petrel_config *c, lora_ad
     cJSON_Delete(d.cfg);
     if (rc < 0) {
         lora_free(a);
+        for (char *p = err ? err->msg : NULL; p && *p; p++) /* names from the files: one line whatever they hold */
+            if ((unsigned char)*p < 0x20 || *p == 0x7f) *p = '?';
         return rc;
     }
     int any_exp = 0;

@@ -18,7 +18,7 @@ void *ar_alloc(arena *a, size_t bytes) {
 
 arena ar_sizing(void) { return (arena){NULL, SIZE_MAX / 2, 0}; }
 
-#define TAKE(p, bytes) (((p) = ar_alloc(a, (bytes))) != NULL)
+#define TAKE(p, bytes) ((int)(((p) = ar_alloc(a, (bytes))) != NULL)) /* an int: the carves & them (no short cut) */
 
 int attn_carve(arena *a, const petrel_config *c, int T, attn_bufs *b) {
     size_t t = (size_t)T, H = (size_t)c->hidden_size, NH = (size_t)c->num_attention_heads;
