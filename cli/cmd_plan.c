@@ -162,6 +162,7 @@ CLI_CMD(plan) {
     mo.open.verbose = 0;
     petrel_error err = {0};
     petrel_engine *eng = NULL;
+    if (mo.open.n_lora) mo.open.lora = mo.lora; /* adapters count in the plan */
     if (petrel_engine_open(mo.model, &mo.open, &eng, &err)) return cli_fail_err("plan", &err);
     const petrel_config *c = &eng->cfg;
     int rc = 0;
