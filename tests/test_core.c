@@ -429,3 +429,29 @@ TEST(core, truncate_then_continue) {
     free(b);
     petrel_engine_close(e);
 }
+
+/* While a context fits in index_topk the indexer's query side is skipped (every key is selected
+ * anyway): bitwise invisible against the forced scoring path, for contexts just below, at and
+ * just above index_topk, in one pass and token by token, on every fixture with an indexer. */
+TEST(core, indexer_query_skip_invisible) {
+    const char *names[] = {"tiny", "tiny-fp8", "trained"};
+    for (int f = 0; f < 3; f++) {
+        petrel_engine *e = open_tiny(names[f]);
+        if (!e) return;
+        int V = e->cfg.vocab_size, K = e->cfg.index_topk;
+        for (int d = -1; d <= 2; d++) {
+            int T = K + d;
+            int32_t *ids = malloc(sizeof(int32_t) * (size_t)T);
+            for (int i = 0; i < T; i++) ids[i] = (int32_t)(rnd() % (uint32_t)V);
+            for (int dec = 0; dec < 2; dec++) {
+                float *a = run(e, ids, T, MLA_AUTO, 0, dec), *b = run(e, ids, T, MLA_AUTO, 1, dec);
+                CHECK_MSG(!memcmp(a, b, sizeof(float) * (size_t)T * V), "%s: %d tokens (index_topk %d)%s: skipping the indexer's queries changed the logits",
+                          names[f], T, K, dec ? " decoded" : "");
+                free(a);
+                free(b);
+            }
+            free(ids);
+        }
+        petrel_engine_close(e);
+    }
+}

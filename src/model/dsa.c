@@ -35,23 +35,27 @@ int dsa_select(petrel_session *s, int l, const layer_w *lw, const float *x, cons
     float *qi = d.qi, *ki = d.ki, *iw = d.iw, *score = d.score;
     int32_t *tmp = d.tmp;
     const kn_table *tb = &s->eng->kt;
-    kt_matmul(tb, &lw->idx_wq_b, qr, T, qi);
+    /* While every row's causal keys fit in index_topk, every key is selected: the query side
+     * (wq_b, weights_proj, scoring) cannot change the result and is skipped; the keys are still
+     * written for the rows that come later. */
+    int need_q = s->dsa_always_score || P + T > topk;
+    if (need_q) kt_matmul(tb, &lw->idx_wq_b, qr, T, qi);
     kt_matmul(tb, &lw->idx_wk, x, T, ki);
-    kt_matmul(tb, &lw->idx_weights_proj, x, T, iw);
+    if (need_q) kt_matmul(tb, &lw->idx_weights_proj, x, T, iw);
     if (s->lora.n) {
-        lora_add(tb, &s->lora, l, LT_IDX_Q_B, -1, qr, c->q_lora_rank, T, qi, Hi * Di, 0, Hi * Di);
+        if (need_q) lora_add(tb, &s->lora, l, LT_IDX_Q_B, -1, qr, c->q_lora_rank, T, qi, Hi * Di, 0, Hi * Di);
         lora_add(tb, &s->lora, l, LT_IDX_K, -1, x, H, T, ki, Di, 0, Di);
-        lora_add(tb, &s->lora, l, LT_IDX_W, -1, x, H, T, iw, Hi, 0, Hi);
+        if (need_q) lora_add(tb, &s->lora, l, LT_IDX_W, -1, x, H, T, iw, Hi, 0, Hi);
     }
     const float wscale = (float)(1.0 / sqrt((double)Hi) / sqrt((double)Di));
     for (int r = 0; r < T; r++) {
         const float *cs = rope->cos_ + (size_t)r * (Dr / 2), *sn = rope->sin_ + (size_t)r * (Dr / 2);
-        for (int h = 0; h < Hi; h++) op_rope(qi + ((size_t)r * Hi + h) * Di, cs, sn, Dr, c->indexer_rope_interleave);
+        for (int h = 0; h < Hi && need_q; h++) op_rope(qi + ((size_t)r * Hi + h) * Di, cs, sn, Dr, c->indexer_rope_interleave);
         float *k = ki + (size_t)r * Di;
         op_layernorm(k, k, lw->idx_k_norm_w, lw->idx_k_norm_b, Di, 1e-6);
         op_rope(k, cs, sn, Dr, c->indexer_rope_interleave);
         PT_TRY(kv_write_index(s->kv, l, P + r, k, err));
-        for (int h = 0; h < Hi; h++) iw[(size_t)r * Hi + h] *= wscale;
+        for (int h = 0; h < Hi && need_q; h++) iw[(size_t)r * Hi + h] *= wscale;
     }
     for (int r = 0; r < T; r++) {
         int n = P + r + 1;
