@@ -27,6 +27,17 @@
 #include "model/engine.h"
 #include "model/plan.h"
 
+/* The CPU's AMX (amx_int8 in /proc/cpuinfo's flags): a fact of the machine every figure names. */
+static int cpu_has_amx(void) {
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    char line[8192];
+    int amx = 0;
+    while (f && !amx && fgets(line, sizeof line, f))
+        if (!strncmp(line, "flags", 5)) amx = strstr(line, " amx_int8") != NULL;
+    if (f) fclose(f);
+    return amx;
+}
+
 static const char *usage =
     "usage: petrel bench --model PACK|DIR [--json] [--ctx N] [--prompt N] [--steps N] [--threads N]\n"
     "Prefills a random prompt, then times decode steps; prints ms/token, prefill tok/s, a breakdown\n"
@@ -842,7 +853,7 @@ CLI_CMD(bench) {
             if (route_pol >= 0) printf(", \"route_replay_hit_rate\": %.5f, \"route_replay_belady\": %.5f", route_pol, route_bel);
             printf(", \"prefill_breakdown_ms\": {");
             for (int p = 0; p < FS_COUNT; p++) printf("%s\"%s\": %.3f", p ? ", " : "", fwd_part_names[p], (double)pst.ns[p] / 1e6);
-            printf("}}\n");
+            printf("}, \"cpu_amx\": %s}\n", cpu_has_amx() ? "true" : "false");
         }
     }
     free(step_ms);
