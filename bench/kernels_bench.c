@@ -323,30 +323,13 @@ static void bench_attn(int N) {
 
 
 /* ---- AMX (BENCH_ONLY=amx) ---- */
-typedef struct { int64_t iters; double macs[256]; } peak_ctx;
-static void peak_task(void *c_, int task, int thread) {
-    (void)thread;
-    peak_ctx *c = c_;
-    c->macs[task] = (double)kn_amx_peak_run(c->iters);
-}
-/* MAC/s: one thread (the caller) and all pool threads at once; best of 5. */
+/* MAC/s: one thread and all pool threads' count at once (kn_amx_peak_macs: a thread each); best of 3. */
 static void amx_peak(double *one, double *all) {
-    int64_t it = 200000;
     *one = *all = 0;
-    kn_amx_peak_run(it); /* warm-up (licence / frequency transition) */
-    for (int rep = 0; rep < 5; rep++) {
-        double t0 = now(), m = (double)kn_amx_peak_run(it), t = now() - t0;
-        if (m / t > *one) *one = m / t;
-    }
-    int th = kn_threads();
-    peak_ctx c;
-    c.iters = it;
-    for (int rep = 0; rep < 5; rep++) {
-        double t0 = now();
-        pool_run(kn_pool(), th, peak_task, &c);
-        double t = now() - t0, m = 0;
-        for (int i = 0; i < th; i++) m += c.macs[i];
-        if (m / t > *all) *all = m / t;
+    for (int rep = 0; rep < 3; rep++) {
+        double a = kn_amx_peak_macs(1), b = kn_amx_peak_macs(kn_threads());
+        if (a > *one) *one = a;
+        if (b > *all) *all = b;
     }
 }
 
@@ -370,6 +353,33 @@ static void bench_amx(int n) {
     amx_peak(&one, &all);
     printf("AMX int8 peak (TDPBSSD, register tiles): %.0f GMAC/s one thread, %.0f GMAC/s on %d threads (%.0f per thread)\n", one / 1e9,
            all / 1e9, kn_threads(), all / 1e9 / kn_threads());
+    /* one thread, warm (L2-resident) weights and activations: the kernels' own compute rate */
+    for (int q4 = 0; q4 < 2; q4++) {
+        pt_qtype q = q4 ? PT_Q4_G64 : PT_Q8_G32;
+        mat m = make_mat(q, 64, 2048);
+        kn_r16_repack(&m.v);
+        int nw = 64;
+        float *x = malloc(sizeof(float) * 2048 * nw), *y = malloc(sizeof(float) * 64 * nw);
+        for (int j = 0; j < 2048 * nw; j++) x[j] = (float)(rnd() % 1000) / 1000.f - 0.5f;
+        int64_t xs = kn_r16_xs(&m.v);
+        uint8_t *xq = aligned_alloc(64, (size_t)(xs * nw));
+        kn_r16_prep_avx512(&m.v, x, nw, xq);
+        double best[2] = {1e30, 1e30};
+        for (int rep = 0; rep < 5; rep++)
+            for (int k = 0; k < 2; k++) {
+                double t0 = now();
+                for (int it = 0; it < 50; it++) {
+                    if (k) kn_r16_rows_amx(&m.v, 0, 64, xq, xs, nw, y);
+                    else kn_r16_rows_avx512(&m.v, 0, 64, xq, xs, nw, y);
+                }
+                double t = (now() - t0) / 50;
+                if (t < best[k]) best[k] = t;
+            }
+        double macs = 64.0 * 2048 * nw;
+        printf("one thread, warm, r16 %s [64 x 2048] n=%d: avx512 %.0f GMAC/s, amx %.0f GMAC/s = %.1f %% of the one-thread AMX peak (%.2fx)\n",
+               pt_qtype_name(q), nw, macs / best[0] / 1e9, macs / best[1] / 1e9, 100 * macs / best[1] / one, best[0] / best[1]);
+        free(x); free(y); free(xq); free(m.data); free(m.scale);
+    }
     /* R16 products at n rows */
     const pt_qtype Q[] = {PT_Q8_G32, PT_Q4_G64};
     const int64_t S[][2] = {{6144, 2048}, {2048, 6144}, {16384, 6144}};

@@ -29,7 +29,9 @@
 #include "kernels/kn_internal.h"
 
 #include <cpuid.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #define ISA_SCALAR KN_ISA_SCALAR
@@ -96,6 +98,34 @@ int kn_amx_available(void) {
 int kn_amx_bf16_available(void) {
     pthread_once(&detect_once, detect);
     return has_amx_bf16;
+}
+
+static void *amx_peak_thread(void *a) {
+    double *r = a;
+    kn_amx_peak_run(20000); /* warm-up: the tile unit's power-up */
+    uint64_t t0 = 0, t1 = 0;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    t0 = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+    double m = (double)kn_amx_peak_run(200000);
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    t1 = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+    *r = m / ((double)(t1 - t0) / 1e9);
+    return NULL;
+}
+
+double kn_amx_peak_macs(int threads) {
+    if (!kn_amx_available() || threads < 1) return 0;
+    if (threads > 256) threads = 256;
+    pthread_t th[256];
+    double r[256] = {0}, sum = 0;
+    int started[256] = {0};
+    for (int i = 1; i < threads; i++) started[i] = pthread_create(&th[i], NULL, amx_peak_thread, &r[i]) == 0;
+    amx_peak_thread(&r[0]);
+    for (int i = 1; i < threads; i++)
+        if (started[i]) pthread_join(th[i], NULL);
+    for (int i = 0; i < threads; i++) sum += r[i];
+    return sum;
 }
 
 int kn_table_init(kn_table *t, const char *isa, int act_quant, int relayout) {
@@ -209,7 +239,12 @@ static float *xp_get(size_t floats) {
         free(xp_buf);
         size_t cap = floats + floats / 4;
         if (cap < XP_MIN_FLOATS) cap = XP_MIN_FLOATS;
-        xp_buf = aligned_alloc(64, (cap * sizeof(float) + 63) & ~(size_t)63);
+        /* large buffers (prefill) on 2 MB pages where the OS allows: the AMX kernel's tile loads
+         * read 16 rows of one activation tile at a stride of a whole row (kilobytes), 16 pages a
+         * load with 4 KB pages */
+        size_t bytes = (cap * sizeof(float) + 63) & ~(size_t)63, al = bytes >= ((size_t)4 << 20) ? (size_t)2 << 20 : 64;
+        xp_buf = aligned_alloc(al, (bytes + al - 1) & ~(al - 1));
+        if (xp_buf && al > 64) madvise(xp_buf, (bytes + al - 1) & ~(al - 1), MADV_HUGEPAGE);
         xp_cap = xp_buf ? cap : 0;
         pthread_setspecific(xp_key, xp_buf);
     }

@@ -42,6 +42,9 @@ int kn_table_init(kn_table *t, const char *isa, int act_quant, int relayout);
  * (arch_prctl ARCH_REQ_XCOMP_PERM, asked once per process at the first call). */
 int kn_amx_available(void);
 int kn_amx_bf16_available(void);
+/* The AMX int8 peak: multiply-adds per second of TDPBSSD on register tiles, `threads` threads at
+ * once (each its own, for ~20 ms); 0 without AMX. For benchmarks' peak fractions. */
+double kn_amx_peak_macs(int threads);
 /* Default minimum rows for the AMX path (measured on the device's Xeon, bench/KERNELS.md). */
 #define KN_AMX_MIN_ROWS 16
 const kn_table *kn_default(void);

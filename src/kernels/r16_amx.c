@@ -130,13 +130,14 @@ static void emu_dpbf16(int c, int a, int b) {
 #define TDP_BF16(c, a, b) _tile_dpbf16ps(c, a, b)
 #endif
 
-/* Tiles: 0 = A (activations), 1 / 2 = B of blocks b / b+1, 4 / 5 = their C. */
+/* Tiles: 0 = A (activations), 1 / 2 = B of blocks b / b+1, 4 / 5 = their C for even groups, 6 / 7
+ * for odd ones. */
 static void cfg_int8(tilecfg *c, int q4) {
     memset(c, 0, sizeof *c);
     c->palette = 1;
     c->rows[0] = 16; c->colsb[0] = q4 ? 64 : 32;
     for (int t = 1; t <= 2; t++) { c->rows[t] = q4 ? 16 : 8; c->colsb[t] = 64; }
-    for (int t = 4; t <= 5; t++) { c->rows[t] = 16; c->colsb[t] = 64; }
+    for (int t = 4; t <= 7; t++) { c->rows[t] = 16; c->colsb[t] = 64; }
 }
 
 AI __m512 scales16(const pt_wview *W, int64_t idx) {
@@ -175,48 +176,68 @@ static void unpack_q4(const pt_wview *W, int64_t b, int64_t g0, int64_t g1, int8
     }
 }
 
+/* Post-processing of one group's C tile (16 activations x 16 weight rows of one block, int32 in
+ * ib): acc[m] = fma((float)I[m], s * d[m], acc[m]), the VNNI kernel's float ops. */
+AI void post(const float *x0d, int64_t xs, int64_t g, __m512 s, const int32_t (*ib)[16], __m512 *acc) {
+#pragma GCC unroll 16
+    for (int m = 0; m < 16; m++) {
+        float d;
+        memcpy(&d, (const uint8_t *)x0d + (int64_t)m * xs + 4 * g, 4);
+        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512((const void *)ib[m])), _mm512_mul_ps(s, _mm512_set1_ps(d)), acc[m]);
+    }
+}
+
+/* The tile instructions of group g into C tiles CA (block b) and CB (block b+1), stored to ib. */
+#define GROUP_TILES(CA, CB)                                                          \
+    do {                                                                             \
+        TLOAD(0, x0 + g * gsz, xs);                                                  \
+        TLOAD(1, wb + (g - g0) * tb, 64);                                            \
+        if (NB == 2) TLOAD(2, wb + wbs + (g - g0) * tb, 64);                         \
+        TZERO(CA);                                                                   \
+        TDP_SS(CA, 0, 1);                                                            \
+        if (NB == 2) { TZERO(CB); TDP_SS(CB, 0, 2); }                                \
+        TSTORE(CA, ib[(g - g0) % 3][0], 64);                                         \
+        if (NB == 2) TSTORE(CB, ib[(g - g0) % 3][1], 64);                            \
+    } while (0)
+
 /* One 16-row activation tile (rows m0 .. m0+15, of which mr are real) against NB (1 or 2) blocks
- * from block b, groups [g0, g1): accumulators in/out of y (first chunk: from zero). */
+ * from block b, groups [g0, g1): accumulators in/out of y (first chunk: from zero).
+ * Software-pipelined: the tiles of group g are computed and stored while the vector units
+ * post-process group g - 2 (a ring of three int32 buffers), so vector loads never wait for a
+ * tile store that has not retired yet (tile stores do not forward to loads), and C tiles
+ * alternate between two pairs so the next group's products need not wait for a store. */
 AI void tile_chunk(const int Q4, const int NB, const pt_wview *W, int64_t b, int64_t g0, int64_t g1, int first,
                    const int8_t *wb, int64_t wbs, const uint8_t *xq, int64_t xs, int m0, int mr, float *y, float *pad) {
     const int gsz = Q4 ? 64 : 32;
-    const int64_t cols = W->cols, ng = cols / gsz, qb = (cols + 63) / 64 * 64;
-    int32_t ib[2][16][16] __attribute__((aligned(64)));
-    __m512 acc[2][16];
+    const int64_t cols = W->cols, ng = cols / gsz, qb = (cols + 63) / 64 * 64, tb = Q4 ? 1024 : 512;
+    int32_t ib[3][2][16][16] __attribute__((aligned(64)));
+    __m512 acc0[16], acc1[16];
     float *out[2][16];
     for (int j = 0; j < NB; j++)
-        for (int m = 0; m < 16; m++) {
-            out[j][m] = m < mr ? y + (int64_t)(m0 + m) * W->rows + (b + j) * 16 : pad + (j * 16 + m) * 16;
-            acc[j][m] = first || m >= mr ? _mm512_setzero_ps() : _mm512_loadu_ps(out[j][m]);
-        }
-    const uint8_t *x0 = xq + (int64_t)m0 * xs;
-    for (int64_t g = g0; g < g1; g++) {
-        TLOAD(0, x0 + g * gsz, xs);
-        const int64_t tb = Q4 ? 1024 : 512; /* bytes of a group's B tile */
-        TLOAD(1, wb + (g - g0) * tb, 64);
-        if (NB == 2) TLOAD(2, wb + wbs + (g - g0) * tb, 64);
-        TZERO(4);
-        TDP_SS(4, 0, 1);
-        if (NB == 2) {
-            TZERO(5);
-            TDP_SS(5, 0, 2);
-        }
-        TSTORE(4, ib[0], 64);
-        if (NB == 2) TSTORE(5, ib[1], 64);
-        for (int j = 0; j < NB; j++) {
-            __m512 s = scales16(W, ((b + j) * ng + g) * 16);
+        for (int m = 0; m < 16; m++) out[j][m] = m < mr ? y + (int64_t)(m0 + m) * W->rows + (b + j) * 16 : pad + (j * 16 + m) * 16;
 #pragma GCC unroll 16
-            for (int m = 0; m < 16; m++) {
-                const uint8_t *xr = x0 + (int64_t)m * xs;
-                float d;
-                memcpy(&d, xr + qb + 4 * g, 4);
-                __m512i I = _mm512_load_si512((const void *)ib[j][m]);
-                acc[j][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(s, _mm512_set1_ps(d)), acc[j][m]);
-            }
+    for (int m = 0; m < 16; m++) {
+        acc0[m] = first || m >= mr ? _mm512_setzero_ps() : _mm512_loadu_ps(out[0][m]);
+        acc1[m] = NB == 1 || first || m >= mr ? _mm512_setzero_ps() : _mm512_loadu_ps(out[1][m]);
+    }
+    const uint8_t *x0 = xq + (int64_t)m0 * xs;
+    const float *x0d = (const float *)(x0 + qb);
+    for (int64_t g = g0; g < g1 + 2; g++) {
+        if (g < g1) {
+            if ((g - g0) & 1) GROUP_TILES(6, 7);
+            else GROUP_TILES(4, 5);
+        }
+        if (g - 2 >= g0) {
+            int64_t gp = g - 2;
+            const int k = (int)((gp - g0) % 3);
+            post(x0d, xs, gp, scales16(W, (b * ng + gp) * 16), ib[k][0], acc0);
+            if (NB == 2) post(x0d, xs, gp, scales16(W, ((b + 1) * ng + gp) * 16), ib[k][1], acc1);
         }
     }
-    for (int j = 0; j < NB; j++)
-        for (int m = 0; m < 16; m++) _mm512_storeu_ps(out[j][m], acc[j][m]);
+    for (int m = 0; m < 16; m++) {
+        _mm512_storeu_ps(out[0][m], acc0[m]);
+        if (NB == 2) _mm512_storeu_ps(out[1][m], acc1[m]);
+    }
 }
 
 AI void rows_amx(const int Q4, const pt_wview *W, int64_t r0, int64_t r1, const uint8_t *xq, int64_t xs, int n, float *y) {
