@@ -16,7 +16,7 @@
  *           nibbles (8k+4..8k+7), stored as B rows 2k and 2k+1 minus 8 (signed, in [-8, 7]): K
  *           runs over the group's 64 columns in natural order, TDPBSSD gives sum((u - 8) q) =
  *           bias + sum(u q) exactly.
- * Both conversions are done per block pair and chunk of groups into a per-call scratch and reused
+ * Both conversions are done per block and chunk of groups into a per-call scratch and reused
  * for every 16-row tile of activations.
  * Routed experts streamed from the SSD arrive in this layout too (the pack stores them R16), so
  * one kernel serves resident and streamed weights and nothing is laid out again at open.
@@ -29,8 +29,10 @@
  * C row from its own A row), so batching cannot change it.
  *
  * Loop order per task (rows [r0, r1) of W, all n activations): for each chunk of groups (1 KB of
- * K per activation row, so the chunk's activations stay in L2 for all n rows), for each pair of
- * blocks (32 weight rows, two C tiles sharing one A tile), for each 16-row activation tile: the
+ * K per activation row, so the chunk's activations stay in L2 for all n rows), for each block (16
+ * weight rows; one C tile per group, so its 16 f32 accumulators stay in registers: a pair of
+ * blocks sharing one A tile ran 2x slower on the device's Xeon, the accumulators spilling and
+ * the tile loads waiting for products still reading their tiles), for each 16-row activation tile: the
  * f32 accumulators are y itself (loaded at the chunk's start, stored at its end: f32 round trips
  * are exact), pad rows of the last tile go to a scratch. Activations must be prepared for
  * round_up(n, 16) rows (dispatch.c zero-fills the pad rows) so full 16-row tiles never read past
@@ -130,14 +132,13 @@ static void emu_dpbf16(int c, int a, int b) {
 #define TDP_BF16(c, a, b) _tile_dpbf16ps(c, a, b)
 #endif
 
-/* Tiles: 0 = A (activations), 1 / 2 = B of blocks b / b+1, 4 / 5 = their C for even groups, 6 / 7
- * for odd ones. */
+/* Tiles: 0 / 1 = A (activations) of even / odd groups, 2 / 3 = B, 4 / 5 = C. */
 static void cfg_int8(tilecfg *c, int q4) {
     memset(c, 0, sizeof *c);
     c->palette = 1;
-    c->rows[0] = 16; c->colsb[0] = q4 ? 64 : 32;
-    for (int t = 1; t <= 2; t++) { c->rows[t] = q4 ? 16 : 8; c->colsb[t] = 64; }
-    for (int t = 4; t <= 7; t++) { c->rows[t] = 16; c->colsb[t] = 64; }
+    for (int t = 0; t <= 1; t++) { c->rows[t] = 16; c->colsb[t] = q4 ? 64 : 32; }
+    for (int t = 2; t <= 3; t++) { c->rows[t] = q4 ? 16 : 8; c->colsb[t] = 64; }
+    for (int t = 4; t <= 5; t++) { c->rows[t] = 16; c->colsb[t] = 64; }
 }
 
 AI __m512 scales16(const pt_wview *W, int64_t idx) {
@@ -176,8 +177,8 @@ static void unpack_q4(const pt_wview *W, int64_t b, int64_t g0, int64_t g1, int8
     }
 }
 
-/* Post-processing of one group's C tile (16 activations x 16 weight rows of one block, int32 in
- * ib): acc[m] = fma((float)I[m], s * d[m], acc[m]), the VNNI kernel's float ops. */
+/* Post-processing of one group's C tile (16 activations x the 16 weight rows of a block, int32
+ * in ib): acc[m] = fma((float)I[m], s * d[m], acc[m]), the VNNI kernel's float ops. */
 AI void post(const float *x0d, int64_t xs, int64_t g, __m512 s, const int32_t (*ib)[16], __m512 *acc) {
 #pragma GCC unroll 16
     for (int m = 0; m < 16; m++) {
@@ -187,57 +188,48 @@ AI void post(const float *x0d, int64_t xs, int64_t g, __m512 s, const int32_t (*
     }
 }
 
-/* The tile instructions of group g into C tiles CA (block b) and CB (block b+1), stored to ib. */
-#define GROUP_TILES(CA, CB)                                                          \
+/* The tile instructions of group g: A into TA, B into TB, C = A.B in TC, stored to the ring. */
+#define GROUP_TILES(TA, TB, TC)                                                      \
     do {                                                                             \
-        TLOAD(0, x0 + g * gsz, xs);                                                  \
-        TLOAD(1, wb + (g - g0) * tb, 64);                                            \
-        if (NB == 2) TLOAD(2, wb + wbs + (g - g0) * tb, 64);                         \
-        TZERO(CA);                                                                   \
-        TDP_SS(CA, 0, 1);                                                            \
-        if (NB == 2) { TZERO(CB); TDP_SS(CB, 0, 2); }                                \
-        TSTORE(CA, ib[(g - g0) % 3][0], 64);                                         \
-        if (NB == 2) TSTORE(CB, ib[(g - g0) % 3][1], 64);                            \
+        TLOAD(TA, x0 + g * gsz, xs);                                                 \
+        TLOAD(TB, wb + (g - g0) * tb, 64);                                           \
+        TZERO(TC);                                                                   \
+        TDP_SS(TC, TA, TB);                                                          \
+        TSTORE(TC, ib[(g - g0) % 3], 64);                                            \
     } while (0)
 
-/* One 16-row activation tile (rows m0 .. m0+15, of which mr are real) against NB (1 or 2) blocks
- * from block b, groups [g0, g1): accumulators in/out of y (first chunk: from zero).
- * Software-pipelined: the tiles of group g are computed and stored while the vector units
- * post-process group g - 2 (a ring of three int32 buffers), so vector loads never wait for a
- * tile store that has not retired yet (tile stores do not forward to loads), and C tiles
- * alternate between two pairs so the next group's products need not wait for a store. */
-AI void tile_chunk(const int Q4, const int NB, const pt_wview *W, int64_t b, int64_t g0, int64_t g1, int first,
-                   const int8_t *wb, int64_t wbs, const uint8_t *xq, int64_t xs, int m0, int mr, float *y, float *pad) {
+/* One 16-row activation tile (rows m0 .. m0+15, of which mr are real) against block b, groups
+ * [g0, g1): accumulators (16 registers) in/out of y (first chunk: from zero).
+ * Software-pipelined: even groups use tiles A0 B0 C0 (0, 2, 4), odd ones A1 B1 C1 (1, 3, 5), so the
+ * loads of group g+1 need not wait for group g's product to read its tiles (tiles are not
+ * renamed); the vector units post-process group g - 2 from a ring of three int32 buffers while
+ * group g's tiles run, so vector loads never wait for a tile store that has not retired (tile
+ * stores do not forward to loads). */
+AI void tile_chunk(const int Q4, const pt_wview *W, int64_t b, int64_t g0, int64_t g1, int first, const int8_t *wb,
+                   const uint8_t *xq, int64_t xs, int m0, int mr, float *y, float *pad) {
     const int gsz = Q4 ? 64 : 32;
     const int64_t cols = W->cols, ng = cols / gsz, qb = (cols + 63) / 64 * 64, tb = Q4 ? 1024 : 512;
-    int32_t ib[3][2][16][16] __attribute__((aligned(64)));
-    __m512 acc0[16], acc1[16];
-    float *out[2][16];
-    for (int j = 0; j < NB; j++)
-        for (int m = 0; m < 16; m++) out[j][m] = m < mr ? y + (int64_t)(m0 + m) * W->rows + (b + j) * 16 : pad + (j * 16 + m) * 16;
+    int32_t ib[3][16][16] __attribute__((aligned(64)));
+    __m512 acc[16];
+    float *out[16];
 #pragma GCC unroll 16
-    for (int m = 0; m < 16; m++) {
-        acc0[m] = first || m >= mr ? _mm512_setzero_ps() : _mm512_loadu_ps(out[0][m]);
-        acc1[m] = NB == 1 || first || m >= mr ? _mm512_setzero_ps() : _mm512_loadu_ps(out[1][m]);
-    }
+    for (int m = 0; m < 16; m++) out[m] = m < mr ? y + (int64_t)(m0 + m) * W->rows + b * 16 : pad + m * 16;
+#pragma GCC unroll 16
+    for (int m = 0; m < 16; m++) acc[m] = first || m >= mr ? _mm512_setzero_ps() : _mm512_loadu_ps(out[m]);
     const uint8_t *x0 = xq + (int64_t)m0 * xs;
     const float *x0d = (const float *)(x0 + qb);
     for (int64_t g = g0; g < g1 + 2; g++) {
         if (g < g1) {
-            if ((g - g0) & 1) GROUP_TILES(6, 7);
-            else GROUP_TILES(4, 5);
+            if ((g - g0) & 1) GROUP_TILES(1, 3, 5);
+            else GROUP_TILES(0, 2, 4);
         }
         if (g - 2 >= g0) {
             int64_t gp = g - 2;
-            const int k = (int)((gp - g0) % 3);
-            post(x0d, xs, gp, scales16(W, (b * ng + gp) * 16), ib[k][0], acc0);
-            if (NB == 2) post(x0d, xs, gp, scales16(W, ((b + 1) * ng + gp) * 16), ib[k][1], acc1);
+            post(x0d, xs, gp, scales16(W, (b * ng + gp) * 16), ib[(gp - g0) % 3], acc);
         }
     }
-    for (int m = 0; m < 16; m++) {
-        _mm512_storeu_ps(out[0][m], acc0[m]);
-        if (NB == 2) _mm512_storeu_ps(out[1][m], acc1[m]);
-    }
+#pragma GCC unroll 16
+    for (int m = 0; m < 16; m++) _mm512_storeu_ps(out[m], acc[m]);
 }
 
 AI void rows_amx(const int Q4, const pt_wview *W, int64_t r0, int64_t r1, const uint8_t *xq, int64_t xs, int n, float *y) {
@@ -246,25 +238,15 @@ AI void rows_amx(const int Q4, const pt_wview *W, int64_t r0, int64_t r1, const 
     tilecfg cfg;
     cfg_int8(&cfg, Q4);
     TCFG(&cfg);
-    int8_t wb[2][KC_BYTES / 64 * 1024] __attribute__((aligned(64))); /* the chunk's B tiles, per block (q8: half used) */
-    float pad[2 * 16 * 16] __attribute__((aligned(64)));
-    const int64_t be = r1 / 16;
+    int8_t wb[KC_BYTES / 64 * 1024] __attribute__((aligned(64))); /* the chunk's B tiles (q8: half used) */
+    float pad[16 * 16] __attribute__((aligned(64)));
     for (int64_t g0 = 0; g0 < ng; g0 += gc) {
         int64_t g1 = g0 + gc < ng ? g0 + gc : ng;
-        for (int64_t b = r0 / 16; b < be; b += 2) {
-            int nb = b + 1 < be ? 2 : 1;
-            if (Q4) {
-                unpack_q4(W, b, g0, g1, wb[0]);
-                if (nb == 2) unpack_q4(W, b + 1, g0, g1, wb[1]);
-            } else {
-                unpack_q8(W, b, g0, g1, wb[0]);
-                if (nb == 2) unpack_q8(W, b + 1, g0, g1, wb[1]);
-            }
-            for (int m0 = 0; m0 < n; m0 += 16) {
-                int mr = n - m0 < 16 ? n - m0 : 16;
-                if (nb == 2) tile_chunk(Q4, 2, W, b, g0, g1, g0 == 0, wb[0], sizeof wb[0], xq, xs, m0, mr, y, pad);
-                else tile_chunk(Q4, 1, W, b, g0, g1, g0 == 0, wb[0], sizeof wb[0], xq, xs, m0, mr, y, pad);
-            }
+        for (int64_t b = r0 / 16; b < r1 / 16; b++) {
+            if (Q4) unpack_q4(W, b, g0, g1, wb);
+            else unpack_q8(W, b, g0, g1, wb);
+            for (int m0 = 0; m0 < n; m0 += 16)
+                tile_chunk(Q4, W, b, g0, g1, g0 == 0, wb, xq, xs, m0, n - m0 < 16 ? n - m0 : 16, y, pad);
         }
     }
     TREL();
