@@ -45,8 +45,13 @@ int kn_amx_bf16_available(void);
 /* The AMX int8 peak: multiply-adds per second of TDPBSSD on register tiles, `threads` threads at
  * once (each its own, for ~20 ms); 0 without AMX. For benchmarks' peak fractions. */
 double kn_amx_peak_macs(int threads);
-/* Default minimum rows for the AMX path (measured on the device's Xeon, bench/KERNELS.md). */
-#define KN_AMX_MIN_ROWS 16
+/* Default minimum rows for the AMX path, measured on the device's 16-core Xeon (bench/KERNELS.md,
+ * "AMX"): cold q4 experts run at 0.5-0.8x the VNNI kernel's speed below 16 rows, 1.0x at 16-24,
+ * 1.27x at 32; the 512-token slice prefill was fastest with 32 (523 tok/s vs 455-457 with 16 or
+ * 4, 502 without AMX, one run). Results are bitwise the same either way. */
+#ifndef KN_AMX_MIN_ROWS
+#define KN_AMX_MIN_ROWS 32
+#endif
 const kn_table *kn_default(void);
 const char *kt_isa_name(const kn_table *t);
 int kt_r16_available(const kn_table *t);
