@@ -31,12 +31,16 @@
  * Loop order per task (rows [r0, r1) of W, all n activations): for each chunk of groups (1 KB of
  * K per activation row, so the chunk's activations stay in L2 for all n rows), for each block (16
  * weight rows; one C tile per group, so its 16 f32 accumulators stay in registers: a pair of
- * blocks sharing one A tile ran 2x slower on the device's Xeon, the accumulators spilling and
- * the tile loads waiting for products still reading their tiles), for each 16-row activation tile: the
+ * blocks sharing one A tile spilled its 32 and was ~10 % slower on the device's Xeon, 230 vs 253
+ * GMAC/s one thread warm), for each 16-row activation tile: the
  * f32 accumulators are y itself (loaded at the chunk's start, stored at its end: f32 round trips
  * are exact), pad rows of the last tile go to a scratch. Activations must be prepared for
  * round_up(n, 16) rows (dispatch.c zero-fills the pad rows) so full 16-row tiles never read past
  * the buffer.
+ *
+ * Speed (bench/KERNELS.md, "AMX"): ~24 % of the one-thread AMX peak warm for q4, 1.1-1.6x the VNNI
+ * kernel at 512 rows, break-even at ~16-24 rows per expert: the per-group fma chain that bitwise
+ * equality requires puts a tile store, 16 vector loads and 48 vector ops behind every TDPBSSD.
  *
  * Tile state is per thread: every call loads its tile configuration (LDTILECFG) first and
  * releases the tiles (TILERELEASE) at the end, so any pool worker can run any task; the OS
