@@ -17,7 +17,13 @@
  * BENCH_R16=1: weights repacked to the row-interleaved layout (PT_LAYOUT_R16) first.
  * Attention (BENCH_ONLY=attn): the exact f32 attention core of one decode row (64 heads x
  * BENCH_N keys, default 512) against the kn_matmul products it replaced.
- * Env: BENCH_ONLY=decode|prefill|dispatch|experts|attn, BENCH_ISA=avx2|scalar, BENCH_ACTQ=0|1 (int8
+ * AMX (BENCH_ONLY=amx, a CPU with AMX-INT8): the measured AMX int8 peak (TDPBSSD on register
+ * tiles, one thread and all threads), then R16 products at BENCH_N rows (default 512) and the
+ * routed-expert prefill (64 cold q4 experts, 32 per kn_matmul_many) at 4..64 rows per expert,
+ * each as isa avx512 and isa amx in alternation, as GMAC/s and as a fraction of the all-thread
+ * peak; the rows where amx overtakes avx512 give KN_AMX_MIN_ROWS. bf16 [2048 x 6144] under
+ * amx-bf16 too (not exact).
+ * Env: BENCH_ONLY=decode|prefill|dispatch|experts|attn|amx, BENCH_ISA=avx2|scalar, BENCH_ACTQ=0|1 (int8
  * activations: 0 off, 1 q4, 2 q4+q8 (default here)), BENCH_Q=q4_g64,... (formats to run). */
 #include <immintrin.h>
 #include <stdio.h>
@@ -27,6 +33,7 @@
 
 #include "base/pool.h"
 #include "kernels/kernels.h"
+#include "kernels/kn_internal.h"
 #include "quant/quant.h"
 
 static double now(void) {
@@ -314,6 +321,147 @@ static void bench_attn(int N) {
     free(q); free(qp); free(lat); free(C); free(P); free(sc); free(sp); free(scr); free(kc); free(kp);
 }
 
+
+/* ---- AMX (BENCH_ONLY=amx) ---- */
+/* MAC/s: one thread and all pool threads' count at once (kn_amx_peak_macs: a thread each); best of 3. */
+static void amx_peak(double *one, double *all) {
+    *one = *all = 0;
+    for (int rep = 0; rep < 3; rep++) {
+        double a = kn_amx_peak_macs(1), b = kn_amx_peak_macs(kn_threads());
+        if (a > *one) *one = a;
+        if (b > *all) *all = b;
+    }
+}
+
+/* best time of kn_matmul_many(jobs) under isa, over reps */
+static double time_jobs(const char *isa, const kn_job *jobs, int nj, int reps) {
+    kn_force_isa(isa);
+    kn_matmul_many(jobs, nj);
+    double best = 1e30;
+    for (int r = 0; r < reps; r++) {
+        double t0 = now();
+        kn_matmul_many(jobs, nj);
+        double t = now() - t0;
+        if (t < best) best = t;
+    }
+    return best;
+}
+
+static void bench_amx(int n) {
+    if (!kn_amx_available()) { printf("amx: this CPU (or OS) has no AMX-INT8\n"); return; }
+    double one, all;
+    amx_peak(&one, &all);
+    printf("AMX int8 peak (TDPBSSD, register tiles): %.0f GMAC/s one thread, %.0f GMAC/s on %d threads (%.0f per thread)\n", one / 1e9,
+           all / 1e9, kn_threads(), all / 1e9 / kn_threads());
+    /* one thread, warm (L2-resident) weights and activations: the kernels' own compute rate */
+    for (int q4 = 0; q4 < 2; q4++) {
+        pt_qtype q = q4 ? PT_Q4_G64 : PT_Q8_G32;
+        mat m = make_mat(q, 64, 2048);
+        kn_r16_repack(&m.v);
+        int nw = 64;
+        float *x = malloc(sizeof(float) * 2048 * nw), *y = malloc(sizeof(float) * 64 * nw);
+        for (int j = 0; j < 2048 * nw; j++) x[j] = (float)(rnd() % 1000) / 1000.f - 0.5f;
+        int64_t xs = kn_r16_xs(&m.v);
+        uint8_t *xq = aligned_alloc(64, (size_t)(xs * nw));
+        kn_r16_prep_avx512(&m.v, x, nw, xq);
+        double best[2] = {1e30, 1e30};
+        for (int rep = 0; rep < 5; rep++)
+            for (int k = 0; k < 2; k++) {
+                double t0 = now();
+                for (int it = 0; it < 50; it++) {
+                    if (k) kn_r16_rows_amx(&m.v, 0, 64, xq, xs, nw, y);
+                    else kn_r16_rows_avx512(&m.v, 0, 64, xq, xs, nw, y);
+                }
+                double t = (now() - t0) / 50;
+                if (t < best[k]) best[k] = t;
+            }
+        double macs = 64.0 * 2048 * nw;
+        printf("one thread, warm, r16 %s [64 x 2048] n=%d: avx512 %.0f GMAC/s, amx %.0f GMAC/s = %.1f %% of the one-thread AMX peak (%.2fx)\n",
+               pt_qtype_name(q), nw, macs / best[0] / 1e9, macs / best[1] / 1e9, 100 * macs / best[1] / one, best[0] / best[1]);
+        free(x); free(y); free(xq); free(m.data); free(m.scale);
+    }
+    /* R16 products at n rows */
+    const pt_qtype Q[] = {PT_Q8_G32, PT_Q4_G64};
+    const int64_t S[][2] = {{6144, 2048}, {2048, 6144}, {16384, 6144}};
+    for (int qi = 0; qi < 2; qi++)
+        for (int si = 0; si < 3; si++) {
+            mat m = make_mat(Q[qi], S[si][0], S[si][1]);
+            kn_r16_repack(&m.v);
+            float *x = malloc((size_t)(S[si][1] * n) * 4), *y = malloc((size_t)(S[si][0] * n) * 4);
+            for (int64_t j = 0; j < S[si][1] * n; j++) x[j] = (float)(rnd() % 1000) / 1000.f - 0.5f;
+            kn_job j = {&m.v, x, n, y};
+            double macs = (double)S[si][0] * S[si][1] * n, ta = 1e30, tv = 1e30;
+            for (int k = 0; k < 3; k++) {
+                double a = time_jobs("avx512", &j, 1, 2), b = time_jobs("amx", &j, 1, 2);
+                if (a < tv) tv = a;
+                if (b < ta) ta = b;
+            }
+            printf("r16 %-7s [%5lld x %5lld] n=%d: avx512 %7.1f GMAC/s (%4.1f %% of AMX peak), amx %7.1f GMAC/s (%4.1f %%): %.2fx\n",
+                   pt_qtype_name(Q[qi]), (long long)S[si][0], (long long)S[si][1], n, macs / tv / 1e9, 100 * macs / tv / all,
+                   macs / ta / 1e9, 100 * macs / ta / all, tv / ta);
+            free(x); free(y); free(m.data); free(m.scale);
+        }
+    /* bf16 weights: f32 activations (avx512, exact) vs amx-bf16 */
+    if (kn_amx_bf16_available()) {
+        mat m = make_mat(PT_BF16, 2048, 6144);
+        float *x = malloc((size_t)6144 * n * 4), *y = malloc((size_t)2048 * n * 4);
+        for (int64_t j = 0; j < 6144LL * n; j++) x[j] = (float)(rnd() % 1000) / 1000.f - 0.5f;
+        kn_job j = {&m.v, x, n, y};
+        double macs = 2048.0 * 6144 * n, tv = time_jobs("avx512", &j, 1, 3), ta = time_jobs("amx-bf16", &j, 1, 3);
+        printf("bf16    [ 2048 x  6144] n=%d: avx512 %7.1f GMAC/s, amx-bf16 %7.1f GMAC/s: %.2fx (not exact)\n", n, macs / tv / 1e9,
+               macs / ta / 1e9, tv / ta);
+        free(x); free(y); free(m.data); free(m.scale);
+    }
+    /* routed experts of prefill: 64 cold q4 experts, rows per expert swept */
+    enum { NE = 64, EB = 32 };
+    mat *g = malloc(sizeof(mat) * NE), *u = malloc(sizeof(mat) * NE), *d = malloc(sizeof(mat) * NE);
+    for (int i = 0; i < NE; i++) {
+        g[i] = make_mat(PT_Q4_G64, 2048, 6144);
+        u[i] = make_mat(PT_Q4_G64, 2048, 6144);
+        d[i] = make_mat(PT_Q4_G64, 6144, 2048);
+        kn_r16_repack(&g[i].v); kn_r16_repack(&u[i].v); kn_r16_repack(&d[i].v);
+    }
+    const int NR[] = {1, 2, 4, 8, 12, 16, 24, 32, 64};
+    int maxn = 64;
+    float *x = malloc(sizeof(float) * (size_t)EB * maxn * 6144), *h = malloc(sizeof(float) * (size_t)EB * maxn * 2048 * 2),
+          *o = malloc(sizeof(float) * (size_t)EB * maxn * 6144);
+    for (int64_t j = 0; j < (int64_t)EB * maxn * 6144; j++) x[j] = (float)(rnd() % 1000) / 1000.f - 0.5f;
+    for (int ni = 0; ni < (int)(sizeof NR / sizeof NR[0]); ni++) {
+        int nn = NR[ni];
+        double best[2] = {1e30, 1e30};
+        for (int rep = 0; rep < 4; rep++)
+            for (int mode = 0; mode < 2; mode++) {
+                kn_force_isa(mode ? "amx" : "avx512");
+                kn_set_amx_min_rows(1);
+                double t0 = now();
+                for (int b0 = 0; b0 < NE; b0 += EB) {
+                    kn_job jobs[2 * EB];
+                    for (int e = 0; e < EB; e++) {
+                        float *he = h + (size_t)e * nn * 4096;
+                        jobs[2 * e] = (kn_job){&g[b0 + e].v, x + (size_t)e * nn * 6144, nn, he};
+                        jobs[2 * e + 1] = (kn_job){&u[b0 + e].v, x + (size_t)e * nn * 6144, nn, he + (size_t)nn * 2048};
+                    }
+                    kn_matmul_many(jobs, 2 * EB);
+                    for (int e = 0; e < EB; e++) jobs[e] = (kn_job){&d[b0 + e].v, h + (size_t)e * nn * 4096, nn, o + (size_t)e * nn * 6144};
+                    kn_matmul_many(jobs, EB);
+                }
+                double t = now() - t0;
+                if (t < best[mode]) best[mode] = t;
+            }
+        kn_set_amx_min_rows(KN_AMX_MIN_ROWS);
+        double macs = 3.0 * 2048 * 6144 * nn * NE;
+        printf("experts x%d q4 r16, %2d rows each: avx512 %7.1f GMAC/s (%4.1f %%), amx %7.1f GMAC/s (%4.1f %% of AMX peak): %.2fx  "
+               "(weights %.1f / %.1f GB/s)\n", NE, nn, macs / best[0] / 1e9, 100 * macs / best[0] / all, macs / best[1] / 1e9,
+               100 * macs / best[1] / all, best[0] / best[1], NE * (g[0].bytes + u[0].bytes + d[0].bytes) / best[0] / 1e9,
+               NE * (g[0].bytes + u[0].bytes + d[0].bytes) / best[1] / 1e9);
+    }
+    kn_force_isa("auto");
+    for (int i = 0; i < NE; i++) {
+        free(g[i].data); free(g[i].scale); free(u[i].data); free(u[i].scale); free(d[i].data); free(d[i].scale);
+    }
+    free(g); free(u); free(d); free(x); free(h); free(o);
+}
+
 int main(int argc, char **argv) {
     int threads = argc > 1 ? atoi(argv[1]) : 0;
     int64_t head_rows = argc > 2 ? atoll(argv[2]) : 40960;
@@ -328,6 +476,10 @@ int main(int argc, char **argv) {
     if (only && !strcmp(only, "attn")) {
         int n = getenv("BENCH_N") ? atoi(getenv("BENCH_N")) : 512;
         bench_attn(n);
+        return 0;
+    }
+    if (only && !strcmp(only, "amx")) {
+        bench_amx(getenv("BENCH_N") ? atoi(getenv("BENCH_N")) : 512);
         return 0;
     }
     if (only && !strcmp(only, "experts")) {

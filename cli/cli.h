@@ -85,7 +85,9 @@ void cli_progress_fn(void *user, long long done, long long total);
     "                       or exact f32 activations for plain-layout weights (off)\n"    \
     "  --relayout on|off    interleave q8/q4 matrices 16 rows at open for the AVX-512 VNNI\n" \
     "                       kernels (on, the default, where the CPU has VNNI)\n"          \
-    "  --isa NAME           kernel set: auto (default), scalar, avx2, avx512\n"                \
+    "  --isa NAME           kernel set: auto (default: AMX where the CPU has it), scalar, avx2,\n" \
+    "                       avx512 (no AMX), amx (AMX-INT8 tiles, bitwise = avx512), amx-bf16\n" \
+    "                       (amx + AMX-BF16 for bf16 weights: faster, not exact)\n"                \
     "  --kv-type T          latent KV storage: f32 (default, exact), bf16, int8 (c int8 with a\n" \
     "                       scale per token and layer), auto (= bf16); indexer keys stay f32\n" \
     "  --kv-size SIZE       the KV page pool (default: the plan's KV under --mem-budget, else room\n" \

@@ -108,8 +108,9 @@ static int kernel_opt(int argc, char **argv, int *i, cli_model_opts *mo) {
     } else if (kvs) {
         if (cli_opt_size(NULL, "--kv-size", v, 1, CLI_SIZE_MAX, &mo->open.kv_bytes)) return -1;
     } else if (isa) {
-        if (strcmp(v, "auto") && strcmp(v, "scalar") && strcmp(v, "avx2") && strcmp(v, "avx512")) {
-            cli_fail("--isa: \"%s\" is not one of scalar, avx2, avx512, auto", v);
+        if (strcmp(v, "auto") && strcmp(v, "scalar") && strcmp(v, "avx2") && strcmp(v, "avx512") && strcmp(v, "amx") &&
+            strcmp(v, "amx-bf16")) {
+            cli_fail("--isa: \"%s\" is not one of scalar, avx2, avx512, amx, amx-bf16, auto", v);
             return -1;
         }
         mo->open.isa = v;

@@ -67,7 +67,10 @@ typedef struct petrel_open_opts {
      *              activations for plain-layout weights; r16-laid weights always use int8)
      *   relayout   1 lay q8/q4 matrices out 16 rows interleaved at open where the CPU has
      *              AVX-512 VNNI (the default), -1 keep the stored layout
-     *   isa        "auto" (the default: the best this CPU has), "scalar", "avx2", "avx512" */
+     *   isa        "auto" (the default: the best this CPU has, AMX-INT8 included), "scalar",
+     *              "avx2", "avx512" (AVX-512 VNNI, no AMX), "amx" (AMX-INT8 tiles for products
+     *              of many rows: bitwise the avx512 results; refused without AMX), "amx-bf16"
+     *              (amx + AMX-BF16 for bf16-weight products: faster, not exact) */
     int act_quant;
     int relayout;
     const char *isa;

@@ -137,7 +137,8 @@ TEST(kernels, force_isa) {
     CHECK(kn_force_isa("scalar") == 0);
     CHECK(!strcmp(kn_isa_name(), "scalar"));
     CHECK(kn_force_isa("bogus") < 0);
-    CHECK(kn_force_isa("amx") < 0); /* not implemented */
+    CHECK((kn_force_isa("amx") == 0) == kn_amx_available()); /* tests/test_amx.c */
+    CHECK(kn_force_isa("scalar") == 0);
     int have512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
     CHECK((kn_force_isa("avx512") == 0) == have512);
     CHECK(kn_force_isa("auto") == 0);

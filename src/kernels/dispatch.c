@@ -11,7 +11,15 @@
  * kn_matmul_many: every job is classified (int8-activation VNNI path, ISA kernel, reference),
  * activations are prepared once per distinct (x, n, cols, preparation), and the row tasks of all
  * jobs go to ONE pool_run (a task index maps to its job by binary search over task offsets).
- * kn_matmul is kn_matmul_many of one job. kn_matmul_t runs over 64-column tiles of y. */
+ * kn_matmul is kn_matmul_many of one job. kn_matmul_t runs over 64-column tiles of y.
+ *
+ * AMX (r16_amx.c): detected from CPUID (leaf 7: AMX-TILE, AMX-INT8, AMX-BF16) and XCR0 (tile
+ * state enabled), then the process asks the kernel for the tile data permission once
+ * (arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA); without it AMX is unavailable. A table
+ * with amx set runs R16 products of at least amx_min_rows rows on the tile kernel (bitwise the
+ * VNNI result, so the threshold changes speed only); each task loads its own tile
+ * configuration, so pool workers need no setup. Activations are prepared for whole 16-row tiles
+ * (pad rows zeroed). */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +29,10 @@
 #include "kernels/kn_internal.h"
 
 #include <cpuid.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
 
 #define ISA_SCALAR KN_ISA_SCALAR
 #define ISA_AVX2 KN_ISA_AVX2
@@ -28,10 +40,10 @@
 
 static pthread_once_t detect_once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
-static int best_isa = ISA_SCALAR, has_vnni;
+static int best_isa = ISA_SCALAR, has_vnni, has_amx, has_amx_bf16;
 /* The process default table (tools, tests): kn_force_isa / kn_set_act_quant / kn_set_r16 change
  * it; engines fill their own (kn_table_init) and never read it. */
-static kn_table g_def = {ISA_SCALAR, 0, 1, 1};
+static kn_table g_def = {ISA_SCALAR, 0, 1, 1, 0, 0, KN_AMX_MIN_ROWS};
 static pt_pool *g_pool;
 static int g_threads;
 /* kn_set_observer: a calibration hook (src/io/calib.c) shown every kn_matmul input */
@@ -61,27 +73,82 @@ static void detect_isa(void) {
         best_isa = ISA_AVX512;
         has_vnni = vnni;
     }
+    /* AMX: CPUID.7.0:EDX bit 24 AMX-TILE, 25 AMX-INT8, 22 AMX-BF16; XCR0 bits 17-18 (XTILECFG,
+     * XTILEDATA) enabled by the OS; then this process's permission to use the tile data
+     * (Linux 5.16+: arch_prctl(ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18)). */
+    int tile = (d >> 24) & 1, i8 = (d >> 25) & 1, bf = (d >> 22) & 1;
+    if (best_isa == ISA_AVX512 && has_vnni && tile && i8 && (xlo & 0x60000) == 0x60000 &&
+        syscall(SYS_arch_prctl, 0x1023, 18) == 0) {
+        has_amx = 1;
+        has_amx_bf16 = bf;
+    }
 }
 
 static void detect(void) {
     detect_isa();
     g_def.isa = best_isa;
     g_def.vnni = best_isa == ISA_AVX512 && has_vnni;
+    g_def.amx = has_amx;
+}
+
+int kn_amx_available(void) {
+    pthread_once(&detect_once, detect);
+    return has_amx;
+}
+int kn_amx_bf16_available(void) {
+    pthread_once(&detect_once, detect);
+    return has_amx_bf16;
+}
+
+static void *amx_peak_thread(void *a) {
+    double *r = a;
+    kn_amx_peak_run(20000); /* warm-up: the tile unit's power-up */
+    uint64_t t0 = 0, t1 = 0;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    t0 = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+    double m = (double)kn_amx_peak_run(200000);
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    t1 = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+    *r = m / ((double)(t1 - t0) / 1e9);
+    return NULL;
+}
+
+double kn_amx_peak_macs(int threads) {
+    if (!kn_amx_available() || threads < 1) return 0;
+    if (threads > 256) threads = 256;
+    pthread_t th[256];
+    double r[256] = {0}, sum = 0;
+    int started[256] = {0};
+    for (int i = 1; i < threads; i++) started[i] = pthread_create(&th[i], NULL, amx_peak_thread, &r[i]) == 0;
+    amx_peak_thread(&r[0]);
+    for (int i = 1; i < threads; i++)
+        if (started[i]) pthread_join(th[i], NULL);
+    for (int i = 0; i < threads; i++) sum += r[i];
+    return sum;
 }
 
 int kn_table_init(kn_table *t, const char *isa, int act_quant, int relayout) {
     pthread_once(&detect_once, detect);
-    int want = best_isa;
+    int want = best_isa, amx = has_amx, amx_bf16 = 0;
     if (isa && strcmp(isa, "auto")) {
+        amx = 0;
         if (!strcmp(isa, "scalar")) want = ISA_SCALAR;
         else if (!strcmp(isa, "avx2")) want = ISA_AVX2;
         else if (!strcmp(isa, "avx512")) want = ISA_AVX512;
-        else return -1; /* "amx" and anything unknown */
+        else if (!strcmp(isa, "amx")) { want = ISA_AVX512; amx = 1; if (!has_amx) return -1; }
+        else if (!strcmp(isa, "amx-bf16")) { want = ISA_AVX512; amx = amx_bf16 = 1; if (!has_amx_bf16) return -1; }
+        /* tests only: the AMX kernels with their tile instructions emulated (r16_amxemu_avx512.c) */
+        else if (!strcmp(isa, "amx-emu")) { want = ISA_AVX512; amx = amx_bf16 = 2; if (!has_vnni) return -1; }
+        else return -1;
         if (want > best_isa) return -1;
     }
     if (act_quant < -1 || act_quant > 2 || relayout < -1 || relayout > 1) return -1;
     t->isa = want;
     t->vnni = want == ISA_AVX512 && has_vnni;
+    t->amx = t->vnni ? amx : 0;
+    t->amx_bf16 = t->amx ? amx_bf16 : 0;
+    t->amx_min_rows = KN_AMX_MIN_ROWS;
     t->act_quant = act_quant == 0 ? 1 : act_quant < 0 ? 0 : act_quant;
     t->r16 = relayout >= 0;
     return 0;
@@ -93,6 +160,10 @@ const kn_table *kn_default(void) {
 }
 
 int kt_r16_available(const kn_table *t) { return t->r16 && t->isa == ISA_AVX512 && t->vnni; }
+void kn_set_amx_min_rows(int rows) {
+    pthread_once(&detect_once, detect);
+    g_def.amx_min_rows = rows < 1 ? 1 : rows;
+}
 int kn_r16_available(void) { return kt_r16_available(kn_default()); }
 
 void kn_set_r16(int on) {
@@ -129,7 +200,11 @@ pt_pool *kn_pool(void) {
     return g_pool;
 }
 
-const char *kt_isa_name(const kn_table *t) { return t->isa == ISA_AVX512 ? "avx512" : t->isa == ISA_AVX2 ? "avx2" : "scalar"; }
+const char *kt_isa_name(const kn_table *t) {
+    if (t->amx == 2) return "amx-emu";
+    if (t->amx) return t->amx_bf16 ? "amx-bf16" : "amx";
+    return t->isa == ISA_AVX512 ? "avx512" : t->isa == ISA_AVX2 ? "avx2" : "scalar";
+}
 const char *kn_isa_name(void) { return kt_isa_name(kn_default()); }
 
 int kn_force_isa(const char *name) {
@@ -137,6 +212,8 @@ int kn_force_isa(const char *name) {
     if (kn_table_init(&t, name, 0, 0) < 0) return -1;
     g_def.isa = t.isa;
     g_def.vnni = t.vnni;
+    g_def.amx = t.amx;
+    g_def.amx_bf16 = t.amx_bf16;
     return 0;
 }
 
@@ -162,7 +239,12 @@ static float *xp_get(size_t floats) {
         free(xp_buf);
         size_t cap = floats + floats / 4;
         if (cap < XP_MIN_FLOATS) cap = XP_MIN_FLOATS;
-        xp_buf = aligned_alloc(64, (cap * sizeof(float) + 63) & ~(size_t)63);
+        /* large buffers (prefill) on 2 MB pages where the OS allows: the AMX kernel's tile loads
+         * read 16 rows of one activation tile at a stride of a whole row (kilobytes), 16 pages a
+         * load with 4 KB pages */
+        size_t bytes = (cap * sizeof(float) + 63) & ~(size_t)63, al = bytes >= ((size_t)4 << 20) ? (size_t)2 << 20 : 64;
+        xp_buf = aligned_alloc(al, (bytes + al - 1) & ~(al - 1));
+        if (xp_buf && al > 64) madvise(xp_buf, (bytes + al - 1) & ~(al - 1), MADV_HUGEPAGE);
         xp_cap = xp_buf ? cap : 0;
         pthread_setspecific(xp_key, xp_buf);
     }
@@ -202,7 +284,7 @@ int kt_act_quant_active(const kn_table *t, const pt_wview *W) {
 int kn_act_quant_active(const pt_wview *W) { return kt_act_quant_active(kn_default(), W); }
 
 /* One matmul of a kn_matmul_many call, with its prepared activations and task split. */
-enum { P_REF, P_ISA, P_ACTQ, P_R16 };
+enum { P_REF, P_ISA, P_ACTQ, P_R16, P_AMX, P_AMXBF };
 typedef struct {
     const kn_table *t;
     const pt_wview *W;
@@ -232,7 +314,13 @@ static void mm_task(void *ctx, int task, int thread) {
     const mm_part *j = &c->parts[lo];
     int64_t r0 = (int64_t)(task - j->task0) * j->rows_per_task;
     int64_t r1 = r0 + j->rows_per_task < j->W->rows ? r0 + j->rows_per_task : j->W->rows;
-    if (j->path == P_R16) {
+    if (j->path == P_AMX) {
+        if (j->t->amx == 2) kn_r16_rows_amx_emu(j->W, r0, r1, j->xp, j->xs, j->n, j->y);
+        else kn_r16_rows_amx(j->W, r0, r1, j->xp, j->xs, j->n, j->y);
+    } else if (j->path == P_AMXBF) {
+        if (j->t->amx == 2) kn_amx_bf16_rows_emu(j->W, r0, r1, j->xp, j->xs, j->n, j->y);
+        else kn_amx_bf16_rows(j->W, r0, r1, j->xp, j->xs, j->n, j->y);
+    } else if (j->path == P_R16) {
         if (j->t->isa == ISA_AVX512 && j->t->vnni) kn_r16_rows_avx512(j->W, r0, r1, j->xp, j->xs, j->n, j->y);
         else kn_r16_rows_ref(j->W, r0, r1, j->xp, j->xs, j->n, j->y);
     } else if (j->path == P_ACTQ) kn_actq_rows_avx512(j->W, r0, r1, j->xp, j->xs, j->n, j->y);
@@ -240,8 +328,11 @@ static void mm_task(void *ctx, int task, int thread) {
     else kn_ref_matmul_rows(j->W, r0, r1, j->x, j->n, j->y);
 }
 
+/* AMX paths: whole 16-row tiles of prepared activations (pad rows zeroed) */
+static int64_t part_rows(const mm_part *p) { return p->path == P_AMX || p->path == P_AMXBF ? (p->n + 15) / 16 * 16 : p->n; }
 static int64_t part_bytes(const mm_part *p) {
-    return p->path == P_ACTQ || p->path == P_R16 ? p->xs * p->n : p->path == P_ISA ? p->xs * p->n * 4 : 0;
+    return p->path == P_ACTQ || p->path == P_R16 || p->path == P_AMX || p->path == P_AMXBF ? p->xs * part_rows(p)
+         : p->path == P_ISA ? p->xs * p->n * 4 : 0;
 }
 
 /* Runs parts (already classified) as one pool dispatch. */
@@ -263,9 +354,14 @@ static void run_parts(mm_part *parts, int np) {
         if (shared >= 0) { p->xp = parts[shared].xp; continue; }
         p->xp = buf + off;
         off += (size_t)((part_bytes(p) + 63) & ~63);
-        if (p->path == P_R16) {
+        if (p->path == P_R16 || p->path == P_AMX) {
             if (p->t->isa == ISA_AVX512 && p->t->vnni) kn_r16_prep_avx512(p->W, p->x, p->n, (uint8_t *)p->xp);
             else kn_r16_prep(p->W, p->x, p->n, (uint8_t *)p->xp);
+            if (part_rows(p) > p->n) memset((uint8_t *)p->xp + p->xs * p->n, 0, (size_t)(p->xs * (part_rows(p) - p->n)));
+        }
+        else if (p->path == P_AMXBF) {
+            kn_amx_bf16_prep(p->x, p->n, p->W->cols, (uint16_t *)p->xp, p->xs);
+            memset((uint8_t *)p->xp + p->xs * p->n, 0, (size_t)(p->xs * (part_rows(p) - p->n)));
         }
         else if (p->path == P_ACTQ) kn_actq_prep_avx512(p->prep, p->x, p->n, p->W->cols, (uint8_t *)p->xp);
         else prep_x(p->x, p->n, p->W->cols, p->xs, p->prep, (float *)p->xp);
@@ -299,9 +395,15 @@ static void classify(const kn_table *t, mm_part *p, const pt_wview *W, const flo
     memset(p, 0, sizeof *p);
     p->t = t; p->W = W; p->x = x; p->n = n; p->y = y; p->path = P_REF;
     if (W->layout == PT_LAYOUT_R16) { /* prep: the group size, so R16 parts share only with R16 */
-        p->path = P_R16;
+        p->path = t->amx && n >= t->amx_min_rows && t->isa == ISA_AVX512 && t->vnni ? P_AMX : P_R16;
         p->prep = W->qtype == PT_Q4_G64 ? 64 : 32;
         p->xs = kn_r16_xs(W);
+        return;
+    }
+    if (t->amx_bf16 && W->qtype == PT_BF16 && W->layout == PT_LAYOUT_PLAIN && n >= t->amx_min_rows && W->cols > 0) {
+        p->path = P_AMXBF;
+        p->prep = -1; /* shares only with other bf16 AMX parts */
+        p->xs = kn_amx_bf16_xbs(W->cols);
         return;
     }
     if (kt_act_quant_active(t, W)) {

@@ -29,10 +29,29 @@ typedef struct kn_table {
     int vnni;       /* AVX-512 VNNI usable (int8-activation and r16 kernels) */
     int act_quant;  /* 0 exact f32 activations, 1 int8 for q4 weights, 2 also q8 (needs vnni) */
     int r16;        /* weights may be laid out 16 rows interleaved at open (needs vnni) */
+    int amx;        /* AMX-INT8 tiles run R16 products of >= amx_min_rows rows (bitwise = VNNI) */
+    int amx_bf16;   /* AMX-BF16 runs plain bf16-weight products of >= amx_min_rows rows (not exact) */
+    int amx_min_rows; /* below this many rows the VNNI kernel is faster (measured, bench/KERNELS.md) */
 } kn_table;
-/* isa NULL or "auto": the best this CPU has; "scalar", "avx2", "avx512". act_quant 0 = default
- * (1), -1 off, 1, 2; relayout 0 = default (on), -1 off, 1 on. -1: unknown or unavailable. */
+/* isa NULL or "auto": the best this CPU has (AMX-INT8 where the CPU and OS allow it); "scalar",
+ * "avx2", "avx512" (AVX-512 without AMX), "amx" (AVX-512 + AMX-INT8: fails without it),
+ * "amx-bf16" (amx + the inexact AMX-BF16 path for bf16 weights). act_quant 0 = default (1), -1
+ * off, 1, 2; relayout 0 = default (on), -1 off, 1 on. -1: unknown or unavailable. */
 int kn_table_init(kn_table *t, const char *isa, int act_quant, int relayout);
+/* This CPU has AMX-INT8 (and AMX-BF16), and the OS granted the tile data permission
+ * (arch_prctl ARCH_REQ_XCOMP_PERM, asked once per process at the first call). */
+int kn_amx_available(void);
+int kn_amx_bf16_available(void);
+/* The AMX int8 peak: multiply-adds per second of TDPBSSD on register tiles, `threads` threads at
+ * once (each its own, for ~20 ms); 0 without AMX. For benchmarks' peak fractions. */
+double kn_amx_peak_macs(int threads);
+/* Default minimum rows for the AMX path, measured on the device's 16-core Xeon (bench/KERNELS.md,
+ * "AMX"): cold q4 experts run at 0.5-0.8x the VNNI kernel's speed below 16 rows, 1.0x at 16-24,
+ * 1.27x at 32; the 512-token slice prefill was fastest with 32 (523 tok/s vs 455-457 with 16 or
+ * 4, 502 without AMX, one run). Results are bitwise the same either way. */
+#ifndef KN_AMX_MIN_ROWS
+#define KN_AMX_MIN_ROWS 32
+#endif
 const kn_table *kn_default(void);
 const char *kt_isa_name(const kn_table *t);
 int kt_r16_available(const kn_table *t);
@@ -145,12 +164,14 @@ void kn_ref_attn(const kn_attn *a, float *scr);
 void kn_init(int n_threads);
 int kn_threads(void);
 struct pt_pool *kn_pool(void);
-/* "scalar", "avx2" or "avx512". */
+/* "scalar", "avx2", "avx512", "amx" or "amx-bf16". */
 const char *kn_isa_name(void);
-/* Forces an ISA level ("scalar", "avx2", "avx512"; "auto" = best available). Returns 0, or -1
- * if this CPU/OS lacks it (nothing changes). "amx" is not implemented yet and returns -1. Not
- * thread-safe against running kernels: for tests and benchmarks. */
+/* Forces an ISA level ("scalar", "avx2", "avx512", "amx", "amx-bf16"; "auto" = best available)
+ * on the process default table. Returns 0, or -1 if this CPU/OS lacks it (nothing changes).
+ * Not thread-safe against running kernels: for tests and benchmarks. kn_set_amx_min_rows: the
+ * default table's AMX row threshold (tests: 1, so every row count takes the AMX path). */
 int kn_force_isa(const char *name);
+void kn_set_amx_min_rows(int rows);
 
 /* Vector helpers. n is the length; pointers need no alignment. */
 float kn_dot(const float *a, const float *b, int64_t n);                 /* sum a[j] b[j] */

@@ -103,6 +103,22 @@ void kn_r16_prep_avx512(const pt_wview *W, const float *x, int n, uint8_t *xq); 
 void kn_r16_rows_ref(const pt_wview *W, int64_t r0, int64_t r1, const uint8_t *xq, int64_t xs, int n, float *y);
 void kn_r16_rows_avx512(const pt_wview *W, int64_t r0, int64_t r1, const uint8_t *xq, int64_t xs, int n, float *y);
 
+/* ---- AMX (r16_amx.c; *_emu: the same code with the tile instructions emulated, for tests) ----
+ * kn_r16_rows_amx: kn_r16_rows_avx512's result bitwise, on AMX-INT8 tiles; xq must hold
+ * round_up(n, 16) prepared rows (pad rows: any finite content, zeros from dispatch.c).
+ * kn_amx_bf16_*: bf16 weights (PT_BF16, plain) against bf16-rounded activations, not exact; xb
+ * rows of xbs bytes (>= 2 * round_up(cols, 32)), round_up(n, 16) rows. */
+void kn_r16_rows_amx(const pt_wview *W, int64_t r0, int64_t r1, const uint8_t *xq, int64_t xs, int n, float *y);
+void kn_r16_rows_amx_emu(const pt_wview *W, int64_t r0, int64_t r1, const uint8_t *xq, int64_t xs, int n, float *y);
+void kn_amx_bf16_prep(const float *x, int n, int64_t cols, uint16_t *xb, int64_t xbs);
+void kn_amx_bf16_prep_emu(const float *x, int n, int64_t cols, uint16_t *xb, int64_t xbs);
+void kn_amx_bf16_rows(const pt_wview *W, int64_t r0, int64_t r1, const uint16_t *xb, int64_t xbs, int n, float *y);
+void kn_amx_bf16_rows_emu(const pt_wview *W, int64_t r0, int64_t r1, const uint16_t *xb, int64_t xbs, int n, float *y);
+static inline int64_t kn_amx_bf16_xbs(int64_t cols) { return (cols + 31) / 32 * 64; }
+/* The AMX int8 peak probe (kernels_bench): iters x 4 TDPBSSD on register tiles; returns the
+ * multiply-adds done. Only on a CPU (and process) with AMX enabled. */
+int64_t kn_amx_peak_run(int64_t iters);
+
 /* ---- transposed product (matmul_t) and helpers, per ISA ---- */
 /* y[i][c] for c in [c0, c1), every i < n: y[i][c] = sum_r x[i][r] W[r][c], r ascending. */
 void kn_ref_matmul_t_cols(const pt_wview *W, int64_t c0, int64_t c1, const float *x, int n,

@@ -94,8 +94,12 @@ static int kernel_table(kn_table *t, const petrel_open_opts *o, petrel_error *er
     if (o && (o->act_quant < -1 || o->act_quant > 2))
         return pt_err(err, PETREL_EINVAL, "act_quant %d: want -1 (off), 0 (the default), 1 (q4) or 2 (q4 and q8)", o->act_quant);
     if (o && (o->relayout < -1 || o->relayout > 1)) return pt_err(err, PETREL_EINVAL, "relayout %d: want -1 (off), 0 (the default) or 1 (on)", o->relayout);
-    if (kn_table_init(t, o ? o->isa : NULL, o ? o->act_quant : 0, o ? o->relayout : 0) < 0)
-        return pt_err(err, PETREL_EUNSUPPORTED, "kernel set \"%s\" is unknown or this CPU lacks it (scalar, avx2, avx512, auto)", o->isa);
+    if (kn_table_init(t, o ? o->isa : NULL, o ? o->act_quant : 0, o ? o->relayout : 0) < 0) {
+        if (o && o->isa && !strncmp(o->isa, "amx", 3) && !kn_amx_available())
+            return pt_err(err, PETREL_EUNSUPPORTED, "kernel set \"%s\": this CPU or OS has no usable AMX (needs AMX-TILE/AMX-INT8%s in CPUID, the tile state in XCR0 "
+                          "and Linux's tile permission, 5.16+); use avx512 or auto", o->isa, strcmp(o->isa, "amx-bf16") ? "" : "/AMX-BF16");
+        return pt_err(err, PETREL_EUNSUPPORTED, "kernel set \"%s\" is unknown or this CPU lacks it (scalar, avx2, avx512, amx, amx-bf16, auto)", o->isa);
+    }
     return 0;
 }
 
