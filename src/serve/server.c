@@ -1060,12 +1060,13 @@ static int handle_completion(serve *sv, struct MHD_Connection *c, conn *cs, int 
             n = (int)m;
         }
         free(text);
-        if (!rc && with_tools && (rq.tool_choice == SERVE_TOOLS_REQUIRED || rq.tool_choice == SERVE_TOOLS_NAMED)) {
+        if (!rc && (sv->o.force_answer || (with_tools && (rq.tool_choice == SERVE_TOOLS_REQUIRED || rq.tool_choice == SERVE_TOOLS_NAMED)))) {
             /* the answer is made to begin "<tool_call>" (and the name, when one is named) */
             char fs[300];
             snprintf(fs, sizeof fs, "<tool_call>%.280s", rq.tool_choice == SERVE_TOOLS_NAMED ? rq.tool_name : "");
+            const char *f = sv->o.force_answer ? sv->o.force_answer : fs;
             size_t m = 0;
-            rc = tok_encode(sv->tok, fs, strlen(fs), &force, &m, &e);
+            rc = tok_encode(sv->tok, f, strlen(f), &force, &m, &e);
             n_force = (int)m;
         }
     } else if (rq.prompt) {

@@ -35,6 +35,9 @@ typedef struct serve_opts {
     int max_rows;           /* rows per forward; 0 = 512 */
     int keepalive_ms;       /* SSE comment after this long without news; 0 = 5000 */
     int max_connections;    /* 0 = 512 */
+    const char *force_answer; /* a test seam: every chat answer begins with this text (taken as
+                               forced tokens, as tool_choice "required" takes "<tool_call>"), so
+                               tests control what the tool-call parser sees; NULL = none */
 } serve_opts;
 
 typedef struct serve serve;
