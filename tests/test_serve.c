@@ -627,10 +627,16 @@ TEST(serve, openai_npm_client) {
     serve_opts so = {.api_key = "sk-npm", .ctx = 1024};
     serve *sv = start(&so);
     if (!sv) return;
+    serve_opts to = {.api_key = "sk-npm", .ctx = 1024,
+                     .force_answer = "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value><arg_key>days</arg_key><arg_value>3</arg_value></tool_call><|observation|>"};
+    serve *tv = start(&to);
+    if (!tv) { serve_stop(sv); serve_free(sv); return; }
     char cmd[4400];
-    snprintf(cmd, sizeof cmd, "node %s/../node/openai_client.mjs %d sk-npm", test_data(""), serve_port(sv));
+    snprintf(cmd, sizeof cmd, "node %s/../node/openai_client.mjs %d sk-npm %d", test_data(""), serve_port(sv), serve_port(tv));
     int rc = test_sh(cmd, o, sizeof o, e, sizeof e);
     CHECK_MSG(rc == 0 && strstr(o, "all ok"), "openai client (rc %d):\n%s%s", rc, o, e);
+    serve_stop(tv);
+    serve_free(tv);
     serve_stop(sv);
     serve_free(sv);
 }
