@@ -1125,7 +1125,7 @@ TEST(serve, logprobs_are_the_models) {
     free(text);
 }
 
-typedef struct nres { int32_t ids[3][64]; int n[3]; char text[3][2048]; int usage_out; } nres;
+typedef struct nres { int32_t ids[4][64]; int n[4]; char text[4][2048]; int usage_out; } nres;
 static void n_request(int port, const char *body, int stream, int nc, nres *o) {
     memset(o, 0, sizeof *o);
     reply r;
@@ -1141,7 +1141,7 @@ static void n_request(int port, const char *body, int stream, int nc, nres *o) {
         o->usage_out = cJSON_GetObjectItem(cJSON_GetObjectItem(j, "usage"), "completion_tokens")->valueint;
         cJSON_Delete(j);
     } else {
-        int finished[3] = {0, 0, 0};
+        int finished[4] = {0, 0, 0, 0};
         for (char *q = r.body; (q = strstr(q, "data: {")) != NULL; q += 6) {
             char *end = strstr(q, "\n\n");
             cJSON *ev = cJSON_ParseWithLength(q + 6, (size_t)(end - q - 6)), *c = cJSON_GetArrayItem(cJSON_GetObjectItem(ev, "choices"), 0), *x;
@@ -1200,6 +1200,22 @@ TEST(serve, n_choices_fork) {
     n_request(p, "{\"prompt\":\"def\",\"max_tokens\":0,\"n\":3}", 0, 3, &multi);
     CHECK_EQ_INT(multi.usage_out, 0);
     CHECK_ERROR(p, "POST", "/v1/completions", NULL, "{\"prompt\":\"x\",\"n\":5}", 400, NULL, "n");
+    /* a dropped n = 3 stream gives its three places back: an n = 4 request then runs */
+    const char *drop = "{\"prompt\":\"The os module provides\",\"max_tokens\":1000,\"n\":3,\"ignore_eos\":true,\"stream\":true}";
+    int fd = connect_to(p);
+    char buf[256];
+    CHECK(fd >= 0 && send_req(fd, "POST", "/v1/completions", NULL, drop, strlen(drop)) == 0 && recv(fd, buf, sizeof buf, 0) > 0);
+    if (fd >= 0) close(fd);
+    long g0 = metric(p, "petrel_generation_tokens_total");
+    n_request(p, "{\"prompt\":\"def\",\"max_tokens\":5,\"n\":4,\"ignore_eos\":true}", 0, 4, &multi);
+    CHECK_EQ_INT(multi.usage_out, 20);
+    CHECK_MSG(metric(p, "petrel_generation_tokens_total") - g0 < 1000, "the dropped choices ran on");
+    long running = -1;
+    for (int t = 0; t < 100 && running != 0; t++) {
+        running = metric(p, "petrel_running_sequences");
+        if (running) usleep(10000);
+    }
+    CHECK_EQ_INT(running, 0);
     serve_stop(sv);
     serve_free(sv);
 }
