@@ -680,6 +680,11 @@ TEST(serve, keepalive_and_metrics) {
     CHECK(strstr(r.body, "# TYPE petrel_generation_tokens_total counter\npetrel_generation_tokens_total 8\n") != NULL);
     CHECK(strstr(r.body, "petrel_prompt_tokens_total 2000\n") != NULL);
     CHECK(strstr(r.body, "petrel_time_to_first_token_seconds_count 2\n") != NULL);
+    CHECK(strstr(r.body, "# TYPE petrel_inter_token_latency_seconds histogram\n") && strstr(r.body, "petrel_inter_token_latency_seconds_count 6\n")); /* 3 gaps a request */
+    CHECK(strstr(r.body, "# TYPE petrel_batch_rows histogram\n") && strstr(r.body, "petrel_batch_rows_bucket{le=\"64\"} "));
+    CHECK(metric(p, "petrel_batch_rows_count") == metric(p, "petrel_forwards_total") && metric(p, "petrel_batch_rows_sum") == metric(p, "petrel_batch_rows_total"));
+    CHECK(metric(p, "petrel_kv_pages_total") > 0 && metric(p, "petrel_kv_pages_in_use") == 0); /* nothing running */
+    CHECK(strstr(r.body, "\npetrel_expert_hit_rate ") && strstr(r.body, "\npetrel_disk_read_bytes_total 0\n")); /* resident: no reads */
     reply_free(&r);
     serve_stop(sv);
     serve_free(sv);

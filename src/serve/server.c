@@ -22,7 +22,9 @@
 
 #include "base/sbuf.h"
 #include "base/err.h"
+#include "experts/xs.h"
 #include "model/config.h"
+#include "model/engine.h"
 #include "runtime/chat.h"
 #include "runtime/sampler.h"
 #include "serve/request.h"
@@ -100,8 +102,12 @@ typedef struct metrics {
     double ttft_sum, itl_sum;
     long ttft_n, itl_n;
     long ttft_le[8];          /* histogram buckets, see ttft_bounds */
+    long itl_le[8];           /* see itl_bounds */
+    long batch_le[10];        /* rows per forward, see batch_bounds */
 } metrics;
 static const double ttft_bounds[8] = {0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
+static const double itl_bounds[8] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1};
+static const int batch_bounds[10] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
 
 struct serve {
     petrel_engine *eng;       /* borrowed */
@@ -169,10 +175,10 @@ static void job_finish_locked(serve *sv, job *j, const char *finish, int status,
     if (status) {
         j->err_status = status;
         snprintf(j->errmsg, sizeof j->errmsg, "%s", msg ? msg : "internal error");
-        sv->m.requests_err++;
+        if (j->choice == 0) sv->m.requests_err++; /* a request counts once, by its first choice */
     } else {
         j->finish = j->n_calls && !strcmp(finish, "stop") ? "tool_calls" : finish;
-        sv->m.requests_ok++;
+        if (j->choice == 0) sv->m.requests_ok++;
     }
     j->done = 1;
     j->state = J_DONE;
@@ -336,13 +342,18 @@ static void take_token(serve *sv, job *j, float *lg) {
     if (j->n_out == 0) {
         j->t_first = now;
         double d = now - j->t_queued;
-        sv->m.ttft_sum += d;
-        sv->m.ttft_n++;
-        for (int k = 0; k < 8; k++)
-            if (d <= ttft_bounds[k]) sv->m.ttft_le[k]++;
+        if (j->choice == 0) { /* once per request */
+            sv->m.ttft_sum += d;
+            sv->m.ttft_n++;
+            for (int k = 0; k < 8; k++)
+                if (d <= ttft_bounds[k]) sv->m.ttft_le[k]++;
+        }
     } else {
-        sv->m.itl_sum += now - j->t_last;
+        double d = now - j->t_last;
+        sv->m.itl_sum += d;
         sv->m.itl_n++;
+        for (int k = 0; k < 8; k++)
+            if (d <= itl_bounds[k]) sv->m.itl_le[k]++;
     }
     j->t_last = now;
     pthread_mutex_unlock(&sv->mu);
@@ -529,6 +540,8 @@ static void *sched_main(void *arg) {
         pthread_mutex_lock(&sv->mu);
         sv->m.forwards++;
         sv->m.rows += n;
+        for (int k = 0; k < 10; k++)
+            if (n <= batch_bounds[k]) sv->m.batch_le[k]++;
         pthread_mutex_unlock(&sv->mu);
         if (rc) {
             /* A failed forward appends nothing. Rerun each job's rows alone (rows are independent
@@ -1300,8 +1313,28 @@ static int handle_metrics(serve *sv, struct MHD_Connection *c) {
     for (int k = 0; k < 8; k++) sb_printf(&b, "petrel_time_to_first_token_seconds_bucket{le=\"%g\"} %ld\n", ttft_bounds[k], m.ttft_le[k]);
     sb_printf(&b, "petrel_time_to_first_token_seconds_bucket{le=\"+Inf\"} %ld\n", m.ttft_n);
     sb_printf(&b, "petrel_time_to_first_token_seconds_sum %.6f\npetrel_time_to_first_token_seconds_count %ld\n", m.ttft_sum, m.ttft_n);
-    sb_printf(&b, "# TYPE petrel_inter_token_latency_seconds summary\npetrel_inter_token_latency_seconds_sum %.6f\npetrel_inter_token_latency_seconds_count %ld\n",
-              m.itl_sum, m.itl_n);
+    sb_printf(&b, "# TYPE petrel_inter_token_latency_seconds histogram\n");
+    for (int k = 0; k < 8; k++) sb_printf(&b, "petrel_inter_token_latency_seconds_bucket{le=\"%g\"} %ld\n", itl_bounds[k], m.itl_le[k]);
+    sb_printf(&b, "petrel_inter_token_latency_seconds_bucket{le=\"+Inf\"} %ld\n", m.itl_n);
+    sb_printf(&b, "petrel_inter_token_latency_seconds_sum %.6f\npetrel_inter_token_latency_seconds_count %ld\n", m.itl_sum, m.itl_n);
+    sb_printf(&b, "# HELP petrel_batch_rows Rows (decode tokens and prompt tokens) per batch forward.\n# TYPE petrel_batch_rows histogram\n");
+    for (int k = 0; k < 10; k++) sb_printf(&b, "petrel_batch_rows_bucket{le=\"%d\"} %ld\n", batch_bounds[k], m.batch_le[k]);
+    sb_printf(&b, "petrel_batch_rows_bucket{le=\"+Inf\"} %ld\npetrel_batch_rows_sum %ld\npetrel_batch_rows_count %ld\n", m.forwards, m.rows, m.forwards);
+    /* the KV pool and the expert store (zero when every expert is resident) */
+    long long kv_free = 0, kv_total = 0;
+    int kv_page = 1;
+    petrel_kv_usage(sv->eng, &kv_free, &kv_total, &kv_page);
+    sb_printf(&b, "# HELP petrel_kv_pages_in_use KV pages held by sessions (pages only the prefix cache holds count as free).\n");
+    sb_printf(&b, "# TYPE petrel_kv_pages_in_use gauge\npetrel_kv_pages_in_use %lld\n", (kv_total - kv_free) / kv_page);
+    sb_printf(&b, "# TYPE petrel_kv_pages_total gauge\npetrel_kv_pages_total %lld\n", kv_total / kv_page);
+    xs_stats xs = {0};
+    if (sv->eng->xs) xs_store_stats(sv->eng->xs, &xs);
+    sb_printf(&b, "# HELP petrel_expert_accesses_total Routed experts requested from the expert store (hits + misses).\n");
+    sb_printf(&b, "# TYPE petrel_expert_accesses_total counter\npetrel_expert_accesses_total %llu\n", (unsigned long long)xs.accesses);
+    sb_printf(&b, "# TYPE petrel_expert_hits_total counter\npetrel_expert_hits_total %llu\n", (unsigned long long)xs.hits);
+    sb_printf(&b, "# TYPE petrel_expert_hit_rate gauge\npetrel_expert_hit_rate %.6f\n", xs.accesses ? (double)xs.hits / (double)xs.accesses : 1.0);
+    sb_printf(&b, "# TYPE petrel_disk_read_bytes_total counter\npetrel_disk_read_bytes_total %llu\n", (unsigned long long)xs.bytes_read);
+    sb_printf(&b, "# TYPE petrel_disk_read_failures_total counter\npetrel_disk_read_failures_total %llu\n", (unsigned long long)xs.read_failures);
     if (b.oom || !b.p) { free(b.p); return MHD_NO; }
     return queue_response(c, 200, "text/plain; version=0.0.4", b.p, b.n);
 }
