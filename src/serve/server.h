@@ -10,6 +10,13 @@
  * request's tokens at temperature 0 are those of the same request alone. A finished, failed or
  * cancelled request (its client went away) frees its session at the next step.
  *
+ * A request of n choices is n jobs: the first reads the prompt, the others wait outside the
+ * queue and, when its prompt is read, fork its session copy-on-write and sample their first
+ * token from the same logits (seed + i), then decode as rows of the same forwards. A job's
+ * answer text passes through the GLM-5.2 tool-call parser when the request has tools
+ * (src/serve/toolcall.h); tool_choice required / named force the answer's first tokens.
+ * logprobs are taken from each row before the sampler changes it.
+ *
  * Connection threads parse and validate a request (src/serve/request.h), render the chat
  * template, tokenize, queue it, and then either wait for it (JSON reply) or stream it as
  * server-sent events (`data: {...}\n\n` ... `data: [DONE]\n\n`, `: keep-alive` comments while
