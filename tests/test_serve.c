@@ -1305,3 +1305,33 @@ TEST(serve, clients_64_equal_alone_under_budget) {
     CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "exit status %d", status);
     close(pfd[0]);
 }
+
+/* Connections over --max-connections get an OpenAI 503 body (code too_many_connections), not a
+ * closed socket; once the others close, requests are served again. */
+TEST(serve, too_many_connections) {
+    serve_opts o = {.max_connections = 2, .parallel = 2};
+    serve *sv = start(&o);
+    if (!sv) return;
+    int p = serve_port(sv);
+    const char *body = "{\"prompt\":\"The os module provides\",\"max_tokens\":1000,\"temperature\":0,\"ignore_eos\":true,\"stream\":true}";
+    int fd[2];
+    char buf[256];
+    for (int k = 0; k < 2; k++) {
+        fd[k] = connect_to(p);
+        CHECK(fd[k] >= 0 && send_req(fd[k], "POST", "/v1/completions", NULL, body, strlen(body)) == 0 && recv(fd[k], buf, sizeof buf, 0) > 0);
+    }
+    CHECK_ERROR(p, "GET", "/health", NULL, NULL, 503, "too_many_connections", NULL);
+    CHECK_ERROR(p, "POST", "/v1/completions", NULL, "{\"prompt\":\"x\"}", 503, "too_many_connections", NULL);
+    for (int k = 0; k < 2; k++)
+        if (fd[k] >= 0) close(fd[k]);
+    int status = 0;
+    for (int t = 0; t < 200 && status != 200; t++) { /* the daemon notices the closed ones */
+        reply r;
+        if (http(p, "GET", "/health", NULL, NULL, &r) == 0) status = r.status;
+        reply_free(&r);
+        if (status != 200) usleep(10000);
+    }
+    CHECK_EQ_INT(status, 200);
+    serve_stop(sv);
+    serve_free(sv);
+}

@@ -127,6 +127,7 @@ struct serve {
     job **run;                /* [parallel] */
     int n_run;
     int stopping;
+    int n_conn;               /* open connections (on_connection) */
     long next_id;
     metrics m;
     pthread_t sched;
@@ -585,7 +586,21 @@ static void *sched_main(void *arg) {
 typedef struct conn {
     sbuf body;
     int too_big;
+    int over;                 /* arrived over --max-connections: answered 503 */
 } conn;
+
+/* Open TCP connections. The daemon accepts a few more than max_connections so that those get
+ * an OpenAI 503 body instead of a closed socket; beyond that it closes them. The socket context
+ * marks a connection that arrived over the limit. */
+#define SERVE_CONN_SPARE 32
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context, enum MHD_ConnectionNotificationCode toe) {
+    (void)c;
+    serve *sv = cls;
+    pthread_mutex_lock(&sv->mu);
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) *socket_context = (void *)(intptr_t)(++sv->n_conn > sv->o.max_connections);
+    else sv->n_conn--;
+    pthread_mutex_unlock(&sv->mu);
+}
 
 static int queue_response(struct MHD_Connection *c, int status, const char *ctype, char *body, size_t len) {
     struct MHD_Response *r = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
@@ -1347,6 +1362,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (!cs) {
         cs = calloc(1, sizeof *cs);
         if (!cs) return MHD_NO;
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+        cs->over = ci && ci->socket_context;
         *con_cls = cs;
         return MHD_YES;
     }
@@ -1356,6 +1373,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         *upload_size = 0;
         return MHD_YES;
     }
+    if (cs->over)
+        return send_error(c, 503, "too_many_connections", NULL, "too many connections: this server takes %d at once (--max-connections); retry later",
+                          sv->o.max_connections);
     int get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
     if (!strcmp(url, "/health")) return get ? send_json(c, 200, cJSON_Parse("{\"status\":\"ok\"}")) : send_error(c, 405, NULL, NULL, "use GET");
     if (!key_ok(sv, c)) return send_error(c, 401, "invalid_api_key", NULL, "Incorrect or missing API key: send the header \"Authorization: Bearer KEY\"");
@@ -1448,7 +1468,8 @@ int serve_start(petrel_engine *eng, const tokenizer *tok, const jinja_template *
     if (!rc) {
         sv->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL, 0, NULL, NULL,
                                  (MHD_AccessHandlerCallback)on_request, sv, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
-                                 MHD_OPTION_NOTIFY_COMPLETED, on_completed, sv, MHD_OPTION_CONNECTION_LIMIT, (unsigned)sv->o.max_connections,
+                                 MHD_OPTION_NOTIFY_COMPLETED, on_completed, sv, MHD_OPTION_NOTIFY_CONNECTION, on_connection, sv,
+                                 MHD_OPTION_CONNECTION_LIMIT, (unsigned)(sv->o.max_connections + SERVE_CONN_SPARE),
                                  MHD_OPTION_END);
         if (!sv->d) rc = pt_err(err, PETREL_EIO, "cannot listen on %s:%d (in use, or not an address of this machine?)", host, o->port);
     }
