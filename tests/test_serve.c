@@ -896,7 +896,9 @@ TEST(serve, request_tools_logprobs_n) {
     PARSE_BAD("{\"messages\":[{\"role\":\"tool\",\"content\":\"x\",\"tool_call_id\":5}]}", 1, "messages");
     PARSE_BAD("{\"prompt\":\"x\",\"logprobs\":true}", 0, "logprobs");
     PARSE_BAD("{\"prompt\":\"x\",\"logprobs\":-1}", 0, "logprobs");
-    PARSE_BAD("{\"prompt\":\"x\",\"tools\":[]}", 0, "tools");
+    PARSE_BAD("{\"prompt\":\"x\",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]}", 0, "tools");
+    CHECK(parse_ok("{\"prompt\":\"x\",\"tools\":[]}", 0, &r) == 0 && !r.tools); /* an empty list is no tools */
+    serve_request_free(&r);
 }
 
 static const char *WEATHER_TOOLS = "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"description\":\"Weather\",\"parameters\":{\"type\":\"object\","

@@ -155,7 +155,7 @@ static int copy_tool_calls(const cJSON *tc, int k, cJSON *o, petrel_error *err) 
 static int parse_tools(const cJSON *j, serve_request *r, char *param, petrel_error *err) {
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, "tools"), *tc = cJSON_GetObjectItemCaseSensitive(j, "tool_choice");
     int nt = 0;
-    if (t && !cJSON_IsNull(t)) {
+    if (t && !cJSON_IsNull(t) && !(cJSON_IsArray(t) && cJSON_GetArraySize(t) == 0)) {
         PARAM(param, "tools");
         if (!r->chat) return pt_err(err, PETREL_EINVAL, "'tools' is for /v1/chat/completions");
         if (!cJSON_IsArray(t)) return pt_err(err, PETREL_EINVAL, "'tools' must be an array of tools");
