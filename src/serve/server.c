@@ -766,7 +766,7 @@ static cJSON *cmpl_logprobs(const serve *sv, const job *j, int from, int to, siz
 static cJSON *tool_call_obj(const job *j, int k, int with_index) {
     cJSON *o = cJSON_CreateObject();
     char id[80];
-    snprintf(id, sizeof id, "call_%ld_%d_%d", j->id, j->choice, k);
+    snprintf(id, sizeof id, "call_%lx%ld_%d_%d", j->created, j->id, j->choice, k); /* the arrival time: unique across restarts */
     if (with_index) cJSON_AddNumberToObject(o, "index", k);
     cJSON_AddStringToObject(o, "id", id);
     cJSON_AddStringToObject(o, "type", "function");
