@@ -35,6 +35,7 @@ static const char *usage =
     "  --batch-rows N       rows per forward pass: decode rows plus prompt chunks (default 512)\n"
     "  --max-body SIZE      largest request body (default 4M); larger ones get 413\n"
     "  --keepalive-ms N     SSE \": keep-alive\" comment after N ms without a token (default 5000)\n"
+    "  --max-connections N  open connections served at once; the next few get 503 (default 512)\n"
     "  --template FILE      Jinja chat template (default: the model's own)\n"
     "  --tokenizer FILE     tokenizer.json (default: the model's own)\n" CLI_MODEL_OPTS_HELP;
 
@@ -57,6 +58,7 @@ CLI_CMD(serve) {
         else if (!strcmp(a, "--ctx") && has) { if (cli_opt_count("serve", a, argv[++i], 2, 1 << 24, &v)) return 1; so.ctx = (int)v; }
         else if (!strcmp(a, "--batch-rows") && has) { if (cli_opt_count("serve", a, argv[++i], 1, 1 << 16, &v)) return 1; so.max_rows = (int)v; }
         else if (!strcmp(a, "--keepalive-ms") && has) { if (cli_opt_count("serve", a, argv[++i], 1, 3600000, &v)) return 1; so.keepalive_ms = (int)v; }
+        else if (!strcmp(a, "--max-connections") && has) { if (cli_opt_count("serve", a, argv[++i], 1, 65536, &v)) return 1; so.max_connections = (int)v; }
         else if (!strcmp(a, "--max-body") && has) { if (cli_opt_size("serve", a, argv[++i], 1024, 1u << 30, &sz)) return 1; so.max_body = (size_t)sz; }
         else if (!strcmp(a, "--api-key") && has) so.api_key = argv[++i];
         else if (!strcmp(a, "--api-key-file") && has) key_file = argv[++i];

@@ -6,6 +6,7 @@
  *   - error bodies {"error": {message, type, code}} with the right 4xx, API key, stop strings,
  *     a client that goes away mid-stream frees its place, SIGTERM exits cleanly. */
 #include <arpa/inet.h>
+#include <math.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
@@ -18,9 +19,11 @@
 
 #include <cjson/cJSON.h>
 
+#include "io/convert.h"
 #include "runtime/chat.h"
 #include "serve/request.h"
 #include "serve/server.h"
+#include "serve/toolcall.h"
 #include "test.h"
 #include "text/jinja.h"
 #include "text/tokenizer.h"
@@ -386,7 +389,7 @@ TEST(serve, errors) {
     CHECK_ERROR(p, "POST", C, NULL, "{\"prompt\":\"x\",\"top_p\":0}", 400, NULL, "top_p");
     CHECK_ERROR(p, "POST", C, NULL, "{\"prompt\":\"x\",\"stream\":1}", 400, NULL, "stream");
     CHECK_ERROR(p, "POST", C, NULL, "{\"prompt\":\"x\",\"stop\":[1]}", 400, NULL, "stop");
-    CHECK_ERROR(p, "POST", C, NULL, "{\"prompt\":\"x\",\"n\":2}", 400, NULL, "n");
+    CHECK_ERROR(p, "POST", C, NULL, "{\"prompt\":\"x\",\"n\":3}", 400, NULL, "n"); /* more choices than --parallel */
     CHECK_ERROR(p, "POST", C, NULL, "{\"prompt\":[1,99999]}", 400, NULL, "prompt");
     CHECK_ERROR(p, "POST", C, NULL, "{\"prompt\":[1,-2]}", 400, NULL, "prompt");
     CHECK_ERROR(p, "POST", C, NULL, "{\"prompt\":\"x\",\"model\":\"gpt-4\"}", 404, "model_not_found", "model");
@@ -625,10 +628,16 @@ TEST(serve, openai_npm_client) {
     serve_opts so = {.api_key = "sk-npm", .ctx = 1024};
     serve *sv = start(&so);
     if (!sv) return;
+    serve_opts to = {.api_key = "sk-npm", .ctx = 1024,
+                     .force_answer = "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value><arg_key>days</arg_key><arg_value>3</arg_value></tool_call><|observation|>"};
+    serve *tv = start(&to);
+    if (!tv) { serve_stop(sv); serve_free(sv); return; }
     char cmd[4400];
-    snprintf(cmd, sizeof cmd, "node %s/../node/openai_client.mjs %d sk-npm", test_data(""), serve_port(sv));
+    snprintf(cmd, sizeof cmd, "node %s/../node/openai_client.mjs %d sk-npm %d", test_data(""), serve_port(sv), serve_port(tv));
     int rc = test_sh(cmd, o, sizeof o, e, sizeof e);
     CHECK_MSG(rc == 0 && strstr(o, "all ok"), "openai client (rc %d):\n%s%s", rc, o, e);
+    serve_stop(tv);
+    serve_free(tv);
     serve_stop(sv);
     serve_free(sv);
 }
@@ -672,6 +681,11 @@ TEST(serve, keepalive_and_metrics) {
     CHECK(strstr(r.body, "# TYPE petrel_generation_tokens_total counter\npetrel_generation_tokens_total 8\n") != NULL);
     CHECK(strstr(r.body, "petrel_prompt_tokens_total 2000\n") != NULL);
     CHECK(strstr(r.body, "petrel_time_to_first_token_seconds_count 2\n") != NULL);
+    CHECK(strstr(r.body, "# TYPE petrel_inter_token_latency_seconds histogram\n") && strstr(r.body, "petrel_inter_token_latency_seconds_count 6\n")); /* 3 gaps a request */
+    CHECK(strstr(r.body, "# TYPE petrel_batch_rows histogram\n") && strstr(r.body, "petrel_batch_rows_bucket{le=\"64\"} "));
+    CHECK(metric(p, "petrel_batch_rows_count") == metric(p, "petrel_forwards_total") && metric(p, "petrel_batch_rows_sum") == metric(p, "petrel_batch_rows_total"));
+    CHECK(metric(p, "petrel_kv_pages_total") > 0 && metric(p, "petrel_kv_pages_in_use") == 0); /* nothing running */
+    CHECK(strstr(r.body, "\npetrel_expert_hit_rate ") && strstr(r.body, "\npetrel_disk_read_bytes_total 0\n")); /* resident: no reads */
     reply_free(&r);
     serve_stop(sv);
     serve_free(sv);
@@ -754,4 +768,572 @@ TEST(serve, kv_admission_queues) {
     serve_stop(sv);
     serve_free(sv);
     petrel_engine_close(eng);
+}
+
+/* ---------- tools, logprobs, n > 1 ---------- */
+
+typedef struct tc_sink { char text[4096]; char calls[8][2][512]; int n_calls; } tc_sink;
+static void sink_text(void *u, const char *b, size_t n) { tc_sink *s = u; strncat(s->text, b, n < sizeof s->text - strlen(s->text) - 1 ? n : sizeof s->text - strlen(s->text) - 1); }
+static void sink_call(void *u, const char *name, const char *args) {
+    tc_sink *s = u;
+    if (s->n_calls < 8) snprintf(s->calls[s->n_calls][0], 512, "%s", name), snprintf(s->calls[s->n_calls][1], 512, "%s", args), s->n_calls++;
+}
+/* The text fed in pieces of `step` bytes (0: every split point once, checked equal). */
+static void tc_run(const char *in, const cJSON *tools, size_t step, tc_sink *out) {
+    memset(out, 0, sizeof *out);
+    tc_parser p;
+    tc_init(&p, tools);
+    size_t n = strlen(in);
+    for (size_t o = 0; o < n; o += step) tc_feed(&p, in + o, o + step > n ? n - o : step, sink_text, sink_call, out);
+    tc_flush(&p, sink_text, out);
+    tc_free(&p);
+}
+
+/* The parser inverts the template's rendering of tool calls: names, string values as written,
+ * other values as JSON, the schema's "string" keeping "3" a string; text around blocks passes;
+ * a block that does not parse, or is left open, comes back as text; any split of the input
+ * gives the same result. */
+TEST(serve, toolcall_parser) {
+    cJSON *tools = cJSON_Parse("[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{\"type\":\"object\","
+                               "\"properties\":{\"city\":{\"type\":\"string\"},\"zip\":{\"type\":\"string\"},\"days\":{\"type\":\"integer\"}}}}}]");
+    static const struct { const char *in, *text; int n; const char *name0, *args0, *name1, *args1; } cases[] = {
+        {"<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value><arg_key>days</arg_key><arg_value>3</arg_value>"
+         "<arg_key>zip</arg_key><arg_value>75001</arg_value><arg_key>opts</arg_key><arg_value>{\"u\": \"C\", \"l\": [1, true, null]}</arg_value></tool_call>",
+         "", 1, "get_weather", "{\"city\":\"Paris\",\"days\":3,\"zip\":\"75001\",\"opts\":{\"u\":\"C\",\"l\":[1,true,null]}}", NULL, NULL},
+        {"Let me look.<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>New York</arg_value>\n</tool_call><tool_call>now</tool_call>after",
+         "Let me look.after", 2, "get_weather", "{\"city\":\"New York\"}", "now", "{}"},
+        {"no calls < here <tool_ and <tool_cal", "no calls < here <tool_ and <tool_cal", 0, NULL, NULL, NULL, NULL},
+        {"x<tool_call><arg_key>a</arg_key><arg_value>1</arg_value></tool_call>y", "x<tool_call><arg_key>a</arg_key><arg_value>1</arg_value></tool_call>y", 0, NULL, NULL, NULL, NULL},
+        {"<tool_call>f<arg_key>a</arg_key>junk<arg_value>1</arg_value></tool_call>", "<tool_call>f<arg_key>a</arg_key>junk<arg_value>1</arg_value></tool_call>", 0, NULL, NULL, NULL, NULL},
+        {"<tool_call>f<arg_key>a</arg_key><arg_value>1</arg_value>", "<tool_call>f<arg_key>a</arg_key><arg_value>1</arg_value>", 0, NULL, NULL, NULL, NULL},
+        {"<tool_call>f<arg_key>s</arg_key><arg_value>two words, \"quoted\"</arg_value><arg_key>s</arg_key><arg_value>-1.5e3</arg_value></tool_call>", "", 1, "f",
+         "{\"s\":-1500}", NULL, NULL},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+        for (size_t step = 1; step <= strlen(cases[c].in); step += step < 4 ? 1 : 7) {
+            tc_sink s;
+            tc_run(cases[c].in, tools, step, &s);
+            CHECK_MSG(!strcmp(s.text, cases[c].text), "case %zu step %zu: text \"%s\"", c, step, s.text);
+            CHECK_MSG(s.n_calls == cases[c].n, "case %zu step %zu: %d calls", c, step, s.n_calls);
+            if (s.n_calls >= 1 && cases[c].n >= 1)
+                CHECK_MSG(!strcmp(s.calls[0][0], cases[c].name0) && !strcmp(s.calls[0][1], cases[c].args0), "case %zu: call 0 %s %s", c, s.calls[0][0], s.calls[0][1]);
+            if (s.n_calls >= 2 && cases[c].n >= 2)
+                CHECK_MSG(!strcmp(s.calls[1][0], cases[c].name1) && !strcmp(s.calls[1][1], cases[c].args1), "case %zu: call 1 %s %s", c, s.calls[1][0], s.calls[1][1]);
+        }
+    /* what the template renders for a history's tool call parses back to the same call */
+    cJSON *vars = cJSON_Parse("{\"messages\":[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\",\"content\":\"\",\"tool_calls\":[{\"function\":"
+                              "{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Paris\",\"days\":3,\"zip\":\"75001\",\"x\":[1,{\"y\":false}]}}}]}]}");
+    cJSON_AddItemReferenceToObject(vars, "tools", tools);
+    char *txt = NULL;
+    petrel_error e = {0};
+    if (fixture() == 0 && jinja_render_compiled(g_tmpl, vars, NULL, &txt, NULL, &e) == 0) {
+        const char *a = strstr(txt, "<|assistant|><think></think>");
+        CHECK(a != NULL);
+        tc_sink s;
+        if (a) tc_run(a + strlen("<|assistant|><think></think>"), tools, 3, &s);
+        CHECK_MSG(a && s.n_calls == 1 && !strcmp(s.calls[0][0], "get_weather") && !strcmp(s.calls[0][1], "{\"city\":\"Paris\",\"days\":3,\"zip\":\"75001\",\"x\":[1,{\"y\":false}]}") &&
+                      !strcmp(s.text, ""),
+                  "rendered history: \"%s\" -> %d calls, text \"%s\"", a ? a : "", s.n_calls, s.text);
+    } else
+        test_fail(__FILE__, __LINE__, "render: %s", e.msg);
+    free(txt);
+    cJSON_Delete(vars);
+    cJSON_Delete(tools);
+}
+
+static int parse_ok(const char *b, int chat, serve_request *r) {
+    char param[64];
+    petrel_error e = {0};
+    return serve_request_parse(b, strlen(b), chat, r, param, &e);
+}
+static void parse_bad(const char *b, int chat, const char *want_param, int line) {
+    serve_request r;
+    char param[64] = "?";
+    petrel_error e = {0};
+    if (serve_request_parse(b, strlen(b), chat, &r, param, &e) == 0) { test_fail(__FILE__, line, "accepted: %s", b); serve_request_free(&r); return; }
+    if (!e.msg[0] || strcmp(param, want_param)) test_fail(__FILE__, line, "param \"%s\" (want \"%s\"), message \"%s\"", param, want_param, e.msg);
+}
+#define PARSE_BAD(b, chat, p) parse_bad(b, chat, p, __LINE__)
+
+TEST(serve, request_tools_logprobs_n) {
+    serve_request r;
+    const char *T = "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\"}}}]";
+    char b[1024];
+    snprintf(b, sizeof b, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\","
+             "\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"a\\\": 1}\"}}]},{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"ok\"}],%s,"
+             "\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"f\"}},\"n\":3,\"logprobs\":true,\"top_logprobs\":5,\"parallel_tool_calls\":false}", T);
+    CHECK(parse_ok(b, 1, &r) == 0);
+    CHECK(r.tools && cJSON_GetArraySize(r.tools) == 1 && r.tool_choice == SERVE_TOOLS_NAMED && r.tool_name && !strcmp(r.tool_name, "f"));
+    CHECK(r.n == 3 && r.logprobs == 1 && r.top_logprobs == 5);
+    cJSON *args = cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetArrayItem(r.messages, 1), "tool_calls"), 0), "function"), "arguments");
+    CHECK(cJSON_IsObject(args) && cJSON_GetObjectItem(args, "a") && cJSON_GetObjectItem(args, "a")->valueint == 1);
+    serve_request_free(&r);
+    CHECK(parse_ok("{\"prompt\":\"x\",\"logprobs\":3}", 0, &r) == 0 && r.logprobs == 1 && r.top_logprobs == 3);
+    serve_request_free(&r);
+    CHECK(parse_ok("{\"prompt\":\"x\",\"logprobs\":null,\"n\":1}", 0, &r) == 0 && r.logprobs == 0);
+    serve_request_free(&r);
+    CHECK(parse_ok("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[],\"tool_choice\":\"auto\"}", 1, &r) == 0 && !r.tools && r.tool_choice == SERVE_TOOLS_NONE);
+    serve_request_free(&r);
+    const char *M = "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]";
+    static const struct { const char *tail; const char *param; } bad[] = {
+        {",\"n\":0", "n"}, {",\"n\":129", "n"}, {",\"n\":1.5", "n"}, {",\"logprobs\":1", "logprobs"}, {",\"top_logprobs\":3", "top_logprobs"},
+        {",\"logprobs\":true,\"top_logprobs\":21", "top_logprobs"}, {",\"tools\":{}", "tools"}, {",\"tools\":[{\"type\":\"x\"}]", "tools"},
+        {",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"\"}}]", "tools"}, {",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":[]}}]", "tools"},
+        {",\"tool_choice\":\"required\"", "tool_choice"}, {",\"tool_choice\":\"maybe\"", "tool_choice"}, {",\"tool_choice\":7", "tool_choice"},
+        {",\"parallel_tool_calls\":1", "parallel_tool_calls"},
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        snprintf(b, sizeof b, "{%s%s}", M, bad[k].tail);
+        parse_bad(b, 1, bad[k].param, __LINE__);
+    }
+    snprintf(b, sizeof b, "{%s,%s,\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"g\"}}}", M, T);
+    PARSE_BAD(b, 1, "tool_choice");
+    PARSE_BAD("{\"messages\":[{\"role\":\"assistant\",\"tool_calls\":[{\"function\":{\"name\":\"f\",\"arguments\":\"[1]\"}}]}]}", 1, "messages");
+    PARSE_BAD("{\"messages\":[{\"role\":\"assistant\",\"tool_calls\":[{\"function\":{\"name\":\"f\",\"arguments\":\"{bad\"}}]}]}", 1, "messages");
+    PARSE_BAD("{\"messages\":[{\"role\":\"assistant\",\"tool_calls\":[{\"function\":{\"arguments\":\"{}\"}}]}]}", 1, "messages");
+    PARSE_BAD("{\"messages\":[{\"role\":\"assistant\",\"tool_calls\":{}}]}", 1, "messages");
+    PARSE_BAD("{\"messages\":[{\"role\":\"user\",\"content\":\"x\",\"tool_calls\":[{\"function\":{\"name\":\"f\"}}]}]}", 1, "messages");
+    PARSE_BAD("{\"messages\":[{\"role\":\"tool\",\"content\":\"x\",\"tool_call_id\":5}]}", 1, "messages");
+    PARSE_BAD("{\"prompt\":\"x\",\"logprobs\":true}", 0, "logprobs");
+    PARSE_BAD("{\"prompt\":\"x\",\"logprobs\":-1}", 0, "logprobs");
+    PARSE_BAD("{\"prompt\":\"x\",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]}", 0, "tools");
+    CHECK(parse_ok("{\"prompt\":\"x\",\"tools\":[]}", 0, &r) == 0 && !r.tools); /* an empty list is no tools */
+    serve_request_free(&r);
+}
+
+static const char *WEATHER_TOOLS = "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"description\":\"Weather\",\"parameters\":{\"type\":\"object\","
+                                   "\"properties\":{\"city\":{\"type\":\"string\"},\"days\":{\"type\":\"integer\"}}}}}]";
+
+/* Tools end to end: a history with tool calls (arguments as JSON text) and tool results is
+ * rendered as the template renders the same history with argument objects; the answer's
+ * tool-call markup (forced through the test seam) comes back as tool_calls with finish_reason
+ * "tool_calls", in JSON and as SSE deltas; tool_choice required / named make the answer begin
+ * with "<tool_call>" / "<tool_call>NAME"; tool_choice none renders no tools. */
+TEST(serve, tools_end_to_end) {
+    serve_opts o = {.parallel = 4};
+    serve *sv = start(&o);
+    if (!sv) return;
+    int p = serve_port(sv);
+    char body[4096];
+    const char *hist = "[{\"role\":\"user\",\"content\":\"Weather in Paris?\"},{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"call_1\",\"type\":\"function\","
+                       "\"function\":{\"name\":\"get_weather\",\"arguments\":\"{\\\"city\\\": \\\"Paris\\\", \\\"days\\\": 2}\"}}]},"
+                       "{\"role\":\"tool\",\"tool_call_id\":\"call_1\",\"content\":\"sunny, 21 C\"},{\"role\":\"user\",\"content\":\"And tomorrow?\"}]";
+    snprintf(body, sizeof body, "{\"messages\":%s,\"tools\":%s,\"max_tokens\":0,\"return_token_ids\":true}", hist, WEATHER_TOOLS);
+    reply r;
+    CHECK(http(p, "POST", "/v1/chat/completions", NULL, body, &r) == 0);
+    CHECK_EQ_INT(r.status, 200);
+    cJSON *j = json_of(&r);
+    static int32_t got[4096];
+    int ng = ids_of(cJSON_GetObjectItem(j, "prompt_token_ids"), got, 4096);
+    cJSON_Delete(j);
+    reply_free(&r);
+    /* the expected prompt: the same history with the arguments as an object */
+    cJSON *vars = cJSON_CreateObject(), *msgs = cJSON_Parse(hist);
+    cJSON *fn = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetArrayItem(msgs, 1), "tool_calls"), 0), "function");
+    cJSON_ReplaceItemInObject(fn, "arguments", cJSON_Parse("{\"city\": \"Paris\", \"days\": 2}"));
+    cJSON_AddItemToObject(vars, "messages", msgs);
+    cJSON_AddItemToObject(vars, "tools", cJSON_Parse(WEATHER_TOOLS));
+    cJSON_AddBoolToObject(vars, "add_generation_prompt", 1);
+    char *txt = NULL;
+    size_t tl = 0;
+    petrel_error e = {0};
+    int32_t *want = NULL;
+    size_t nw = 0;
+    CHECK(jinja_render_compiled(g_tmpl, vars, NULL, &txt, &tl, &e) == 0 && tok_encode(g_tok, txt, tl, &want, &nw, &e) == 0);
+    CHECK_MSG(txt && strstr(txt, "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value><arg_key>days</arg_key><arg_value>2</arg_value></tool_call>"
+                                 "<|observation|><tool_response>sunny, 21 C</tool_response><|user|>And tomorrow?") &&
+                  strstr(txt, "<tools>\n{\"name\": \"get_weather\""),
+              "rendered: %s", txt ? txt : "");
+    CHECK_MSG(ng == (int)nw && want && !memcmp(got, want, sizeof(int32_t) * nw), "prompt ids: %d vs %zu", ng, nw);
+    free(txt);
+    free(want);
+    cJSON_Delete(vars);
+    /* tool_choice none: the same request renders no tools */
+    snprintf(body, sizeof body, "{\"messages\":%s,\"tools\":%s,\"tool_choice\":\"none\",\"max_tokens\":0}", hist, WEATHER_TOOLS);
+    CHECK(http(p, "POST", "/v1/chat/completions", NULL, body, &r) == 0);
+    j = json_of(&r);
+    int pt = cJSON_GetObjectItem(cJSON_GetObjectItem(j, "usage"), "prompt_tokens") ? cJSON_GetObjectItem(cJSON_GetObjectItem(j, "usage"), "prompt_tokens")->valueint : 0;
+    CHECK_MSG(pt > 0 && pt < ng - 50, "tool_choice none: %d prompt tokens vs %d with tools", pt, ng);
+    cJSON_Delete(j);
+    reply_free(&r);
+    /* required and named: the answer begins with the call's markup (here the model goes on
+     * with documentation text, so the unclosed block comes back as content) */
+    for (int named = 0; named < 2; named++) {
+        snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"Weather?\"}],\"tools\":%s,\"tool_choice\":%s,\"max_tokens\":6,\"temperature\":0,"
+                 "\"chat_template_kwargs\":{\"enable_thinking\":false}}", WEATHER_TOOLS, named ? "{\"type\":\"function\",\"function\":{\"name\":\"get_weather\"}}" : "\"required\"");
+        CHECK(http(p, "POST", "/v1/chat/completions", NULL, body, &r) == 0);
+        CHECK_EQ_INT(r.status, 200);
+        j = json_of(&r);
+        cJSON *m = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0), "message");
+        const char *ct = cJSON_GetStringValue(cJSON_GetObjectItem(m, "content"));
+        cJSON *tcs = cJSON_GetObjectItem(m, "tool_calls");
+        const char *nm = cJSON_GetStringValue(cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetArrayItem(tcs, 0), "function"), "name"));
+        CHECK_MSG((ct && !strncmp(ct, named ? "<tool_call>get_weather" : "<tool_call>", named ? 22 : 11)) || (nm && (!named || !strncmp(nm, "get_weather", 11))),
+                  "named %d: %s", named, r.body);
+        cJSON_Delete(j);
+        reply_free(&r);
+    }
+    serve_stop(sv);
+    serve_free(sv);
+    /* the model's answer as tool-call markup (forced by the test seam), ended by <|observation|> */
+    serve_opts o2 = {.parallel = 4, .force_answer = "I will check.<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value><arg_key>days</arg_key>"
+                                                   "<arg_value>3</arg_value></tool_call><tool_call>get_weather<arg_key>city</arg_key><arg_value>Rome</arg_value></tool_call><|observation|>"};
+    sv = start(&o2);
+    if (!sv) return;
+    p = serve_port(sv);
+    for (int s = 0; s < 2; s++) {
+        snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"Weather?\"}],\"tools\":%s,\"max_tokens\":100,\"temperature\":0,\"stream\":%s,"
+                 "\"stream_options\":{\"include_usage\":true},\"chat_template_kwargs\":{\"enable_thinking\":false}}", WEATHER_TOOLS, s ? "true" : "false");
+        CHECK(http(p, "POST", "/v1/chat/completions", NULL, body, &r) == 0);
+        CHECK_EQ_INT(r.status, 200);
+        char names[2][64] = {"", ""}, args[2][256] = {"", ""}, ids[2][64] = {"", ""}, content[256] = "", finish[32] = "";
+        int ncalls = 0;
+        if (!s) {
+            j = json_of(&r);
+            cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0), *m = cJSON_GetObjectItem(c, "message"), *x;
+            snprintf(finish, sizeof finish, "%s", cJSON_GetStringValue(cJSON_GetObjectItem(c, "finish_reason")) ? cJSON_GetStringValue(cJSON_GetObjectItem(c, "finish_reason")) : "");
+            snprintf(content, sizeof content, "%s", cJSON_GetStringValue(cJSON_GetObjectItem(m, "content")) ? cJSON_GetStringValue(cJSON_GetObjectItem(m, "content")) : "(null)");
+            cJSON_ArrayForEach(x, cJSON_GetObjectItem(m, "tool_calls")) if (ncalls < 2) {
+                cJSON *f = cJSON_GetObjectItem(x, "function");
+                snprintf(names[ncalls], 64, "%s", cJSON_GetStringValue(cJSON_GetObjectItem(f, "name")));
+                snprintf(args[ncalls], 256, "%s", cJSON_GetStringValue(cJSON_GetObjectItem(f, "arguments")));
+                snprintf(ids[ncalls], 64, "%s", cJSON_GetStringValue(cJSON_GetObjectItem(x, "id")));
+                CHECK(!strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(x, "type")), "function"));
+                ncalls++;
+            }
+            cJSON_Delete(j);
+        } else { /* SSE: each call arrives whole in one delta, with its index, id and type */
+            CHECK(strstr(r.body, "data: [DONE]\n\n") != NULL);
+            for (char *q = r.body; (q = strstr(q, "data: {")) != NULL; q += 6) {
+                char *end = strstr(q, "\n\n");
+                cJSON *ev = cJSON_ParseWithLength(q + 6, (size_t)(end - q - 6)), *c = cJSON_GetArrayItem(cJSON_GetObjectItem(ev, "choices"), 0);
+                cJSON *d = cJSON_GetObjectItem(c, "delta"), *x;
+                const char *f = cJSON_GetStringValue(cJSON_GetObjectItem(c, "finish_reason"));
+                if (f) snprintf(finish, sizeof finish, "%s", f);
+                if (cJSON_GetStringValue(cJSON_GetObjectItem(d, "content"))) strncat(content, cJSON_GetStringValue(cJSON_GetObjectItem(d, "content")), 100);
+                cJSON_ArrayForEach(x, cJSON_GetObjectItem(d, "tool_calls")) {
+                    int ix = cJSON_GetObjectItem(x, "index") ? cJSON_GetObjectItem(x, "index")->valueint : -1;
+                    CHECK_EQ_INT(ix, ncalls);
+                    if (ncalls < 2 && ix == ncalls) {
+                        cJSON *fn2 = cJSON_GetObjectItem(x, "function");
+                        snprintf(names[ncalls], 64, "%s", cJSON_GetStringValue(cJSON_GetObjectItem(fn2, "name")));
+                        snprintf(args[ncalls], 256, "%s", cJSON_GetStringValue(cJSON_GetObjectItem(fn2, "arguments")));
+                        snprintf(ids[ncalls], 64, "%s", cJSON_GetStringValue(cJSON_GetObjectItem(x, "id")));
+                        ncalls++;
+                    }
+                }
+                cJSON_Delete(ev);
+            }
+        }
+        CHECK_MSG(ncalls == 2 && !strcmp(names[0], "get_weather") && !strcmp(args[0], "{\"city\":\"Paris\",\"days\":3}") && !strcmp(names[1], "get_weather") &&
+                      !strcmp(args[1], "{\"city\":\"Rome\"}") && ids[0][0] && strcmp(ids[0], ids[1]),
+                  "stream %d: %d calls: %s %s / %s %s", s, ncalls, names[0], args[0], names[1], args[1]);
+        CHECK_MSG(!strcmp(content, "I will check."), "stream %d: content \"%s\"", s, content);
+        CHECK_MSG(!strcmp(finish, "tool_calls"), "stream %d: finish %s", s, finish);
+        reply_free(&r);
+    }
+    /* without tools in the request the same text is plain content */
+    CHECK(http(p, "POST", "/v1/chat/completions", NULL, "{\"messages\":[{\"role\":\"user\",\"content\":\"Weather?\"}],\"max_tokens\":100,\"chat_template_kwargs\":{\"enable_thinking\":false}}", &r) == 0);
+    CHECK_MSG(strstr(r.body, "\"content\":\"I will check.<tool_call>get_weather<arg_key>city") && strstr(r.body, "\"finish_reason\":\"stop\"") && !strstr(r.body, "\"tool_calls\""),
+              "no tools: %s", r.body);
+    reply_free(&r);
+    serve_stop(sv);
+    serve_free(sv);
+}
+
+/* log-softmax of a row in double, the server's undecodable ids left out */
+static void log_softmax_masked(const float *l, int V, double *out) {
+    double m = -INFINITY, z = 0;
+    for (int i = 0; i < V; i++) {
+        size_t n = 0;
+        out[i] = tok_id_to_bytes(g_tok, i, &n) ? l[i] : -INFINITY;
+        if (out[i] > m) m = out[i];
+    }
+    for (int i = 0; i < V; i++) z += exp(out[i] - m);
+    for (int i = 0; i < V; i++) out[i] -= m + log(z);
+}
+
+/* logprobs are the model's: for a prompt's first sampled token they equal the log-softmax of
+ * the engine's logits for that prompt (computed here alone), the top alternatives are the
+ * highest of them in order; at temperature 0 the chosen token is the top one; a stream carries
+ * the same numbers; completions' logprobs integer gives the legacy shape. */
+TEST(serve, logprobs_are_the_models) {
+    serve_opts o = {.parallel = 4};
+    serve *sv = start(&o);
+    if (!sv) return;
+    int p = serve_port(sv);
+    reply r;
+    const char *b = "{\"prompt\":[630,2095,482,1486],\"max_tokens\":6,\"temperature\":0.8,\"seed\":11,\"logprobs\":4,\"return_token_ids\":true,\"ignore_eos\":true}";
+    CHECK(http(p, "POST", "/v1/completions", NULL, b, &r) == 0);
+    CHECK_EQ_INT(r.status, 200);
+    cJSON *j = json_of(&r), *c = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0), *lp = cJSON_GetObjectItem(c, "logprobs");
+    int32_t ids[8];
+    int n = ids_of(cJSON_GetObjectItem(c, "token_ids"), ids, 8);
+    CHECK_EQ_INT(n, 6);
+    CHECK_EQ_INT(cJSON_GetArraySize(cJSON_GetObjectItem(lp, "tokens")), 6);
+    CHECK_EQ_INT(cJSON_GetArraySize(cJSON_GetObjectItem(lp, "top_logprobs")), 6);
+    CHECK_EQ_INT(cJSON_GetArraySize(cJSON_GetArrayItem(cJSON_GetObjectItem(lp, "top_logprobs"), 0)), 4); /* {token: logprob} */
+    double lp0 = cJSON_GetArrayItem(cJSON_GetObjectItem(lp, "token_logprobs"), 0)->valuedouble;
+    char *text = strdup(cJSON_GetStringValue(cJSON_GetObjectItem(c, "text")));
+    int off5 = cJSON_GetArrayItem(cJSON_GetObjectItem(lp, "text_offset"), 5)->valueint;
+    cJSON_Delete(j);
+    reply_free(&r);
+    /* the same in a stream: the entries concatenated */
+    char sb[512];
+    snprintf(sb, sizeof sb, "%.*s,\"stream\":true}", (int)strlen(b) - 1, b);
+    CHECK(http(p, "POST", "/v1/completions", NULL, sb, &r) == 0);
+    double slp[8];
+    int ns = 0;
+    for (char *q = r.body; (q = strstr(q, "data: {")) != NULL; q += 6) {
+        char *end = strstr(q, "\n\n");
+        cJSON *ev = cJSON_ParseWithLength(q + 6, (size_t)(end - q - 6)), *x;
+        cJSON_ArrayForEach(x, cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(ev, "choices"), 0), "logprobs"), "token_logprobs")) if (ns < 8) slp[ns++] = x->valuedouble;
+        cJSON_Delete(ev);
+    }
+    CHECK_EQ_INT(ns, 6);
+    CHECK(ns > 0 && slp[0] == lp0);
+    reply_free(&r);
+    /* chat, greedy: the chosen token is the first of the top alternatives */
+    CHECK(http(p, "POST", "/v1/chat/completions", NULL, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":5,\"temperature\":0,\"logprobs\":true,\"top_logprobs\":3}", &r) == 0);
+    j = json_of(&r);
+    cJSON *ct = cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0), "logprobs"), "content"), *x;
+    int k = 0;
+    cJSON_ArrayForEach(x, ct) {
+        cJSON *top = cJSON_GetObjectItem(x, "top_logprobs");
+        CHECK_EQ_INT(cJSON_GetArraySize(top), 3);
+        CHECK(cJSON_GetObjectItem(cJSON_GetArrayItem(top, 0), "logprob")->valuedouble == cJSON_GetObjectItem(x, "logprob")->valuedouble);
+        CHECK(!strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(cJSON_GetArrayItem(top, 0), "token")), cJSON_GetStringValue(cJSON_GetObjectItem(x, "token"))));
+        CHECK(cJSON_GetObjectItem(cJSON_GetArrayItem(top, 1), "logprob")->valuedouble <= cJSON_GetObjectItem(cJSON_GetArrayItem(top, 0), "logprob")->valuedouble);
+        CHECK(cJSON_IsArray(cJSON_GetObjectItem(x, "bytes")));
+        k++;
+    }
+    CHECK_EQ_INT(k, 5);
+    cJSON_Delete(j);
+    reply_free(&r);
+    serve_stop(sv);
+    serve_free(sv);
+    /* the engine's own distribution for the first token */
+    int V = petrel_engine_vocab_size(g_eng);
+    float *lg = malloc(sizeof(float) * (size_t)V);
+    double *ls = malloc(sizeof(double) * (size_t)V);
+    petrel_session *s = NULL;
+    petrel_error e = {0};
+    const int32_t pr[4] = {630, 2095, 482, 1486};
+    CHECK(petrel_session_create(g_eng, 16, &s, &e) == 0 && petrel_session_forward(s, pr, 4, lg, 0, &e) == 0);
+    log_softmax_masked(lg, V, ls);
+    CHECK_MSG(fabs(ls[ids[0]] - lp0) < 1e-5, "first token %d: logprob %.7f, the model's %.7f", ids[0], lp0, ls[ids[0]]);
+    /* text_offset counts the bytes of the tokens before */
+    size_t o5 = 0, bn = 0;
+    for (int t = 0; t < 5; t++) o5 += tok_id_to_bytes(g_tok, ids[t], &bn) ? bn : 0;
+    CHECK_EQ_INT(off5, (int)o5);
+    CHECK(text && strlen(text) >= o5);
+    petrel_session_free(s);
+    free(lg);
+    free(ls);
+    free(text);
+}
+
+typedef struct nres { int32_t ids[4][64]; int n[4]; char text[4][2048]; int usage_out; } nres;
+static void n_request(int port, const char *body, int stream, int nc, nres *o) {
+    memset(o, 0, sizeof *o);
+    reply r;
+    if (http(port, "POST", "/v1/completions", NULL, body, &r) || r.status != 200) { test_fail(__FILE__, __LINE__, "n request: %d %s", r.status, r.body ? r.body : ""); reply_free(&r); return; }
+    if (!stream) {
+        cJSON *j = json_of(&r), *c;
+        cJSON_ArrayForEach(c, cJSON_GetObjectItem(j, "choices")) {
+            int i = cJSON_GetObjectItem(c, "index")->valueint;
+            if (i < 0 || i >= nc) { test_fail(__FILE__, __LINE__, "index %d", i); continue; }
+            o->n[i] = ids_of(cJSON_GetObjectItem(c, "token_ids"), o->ids[i], 64);
+            snprintf(o->text[i], sizeof o->text[i], "%s", cJSON_GetStringValue(cJSON_GetObjectItem(c, "text")));
+        }
+        o->usage_out = cJSON_GetObjectItem(cJSON_GetObjectItem(j, "usage"), "completion_tokens")->valueint;
+        cJSON_Delete(j);
+    } else {
+        int finished[4] = {0, 0, 0, 0};
+        for (char *q = r.body; (q = strstr(q, "data: {")) != NULL; q += 6) {
+            char *end = strstr(q, "\n\n");
+            cJSON *ev = cJSON_ParseWithLength(q + 6, (size_t)(end - q - 6)), *c = cJSON_GetArrayItem(cJSON_GetObjectItem(ev, "choices"), 0), *x;
+            cJSON *u = cJSON_GetObjectItem(ev, "usage");
+            if (u) o->usage_out = cJSON_GetObjectItem(u, "completion_tokens")->valueint;
+            if (c) {
+                int i = cJSON_GetObjectItem(c, "index")->valueint;
+                if (i >= 0 && i < nc) {
+                    cJSON_ArrayForEach(x, cJSON_GetObjectItem(c, "token_ids")) if (o->n[i] < 64) o->ids[i][o->n[i]++] = x->valueint;
+                    const char *t = cJSON_GetStringValue(cJSON_GetObjectItem(c, "text"));
+                    if (t) strncat(o->text[i], t, sizeof o->text[i] - strlen(o->text[i]) - 1);
+                    if (cJSON_GetStringValue(cJSON_GetObjectItem(c, "finish_reason"))) finished[i]++;
+                }
+            }
+            cJSON_Delete(ev);
+        }
+        for (int i = 0; i < nc; i++) CHECK_MSG(finished[i] == 1, "choice %d: %d finish chunks", i, finished[i]);
+        CHECK(strstr(r.body, "data: [DONE]\n\n") != NULL);
+    }
+    reply_free(&r);
+}
+
+/* n > 1: choice i of a seeded request is the n = 1 request with seed + i, token for token (the
+ * choices fork the prompt's KV copy-on-write and decode in the same forwards), JSON and SSE;
+ * greedy choices are all the greedy text; usage sums the choices. */
+TEST(serve, n_choices_fork) {
+    serve_opts o = {.parallel = 4};
+    serve *sv = start(&o);
+    if (!sv) return;
+    int p = serve_port(sv);
+    char body[512];
+    nres alone[3], multi;
+    for (int i = 0; i < 3; i++) {
+        snprintf(body, sizeof body, "{\"prompt\":\"The os module provides\",\"max_tokens\":20,\"temperature\":0.9,\"top_p\":0.95,\"seed\":%d,\"ignore_eos\":true,\"return_token_ids\":true}", 40 + i);
+        n_request(p, body, 0, 1, &alone[i]);
+    }
+    CHECK_MSG(alone[0].n[0] != alone[1].n[0] || memcmp(alone[0].ids[0], alone[1].ids[0], sizeof(int32_t) * 20), "seeds 40 and 41 sampled the same text");
+    long f0 = metric(p, "petrel_forwards_total");
+    for (int stream = 0; stream < 2; stream++) {
+        snprintf(body, sizeof body, "{\"prompt\":\"The os module provides\",\"max_tokens\":20,\"temperature\":0.9,\"top_p\":0.95,\"seed\":40,\"n\":3,\"ignore_eos\":true,"
+                 "\"return_token_ids\":true,\"stream\":%s,\"stream_options\":{\"include_usage\":true}}", stream ? "true" : "false");
+        n_request(p, body, stream, 3, &multi);
+        for (int i = 0; i < 3; i++)
+            CHECK_MSG(multi.n[i] == 20 && alone[i].n[0] == 20 && !memcmp(multi.ids[i], alone[i].ids[0], sizeof(int32_t) * 20) && !strcmp(multi.text[i], alone[i].text[0]),
+                      "stream %d choice %d: \"%s\" vs alone \"%s\"", stream, i, multi.text[i], alone[i].text[0]);
+        CHECK_EQ_INT(multi.usage_out, 60);
+    }
+    long f1 = metric(p, "petrel_forwards_total");
+    CHECK_MSG(f1 - f0 <= 2 * 21, "%ld forwards for two requests of 3 x 20 tokens: the choices are not batched", f1 - f0);
+    n_request(p, "{\"prompt\":\"import sys\",\"max_tokens\":12,\"temperature\":0,\"n\":2,\"ignore_eos\":true,\"return_token_ids\":true}", 0, 2, &multi);
+    n_request(p, "{\"prompt\":\"import sys\",\"max_tokens\":12,\"temperature\":0,\"ignore_eos\":true,\"return_token_ids\":true}", 0, 1, &alone[0]);
+    for (int i = 0; i < 2; i++) CHECK(multi.n[i] == 12 && !memcmp(multi.ids[i], alone[0].ids[0], sizeof(int32_t) * 12));
+    /* n = 4 (all of --parallel) beside other requests, and max_tokens 0 */
+    n_request(p, "{\"prompt\":\"def\",\"max_tokens\":5,\"n\":4,\"seed\":1}", 0, 4, &multi);
+    CHECK_EQ_INT(multi.usage_out, 20);
+    n_request(p, "{\"prompt\":\"def\",\"max_tokens\":0,\"n\":3}", 0, 3, &multi);
+    CHECK_EQ_INT(multi.usage_out, 0);
+    CHECK_ERROR(p, "POST", "/v1/completions", NULL, "{\"prompt\":\"x\",\"n\":5}", 400, NULL, "n");
+    /* a dropped n = 3 stream gives its three places back: an n = 4 request then runs */
+    const char *drop = "{\"prompt\":\"The os module provides\",\"max_tokens\":1000,\"n\":3,\"ignore_eos\":true,\"stream\":true}";
+    int fd = connect_to(p);
+    char buf[256];
+    CHECK(fd >= 0 && send_req(fd, "POST", "/v1/completions", NULL, drop, strlen(drop)) == 0 && recv(fd, buf, sizeof buf, 0) > 0);
+    if (fd >= 0) close(fd);
+    long g0 = metric(p, "petrel_generation_tokens_total");
+    n_request(p, "{\"prompt\":\"def\",\"max_tokens\":5,\"n\":4,\"ignore_eos\":true}", 0, 4, &multi);
+    CHECK_EQ_INT(multi.usage_out, 20);
+    CHECK_MSG(metric(p, "petrel_generation_tokens_total") - g0 < 1000, "the dropped choices ran on");
+    long running = -1;
+    for (int t = 0; t < 100 && running != 0; t++) {
+        running = metric(p, "petrel_running_sequences");
+        if (running) usleep(10000);
+    }
+    CHECK_EQ_INT(running, 0);
+    serve_stop(sv);
+    serve_free(sv);
+}
+
+typedef struct c64 { int port; char body[512]; int status, rc; sse_out out; } c64;
+static void *c64_main(void *p) {
+    c64 *a = p;
+    reply r;
+    a->rc = http(a->port, "POST", "/v1/completions", NULL, a->body, &r);
+    if (a->rc) return NULL;
+    a->status = r.status;
+    a->rc = parse_sse(r.body, r.body_len, 0, &a->out);
+    reply_free(&r);
+    return NULL;
+}
+
+/* 64 concurrent streaming clients at temperature 0 against `petrel serve` on a pack under
+ * --mem-budget 128M: every stream equals the same request made alone (row independence),
+ * framed exactly, nothing lost (the budget's KV pool is 66 pages; each request takes one), and
+ * the server's peak RSS, read from /proc outside it, stays under the budget (measured: 36 MiB). */
+TEST(serve, clients_64_equal_alone_under_budget) {
+    const char *bin = getenv("PETREL_BIN");
+    if (!bin) { test_skip("PETREL_BIN unset (make test sets it)"); return; }
+    const char *pk = test_pack_of("trained", CVQ_Q8);
+    if (!pk) return;
+    int pfd[2];
+    if (pipe(pfd)) { test_fail(__FILE__, __LINE__, "pipe"); return; }
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(pfd[1], 1);
+        close(pfd[0]);
+        execl(bin, bin, "serve", "--model", pk, "--mem-budget", "128M", "--parallel", "64", "--port", "0", (char *)NULL);
+        _exit(127);
+    }
+    close(pfd[1]);
+    char line[512] = "";
+    size_t n = 0;
+    while (n < sizeof line - 1 && read(pfd[0], line + n, 1) == 1 && line[n] != '\n') n++;
+    line[n] = 0;
+    char *u = strstr(line, "http://127.0.0.1:");
+    int port = u ? atoi(u + 17) : 0;
+    CHECK_MSG(port > 0, "no URL line: \"%s\"", line);
+    if (port > 0) {
+        static c64 alone[64], conc[64];
+        for (int i = 0; i < 64; i++) {
+            alone[i].port = port;
+            snprintf(alone[i].body, sizeof alone[i].body, "{\"prompt\":\"%s\",\"max_tokens\":%d,\"temperature\":0,\"ignore_eos\":true,\"stream\":true,"
+                     "\"stream_options\":{\"include_usage\":true},\"return_token_ids\":true}", conc_prompts[i % N_CONC], 8 + (i * 5) % 24);
+            conc[i] = alone[i];
+        }
+        for (int i = 0; i < 64; i++) c64_main(&alone[i]);
+        pthread_t th[64];
+        for (int i = 0; i < 64; i++) pthread_create(&th[i], NULL, c64_main, &conc[i]);
+        for (int i = 0; i < 64; i++) pthread_join(th[i], NULL);
+        int same = 0;
+        for (int i = 0; i < 64; i++) {
+            sse_out *a = &alone[i].out, *c = &conc[i].out;
+            int ok = alone[i].rc == 0 && conc[i].rc == 0 && alone[i].status == 200 && conc[i].status == 200 && a->n_ids == 8 + (i * 5) % 24 &&
+                     c->n_ids == a->n_ids && !memcmp(a->ids, c->ids, sizeof(int32_t) * (size_t)a->n_ids) && !strcmp(a->text, c->text) &&
+                     c->completion_tokens == c->n_ids && !strcmp(c->finish, "length");
+            CHECK_MSG(ok, "client %d: rc %d/%d status %d/%d, %d vs %d ids", i, alone[i].rc, conc[i].rc, alone[i].status, conc[i].status, a->n_ids, c->n_ids);
+            same += ok;
+        }
+        CHECK_EQ_INT(same, 64);
+        reply r;
+        CHECK(http(port, "GET", "/metrics", NULL, NULL, &r) == 0 && strstr(r.body, "petrel_requests_total{result=\"ok\"} 128\n") && strstr(r.body, "{result=\"error\"} 0\n"));
+        reply_free(&r);
+        char path[64], st[4096] = "";
+        snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+        FILE *f = fopen(path, "r");
+        size_t got = f ? fread(st, 1, sizeof st - 1, f) : 0;
+        if (f) fclose(f);
+        st[got] = 0;
+        char *h = strstr(st, "VmHWM:");
+        long kb = h ? strtol(h + 6, NULL, 10) : -1;
+        CHECK_MSG(kb > 0 && kb < 128 * 1024, "peak RSS %ld KiB, budget 131072 KiB", kb);
+    }
+    kill(pid, SIGTERM);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "exit status %d", status);
+    close(pfd[0]);
+}
+
+/* Connections over --max-connections get an OpenAI 503 body (code too_many_connections), not a
+ * closed socket; once the others close, requests are served again. */
+TEST(serve, too_many_connections) {
+    serve_opts o = {.max_connections = 2, .parallel = 2};
+    serve *sv = start(&o);
+    if (!sv) return;
+    int p = serve_port(sv);
+    const char *body = "{\"prompt\":\"The os module provides\",\"max_tokens\":1000,\"temperature\":0,\"ignore_eos\":true,\"stream\":true}";
+    int fd[2];
+    char buf[256];
+    for (int k = 0; k < 2; k++) {
+        fd[k] = connect_to(p);
+        CHECK(fd[k] >= 0 && send_req(fd[k], "POST", "/v1/completions", NULL, body, strlen(body)) == 0 && recv(fd[k], buf, sizeof buf, 0) > 0);
+    }
+    CHECK_ERROR(p, "GET", "/health", NULL, NULL, 503, "too_many_connections", NULL);
+    CHECK_ERROR(p, "POST", "/v1/completions", NULL, "{\"prompt\":\"x\"}", 503, "too_many_connections", NULL);
+    for (int k = 0; k < 2; k++)
+        if (fd[k] >= 0) close(fd[k]);
+    int status = 0;
+    for (int t = 0; t < 200 && status != 200; t++) { /* the daemon notices the closed ones */
+        reply r;
+        if (http(p, "GET", "/health", NULL, NULL, &r) == 0) status = r.status;
+        reply_free(&r);
+        if (status != 200) usleep(10000);
+    }
+    CHECK_EQ_INT(status, 200);
+    serve_stop(sv);
+    serve_free(sv);
 }

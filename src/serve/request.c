@@ -109,6 +109,106 @@ static int flatten_content(const cJSON *c, int k, char **out, petrel_error *err)
     return 0;
 }
 
+/* An assistant message's tool_calls: [{id?, type?: "function", function: {name, arguments}}],
+ * arguments a JSON object or its text; copied into o with arguments as an object. */
+static int copy_tool_calls(const cJSON *tc, int k, cJSON *o, petrel_error *err) {
+    if (!cJSON_IsArray(tc)) return pt_err(err, PETREL_EINVAL, "messages[%d].tool_calls must be an array", k);
+    cJSON *arr = cJSON_AddArrayToObject(o, "tool_calls");
+    if (!arr) return pt_err(err, PETREL_ENOMEM, "out of memory");
+    int i = 0;
+    const cJSON *c;
+    cJSON_ArrayForEach(c, tc) {
+        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(c, "type"), *f = cJSON_GetObjectItemCaseSensitive(c, "function");
+        const cJSON *id = cJSON_GetObjectItemCaseSensitive(c, "id");
+        if (!cJSON_IsObject(c) || !cJSON_IsObject(f))
+            return pt_err(err, PETREL_EINVAL, "messages[%d].tool_calls[%d] must be an object with a 'function' object", k, i);
+        if (ty && !cJSON_IsNull(ty) && !(cJSON_IsString(ty) && !strcmp(ty->valuestring, "function")))
+            return pt_err(err, PETREL_EINVAL, "messages[%d].tool_calls[%d].type must be \"function\"", k, i);
+        if (id && !cJSON_IsNull(id) && !cJSON_IsString(id)) return pt_err(err, PETREL_EINVAL, "messages[%d].tool_calls[%d].id must be a string", k, i);
+        const cJSON *nm = cJSON_GetObjectItemCaseSensitive(f, "name"), *ar = cJSON_GetObjectItemCaseSensitive(f, "arguments");
+        if (!cJSON_IsString(nm) || !nm->valuestring[0]) return pt_err(err, PETREL_EINVAL, "messages[%d].tool_calls[%d].function.name must be a non-empty string", k, i);
+        cJSON *args = NULL;
+        if (cJSON_IsString(ar)) {
+            args = ar->valuestring[0] ? cJSON_Parse(ar->valuestring) : cJSON_CreateObject();
+            if (!cJSON_IsObject(args)) {
+                cJSON_Delete(args);
+                return pt_err(err, PETREL_EINVAL, "messages[%d].tool_calls[%d].function.arguments is not the text of a JSON object", k, i);
+            }
+        } else if (cJSON_IsObject(ar)) args = cJSON_Duplicate(ar, 1);
+        else if (!ar || cJSON_IsNull(ar)) args = cJSON_CreateObject();
+        else return pt_err(err, PETREL_EINVAL, "messages[%d].tool_calls[%d].function.arguments must be a string (JSON text) or an object", k, i);
+        cJSON *co = cJSON_CreateObject(), *fo = co ? cJSON_AddObjectToObject(co, "function") : NULL;
+        if (!args || !fo || (cJSON_IsString(id) && !cJSON_AddStringToObject(co, "id", id->valuestring)) || !cJSON_AddStringToObject(co, "type", "function") ||
+            !cJSON_AddStringToObject(fo, "name", nm->valuestring)) {
+            cJSON_Delete(args);
+            cJSON_Delete(co);
+            return pt_err(err, PETREL_ENOMEM, "out of memory");
+        }
+        cJSON_AddItemToObject(fo, "arguments", args);
+        cJSON_AddItemToArray(arr, co);
+        i++;
+    }
+    return 0;
+}
+
+/* tools: [{type: "function", function: {name, description?, parameters?}}] (kept as given). */
+static int parse_tools(const cJSON *j, serve_request *r, char *param, petrel_error *err) {
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, "tools"), *tc = cJSON_GetObjectItemCaseSensitive(j, "tool_choice");
+    int nt = 0;
+    if (t && !cJSON_IsNull(t) && !(cJSON_IsArray(t) && cJSON_GetArraySize(t) == 0)) {
+        PARAM(param, "tools");
+        if (!r->chat) return pt_err(err, PETREL_EINVAL, "'tools' is for /v1/chat/completions");
+        if (!cJSON_IsArray(t)) return pt_err(err, PETREL_EINVAL, "'tools' must be an array of tools");
+        nt = cJSON_GetArraySize(t);
+        if (nt > SERVE_MAX_TOOLS) return pt_err(err, PETREL_EINVAL, "'tools' holds %d tools, at most %d are allowed", nt, SERVE_MAX_TOOLS);
+        int i = 0;
+        const cJSON *e;
+        cJSON_ArrayForEach(e, t) {
+            const cJSON *ty = cJSON_GetObjectItemCaseSensitive(e, "type"), *f = cJSON_GetObjectItemCaseSensitive(e, "function");
+            if (!cJSON_IsObject(e) || !cJSON_IsString(ty) || strcmp(ty->valuestring, "function"))
+                return pt_err(err, PETREL_EINVAL, "tools[%d] must be {\"type\": \"function\", \"function\": {...}}", i);
+            const cJSON *nm = cJSON_GetObjectItemCaseSensitive(f, "name"), *d = cJSON_GetObjectItemCaseSensitive(f, "description"),
+                        *pa = cJSON_GetObjectItemCaseSensitive(f, "parameters");
+            if (!cJSON_IsObject(f) || !cJSON_IsString(nm) || !nm->valuestring[0])
+                return pt_err(err, PETREL_EINVAL, "tools[%d].function must be an object with a non-empty string 'name'", i);
+            if (d && !cJSON_IsNull(d) && !cJSON_IsString(d)) return pt_err(err, PETREL_EINVAL, "tools[%d].function.description must be a string", i);
+            if (pa && !cJSON_IsNull(pa) && !cJSON_IsObject(pa)) return pt_err(err, PETREL_EINVAL, "tools[%d].function.parameters must be a JSON schema object", i);
+            i++;
+        }
+        if (nt && !(r->tools = cJSON_Duplicate(t, 1))) return pt_err(err, PETREL_ENOMEM, "out of memory");
+        PARAM(param, "");
+    }
+    r->tool_choice = nt ? SERVE_TOOLS_AUTO : SERVE_TOOLS_NONE;
+    if (!tc || cJSON_IsNull(tc)) return 0;
+    PARAM(param, "tool_choice");
+    if (cJSON_IsString(tc)) {
+        const char *v = tc->valuestring;
+        if (!strcmp(v, "none")) r->tool_choice = SERVE_TOOLS_NONE;
+        else if (!strcmp(v, "auto")) r->tool_choice = nt ? SERVE_TOOLS_AUTO : SERVE_TOOLS_NONE;
+        else if (!strcmp(v, "required")) {
+            if (!nt) return pt_err(err, PETREL_EINVAL, "'tool_choice' is \"required\" but no 'tools' are given");
+            r->tool_choice = SERVE_TOOLS_REQUIRED;
+        } else
+            return pt_err(err, PETREL_EINVAL, "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}");
+    } else {
+        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(tc, "type"), *f = cJSON_GetObjectItemCaseSensitive(tc, "function");
+        const cJSON *nm = cJSON_GetObjectItemCaseSensitive(f, "name");
+        if (!cJSON_IsObject(tc) || !cJSON_IsString(ty) || strcmp(ty->valuestring, "function") || !cJSON_IsString(nm))
+            return pt_err(err, PETREL_EINVAL, "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}");
+        int found = 0;
+        const cJSON *e;
+        cJSON_ArrayForEach(e, r->tools) {
+            const cJSON *n2 = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(e, "function"), "name");
+            if (cJSON_IsString(n2) && !strcmp(n2->valuestring, nm->valuestring)) found = 1;
+        }
+        if (!found) return pt_err(err, PETREL_EINVAL, "'tool_choice' names the function \"%.100s\", which is not in 'tools'", nm->valuestring);
+        if (!(r->tool_name = dup_n(nm->valuestring, strlen(nm->valuestring)))) return pt_err(err, PETREL_ENOMEM, "out of memory");
+        r->tool_choice = SERVE_TOOLS_NAMED;
+    }
+    PARAM(param, "");
+    return 0;
+}
+
 static int parse_messages(const cJSON *m, serve_request *r, char *param, petrel_error *err) {
     PARAM(param, "messages");
     if (!cJSON_IsArray(m)) return pt_err(err, PETREL_EINVAL, "'messages' must be an array of messages");
@@ -125,9 +225,6 @@ static int parse_messages(const cJSON *m, serve_request *r, char *param, petrel_
         if (!strcmp(rs, "developer")) rs = "system";
         if (strcmp(rs, "system") && strcmp(rs, "user") && strcmp(rs, "assistant") && strcmp(rs, "tool"))
             return pt_err(err, PETREL_EINVAL, "messages[%d].role \"%.40s\" is not system, developer, user, assistant or tool", k, role->valuestring);
-        const cJSON *tc = cJSON_GetObjectItemCaseSensitive(e, "tool_calls");
-        if (tc && !cJSON_IsNull(tc) && !(cJSON_IsArray(tc) && cJSON_GetArraySize(tc) == 0))
-            return pt_err(err, PETREL_EINVAL, "messages[%d].tool_calls: tool calls are not supported yet", k);
         char *content = NULL;
         if (flatten_content(cJSON_GetObjectItemCaseSensitive(e, "content"), k, &content, err)) return PETREL_EINVAL;
         cJSON *o = cJSON_CreateObject();
@@ -143,6 +240,16 @@ static int parse_messages(const cJSON *m, serve_request *r, char *param, petrel_
             if (!cJSON_AddStringToObject(o, "reasoning_content", rc->valuestring)) { cJSON_Delete(o); return pt_err(err, PETREL_ENOMEM, "out of memory"); }
         }
         cJSON_AddItemToArray(r->messages, o);
+        const cJSON *tc = cJSON_GetObjectItemCaseSensitive(e, "tool_calls");
+        if (tc && !cJSON_IsNull(tc) && !(cJSON_IsArray(tc) && cJSON_GetArraySize(tc) == 0)) {
+            if (strcmp(rs, "assistant")) return pt_err(err, PETREL_EINVAL, "messages[%d].tool_calls: only assistant messages hold tool calls", k);
+            if (copy_tool_calls(tc, k, o, err)) return PETREL_EINVAL;
+        }
+        const cJSON *tid = cJSON_GetObjectItemCaseSensitive(e, "tool_call_id");
+        if (tid && !cJSON_IsNull(tid)) {
+            if (!cJSON_IsString(tid)) return pt_err(err, PETREL_EINVAL, "messages[%d].tool_call_id must be a string", k);
+            if (!cJSON_AddStringToObject(o, "tool_call_id", tid->valuestring)) return pt_err(err, PETREL_ENOMEM, "out of memory");
+        }
         k++;
     }
     PARAM(param, "");
@@ -241,18 +348,25 @@ static int parse_obj(const cJSON *j, int chat, serve_request *r, char *param, pe
         r->sp.seed = d < 0 ? (uint64_t)(int64_t)d : (uint64_t)d;
     }
     long n = 1;
-    if (get_int(j, "n", 1, 1 << 20, &n, NULL, param, err)) return PETREL_EINVAL;
-    if (n != 1) { PARAM(param, "n"); return pt_err(err, PETREL_EINVAL, "'n' > 1 is not supported yet (send %ld requests)", n); }
-    const cJSON *lp = cJSON_GetObjectItemCaseSensitive(j, "logprobs");
-    if (lp && !cJSON_IsNull(lp) && !cJSON_IsFalse(lp) && !(cJSON_IsNumber(lp) && lp->valuedouble == 0)) {
-        PARAM(param, "logprobs");
-        return pt_err(err, PETREL_EINVAL, "'logprobs' is not supported yet");
+    if (get_int(j, "n", 1, SERVE_MAX_N, &n, NULL, param, err)) return PETREL_EINVAL;
+    r->n = (int)n;
+    if (chat) { /* logprobs: a boolean; top_logprobs: alternatives per token, needs logprobs */
+        if (get_bool(j, "logprobs", &r->logprobs, param, err)) return PETREL_EINVAL;
+        long tl = 0;
+        int g3 = 0;
+        if (get_int(j, "top_logprobs", 0, SERVE_MAX_TOP_LOGPROBS, &tl, &g3, param, err)) return PETREL_EINVAL;
+        if (g3 && !r->logprobs) { PARAM(param, "top_logprobs"); return pt_err(err, PETREL_EINVAL, "'top_logprobs' needs 'logprobs': true"); }
+        r->top_logprobs = (int)tl;
+    } else { /* completions: logprobs is the number of alternatives (0: the chosen token only) */
+        long lp = 0;
+        int g3 = 0;
+        if (get_int(j, "logprobs", 0, SERVE_MAX_TOP_LOGPROBS, &lp, &g3, param, err)) return PETREL_EINVAL;
+        r->logprobs = g3;
+        r->top_logprobs = (int)lp;
     }
-    const cJSON *tools = cJSON_GetObjectItemCaseSensitive(j, "tools");
-    if (tools && !cJSON_IsNull(tools) && !(cJSON_IsArray(tools) && cJSON_GetArraySize(tools) == 0)) {
-        PARAM(param, "tools");
-        return pt_err(err, PETREL_EINVAL, "'tools' is not supported yet");
-    }
+    if (parse_tools(j, r, param, err)) return PETREL_EINVAL;
+    const cJSON *ptc = cJSON_GetObjectItemCaseSensitive(j, "parallel_tool_calls");
+    if (ptc && !cJSON_IsNull(ptc) && !cJSON_IsBool(ptc)) { PARAM(param, "parallel_tool_calls"); return pt_err(err, PETREL_EINVAL, "'parallel_tool_calls' must be a boolean"); }
     if (parse_stop(cJSON_GetObjectItemCaseSensitive(j, "stop"), r, param, err)) return PETREL_EINVAL;
     if (get_bool(j, "ignore_eos", &r->ignore_eos, param, err)) return PETREL_EINVAL;
     if (get_bool(j, "return_token_ids", &r->return_token_ids, param, err)) return PETREL_EINVAL;
@@ -271,6 +385,7 @@ int serve_request_parse(const char *body, size_t len, int chat, serve_request *r
     r->chat = chat;
     r->enable_thinking = -1;
     r->max_tokens = -1;
+    r->n = 1;
     sampler_params_default(&r->sp);
     r->sp.temperature = 1.0f; /* OpenAI's defaults */
     r->sp.top_k = 0;
@@ -298,6 +413,8 @@ void serve_request_free(serve_request *r) {
     free(r->prompt);
     free(r->prompt_ids);
     cJSON_Delete(r->messages);
+    cJSON_Delete(r->tools);
+    free(r->tool_name);
     for (int k = 0; k < r->n_stop; k++) free(r->stop[k]);
     int chat = r->chat;
     memset(r, 0, sizeof *r);

@@ -3,8 +3,12 @@
  * (fuzz/fuzz_serve_request.c). Every rejection names the field ("param") and says what is
  * wrong; the server turns it into an OpenAI-style 400 body. Unknown fields are ignored (clients
  * send `user`, `logit_bias: null`, ...); known fields with a wrong type or out of range are
- * refused, and so are features petrel does not serve yet (n > 1, logprobs, tools), rather than
- * being silently dropped. */
+ * refused rather than silently dropped.
+ *
+ * Tools (chat only): `tools` is kept as given (a deep copy) for the chat template and for the
+ * argument schemas the tool-call parser reads (src/serve/toolcall.h); an assistant message's
+ * `tool_calls` are copied with `function.arguments` turned from its JSON text into the object
+ * the GLM-5.2 template iterates (a text that is not a JSON object is refused). */
 #ifndef PETREL_SERVE_REQUEST_H
 #define PETREL_SERVE_REQUEST_H
 #include <stddef.h>
@@ -17,6 +21,11 @@
 
 #define SERVE_MAX_STOP 4
 #define SERVE_MAX_STOP_LEN 256
+#define SERVE_MAX_N 128        /* choices per request */
+#define SERVE_MAX_TOP_LOGPROBS 20
+#define SERVE_MAX_TOOLS 128
+
+enum { SERVE_TOOLS_AUTO, SERVE_TOOLS_NONE, SERVE_TOOLS_REQUIRED, SERVE_TOOLS_NAMED };
 
 typedef struct serve_request {
     int chat;                 /* 1: /v1/chat/completions */
@@ -36,6 +45,13 @@ typedef struct serve_request {
     int n_stop;
     int ignore_eos;           /* vLLM's extension: do not stop at eos ids */
     int return_token_ids;     /* vLLM's extension: prompt_token_ids / token_ids in the reply */
+    int n;                    /* choices, 1..SERVE_MAX_N */
+    int logprobs;             /* 1: log probabilities of the chosen tokens */
+    int top_logprobs;         /* 0..SERVE_MAX_TOP_LOGPROBS alternatives per token (chat:
+                                 top_logprobs; completions: the logprobs integer) */
+    cJSON *tools;             /* owned; chat: the tools array, NULL when none (or empty) */
+    int tool_choice;          /* SERVE_TOOLS_*; AUTO when tools are given and it is not */
+    char *tool_name;          /* owned; SERVE_TOOLS_NAMED: the function to call */
 } serve_request;
 
 /* Parses body[0..len) (need not be NUL-terminated). On error returns PETREL_EINVAL with err

@@ -22,10 +22,13 @@
 
 #include "base/sbuf.h"
 #include "base/err.h"
+#include "experts/xs.h"
 #include "model/config.h"
+#include "model/engine.h"
 #include "runtime/chat.h"
 #include "runtime/sampler.h"
 #include "serve/request.h"
+#include "serve/toolcall.h"
 
 
 static double now_s(void) {
@@ -35,6 +38,18 @@ static double now_s(void) {
 }
 
 enum { J_QUEUED, J_RUNNING, J_DONE };
+
+/* What the n choices of one request share: the condition their connection waits on and the
+ * request's tools. Freed with the last of its jobs. */
+typedef struct jgroup {
+    pthread_cond_t cv;
+    int refs;                 /* jobs holding it */
+    cJSON *tools;             /* owned; NULL without tools (or tool_choice none) */
+} jgroup;
+
+typedef struct tcall {
+    char *name, *args;        /* owned */
+} tcall;
 
 typedef struct job {
     struct job *next;         /* queue link */
@@ -60,7 +75,26 @@ typedef struct job {
     char errmsg[1100];
     double t_queued, t_first, t_last;
     long created;             /* unix time of arrival: every chunk's "created" */
-    pthread_cond_t cv;
+    jgroup *g;                /* shared by the request's choices */
+    /* n > 1: choice 0 leads; the others wait unqueued until its prompt is read, then fork its
+     * session (copy-on-write) and sample their first token from the same logits */
+    int choice;
+    struct job **fol;         /* owned array (leader only): the other choices, whose scheduler
+                                 references the leader holds until `forked` */
+    int n_fol, forked;
+    /* tools: the answer text goes through a tool-call parser; calls published under mu */
+    int tools_on;
+    tc_parser tp;
+    tcall *calls;
+    int n_calls, cap_calls;
+    /* tool_choice required / named: these ids are taken instead of samples as soon as the
+     * answer begins (after </think>, or at once without thinking) */
+    int32_t *force;
+    int n_force, force_i, force_state; /* 0 waiting, 1 forcing, 2 done */
+    /* logprobs: per generated token its log probability and the top lp_k alternatives */
+    int lp_on, lp_k;
+    float *lp, *lp_top;       /* [max_new], [max_new][lp_k] */
+    int32_t *lp_top_id;       /* [max_new][lp_k] */
 } job;
 
 typedef struct metrics {
@@ -68,8 +102,12 @@ typedef struct metrics {
     double ttft_sum, itl_sum;
     long ttft_n, itl_n;
     long ttft_le[8];          /* histogram buckets, see ttft_bounds */
+    long itl_le[8];           /* see itl_bounds */
+    long batch_le[10];        /* rows per forward, see batch_bounds */
 } metrics;
 static const double ttft_bounds[8] = {0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
+static const double itl_bounds[8] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1};
+static const int batch_bounds[10] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
 
 struct serve {
     petrel_engine *eng;       /* borrowed */
@@ -89,6 +127,7 @@ struct serve {
     job **run;                /* [parallel] */
     int n_run;
     int stopping;
+    int n_conn;               /* open connections (on_connection) */
     long next_id;
     metrics m;
     pthread_t sched;
@@ -99,6 +138,7 @@ struct serve {
     petrel_row *rows;
     job **row_job;
     float *lg;                /* [parallel][V] */
+    float *lp_row, *fork_row; /* [V] each: a row kept for logprobs, a copy for a forked choice */
 };
 
 /* ---------- jobs ---------- */
@@ -114,7 +154,19 @@ static void job_release_locked(serve *sv, job *j) {
     free(j->hold.p);
     free(j->content.p);
     free(j->reasoning.p);
-    pthread_cond_destroy(&j->cv);
+    tc_free(&j->tp);
+    for (int k = 0; k < j->n_calls; k++) free(j->calls[k].name), free(j->calls[k].args);
+    free(j->calls);
+    free(j->force);
+    free(j->lp);
+    free(j->lp_top);
+    free(j->lp_top_id);
+    free(j->fol);
+    if (j->g && --j->g->refs == 0) {
+        pthread_cond_destroy(&j->g->cv);
+        cJSON_Delete(j->g->tools);
+        free(j->g);
+    }
     free(j);
 }
 
@@ -124,14 +176,23 @@ static void job_finish_locked(serve *sv, job *j, const char *finish, int status,
     if (status) {
         j->err_status = status;
         snprintf(j->errmsg, sizeof j->errmsg, "%s", msg ? msg : "internal error");
-        sv->m.requests_err++;
+        if (j->choice == 0) sv->m.requests_err++; /* a request counts once, by its first choice */
     } else {
-        j->finish = finish;
-        sv->m.requests_ok++;
+        j->finish = j->n_calls && !strcmp(finish, "stop") ? "tool_calls" : finish;
+        if (j->choice == 0) sv->m.requests_ok++;
     }
     j->done = 1;
     j->state = J_DONE;
-    pthread_cond_broadcast(&j->cv);
+    pthread_cond_broadcast(&j->g->cv);
+    /* Until they fork, a leader holds its choices' scheduler references: one that fails (or
+     * is cancelled) before then ends them too and lets go of them. */
+    if (status && !j->forked) {
+        for (int k = 0; k < j->n_fol; k++) {
+            job_finish_locked(sv, j->fol[k], NULL, status, msg);
+            job_release_locked(sv, j->fol[k]);
+        }
+        j->n_fol = 0;
+    }
 }
 
 /* Answer text through the stop strings: bytes that could still begin a stop string are held
@@ -156,7 +217,7 @@ static int emit_answer(serve *sv, job *j, const char *b, size_t n) {
     pthread_mutex_lock(&sv->mu);
     sb_add(&j->content, j->hold.p, rel);
     if (hit) job_finish_locked(sv, j, "stop", 0, NULL);
-    pthread_cond_broadcast(&j->cv);
+    pthread_cond_broadcast(&j->g->cv);
     pthread_mutex_unlock(&sv->mu);
     memmove(j->hold.p, j->hold.p + rel, j->hold.n - rel);
     j->hold.n -= rel;
@@ -165,15 +226,39 @@ static int emit_answer(serve *sv, job *j, const char *b, size_t n) {
 }
 
 typedef struct { serve *sv; job *j; } split_ctx;
+static void on_tool_text(void *user, const char *b, size_t n) {
+    split_ctx *c = user;
+    if (!c->j->done) emit_answer(c->sv, c->j, b, n);
+}
+static void on_tool_call(void *user, const char *name, const char *args) {
+    split_ctx *c = user;
+    job *j = c->j;
+    if (j->done) return;
+    pthread_mutex_lock(&c->sv->mu);
+    if (j->n_calls == j->cap_calls) {
+        int cap = j->cap_calls ? 2 * j->cap_calls : 4;
+        tcall *nc = realloc(j->calls, sizeof *nc * (size_t)cap);
+        if (nc) j->calls = nc, j->cap_calls = cap;
+    }
+    if (j->n_calls < j->cap_calls) {
+        tcall t = {strdup(name), strdup(args)};
+        if (t.name && t.args) j->calls[j->n_calls++] = t;
+        else free(t.name), free(t.args);
+    }
+    pthread_cond_broadcast(&j->g->cv);
+    pthread_mutex_unlock(&c->sv->mu);
+}
 static void on_split(void *user, int thinking, const char *b, size_t n) {
     split_ctx *c = user;
     if (c->j->done) return;
     if (thinking) {
         pthread_mutex_lock(&c->sv->mu);
         sb_add(&c->j->reasoning, b, n);
-        pthread_cond_broadcast(&c->j->cv);
+        pthread_cond_broadcast(&c->j->g->cv);
         pthread_mutex_unlock(&c->sv->mu);
-    } else
+    } else if (c->j->tools_on)
+        tc_feed(&c->j->tp, b, n, on_tool_text, on_tool_call, c);
+    else
         emit_answer(c->sv, c->j, b, n);
 }
 
@@ -189,6 +274,8 @@ static void flush_and_finish(serve *sv, job *j, const char *finish) {
     size_t n = 0;
     petrel_error e = {0};
     if (tok_stream_flush(&j->ts, &b, &n, &e) == 0 && n) push_bytes(sv, j, -1, b, n);
+    split_ctx c = {sv, j};
+    if (j->tools_on && !j->done) tc_flush(&j->tp, on_tool_text, &c);
     pthread_mutex_lock(&sv->mu);
     if (!j->done) {
         sb_add(&j->content, j->hold.p, j->hold.n);
@@ -206,22 +293,68 @@ static int is_stop_id(serve *sv, job *j, int32_t t) {
     return 0;
 }
 
-/* One sampled token of a running job. */
+/* The log-softmax normalizer of a row (double; -inf entries are left out) and its k highest
+ * ids, highest first, lower id on ties. */
+static double row_lse(const float *l, int V) {
+    double m = -INFINITY, z = 0;
+    for (int i = 0; i < V; i++)
+        if (l[i] > m) m = l[i];
+    if (m == -INFINITY) return m;
+    for (int i = 0; i < V; i++) z += exp((double)l[i] - m);
+    return m + log(z);
+}
+static void row_topk(const float *l, int V, int k, int32_t *ids) {
+    int n = 0;
+    for (int i = 0; i < V && k > 0; i++) {
+        if (isnan(l[i])) continue;
+        if (n == k && !(l[i] > l[ids[k - 1]])) continue;
+        int p = n < k ? n++ : k - 1;
+        while (p > 0 && l[i] > l[ids[p - 1]]) ids[p] = ids[p - 1], p--;
+        ids[p] = i;
+    }
+    for (int i = n; i < k; i++) ids[i] = -1;
+}
+
+/* One sampled token of a running job. logprobs are those of the model's distribution: the
+ * log-softmax of the row as the model gave it (ids the tokenizer cannot decode excluded),
+ * before penalties, temperature and truncation change what the sampler draws from. */
 static void take_token(serve *sv, job *j, float *lg) {
     for (int i = 0; i < sv->n_masked; i++) lg[sv->masked[i]] = -INFINITY;
-    int32_t t = sampler_sample(&j->smp, lg, sv->V);
+    double lse = 0;
+    if (j->lp_on && j->n_out < j->max_new) {
+        lse = row_lse(lg, sv->V);
+        memcpy(sv->lp_row, lg, sizeof(float) * (size_t)sv->V); /* the sampler changes lg */
+        if (j->lp_k) {
+            int32_t *ti = j->lp_top_id + (size_t)j->n_out * (size_t)j->lp_k;
+            row_topk(lg, sv->V, j->lp_k, ti);
+            for (int k = 0; k < j->lp_k; k++) j->lp_top[(size_t)j->n_out * (size_t)j->lp_k + k] = ti[k] < 0 ? -INFINITY : (float)(lg[ti[k]] - lse);
+        }
+    }
+    if (j->force_state == 0 && j->n_force && !j->cs.in_think) j->force_state = 1;
+    int32_t t;
+    if (j->force_state == 1) {
+        t = j->force[j->force_i++];
+        if (j->force_i == j->n_force) j->force_state = 2;
+    } else
+        t = sampler_sample(&j->smp, lg, sv->V);
+    if (j->lp_on && j->n_out < j->max_new) j->lp[j->n_out] = (float)((double)sv->lp_row[t] - lse);
     double now = now_s();
     pthread_mutex_lock(&sv->mu);
     if (j->n_out == 0) {
         j->t_first = now;
         double d = now - j->t_queued;
-        sv->m.ttft_sum += d;
-        sv->m.ttft_n++;
-        for (int k = 0; k < 8; k++)
-            if (d <= ttft_bounds[k]) sv->m.ttft_le[k]++;
+        if (j->choice == 0) { /* once per request */
+            sv->m.ttft_sum += d;
+            sv->m.ttft_n++;
+            for (int k = 0; k < 8; k++)
+                if (d <= ttft_bounds[k]) sv->m.ttft_le[k]++;
+        }
     } else {
-        sv->m.itl_sum += now - j->t_last;
+        double d = now - j->t_last;
+        sv->m.itl_sum += d;
         sv->m.itl_n++;
+        for (int k = 0; k < 8; k++)
+            if (d <= itl_bounds[k]) sv->m.itl_le[k]++;
     }
     j->t_last = now;
     pthread_mutex_unlock(&sv->mu);
@@ -246,6 +379,40 @@ static void take_token(serve *sv, job *j, float *lg) {
 }
 
 /* ---------- the scheduler ---------- */
+
+/* Positions of KV a job may grow into, in whole pages; an unforked leader counts its choices
+ * too (each may grow as far; shared prompt pages make this an upper bound). */
+static long long job_need(const job *j, int page) {
+    long long one = ((long long)j->cap + page - 1) / page * page;
+    return one * (1 + (j->forked ? 0 : j->n_fol));
+}
+
+/* The leader's prompt is read: each other choice takes a copy-on-write fork of its session and
+ * samples its first token from a copy of the same logits row, then runs on its own. */
+static void fork_choices(serve *sv, job *j, const float *row) {
+    for (int k = 0; k < j->n_fol; k++) {
+        job *f = j->fol[k];
+        petrel_error e = {0};
+        int rc = petrel_session_fork(j->s, &f->s, &e);
+        pthread_mutex_lock(&sv->mu);
+        if (rc) {
+            job_finish_locked(sv, f, NULL, 503, e.msg);
+            job_release_locked(sv, f);
+            pthread_mutex_unlock(&sv->mu);
+            continue;
+        }
+        f->fed = j->fed;
+        f->n_cached = j->n_cached;
+        f->state = J_RUNNING;
+        sv->run[sv->n_run++] = f;
+        pthread_mutex_unlock(&sv->mu);
+        memcpy(sv->fork_row, row, sizeof(float) * (size_t)sv->V);
+        if (!f->done) take_token(sv, f, sv->fork_row);
+    }
+    pthread_mutex_lock(&sv->mu);
+    j->forked = 1;
+    pthread_mutex_unlock(&sv->mu);
+}
 
 static void *sched_main(void *arg) {
     serve *sv = arg;
@@ -284,16 +451,18 @@ static void *sched_main(void *arg) {
         int first_new = sv->n_run;
         /* Admission from the KV pool: a request starts only when the pages it can grow into fit
          * beside what the running ones may still take (each may grow to its cap); one that can
-         * never fit the pool is refused now, with the numbers, instead of failing mid-way. */
+         * never fit the pool is refused now, with the numbers, instead of failing mid-way. A
+         * request of n choices takes n places of --parallel. */
         long long kv_free = 0, kv_total = 0, owed = 0;
-        int kv_page = 1;
+        int kv_page = 1, used = 0;
         petrel_kv_usage(sv->eng, &kv_free, &kv_total, &kv_page);
         for (int a = 0; a < sv->n_run; a++) {
             const job *r = sv->run[a];
-            long long want = ((long long)r->cap + kv_page - 1) / kv_page * kv_page, held = r->s ? petrel_session_kv_reserved(r->s) : 0;
+            long long want = job_need(r, kv_page), held = r->s ? petrel_session_kv_reserved(r->s) : 0;
             if (want > held) owed += want - held;
+            used += 1 + (r->forked ? 0 : r->n_fol);
         }
-        while (sv->n_run < sv->o.parallel && sv->q_head) {
+        while (sv->q_head && used + 1 + sv->q_head->n_fol <= sv->o.parallel) {
             job *j = sv->q_head;
             if (j->cancelled) {
                 sv->q_head = j->next;
@@ -303,14 +472,14 @@ static void *sched_main(void *arg) {
                 job_release_locked(sv, j);
                 continue;
             }
-            long long need = ((long long)j->cap + kv_page - 1) / kv_page * kv_page;
+            long long need = job_need(j, kv_page);
             if (need > kv_total) { /* never: refuse it */
                 sv->q_head = j->next;
                 if (!sv->q_head) sv->q_tail = NULL;
                 sv->n_queued--;
                 char msg[256];
-                snprintf(msg, sizeof msg, "the request needs %lld KV positions (prompt + max_tokens) but the KV pool holds %lld (raise --kv-size or lower max_tokens)",
-                         need, kv_total);
+                snprintf(msg, sizeof msg, "the request needs %lld KV positions (prompt + max_tokens%s) but the KV pool holds %lld (raise --kv-size or lower max_tokens%s)",
+                         need, j->n_fol ? ", for each of n choices" : "", kv_total, j->n_fol ? " or n" : "");
                 job_finish_locked(sv, j, NULL, 503, msg);
                 job_release_locked(sv, j);
                 continue;
@@ -322,6 +491,7 @@ static void *sched_main(void *arg) {
             j->state = J_RUNNING;
             sv->run[sv->n_run++] = j;
             owed += need;
+            used += 1 + j->n_fol;
         }
         int n_run = sv->n_run;
         pthread_mutex_unlock(&sv->mu);
@@ -371,6 +541,8 @@ static void *sched_main(void *arg) {
         pthread_mutex_lock(&sv->mu);
         sv->m.forwards++;
         sv->m.rows += n;
+        for (int k = 0; k < 10; k++)
+            if (n <= batch_bounds[k]) sv->m.batch_le[k]++;
         pthread_mutex_unlock(&sv->mu);
         if (rc) {
             /* A failed forward appends nothing. Rerun each job's rows alone (rows are independent
@@ -402,6 +574,7 @@ static void *sched_main(void *arg) {
                 if (++j->fed == j->n_prompt) petrel_session_prefix_put(j->s, &(petrel_error){0}); /* a hint */
             } else
                 j->fed++;
+            if (want && j->n_fol && !j->forked) fork_choices(sv, j, row);
             if (want) take_token(sv, j, row);
         }
     }
@@ -413,7 +586,21 @@ static void *sched_main(void *arg) {
 typedef struct conn {
     sbuf body;
     int too_big;
+    int over;                 /* arrived over --max-connections: answered 503 */
 } conn;
+
+/* Open TCP connections. The daemon accepts a few more than max_connections so that those get
+ * an OpenAI 503 body instead of a closed socket; beyond that it closes them. The socket context
+ * marks a connection that arrived over the limit. */
+#define SERVE_CONN_SPARE 32
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context, enum MHD_ConnectionNotificationCode toe) {
+    (void)c;
+    serve *sv = cls;
+    pthread_mutex_lock(&sv->mu);
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) *socket_context = (void *)(intptr_t)(++sv->n_conn > sv->o.max_connections);
+    else sv->n_conn--;
+    pthread_mutex_unlock(&sv->mu);
+}
 
 static int queue_response(struct MHD_Connection *c, int status, const char *ctype, char *body, size_t len) {
     struct MHD_Response *r = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
@@ -473,14 +660,17 @@ static int key_ok(const serve *sv, struct MHD_Connection *c) {
     return d == 0;
 }
 
-static cJSON *usage_obj(const job *j) {
+/* Usage over a request's choices: the prompt once, the completions summed. */
+static cJSON *usage_obj(job *const *js, int n) {
+    int out = 0;
+    for (int k = 0; k < n; k++) out += js[k]->n_out;
     cJSON *u = cJSON_CreateObject();
-    cJSON_AddNumberToObject(u, "prompt_tokens", j->n_prompt);
-    cJSON_AddNumberToObject(u, "completion_tokens", j->n_out);
-    cJSON_AddNumberToObject(u, "total_tokens", j->n_prompt + j->n_out);
-    if (j->n_cached) {
+    cJSON_AddNumberToObject(u, "prompt_tokens", js[0]->n_prompt);
+    cJSON_AddNumberToObject(u, "completion_tokens", out);
+    cJSON_AddNumberToObject(u, "total_tokens", js[0]->n_prompt + out);
+    if (js[0]->n_cached) {
         cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
-        cJSON_AddNumberToObject(d, "cached_tokens", j->n_cached);
+        cJSON_AddNumberToObject(d, "cached_tokens", js[0]->n_cached);
     }
     return u;
 }
@@ -509,12 +699,122 @@ static cJSON *envelope(const serve *sv, const job *j, const char *object) {
     return r;
 }
 
+/* ---------- logprobs and tool calls in replies ---------- */
+
+static double lp_num(float v) { return isfinite(v) ? v : -9999.0; } /* OpenAI's -inf */
+
+/* {"token", "logprob", "bytes"}: the token's text (clean UTF-8; a piece of a character shows as
+ * U+FFFD) and its exact bytes. */
+static cJSON *lp_token(const serve *sv, int32_t id, float lp) {
+    size_t n = 0;
+    const char *b = id >= 0 ? tok_id_to_bytes(sv->tok, id, &n) : NULL;
+    cJSON *o = cJSON_CreateObject(), *by = cJSON_CreateArray();
+    add_clean(o, "token", b ? b : "", b ? n : 0);
+    cJSON_AddNumberToObject(o, "logprob", lp_num(lp));
+    for (size_t k = 0; b && k < n; k++) cJSON_AddItemToArray(by, cJSON_CreateNumber((unsigned char)b[k]));
+    cJSON_AddItemToObject(o, "bytes", by);
+    return o;
+}
+
+/* Chat: {"content": [{token, logprob, bytes, top_logprobs: [...]}...], "refusal": null} for the
+ * generated tokens [from, to). */
+static cJSON *chat_logprobs(const serve *sv, const job *j, int from, int to) {
+    cJSON *o = cJSON_CreateObject(), *a = cJSON_AddArrayToObject(o, "content");
+    for (int t = from; t < to; t++) {
+        cJSON *e = lp_token(sv, j->ids[j->n_prompt + t], j->lp[t]), *top = cJSON_AddArrayToObject(e, "top_logprobs");
+        for (int k = 0; k < j->lp_k; k++) {
+            int32_t id = j->lp_top_id[(size_t)t * (size_t)j->lp_k + k];
+            if (id >= 0) cJSON_AddItemToArray(top, lp_token(sv, id, j->lp_top[(size_t)t * (size_t)j->lp_k + k]));
+        }
+        cJSON_AddItemToArray(a, e);
+    }
+    cJSON_AddNullToObject(o, "refusal");
+    return o;
+}
+
+/* Completions: {tokens, token_logprobs, top_logprobs (null when logprobs is 0), text_offset}
+ * for [from, to); text_offset counts bytes of the completion text, *off carries it on. */
+static cJSON *cmpl_logprobs(const serve *sv, const job *j, int from, int to, size_t *off) {
+    cJSON *o = cJSON_CreateObject(), *tk = cJSON_AddArrayToObject(o, "tokens"), *tl = cJSON_AddArrayToObject(o, "token_logprobs");
+    cJSON *top = j->lp_k ? cJSON_AddArrayToObject(o, "top_logprobs") : (cJSON_AddNullToObject(o, "top_logprobs"), NULL);
+    cJSON *to_ = cJSON_AddArrayToObject(o, "text_offset");
+    for (int t = from; t < to; t++) {
+        size_t n = 0;
+        const char *b = tok_id_to_bytes(sv->tok, j->ids[j->n_prompt + t], &n);
+        char *s = chat_utf8_clean(b ? b : "", b ? n : 0);
+        cJSON_AddItemToArray(tk, cJSON_CreateString(s ? s : ""));
+        free(s);
+        cJSON_AddItemToArray(tl, cJSON_CreateNumber(lp_num(j->lp[t])));
+        cJSON_AddItemToArray(to_, cJSON_CreateNumber((double)*off));
+        *off += n;
+        if (!top) continue;
+        cJSON *d = cJSON_CreateObject();
+        for (int k = 0; k < j->lp_k; k++) {
+            int32_t id = j->lp_top_id[(size_t)t * (size_t)j->lp_k + k];
+            if (id < 0) continue;
+            const char *tb = tok_id_to_bytes(sv->tok, id, &n);
+            char *ts = chat_utf8_clean(tb ? tb : "", tb ? n : 0);
+            if (ts && !cJSON_GetObjectItemCaseSensitive(d, ts)) cJSON_AddNumberToObject(d, ts, lp_num(j->lp_top[(size_t)t * (size_t)j->lp_k + k]));
+            free(ts);
+        }
+        cJSON_AddItemToArray(top, d);
+    }
+    return o;
+}
+
+/* OpenAI's tool call object; `index` in stream deltas. */
+static cJSON *tool_call_obj(const job *j, int k, int with_index) {
+    cJSON *o = cJSON_CreateObject();
+    char id[80];
+    snprintf(id, sizeof id, "call_%lx%ld_%d_%d", j->created, j->id, j->choice, k); /* the arrival time: unique across restarts */
+    if (with_index) cJSON_AddNumberToObject(o, "index", k);
+    cJSON_AddStringToObject(o, "id", id);
+    cJSON_AddStringToObject(o, "type", "function");
+    cJSON *f = cJSON_AddObjectToObject(o, "function");
+    add_clean(f, "name", j->calls[k].name, strlen(j->calls[k].name));
+    add_clean(f, "arguments", j->calls[k].args, strlen(j->calls[k].args));
+    return o;
+}
+
+/* One choice of a JSON reply. */
+static cJSON *choice_obj(const serve *sv, const job *j, int return_ids) {
+    cJSON *c0 = cJSON_CreateObject();
+    cJSON_AddNumberToObject(c0, "index", j->choice);
+    if (j->chat) {
+        cJSON *m = cJSON_AddObjectToObject(c0, "message");
+        cJSON_AddStringToObject(m, "role", "assistant");
+        if (j->n_calls && !j->content.n) cJSON_AddNullToObject(m, "content");
+        else add_clean(m, "content", j->content.p, j->content.n);
+        if (j->reasoning.n) add_clean(m, "reasoning_content", j->reasoning.p, j->reasoning.n);
+        if (j->n_calls) {
+            cJSON *a = cJSON_AddArrayToObject(m, "tool_calls");
+            for (int k = 0; k < j->n_calls; k++) cJSON_AddItemToArray(a, tool_call_obj(j, k, 0));
+        }
+    } else
+        add_clean(c0, "text", j->content.p, j->content.n);
+    if (return_ids) cJSON_AddItemToObject(c0, "token_ids", ids_arr(j->ids + j->n_prompt, j->n_out));
+    if (j->lp_on) {
+        size_t off = 0;
+        cJSON_AddItemToObject(c0, "logprobs", j->chat ? chat_logprobs(sv, j, 0, j->n_out) : cmpl_logprobs(sv, j, 0, j->n_out, &off));
+    } else
+        cJSON_AddNullToObject(c0, "logprobs");
+    cJSON_AddStringToObject(c0, "finish_reason", j->finish);
+    return c0;
+}
+
+/* ---------- streams ---------- */
+
+typedef struct chstate { /* what one choice's stream has sent */
+    int role_sent, ids_sent, calls_sent, lp_sent, end_sent;
+    size_t c_sent, r_sent, lp_off;
+} chstate;
+
 typedef struct stream {
     serve *sv;
-    job *j;
-    int return_ids, include_usage, role_sent, phase; /* phase 0 streaming, 1 ended */
-    size_t c_sent, r_sent;
-    int ids_sent;
+    job **js;                 /* owned array of the request's choices (their connection refs) */
+    int n;
+    chstate *cs;              /* [n] */
+    int return_ids, include_usage, phase; /* phase 0 streaming, 1 ended */
     sbuf out;
     size_t off;
 } stream;
@@ -528,62 +828,89 @@ static void sse_json(sbuf *b, cJSON *j) {
     free(s);
 }
 
-/* Under mu: SSE events for what the job published since the last call. */
+/* Under mu: whether a choice has something its stream has not sent. */
+static int choice_news(const stream *st, const job *j, const chstate *c) {
+    return (j->chat && !c->role_sent) || j->err_status || (j->done && !c->end_sent) || j->content.n > c->c_sent ||
+           j->reasoning.n > c->r_sent || j->n_calls > c->calls_sent || ((st->return_ids || j->lp_on) && j->n_out > c->ids_sent);
+}
+
+static cJSON *chunk_of(const serve *sv, const job *j, cJSON **choice) {
+    cJSON *e = envelope(sv, j, j->chat ? "chat.completion.chunk" : "text_completion"), *ch = cJSON_AddArrayToObject(e, "choices");
+    *choice = cJSON_CreateObject();
+    cJSON_AddNumberToObject(*choice, "index", j->choice);
+    cJSON_AddItemToArray(ch, *choice);
+    return e;
+}
+
+/* Under mu: SSE events for what the choices published since the last call. */
 static void stream_events_locked(stream *st) {
     serve *sv = st->sv;
-    job *j = st->j;
-    int newc = j->content.n > st->c_sent, newr = j->reasoning.n > st->r_sent, newids = j->n_out > st->ids_sent;
-    if (!st->role_sent && j->chat) { /* OpenAI's first chunk: the role */
-        cJSON *e = envelope(sv, j, "chat.completion.chunk"), *ch = cJSON_AddArrayToObject(e, "choices"), *c = cJSON_CreateObject();
-        cJSON_AddNumberToObject(c, "index", 0);
-        cJSON *d = cJSON_AddObjectToObject(c, "delta");
-        cJSON_AddStringToObject(d, "role", "assistant");
-        cJSON_AddStringToObject(d, "content", "");
-        cJSON_AddNullToObject(c, "logprobs");
-        cJSON_AddNullToObject(c, "finish_reason");
-        cJSON_AddItemToArray(ch, c);
-        sse_json(&st->out, e);
-        st->role_sent = 1;
+    for (int i = 0; i < st->n; i++) {
+        job *j = st->js[i];
+        chstate *cs = &st->cs[i];
+        if (!cs->role_sent && j->chat) { /* OpenAI's first chunk of a choice: the role */
+            cJSON *c, *e = chunk_of(sv, j, &c), *d = cJSON_AddObjectToObject(c, "delta");
+            cJSON_AddStringToObject(d, "role", "assistant");
+            cJSON_AddStringToObject(d, "content", "");
+            cJSON_AddNullToObject(c, "logprobs");
+            cJSON_AddNullToObject(c, "finish_reason");
+            sse_json(&st->out, e);
+            cs->role_sent = 1;
+        }
     }
-    if (j->err_status) {
-        sse_json(&st->out, error_obj(j->err_status, NULL, NULL, j->errmsg));
-        sb_add(&st->out, "data: [DONE]\n\n", 14);
-        st->phase = 1;
-        return;
+    for (int i = 0; i < st->n; i++)
+        if (st->js[i]->err_status) {
+            sse_json(&st->out, error_obj(st->js[i]->err_status, NULL, NULL, st->js[i]->errmsg));
+            sb_add(&st->out, "data: [DONE]\n\n", 14);
+            st->phase = 1;
+            return;
+        }
+    int ended = 0;
+    for (int i = 0; i < st->n; i++) {
+        job *j = st->js[i];
+        chstate *cs = &st->cs[i];
+        int newc = j->content.n > cs->c_sent, newr = j->reasoning.n > cs->r_sent, newids = j->n_out > cs->ids_sent,
+            newcalls = j->n_calls > cs->calls_sent;
+        if (newc || newr || newcalls || (newids && (st->return_ids || j->lp_on))) {
+            cJSON *c, *e = chunk_of(sv, j, &c);
+            if (j->chat) {
+                cJSON *d = cJSON_AddObjectToObject(c, "delta");
+                if (newr) add_clean(d, "reasoning_content", j->reasoning.p + cs->r_sent, j->reasoning.n - cs->r_sent);
+                if (newc || (!newr && !newcalls)) add_clean(d, "content", j->content.p ? j->content.p + cs->c_sent : "", j->content.n - cs->c_sent);
+                if (newcalls) {
+                    cJSON *a = cJSON_AddArrayToObject(d, "tool_calls");
+                    for (int k = cs->calls_sent; k < j->n_calls; k++) cJSON_AddItemToArray(a, tool_call_obj(j, k, 1));
+                }
+            } else
+                add_clean(c, "text", j->content.p ? j->content.p + cs->c_sent : "", j->content.n - cs->c_sent);
+            if (st->return_ids) cJSON_AddItemToObject(c, "token_ids", ids_arr(j->ids + j->n_prompt + cs->ids_sent, j->n_out - cs->ids_sent));
+            if (j->lp_on && newids)
+                cJSON_AddItemToObject(c, "logprobs", j->chat ? chat_logprobs(sv, j, cs->ids_sent, j->n_out) : cmpl_logprobs(sv, j, cs->ids_sent, j->n_out, &cs->lp_off));
+            else
+                cJSON_AddNullToObject(c, "logprobs");
+            cJSON_AddNullToObject(c, "finish_reason");
+            sse_json(&st->out, e);
+            cs->c_sent = j->content.n;
+            cs->r_sent = j->reasoning.n;
+            cs->ids_sent = j->n_out;
+            cs->calls_sent = j->n_calls;
+        }
+        if (j->done && !cs->end_sent) {
+            cJSON *c, *e = chunk_of(sv, j, &c);
+            if (j->chat) cJSON_AddObjectToObject(c, "delta");
+            else cJSON_AddStringToObject(c, "text", "");
+            cJSON_AddNullToObject(c, "logprobs");
+            cJSON_AddStringToObject(c, "finish_reason", j->finish);
+            sse_json(&st->out, e);
+            cs->end_sent = 1;
+        }
+        ended += cs->end_sent;
     }
-    if (newc || newr || (newids && st->return_ids)) {
-        cJSON *e = envelope(sv, j, j->chat ? "chat.completion.chunk" : "text_completion"), *ch = cJSON_AddArrayToObject(e, "choices"),
-              *c = cJSON_CreateObject();
-        cJSON_AddNumberToObject(c, "index", 0);
-        if (j->chat) {
-            cJSON *d = cJSON_AddObjectToObject(c, "delta");
-            if (newr) add_clean(d, "reasoning_content", j->reasoning.p + st->r_sent, j->reasoning.n - st->r_sent);
-            if (newc || !newr) add_clean(d, "content", j->content.p ? j->content.p + st->c_sent : "", j->content.n - st->c_sent);
-        } else
-            add_clean(c, "text", j->content.p ? j->content.p + st->c_sent : "", j->content.n - st->c_sent);
-        if (st->return_ids) cJSON_AddItemToObject(c, "token_ids", ids_arr(j->ids + j->n_prompt + st->ids_sent, j->n_out - st->ids_sent));
-        cJSON_AddNullToObject(c, "logprobs");
-        cJSON_AddNullToObject(c, "finish_reason");
-        cJSON_AddItemToArray(ch, c);
-        sse_json(&st->out, e);
-        st->c_sent = j->content.n;
-        st->r_sent = j->reasoning.n;
-        st->ids_sent = j->n_out;
-    }
-    if (j->done) {
-        cJSON *e = envelope(sv, j, j->chat ? "chat.completion.chunk" : "text_completion"), *ch = cJSON_AddArrayToObject(e, "choices"),
-              *c = cJSON_CreateObject();
-        cJSON_AddNumberToObject(c, "index", 0);
-        if (j->chat) cJSON_AddObjectToObject(c, "delta");
-        else cJSON_AddStringToObject(c, "text", "");
-        cJSON_AddNullToObject(c, "logprobs");
-        cJSON_AddStringToObject(c, "finish_reason", j->finish);
-        cJSON_AddItemToArray(ch, c);
-        sse_json(&st->out, e);
+    if (ended == st->n) {
         if (st->include_usage) {
-            e = envelope(sv, j, j->chat ? "chat.completion.chunk" : "text_completion");
+            cJSON *e = envelope(sv, st->js[0], st->js[0]->chat ? "chat.completion.chunk" : "text_completion");
             cJSON_AddArrayToObject(e, "choices");
-            cJSON_AddItemToObject(e, "usage", usage_obj(j));
+            cJSON_AddItemToObject(e, "usage", usage_obj(st->js, st->n));
             sse_json(&st->out, e);
         }
         sb_add(&st->out, "data: [DONE]\n\n", 14);
@@ -599,16 +926,18 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
         st->out.n = st->off = 0;
         if (st->phase == 1) return MHD_CONTENT_READER_END_OF_STREAM;
         pthread_mutex_lock(&sv->mu);
-        job *j = st->j;
         struct timespec dl;
         clock_gettime(CLOCK_REALTIME, &dl);
         long ns = dl.tv_nsec + (long)(sv->o.keepalive_ms % 1000) * 1000000L;
         dl.tv_sec += sv->o.keepalive_ms / 1000 + ns / 1000000000L;
         dl.tv_nsec = ns % 1000000000L;
         int timed_out = 0;
-        while (st->role_sent == (j->chat ? 1 : st->role_sent) && !j->done && j->content.n == st->c_sent && j->reasoning.n == st->r_sent &&
-               !(st->return_ids && j->n_out > st->ids_sent) && !timed_out)
-            timed_out = pthread_cond_timedwait(&j->cv, &sv->mu, &dl) != 0;
+        for (;;) {
+            int news = 0;
+            for (int i = 0; i < st->n && !news; i++) news = choice_news(st, st->js[i], &st->cs[i]);
+            if (news || timed_out) break;
+            timed_out = pthread_cond_timedwait(&st->js[0]->g->cv, &sv->mu, &dl) != 0;
+        }
         stream_events_locked(st);
         pthread_mutex_unlock(&sv->mu);
         if (st->out.n == 0) sb_add(&st->out, ": keep-alive\n\n", 14);
@@ -621,18 +950,106 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
     return (ssize_t)k;
 }
 
+/* Under mu: the connection lets go of a request's choices; unfinished ones are cancelled (the
+ * scheduler drops them at its next step). */
+static void release_choices_locked(serve *sv, job **js, int n) {
+    int cancel = 0;
+    for (int i = 0; i < n; i++)
+        if (!js[i]->done) js[i]->cancelled = 1, cancel = 1;
+    if (cancel) pthread_cond_signal(&sv->sched_cv);
+    for (int i = 0; i < n; i++) job_release_locked(sv, js[i]);
+}
+
 static void stream_free(void *cls) {
     stream *st = cls;
     serve *sv = st->sv;
     pthread_mutex_lock(&sv->mu);
-    if (!st->j->done) { /* the client went away: the scheduler drops the job at its next step */
-        st->j->cancelled = 1;
-        pthread_cond_signal(&sv->sched_cv);
-    }
-    job_release_locked(sv, st->j);
+    release_choices_locked(sv, st->js, st->n);
     pthread_mutex_unlock(&sv->mu);
+    free(st->js);
+    free(st->cs);
     free(st->out.p);
     free(st);
+}
+
+/* Renders the chat template over the request's messages (and its tools unless tool_choice is
+ * none). */
+static int render_chat(const serve *sv, const serve_request *rq, int with_tools, char **text, size_t *tl, petrel_error *e) {
+    cJSON *vars = cJSON_CreateObject();
+    int ok = vars && cJSON_AddItemReferenceToObject(vars, "messages", rq->messages) && cJSON_AddBoolToObject(vars, "add_generation_prompt", 1) &&
+             (rq->enable_thinking < 0 || cJSON_AddBoolToObject(vars, "enable_thinking", rq->enable_thinking != 0)) &&
+             (!with_tools || cJSON_AddItemReferenceToObject(vars, "tools", rq->tools));
+    if (!ok) {
+        cJSON_Delete(vars);
+        return pt_err(e, PETREL_ENOMEM, "out of memory rendering the chat template");
+    }
+    int rc = jinja_render_compiled(sv->tmpl, vars, NULL, text, tl, e);
+    cJSON_Delete(vars); /* the references only */
+    if (rc < 0) pt_err_ctx(e, "chat template");
+    return rc;
+}
+
+/* A job for choice `choice` of a request (refs 2: connection + scheduler). NULL when out of
+ * memory or the sampler refuses its params (e says which). */
+static job *job_create(serve *sv, const serve_request *rq, const int32_t *ids, int n, int max_new, int in_think, jgroup *g, int choice,
+                       const int32_t *force, int n_force, petrel_error *e) {
+    job *j = calloc(1, sizeof *j);
+    if (!j) { pt_err(e, PETREL_ENOMEM, "out of memory"); return NULL; }
+    j->g = g;
+    g->refs++;
+    j->refs = 1;
+    j->chat = rq->chat;
+    j->choice = choice;
+    tok_stream_init(&j->ts, sv->tok);
+    j->ids = malloc(sizeof(int32_t) * ((size_t)n + (size_t)max_new + 1));
+    int bad = !j->ids;
+    if (!bad) memcpy(j->ids, ids, sizeof(int32_t) * (size_t)n);
+    j->n_prompt = j->n_ids = n;
+    j->max_new = max_new;
+    j->cap = n + max_new - 1 > n ? n + max_new - 1 : n;
+    j->ignore_eos = rq->ignore_eos;
+    j->penalties = rq->sp.penalty_last_n > 0;
+    for (int k = 0; !bad && k < rq->n_stop; k++)
+        if ((j->stop[k] = strdup(rq->stop[k]))) j->n_stop++;
+        else bad = 1;
+    if (rq->chat) chat_split_init(&j->cs, sv->tok, in_think);
+    j->tools_on = g->tools != NULL;
+    tc_init(&j->tp, g->tools);
+    if (!bad && n_force) {
+        j->force = malloc(sizeof(int32_t) * (size_t)n_force);
+        if (j->force) memcpy(j->force, force, sizeof(int32_t) * (size_t)n_force), j->n_force = n_force;
+        else bad = 1;
+    }
+    if (!bad && rq->logprobs && max_new > 0) {
+        j->lp_on = 1;
+        j->lp_k = rq->top_logprobs;
+        j->lp = malloc(sizeof(float) * (size_t)max_new);
+        if (j->lp_k) {
+            j->lp_top = malloc(sizeof(float) * (size_t)max_new * (size_t)j->lp_k);
+            j->lp_top_id = malloc(sizeof(int32_t) * (size_t)max_new * (size_t)j->lp_k);
+        }
+        bad = !j->lp || (j->lp_k && (!j->lp_top || !j->lp_top_id));
+    }
+    if (bad) pt_err(e, PETREL_ENOMEM, "out of memory");
+    sampler_params sp = rq->sp;
+    if (rq->seed_set) sp.seed = rq->sp.seed + (uint64_t)choice; /* choice i: the seed + i */
+    else sp.seed = (uint64_t)(now_s() * 1e9) ^ ((uint64_t)(uintptr_t)j << 17);
+    if (!bad && sampler_init(&j->smp, &sp, sv->V, e)) bad = 2;
+    else if (!bad) j->have_smp = 1;
+    if (bad) {
+        pthread_mutex_lock(&sv->mu);
+        job_release_locked(sv, j);
+        pthread_mutex_unlock(&sv->mu);
+        return NULL;
+    }
+    j->refs = 2;
+    return j;
+}
+
+static int all_done(job *const *js, int n) {
+    for (int i = 0; i < n; i++)
+        if (!js[i]->done) return 0;
+    return 1;
 }
 
 static int handle_completion(serve *sv, struct MHD_Connection *c, conn *cs, int chat) {
@@ -647,17 +1064,23 @@ static int handle_completion(serve *sv, struct MHD_Connection *c, conn *cs, int 
         serve_request_free(&rq);
         return ret;
     }
-    int32_t *ids = NULL;
-    int n = 0, in_think = 0, rc = 0;
+    if (rq.n > sv->o.parallel) {
+        ret = send_error(c, 400, NULL, "n", "'n' is %d but this server runs at most %d sequences at once (--parallel)", rq.n, sv->o.parallel);
+        serve_request_free(&rq);
+        return ret;
+    }
+    int32_t *ids = NULL, *force = NULL;
+    int n = 0, in_think = 0, rc = 0, n_force = 0;
     if (chat && !sv->tmpl) {
         serve_request_free(&rq);
         return send_error(c, 400, NULL, "messages", "this model has no chat template: use /v1/completions");
     }
+    int with_tools = chat && rq.tools && rq.tool_choice != SERVE_TOOLS_NONE;
     pthread_mutex_lock(&sv->tok_mu);
     if (chat) {
         char *text = NULL;
         size_t tl = 0;
-        rc = chat_render(sv->tmpl, rq.messages, 1, rq.enable_thinking, &text, &tl, &e);
+        rc = render_chat(sv, &rq, with_tools, &text, &tl, &e);
         if (!rc) {
             in_think = chat_ends_in_think(text, tl);
             size_t m = 0;
@@ -665,6 +1088,15 @@ static int handle_completion(serve *sv, struct MHD_Connection *c, conn *cs, int 
             n = (int)m;
         }
         free(text);
+        if (!rc && (sv->o.force_answer || (with_tools && (rq.tool_choice == SERVE_TOOLS_REQUIRED || rq.tool_choice == SERVE_TOOLS_NAMED)))) {
+            /* the answer is made to begin "<tool_call>" (and the name, when one is named) */
+            char fs[300];
+            snprintf(fs, sizeof fs, "<tool_call>%.280s", rq.tool_choice == SERVE_TOOLS_NAMED ? rq.tool_name : "");
+            const char *f = sv->o.force_answer ? sv->o.force_answer : fs;
+            size_t m = 0;
+            rc = tok_encode(sv->tok, f, strlen(f), &force, &m, &e);
+            n_force = (int)m;
+        }
     } else if (rq.prompt) {
         size_t m = 0;
         rc = tok_encode(sv->tok, rq.prompt, rq.prompt_len, &ids, &m, &e);
@@ -676,103 +1108,111 @@ static int handle_completion(serve *sv, struct MHD_Connection *c, conn *cs, int 
     pthread_mutex_unlock(&sv->tok_mu);
     if (rc) {
         free(ids);
+        free(force);
         serve_request_free(&rq);
         return send_error(c, rc == PETREL_ENOMEM ? 500 : 400, NULL, chat ? "messages" : "prompt", "%s", e.msg);
     }
-    const char *perr = NULL;
+    const char *perr = NULL, *pparam = chat ? "messages" : "prompt", *pcode = NULL;
     char pmsg[300];
     if (n == 0) perr = "the prompt holds no tokens";
     for (int k = 0; !perr && k < n; k++)
         if (ids[k] >= sv->V) snprintf(pmsg, sizeof pmsg, "token id %d is outside the vocabulary (%d ids)", ids[k], sv->V), perr = pmsg;
     long max_new = rq.max_tokens >= 0 ? rq.max_tokens : chat ? sv->ctx - n + 1 : 16;
     if (!perr && n > sv->ctx) {
-        free(ids);
-        serve_request_free(&rq);
-        return send_error(c, 400, "context_length_exceeded", chat ? "messages" : "prompt",
-                          "This model's maximum context length is %d tokens. However, your prompt has %d tokens.", sv->ctx, n);
+        snprintf(pmsg, sizeof pmsg, "This model's maximum context length is %d tokens. However, your prompt has %d tokens.", sv->ctx, n);
+        perr = pmsg, pcode = "context_length_exceeded";
     }
     if (!perr && rq.max_tokens >= 0 && n + max_new - 1 > sv->ctx) {
-        free(ids);
-        serve_request_free(&rq);
-        return send_error(c, 400, "context_length_exceeded", "max_tokens",
-                          "This model's maximum context length is %d tokens. However, you requested %ld tokens (%d in the prompt, %ld in the completion).",
-                          sv->ctx, n + max_new, n, max_new);
+        snprintf(pmsg, sizeof pmsg, "This model's maximum context length is %d tokens. However, you requested %ld tokens (%d in the prompt, %ld in the completion).",
+                 sv->ctx, n + max_new, n, max_new);
+        perr = pmsg, pcode = "context_length_exceeded", pparam = "max_tokens";
     }
     if (rq.max_tokens < 0 && n + max_new - 1 > sv->ctx) max_new = sv->ctx - n + 1;
     if (perr) {
         free(ids);
+        free(force);
         serve_request_free(&rq);
-        return send_error(c, 400, NULL, chat ? "messages" : "prompt", "%s", perr);
+        return send_error(c, 400, pcode, pparam, "%s", perr);
     }
-    job *j = calloc(1, sizeof *j);
-    if (j) j->ids = realloc(ids, sizeof(int32_t) * ((size_t)n + (size_t)max_new + 1));
-    if (!j || !j->ids) {
-        free(j);
-        free(ids);
+    int nc = rq.n;
+    jgroup *g = calloc(1, sizeof *g);
+    job **js = calloc((size_t)nc, sizeof *js);
+    if (!g || !js) {
+        free(g), free(js), free(ids), free(force);
         serve_request_free(&rq);
         return send_error(c, 500, NULL, NULL, "out of memory");
     }
-    j->refs = 2;
-    j->chat = chat;
-    j->n_prompt = j->n_ids = n;
-    j->max_new = (int)max_new;
-    j->cap = n + (int)max_new - 1 > n ? n + (int)max_new - 1 : n;
-    j->ignore_eos = rq.ignore_eos;
-    j->penalties = rq.sp.penalty_last_n > 0;
-    for (int k = 0; k < rq.n_stop; k++) j->stop[k] = rq.stop[k], rq.stop[k] = NULL;
-    j->n_stop = rq.n_stop;
-    rq.n_stop = 0;
-    pthread_cond_init(&j->cv, NULL);
-    tok_stream_init(&j->ts, sv->tok);
-    if (chat) chat_split_init(&j->cs, sv->tok, in_think);
-    if (!rq.seed_set) rq.sp.seed = (uint64_t)(now_s() * 1e9) ^ ((uint64_t)(uintptr_t)j << 17);
-    if (sampler_init(&j->smp, &rq.sp, sv->V, &e)) {
-        j->refs = 1;
-        pthread_mutex_lock(&sv->mu);
-        job_release_locked(sv, j);
-        pthread_mutex_unlock(&sv->mu);
-        serve_request_free(&rq);
-        return send_error(c, 400, NULL, NULL, "%s", e.msg);
-    }
-    j->have_smp = 1;
+    pthread_cond_init(&g->cv, NULL);
+    if (with_tools) g->tools = rq.tools, rq.tools = NULL;
+    g->refs = 1; /* ours until the jobs hold it */
+    int made = 0, bad_status = 0;
+    for (; made < nc; made++)
+        if (!(js[made] = job_create(sv, &rq, ids, n, (int)max_new, in_think, g, made, force, n_force, &e))) {
+            bad_status = e.code == PETREL_ENOMEM ? 500 : 400;
+            break;
+        }
+    free(ids);
+    free(force);
     int stream_mode = rq.stream, return_ids = rq.return_token_ids, include_usage = rq.include_usage;
     serve_request_free(&rq);
     pthread_mutex_lock(&sv->mu);
-    if (sv->stopping) {
-        j->refs = 1;
-        job_release_locked(sv, j);
-        pthread_mutex_unlock(&sv->mu);
-        return send_error(c, 503, NULL, NULL, "the server is shutting down");
+    if (--g->refs == 0) { /* no job was made */
+        pthread_cond_destroy(&g->cv);
+        cJSON_Delete(g->tools);
+        free(g);
     }
-    j->id = ++sv->next_id;
-    j->t_queued = now_s();
-    j->created = (long)time(NULL);
+    if (!bad_status && sv->stopping) bad_status = 503, snprintf(e.msg, sizeof e.msg, "the server is shutting down");
+    if (bad_status) {
+        for (int k = 0; k < made; k++) js[k]->refs = 1, job_release_locked(sv, js[k]);
+        pthread_mutex_unlock(&sv->mu);
+        free(js);
+        return send_error(c, bad_status, NULL, NULL, "%s", e.msg);
+    }
+    long id = ++sv->next_id;
+    double tq = now_s();
+    long created = (long)time(NULL);
+    for (int k = 0; k < nc; k++) js[k]->id = id, js[k]->t_queued = tq, js[k]->created = created;
     sv->m.prompt_tokens += n;
+    job *lead = js[0];
     if (max_new == 0) { /* nothing to generate: no session needed */
-        j->refs = 1;
-        job_finish_locked(sv, j, "length", 0, NULL);
+        for (int k = 0; k < nc; k++) js[k]->refs = 1, job_finish_locked(sv, js[k], "length", 0, NULL);
     } else {
-        j->state = J_QUEUED;
-        if (sv->q_tail) sv->q_tail->next = j;
-        else sv->q_head = j;
-        sv->q_tail = j;
+        if (nc > 1) { /* the leader holds the other choices until they fork */
+            lead->fol = malloc(sizeof(job *) * (size_t)(nc - 1));
+            if (!lead->fol) {
+                for (int k = 0; k < nc; k++) js[k]->refs = 1, job_release_locked(sv, js[k]);
+                pthread_mutex_unlock(&sv->mu);
+                free(js);
+                return send_error(c, 500, NULL, NULL, "out of memory");
+            }
+            for (int k = 1; k < nc; k++) lead->fol[k - 1] = js[k], js[k]->state = J_QUEUED;
+            lead->n_fol = nc - 1;
+        }
+        lead->state = J_QUEUED;
+        if (sv->q_tail) sv->q_tail->next = lead;
+        else sv->q_head = lead;
+        sv->q_tail = lead;
         sv->n_queued++;
         pthread_cond_signal(&sv->sched_cv);
     }
     if (stream_mode) {
         pthread_mutex_unlock(&sv->mu);
         stream *st = calloc(1, sizeof *st);
-        struct MHD_Response *r = st ? MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_read, st, stream_free) : NULL;
+        chstate *chs = calloc((size_t)nc, sizeof *chs);
+        struct MHD_Response *r = st && chs ? MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_read, st, stream_free) : NULL;
         if (!r) {
             pthread_mutex_lock(&sv->mu);
-            j->cancelled = 1;
-            job_release_locked(sv, j);
+            release_choices_locked(sv, js, nc);
             pthread_mutex_unlock(&sv->mu);
+            free(js);
+            free(chs);
             free(st);
             return MHD_NO;
         }
         st->sv = sv;
-        st->j = j;
+        st->js = js;
+        st->n = nc;
+        st->cs = chs;
         st->return_ids = return_ids;
         st->include_usage = include_usage;
         MHD_add_response_header(r, "Content-Type", "text/event-stream");
@@ -786,48 +1226,39 @@ static int handle_completion(serve *sv, struct MHD_Connection *c, conn *cs, int 
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     int fd = ci ? ci->connect_fd : -1;
     double next_check = now_s() + 0.05;
-    while (!j->done) {
+    while (!all_done(js, nc)) {
         struct timespec dl;
         clock_gettime(CLOCK_REALTIME, &dl);
         dl.tv_nsec += 50000000L;
         if (dl.tv_nsec >= 1000000000L) dl.tv_sec++, dl.tv_nsec -= 1000000000L;
-        pthread_cond_timedwait(&j->cv, &sv->mu, &dl); /* woken by every token, too */
-        if (j->done || fd < 0 || now_s() < next_check) continue;
+        pthread_cond_timedwait(&lead->g->cv, &sv->mu, &dl); /* woken by every token, too */
+        if (all_done(js, nc) || fd < 0 || now_s() < next_check) continue;
         next_check = now_s() + 0.05;
         char b;
         if (recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) == 0) { /* gone: the scheduler drops it at its next step */
-            j->cancelled = 1;
-            pthread_cond_signal(&sv->sched_cv);
-            job_release_locked(sv, j);
+            release_choices_locked(sv, js, nc);
             pthread_mutex_unlock(&sv->mu);
+            free(js);
             return MHD_NO;
         }
     }
-    cJSON *out;
+    cJSON *out = NULL;
     int status = 200;
-    if (j->err_status) {
-        status = j->err_status == 499 ? 500 : j->err_status;
-        out = error_obj(status, NULL, NULL, j->errmsg);
-    } else {
-        out = envelope(sv, j, chat ? "chat.completion" : "text_completion");
-        cJSON *ch = cJSON_AddArrayToObject(out, "choices"), *c0 = cJSON_CreateObject();
-        cJSON_AddNumberToObject(c0, "index", 0);
-        if (chat) {
-            cJSON *m = cJSON_AddObjectToObject(c0, "message");
-            cJSON_AddStringToObject(m, "role", "assistant");
-            add_clean(m, "content", j->content.p, j->content.n);
-            if (j->reasoning.n) add_clean(m, "reasoning_content", j->reasoning.p, j->reasoning.n);
-        } else
-            add_clean(c0, "text", j->content.p, j->content.n);
-        if (return_ids) cJSON_AddItemToObject(c0, "token_ids", ids_arr(j->ids + j->n_prompt, j->n_out));
-        cJSON_AddNullToObject(c0, "logprobs");
-        cJSON_AddStringToObject(c0, "finish_reason", j->finish);
-        cJSON_AddItemToArray(ch, c0);
-        if (return_ids) cJSON_AddItemToObject(out, "prompt_token_ids", ids_arr(j->ids, j->n_prompt));
-        cJSON_AddItemToObject(out, "usage", usage_obj(j));
+    for (int k = 0; k < nc && !out; k++)
+        if (js[k]->err_status) {
+            status = js[k]->err_status == 499 ? 500 : js[k]->err_status;
+            out = error_obj(status, NULL, NULL, js[k]->errmsg);
+        }
+    if (!out) {
+        out = envelope(sv, lead, chat ? "chat.completion" : "text_completion");
+        cJSON *ch = cJSON_AddArrayToObject(out, "choices");
+        for (int k = 0; k < nc; k++) cJSON_AddItemToArray(ch, choice_obj(sv, js[k], return_ids));
+        if (return_ids) cJSON_AddItemToObject(out, "prompt_token_ids", ids_arr(lead->ids, lead->n_prompt));
+        cJSON_AddItemToObject(out, "usage", usage_obj(js, nc));
     }
-    job_release_locked(sv, j);
+    release_choices_locked(sv, js, nc);
     pthread_mutex_unlock(&sv->mu);
+    free(js);
     return send_json(c, status, out);
 }
 
@@ -897,8 +1328,28 @@ static int handle_metrics(serve *sv, struct MHD_Connection *c) {
     for (int k = 0; k < 8; k++) sb_printf(&b, "petrel_time_to_first_token_seconds_bucket{le=\"%g\"} %ld\n", ttft_bounds[k], m.ttft_le[k]);
     sb_printf(&b, "petrel_time_to_first_token_seconds_bucket{le=\"+Inf\"} %ld\n", m.ttft_n);
     sb_printf(&b, "petrel_time_to_first_token_seconds_sum %.6f\npetrel_time_to_first_token_seconds_count %ld\n", m.ttft_sum, m.ttft_n);
-    sb_printf(&b, "# TYPE petrel_inter_token_latency_seconds summary\npetrel_inter_token_latency_seconds_sum %.6f\npetrel_inter_token_latency_seconds_count %ld\n",
-              m.itl_sum, m.itl_n);
+    sb_printf(&b, "# TYPE petrel_inter_token_latency_seconds histogram\n");
+    for (int k = 0; k < 8; k++) sb_printf(&b, "petrel_inter_token_latency_seconds_bucket{le=\"%g\"} %ld\n", itl_bounds[k], m.itl_le[k]);
+    sb_printf(&b, "petrel_inter_token_latency_seconds_bucket{le=\"+Inf\"} %ld\n", m.itl_n);
+    sb_printf(&b, "petrel_inter_token_latency_seconds_sum %.6f\npetrel_inter_token_latency_seconds_count %ld\n", m.itl_sum, m.itl_n);
+    sb_printf(&b, "# HELP petrel_batch_rows Rows (decode tokens and prompt tokens) per batch forward.\n# TYPE petrel_batch_rows histogram\n");
+    for (int k = 0; k < 10; k++) sb_printf(&b, "petrel_batch_rows_bucket{le=\"%d\"} %ld\n", batch_bounds[k], m.batch_le[k]);
+    sb_printf(&b, "petrel_batch_rows_bucket{le=\"+Inf\"} %ld\npetrel_batch_rows_sum %ld\npetrel_batch_rows_count %ld\n", m.forwards, m.rows, m.forwards);
+    /* the KV pool and the expert store (zero when every expert is resident) */
+    long long kv_free = 0, kv_total = 0;
+    int kv_page = 1;
+    petrel_kv_usage(sv->eng, &kv_free, &kv_total, &kv_page);
+    sb_printf(&b, "# HELP petrel_kv_pages_in_use KV pages held by sessions (pages only the prefix cache holds count as free).\n");
+    sb_printf(&b, "# TYPE petrel_kv_pages_in_use gauge\npetrel_kv_pages_in_use %lld\n", (kv_total - kv_free) / kv_page);
+    sb_printf(&b, "# TYPE petrel_kv_pages_total gauge\npetrel_kv_pages_total %lld\n", kv_total / kv_page);
+    xs_stats xs = {0};
+    if (sv->eng->xs) xs_store_stats(sv->eng->xs, &xs);
+    sb_printf(&b, "# HELP petrel_expert_accesses_total Routed experts requested from the expert store (hits + misses).\n");
+    sb_printf(&b, "# TYPE petrel_expert_accesses_total counter\npetrel_expert_accesses_total %llu\n", (unsigned long long)xs.accesses);
+    sb_printf(&b, "# TYPE petrel_expert_hits_total counter\npetrel_expert_hits_total %llu\n", (unsigned long long)xs.hits);
+    sb_printf(&b, "# TYPE petrel_expert_hit_rate gauge\npetrel_expert_hit_rate %.6f\n", xs.accesses ? (double)xs.hits / (double)xs.accesses : 1.0);
+    sb_printf(&b, "# TYPE petrel_disk_read_bytes_total counter\npetrel_disk_read_bytes_total %llu\n", (unsigned long long)xs.bytes_read);
+    sb_printf(&b, "# TYPE petrel_disk_read_failures_total counter\npetrel_disk_read_failures_total %llu\n", (unsigned long long)xs.read_failures);
     if (b.oom || !b.p) { free(b.p); return MHD_NO; }
     return queue_response(c, 200, "text/plain; version=0.0.4", b.p, b.n);
 }
@@ -911,6 +1362,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (!cs) {
         cs = calloc(1, sizeof *cs);
         if (!cs) return MHD_NO;
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+        cs->over = ci && ci->socket_context;
         *con_cls = cs;
         return MHD_YES;
     }
@@ -920,6 +1373,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         *upload_size = 0;
         return MHD_YES;
     }
+    if (cs->over)
+        return send_error(c, 503, "too_many_connections", NULL, "too many connections: this server takes %d at once (--max-connections); retry later",
+                          sv->o.max_connections);
     int get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
     if (!strcmp(url, "/health")) return get ? send_json(c, 200, cJSON_Parse("{\"status\":\"ok\"}")) : send_error(c, 405, NULL, NULL, "use GET");
     if (!key_ok(sv, c)) return send_error(c, 401, "invalid_api_key", NULL, "Incorrect or missing API key: send the header \"Authorization: Bearer KEY\"");
@@ -988,7 +1444,9 @@ int serve_start(petrel_engine *eng, const tokenizer *tok, const jinja_template *
     sv->row_job = malloc(sizeof(job *) * (size_t)sv->o.max_rows);
     sv->lg = malloc(sizeof(float) * (size_t)sv->o.parallel * (size_t)sv->V);
     sv->masked = malloc(sizeof(int32_t) * (size_t)sv->V);
-    if (!sv->model_name || (o->api_key && *o->api_key && !sv->api_key) || !sv->run || !sv->rows || !sv->row_job || !sv->lg || !sv->masked)
+    sv->lp_row = malloc(sizeof(float) * (size_t)sv->V);
+    sv->fork_row = malloc(sizeof(float) * (size_t)sv->V);
+    if (!sv->model_name || (o->api_key && *o->api_key && !sv->api_key) || !sv->run || !sv->rows || !sv->row_job || !sv->lg || !sv->masked || !sv->lp_row || !sv->fork_row)
         rc = pt_err(err, PETREL_ENOMEM, "out of memory");
     for (int id = 0; !rc && id < sv->V; id++)
         if (!tok_id_to_bytes(tok, id, &(size_t){0})) sv->masked[sv->n_masked++] = id;
@@ -1010,7 +1468,8 @@ int serve_start(petrel_engine *eng, const tokenizer *tok, const jinja_template *
     if (!rc) {
         sv->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL, 0, NULL, NULL,
                                  (MHD_AccessHandlerCallback)on_request, sv, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
-                                 MHD_OPTION_NOTIFY_COMPLETED, on_completed, sv, MHD_OPTION_CONNECTION_LIMIT, (unsigned)sv->o.max_connections,
+                                 MHD_OPTION_NOTIFY_COMPLETED, on_completed, sv, MHD_OPTION_NOTIFY_CONNECTION, on_connection, sv,
+                                 MHD_OPTION_CONNECTION_LIMIT, (unsigned)(sv->o.max_connections + SERVE_CONN_SPARE),
                                  MHD_OPTION_END);
         if (!sv->d) rc = pt_err(err, PETREL_EIO, "cannot listen on %s:%d (in use, or not an address of this machine?)", host, o->port);
     }
@@ -1050,6 +1509,8 @@ void serve_free(serve *sv) {
     free(sv->row_job);
     free(sv->lg);
     free(sv->masked);
+    free(sv->lp_row);
+    free(sv->fork_row);
     free(sv->model_name);
     free(sv->api_key);
     pthread_mutex_destroy(&sv->mu);

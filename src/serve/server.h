@@ -10,6 +10,13 @@
  * request's tokens at temperature 0 are those of the same request alone. A finished, failed or
  * cancelled request (its client went away) frees its session at the next step.
  *
+ * A request of n choices is n jobs: the first reads the prompt, the others wait outside the
+ * queue and, when its prompt is read, fork its session copy-on-write and sample their first
+ * token from the same logits (seed + i), then decode as rows of the same forwards. A job's
+ * answer text passes through the GLM-5.2 tool-call parser when the request has tools
+ * (src/serve/toolcall.h); tool_choice required / named force the answer's first tokens.
+ * logprobs are taken from each row before the sampler changes it.
+ *
  * Connection threads parse and validate a request (src/serve/request.h), render the chat
  * template, tokenize, queue it, and then either wait for it (JSON reply) or stream it as
  * server-sent events (`data: {...}\n\n` ... `data: [DONE]\n\n`, `: keep-alive` comments while
@@ -35,6 +42,9 @@ typedef struct serve_opts {
     int max_rows;           /* rows per forward; 0 = 512 */
     int keepalive_ms;       /* SSE comment after this long without news; 0 = 5000 */
     int max_connections;    /* 0 = 512 */
+    const char *force_answer; /* a test seam: every chat answer begins with this text (taken as
+                               forced tokens, as tool_choice "required" takes "<tool_call>"), so
+                               tests control what the tool-call parser sees; NULL = none */
 } serve_opts;
 
 typedef struct serve serve;
