@@ -37,15 +37,33 @@ static const char *usage =
     "  --keepalive-ms N     SSE \": keep-alive\" comment after N ms without a token (default 5000)\n"
     "  --max-connections N  open connections served at once; the next few get 503 (default 512)\n"
     "  --template FILE      Jinja chat template (default: the model's own)\n"
-    "  --tokenizer FILE     tokenizer.json (default: the model's own)\n" CLI_MODEL_OPTS_HELP;
+    "  --tokenizer FILE     tokenizer.json (default: the model's own)\n"
+    "  --lora NAME=DIR      serve a PEFT LoRA adapter as the model NAME (repeatable, up to 8): listed\n"
+    "                       in /v1/models, chosen by a request's \"model\"; the others run the base\n"
+    "                       (serve reads --lora as NAME=DIR, not DIR=SCALE)\n" CLI_MODEL_OPTS_HELP;
 
 CLI_CMD(serve) {
     cli_model_opts mo = {0};
+    static char lora_names[8][256];
     serve_opts so = {.port = 8080};
     const char *tok_opt = NULL, *tmpl_path = NULL, *key_file = NULL, *name = NULL;
     long v = 0;
     uint64_t sz = 0;
     for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--lora")) { /* serve: --lora NAME=DIR, a model of its own that requests pick by name */
+            const char *v = i + 1 < argc ? argv[++i] : NULL, *eq = v ? strchr(v, '=') : NULL;
+            if (!eq || eq == v || !eq[1]) return cli_fail("serve: --lora wants NAME=DIR (the adapter's model name in requests and /v1/models)");
+            if (mo.open.n_lora >= 8) return cli_fail("serve: --lora: at most 8 adapters");
+            int k = mo.open.n_lora;
+            size_t nl = (size_t)(eq - v);
+            if (nl >= 256 || strlen(eq + 1) >= sizeof mo.lora_dir[k]) return cli_fail("serve: --lora %s: name or folder too long", v);
+            snprintf(mo.lora_dir[k], sizeof mo.lora_dir[k], "%s", eq + 1);
+            snprintf(lora_names[k], sizeof lora_names[k], "%.*s", (int)nl, v);
+            mo.lora[k] = (petrel_lora_spec){mo.lora_dir[k], lora_names[k], 1.0f};
+            mo.open.n_lora = k + 1;
+            mo.open.lora_select = 1;
+            continue;
+        }
         int r = cli_model_opt(argc, argv, &i, &mo);
         if (r < 0) return 1;
         if (r) continue;
@@ -68,6 +86,7 @@ CLI_CMD(serve) {
         else return cli_fail("serve: unknown or incomplete option \"%s\" (petrel serve --help)", a);
     }
     if (!mo.model) return cli_fail("serve: --model is required");
+    if (mo.open.lora_merge) return cli_fail("serve: --lora-merge: the server picks an adapter per request (\"model\": NAME); leave --lora-merge out");
     if (so.api_key && key_file) return cli_fail("serve: give --api-key or --api-key-file, not both");
     petrel_error err = {0};
     char *key = NULL, *src = NULL, *mcopy = NULL;

@@ -30,6 +30,7 @@ enum { SERVE_TOOLS_AUTO, SERVE_TOOLS_NONE, SERVE_TOOLS_REQUIRED, SERVE_TOOLS_NAM
 typedef struct serve_request {
     int chat;                 /* 1: /v1/chat/completions */
     char *model;              /* owned; NULL when not given */
+    int lora;                 /* set by the server: the LoRA adapter "model" names, -1 the base */
     char *prompt;             /* owned; completions: the prompt as text (NULL when given as ids) */
     size_t prompt_len;
     int32_t *prompt_ids;      /* owned; completions: the prompt as token ids (range not checked) */

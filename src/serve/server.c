@@ -95,6 +95,7 @@ typedef struct job {
     int lp_on, lp_k;
     float *lp, *lp_top;       /* [max_new], [max_new][lp_k] */
     int32_t *lp_top_id;       /* [max_new][lp_k] */
+    int lora;                 /* the LoRA adapter the request's "model" names (-1: the base) */
 } job;
 
 typedef struct metrics {
@@ -500,7 +501,8 @@ static void *sched_main(void *arg) {
         for (int a = first_new; a < n_run; a++) {
             job *j = sv->run[a];
             petrel_error e = {0};
-            if (petrel_session_create(sv->eng, j->cap, &j->s, &e)) {
+            if (petrel_session_create(sv->eng, j->cap, &j->s, &e) ||
+                (j->lora >= 0 && petrel_session_set_lora(j->s, &j->lora, NULL, 1, &e))) { /* the adapter before the prefix lookup */
                 pthread_mutex_lock(&sv->mu);
                 job_finish_locked(sv, j, NULL, 503, e.msg);
                 pthread_mutex_unlock(&sv->mu);
@@ -1000,6 +1002,7 @@ static job *job_create(serve *sv, const serve_request *rq, const int32_t *ids, i
     j->refs = 1;
     j->chat = rq->chat;
     j->choice = choice;
+    j->lora = rq->lora;
     tok_stream_init(&j->ts, sv->tok);
     j->ids = malloc(sizeof(int32_t) * ((size_t)n + (size_t)max_new + 1));
     int bad = !j->ids;
@@ -1059,8 +1062,12 @@ static int handle_completion(serve *sv, struct MHD_Connection *c, conn *cs, int 
     if (serve_request_parse(cs->body.p, cs->body.n, chat, &rq, param, &e))
         return send_error(c, e.code == PETREL_ENOMEM ? 500 : 400, NULL, param, "%s", e.msg);
     int ret;
-    if (rq.model && strcmp(rq.model, sv->model_name)) {
-        ret = send_error(c, 404, "model_not_found", "model", "The model '%.200s' does not exist; this server serves '%.200s'", rq.model, sv->model_name);
+    rq.lora = -1; /* "model": the base model's name, or one of the LoRA adapters' (--lora NAME=DIR) */
+    for (int i = 0; rq.model && strcmp(rq.model, sv->model_name) && i < petrel_engine_lora_count(sv->eng); i++)
+        if (!strcmp(rq.model, petrel_engine_lora_name(sv->eng, i))) rq.lora = i;
+    if (rq.model && strcmp(rq.model, sv->model_name) && rq.lora < 0) {
+        ret = send_error(c, 404, "model_not_found", "model", "The model '%.200s' does not exist; this server serves '%.200s'%s (GET /v1/models)", rq.model,
+                         sv->model_name, petrel_engine_lora_count(sv->eng) ? " and its LoRA adapters" : "");
         serve_request_free(&rq);
         return ret;
     }
@@ -1386,18 +1393,34 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (!strcmp(url, "/tokenize") || !strcmp(url, "/detokenize"))
         return post ? handle_tokenize(sv, c, cs, url[1] == 'd') : send_error(c, 405, NULL, NULL, "use POST");
     if (!strcmp(url, "/metrics")) return get ? handle_metrics(sv, c) : send_error(c, 405, NULL, NULL, "use GET");
-    if (!strcmp(url, "/v1/models") || (!strncmp(url, "/v1/models/", 11) && !strcmp(url + 11, sv->model_name))) {
+    int one = -2; /* /v1/models/NAME: -1 the base, i adapter i */
+    if (!strncmp(url, "/v1/models/", 11)) {
+        if (!strcmp(url + 11, sv->model_name)) one = -1;
+        for (int i = 0; one == -2 && i < petrel_engine_lora_count(sv->eng); i++)
+            if (!strcmp(url + 11, petrel_engine_lora_name(sv->eng, i))) one = i;
+    }
+    if (!strcmp(url, "/v1/models") || one > -2) { /* the base model, then each LoRA adapter as a model of its own */
         if (!get) return send_error(c, 405, NULL, NULL, "use GET");
-        cJSON *m = cJSON_CreateObject();
-        cJSON_AddStringToObject(m, "id", sv->model_name);
-        cJSON_AddStringToObject(m, "object", "model");
-        cJSON_AddNumberToObject(m, "created", 0);
-        cJSON_AddStringToObject(m, "owned_by", "petrel");
-        cJSON_AddNumberToObject(m, "max_model_len", sv->ctx);
-        if (url[10] == '/') return send_json(c, 200, m);
-        cJSON *l = cJSON_CreateObject();
+        cJSON *l = cJSON_CreateObject(), *data = NULL;
         cJSON_AddStringToObject(l, "object", "list");
-        cJSON_AddItemToArray(cJSON_AddArrayToObject(l, "data"), m);
+        data = cJSON_AddArrayToObject(l, "data");
+        cJSON *pick = NULL;
+        for (int i = -1; i < petrel_engine_lora_count(sv->eng); i++) {
+            cJSON *m = cJSON_CreateObject();
+            cJSON_AddStringToObject(m, "id", i < 0 ? sv->model_name : petrel_engine_lora_name(sv->eng, i));
+            cJSON_AddStringToObject(m, "object", "model");
+            cJSON_AddNumberToObject(m, "created", 0);
+            cJSON_AddStringToObject(m, "owned_by", "petrel");
+            if (i >= 0) cJSON_AddStringToObject(m, "parent", sv->model_name); /* vLLM's field for a LoRA model */
+            cJSON_AddNumberToObject(m, "max_model_len", sv->ctx);
+            cJSON_AddItemToArray(data, m);
+            if (i == one) pick = m;
+        }
+        if (one > -2) {
+            cJSON *m = cJSON_Duplicate(pick, 1);
+            cJSON_Delete(l);
+            return send_json(c, 200, m);
+        }
         return send_json(c, 200, l);
     }
     return send_error(c, 404, "not_found", NULL, "no endpoint %.200s %.200s", method, url);
