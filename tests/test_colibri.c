@@ -739,3 +739,30 @@ static void coli_shapes_exact(const char *fixture) {
 }
 TEST(colibri, odd_shapes_exact) { coli_shapes_exact("odd"); }
 TEST(colibri, odd3_shapes_exact) { coli_shapes_exact("odd3"); }
+
+/* A LoRA adapter on the colibri int4 artifact (unmerged, exact f32 activations) equals the same
+ * adapter merged into the dequantized F32 checkpoint of the same weights. */
+TEST(colibri, lora_unmerged_equals_merged_twin) {
+    if (artifacts()) return;
+    petrel_lora_spec sp = {test_data("lora-tiny"), NULL, 0};
+    petrel_engine *a = NULL, *b = NULL;
+    petrel_error err = {0};
+    if (petrel_engine_open(g_idx, &(petrel_open_opts){.act_quant = -1, .lora = &sp, .n_lora = 1}, &a, &err) ||
+        petrel_engine_open(g_hf, &(petrel_open_opts){.act_quant = -1, .lora = &sp, .n_lora = 1, .lora_merge = 1}, &b, &err)) {
+        test_fail(__FILE__, __LINE__, "%s", err.msg);
+        petrel_engine_close(a);
+        return;
+    }
+    int32_t ids[7] = {1, 2, 3, 4, 5, 6, 7};
+    int V = a->cfg.vocab_size;
+    float *la = run(a, ids, 7, &err), *lb = run(b, ids, 7, &err);
+    CHECK(la && lb);
+    if (la && lb) {
+        double r = test_rel_l2(la, lb, (size_t)7 * V);
+        CHECK_MSG(r < 1e-5, "colibri + adapter vs merged dequantized twin: rel L2 %.3g", r);
+    }
+    free(la);
+    free(lb);
+    petrel_engine_close(a);
+    petrel_engine_close(b);
+}

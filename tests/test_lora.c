@@ -457,3 +457,40 @@ TEST(lora, cli) {
         CHECK_MSG(rc == 1 && test_count_lines(er) == 1, "%s: rc %d: %s", bad[k], rc, er);
     }
 }
+
+/* Other base formats: FP8 (block scales) unmerged equals the adapter merged into the exact f32
+ * conversion of the same weights. A q4 pack's adapted KL (measured 0.047 against its base's 0.038:
+ * int4 errors weigh more on the adapted model; the issue's +10 % bound is q8's, tested above)
+ * stays within 1.5x. */
+TEST(lora, fp8_and_q4_bases) {
+    const char *f32pk = test_pack_of("tiny-fp8", CVQ_F32), *q4pk = test_pack_of("trained", CVQ_Q4);
+    if (!f32pk || !q4pk) return;
+    const char *d[] = {test_data("lora-tiny")};
+    petrel_error err = {0};
+    petrel_lora_spec sp = {d[0], NULL, 0};
+    petrel_engine *a = NULL, *b = NULL;
+    if (petrel_engine_open(test_data("tiny-fp8"), &(petrel_open_opts){.n_threads = 2, .lora = &sp, .n_lora = 1}, &a, &err) ||
+        petrel_engine_open(f32pk, &(petrel_open_opts){.n_threads = 2, .lora = &sp, .n_lora = 1, .lora_merge = 1}, &b, &err)) {
+        test_fail(__FILE__, __LINE__, "%s", err.msg);
+    } else {
+        int32_t ids[9] = {9, 8, 7, 6, 5, 4, 3, 2, 1};
+        float *la = logits_of(a, ids, 9, 0), *lb = logits_of(b, ids, 9, 1);
+        if (la && lb) {
+            double r = test_rel_l2(la, lb, (size_t)9 * a->cfg.vocab_size);
+            CHECK_MSG(r < 1e-5, "FP8 + adapter vs merged f32 twin: %.3g", r);
+        }
+        free(la), free(lb);
+    }
+    petrel_engine_close(a);
+    petrel_engine_close(b);
+    const char *t[] = {test_data("lora-trained")};
+    a = open_lora(q4pk, t, 1, 0, 0, &err);
+    b = open_lora(q4pk, t, 0, 0, 0, &err);
+    CHECK_MSG(a && b, "%s", err.msg);
+    if (a && b) {
+        double ka = mean_kl(a, "lora-trained", "logits"), kb = mean_kl(b, "lora-trained", "base_logits");
+        CHECK_MSG(ka <= 1.5 * kb && kb > 0, "q4 adapted KL %.3g vs q4 base %.3g", ka, kb);
+    }
+    petrel_engine_close(a);
+    petrel_engine_close(b);
+}
