@@ -1,5 +1,6 @@
-/* gold.c: looking up a golden file's tensors and converting a fixture to a pack (kept apart
+/* gold.c: looking up a golden file's tensors, converting a fixture to a pack, KL against goldens (kept apart
  * from runner.c so that the kernel-only test build, bench/build_bench.sh, needs no model I/O). */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -28,4 +29,17 @@ const struct st_tensor *test_gold(const struct st_set *g, int prompt, const char
     char n[128];
     snprintf(n, sizeof n, "prompt_%d.%s", prompt, part);
     return st_find(g, n);
+}
+
+double test_kl_rows(const float *ref, const float *lg, int T, int V) {
+    double kl = 0;
+    for (int t = 0; t < T; t++) {
+        const float *a = ref + (size_t)t * V, *b = lg + (size_t)t * V;
+        double ma = a[0], mb = b[0], za = 0, zb = 0, x = 0;
+        for (int v = 1; v < V; v++) { if (a[v] > ma) ma = a[v]; if (b[v] > mb) mb = b[v]; }
+        for (int v = 0; v < V; v++) { za += exp(a[v] - ma); zb += exp(b[v] - mb); }
+        for (int v = 0; v < V; v++) x += exp(a[v] - ma) / za * ((a[v] - ma - log(za)) - (b[v] - mb - log(zb)));
+        kl += x;
+    }
+    return kl;
 }

@@ -19,6 +19,9 @@ const char *test_tmpdir(void);
 const char *test_tmp(const char *name);
 /* Relative L2 error ||a - ref|| / ||ref|| over n floats (in double). */
 double test_rel_l2(const float *a, const float *ref, size_t n);
+/* Sum over rows t < T of KL(softmax(ref[t]) || softmax(lg[t])) (nats, in double): a quantized
+ * or adapted model's logits against a reference. */
+double test_kl_rows(const float *ref, const float *lg, int T, int V);
 /* Runs cmd through the shell, capturing stdout into out and stderr into err (both truncated to
  * their capacity, NUL-terminated); returns the exit status (-1 if it did not exit). */
 int test_sh(const char *cmd, char *out, size_t cap, char *err, size_t ecap);

@@ -135,15 +135,7 @@ static double mean_kl(petrel_engine *e, const char *fixture, const char *part) {
         if (!ids || !ref) break;
         int T = (int)ids->shape[0];
         float *lg = logits_of(e, (const int32_t *)ids->data, T, 0);
-        for (int t = 0; lg && t < T; t++) {
-            const float *a = (const float *)ref->data + (size_t)t * V, *b = lg + (size_t)t * V;
-            double ma = a[0], mb = b[0], za = 0, zb = 0, x = 0;
-            for (int v = 1; v < V; v++) { if (a[v] > ma) ma = a[v]; if (b[v] > mb) mb = b[v]; }
-            for (int v = 0; v < V; v++) { za += exp(a[v] - ma); zb += exp(b[v] - mb); }
-            for (int v = 0; v < V; v++) x += exp(a[v] - ma) / za * ((a[v] - ma - log(za)) - (b[v] - mb - log(zb)));
-            kl += x;
-            npos++;
-        }
+        if (lg) kl += test_kl_rows((const float *)ref->data, lg, T, V), npos += T;
         free(lg);
     }
     st_close(g);
