@@ -19,6 +19,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "experts/xs.h"
 #include "io/convert.h"
 #include "runtime/chat.h"
 #include "serve/request.h"
@@ -1409,4 +1410,48 @@ TEST(serve, lora_models) {
     serve_stop(sv);
     serve_free(sv);
     petrel_engine_close(e);
+}
+
+/* The I/O fault seam under streamed experts: while every expert read fails, each request ends
+ * with an OpenAI error body (500, the read named), the server stays up (/health), and once the
+ * disk reads again the same request gets its tokens. */
+static void fail_all_reads(void *ctx, int layer, int expert, int attempt, xs_fault *f) {
+    (void)layer, (void)expert, (void)attempt;
+    if (*(volatile int *)ctx) f->kind = XS_FAULT_ERROR;
+}
+
+TEST(serve, expert_read_faults) {
+    if (fixture()) return;
+    const char *pk = test_pack_of("trained", CVQ_Q8);
+    if (!pk) return;
+    petrel_engine *eng = NULL;
+    petrel_error err = {0};
+    petrel_open_opts oo = {.expert_slots = 2};
+    if (petrel_engine_open(pk, &oo, &eng, &err)) { test_fail(__FILE__, __LINE__, "%s", err.msg); return; }
+    serve_opts o = {.parallel = 4};
+    serve *sv = NULL;
+    if (serve_start(eng, g_tok, g_tmpl, &o, &sv, &err)) { test_fail(__FILE__, __LINE__, "%s", err.msg); petrel_engine_close(eng); return; }
+    int p = serve_port(sv);
+    static volatile int armed = 1;
+    xs_io_fault_ctx = (void *)&armed;
+    xs_io_fault_hook = fail_all_reads;
+    const char *body = "{\"prompt\":[630,2095,482,1486],\"max_tokens\":6,\"temperature\":0,\"ignore_eos\":true}";
+    fail_arg a[2] = {{p, body, 0, ""}, {p, "{\"prompt\":[5,6,7],\"max_tokens\":6,\"temperature\":0,\"ignore_eos\":true}", 0, ""}};
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++) pthread_create(&th[i], NULL, fail_main, &a[i]);
+    for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < 2; i++)
+        CHECK_MSG(a[i].status == 500 && strstr(a[i].text, "\"error\"") && strstr(a[i].text, "read failed"), "request %d under faults: %d %s", i, a[i].status,
+                  a[i].text);
+    reply r;
+    CHECK(http(p, "GET", "/health", NULL, NULL, &r) == 0 && r.status == 200);
+    reply_free(&r);
+    armed = 0;
+    fail_main(&a[0]);
+    CHECK_MSG(a[0].status == 200 && strstr(a[0].text, "\"completion_tokens\":6"), "after the faults: %d %s", a[0].status, a[0].text);
+    xs_io_fault_hook = NULL;
+    xs_io_fault_ctx = NULL;
+    serve_stop(sv);
+    serve_free(sv);
+    petrel_engine_close(eng);
 }
