@@ -38,6 +38,10 @@ static const char *usage =
     "  --max-connections N  open connections served at once; the next few get 503 (default 512)\n"
     "  --template FILE      Jinja chat template (default: the model's own)\n"
     "  --tokenizer FILE     tokenizer.json (default: the model's own)\n"
+    "  --session-dir DIR    save finished requests' KV as session files in DIR (created if missing)\n"
+    "                       and load DIR's files into the prefix cache at start: a conversation's\n"
+    "                       next turn or a repeated system prompt skips its prefill after a restart\n"
+    "  --session-dir-max N  files kept in DIR, the oldest removed first (default 256)\n"
     "  --lora NAME=DIR      serve a PEFT LoRA adapter as the model NAME (repeatable, up to 8): listed\n"
     "                       in /v1/models, chosen by a request's \"model\"; the others run the base\n"
     "                       (serve reads --lora as NAME=DIR, not DIR=SCALE)\n" CLI_MODEL_OPTS_HELP;
@@ -78,6 +82,8 @@ CLI_CMD(serve) {
         else if (!strcmp(a, "--keepalive-ms") && has) { if (cli_opt_count("serve", a, argv[++i], 1, 3600000, &v)) return 1; so.keepalive_ms = (int)v; }
         else if (!strcmp(a, "--max-connections") && has) { if (cli_opt_count("serve", a, argv[++i], 1, 65536, &v)) return 1; so.max_connections = (int)v; }
         else if (!strcmp(a, "--max-body") && has) { if (cli_opt_size("serve", a, argv[++i], 1024, 1u << 30, &sz)) return 1; so.max_body = (size_t)sz; }
+        else if (!strcmp(a, "--session-dir") && has) so.session_dir = argv[++i];
+        else if (!strcmp(a, "--session-dir-max") && has) { if (cli_opt_count("serve", a, argv[++i], 1, 1 << 20, &v)) return 1; so.session_dir_max = (int)v; }
         else if (!strcmp(a, "--api-key") && has) so.api_key = argv[++i];
         else if (!strcmp(a, "--api-key-file") && has) key_file = argv[++i];
         else if (!strcmp(a, "--model-name") && has) name = argv[++i];
@@ -129,6 +135,12 @@ CLI_CMD(serve) {
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
     if (serve_start(eng, tok, tmpl, &so, &sv, &err) < 0) { rc = cli_fail_err("serve", &err); goto done; }
+    if (so.session_dir) {
+        int ld = 0, sk = 0;
+        serve_session_files(sv, &ld, &sk, NULL);
+        fprintf(stderr, "petrel serve: %s: %d session files in the prefix cache%s%.0d%s\n", so.session_dir, ld, sk ? " (" : "", sk,
+                sk ? " skipped: another model, KV type or adapter set, or damaged)" : "");
+    }
     printf("petrel serve: listening on http://%s:%d (model %s, %d parallel)\n", so.host ? so.host : "127.0.0.1", serve_port(sv), name,
            so.parallel ? so.parallel : 8);
     fflush(stdout);

@@ -27,6 +27,7 @@
 #include "model/engine.h"
 #include "runtime/chat.h"
 #include "runtime/sampler.h"
+#include "serve/persist.h"
 #include "serve/request.h"
 #include "serve/toolcall.h"
 
@@ -140,6 +141,9 @@ struct serve {
     job **row_job;
     float *lg;                /* [parallel][V] */
     float *lp_row, *fork_row; /* [V] each: a row kept for logprobs, a copy for a forked choice */
+    persist *ps;              /* --session-dir, or NULL */
+    int ps_loaded, ps_skipped;
+    long ps_written;          /* once the writer has stopped */
 };
 
 /* ---------- jobs ---------- */
@@ -443,6 +447,7 @@ static void *sched_main(void *arg) {
             job *j = sv->run[a];
             if (j->cancelled && !j->done) job_finish_locked(sv, j, NULL, 499, "cancelled: the client went away");
             if (j->done) {
+                if (sv->ps && !j->err_status && j->s) persist_offer(sv->ps, j->s); /* its KV for later runs */
                 petrel_session_free(j->s);
                 j->s = NULL;
                 job_release_locked(sv, j);
@@ -1479,6 +1484,7 @@ int serve_start(petrel_engine *eng, const tokenizer *tok, const jinja_template *
         if (id >= 0) sv->chat_stop[sv->n_chat_stop++] = id;
     }
     if (!rc) rc = petrel_batch_create(eng, sv->o.max_rows, &sv->b, err);
+    if (!rc && o->session_dir) rc = persist_open(eng, o->session_dir, o->session_dir_max, sv->ctx, &sv->ps, &sv->ps_loaded, &sv->ps_skipped, err);
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)o->port)};
     const char *host = o->host && *o->host ? o->host : "127.0.0.1";
     if (!strcmp(host, "localhost")) host = "127.0.0.1";
@@ -1511,6 +1517,12 @@ int serve_start(petrel_engine *eng, const tokenizer *tok, const jinja_template *
 
 int serve_port(const serve *s) { return s->port; }
 
+void serve_session_files(const serve *s, int *loaded, int *skipped, long *written) {
+    if (loaded) *loaded = s->ps_loaded;
+    if (skipped) *skipped = s->ps_skipped;
+    if (written) *written = s->ps ? persist_written(s->ps) : s->ps_written;
+}
+
 void serve_stop(serve *sv) {
     if (!sv) return;
     if (sv->d) MHD_quiesce_daemon(sv->d); /* no new connections */
@@ -1522,6 +1534,8 @@ void serve_stop(serve *sv) {
     sv->sched_started = 0;
     if (sv->d) MHD_stop_daemon(sv->d); /* joins the connection threads: their jobs have ended */
     sv->d = NULL;
+    if (sv->ps) sv->ps_written = persist_close(sv->ps); /* what is queued is written first */
+    sv->ps = NULL;
 }
 
 void serve_free(serve *sv) {

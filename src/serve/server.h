@@ -42,6 +42,9 @@ typedef struct serve_opts {
     int max_rows;           /* rows per forward; 0 = 512 */
     int keepalive_ms;       /* SSE comment after this long without news; 0 = 5000 */
     int max_connections;    /* 0 = 512 */
+    const char *session_dir; /* borrowed; NULL = none: finished requests' KV saved there and loaded
+                                into the prefix cache at start (src/serve/persist.h) */
+    int session_dir_max;    /* files kept in session_dir; 0 = 256 */
     const char *force_answer; /* a test seam: every chat answer begins with this text (taken as
                                forced tokens, as tool_choice "required" takes "<tool_call>"), so
                                tests control what the tool-call parser sees; NULL = none */
@@ -53,6 +56,9 @@ typedef struct serve serve;
 int serve_start(petrel_engine *eng, const tokenizer *tok, const jinja_template *tmpl, const serve_opts *o,
                 serve **out, petrel_error *err);
 int serve_port(const serve *s);
+/* --session-dir: files loaded into the prefix cache at start / skipped (another model, adapter
+ * set or KV type, damaged), and written since. */
+void serve_session_files(const serve *s, int *loaded, int *skipped, long *written);
 /* Stops accepting, ends the running and queued requests (streams get an error event and
  * [DONE]), joins every thread. Then serve_free. */
 void serve_stop(serve *s);
