@@ -550,7 +550,7 @@ CLI_CMD(bench) {
     char cpu[256];
     plan_cpu_model(cpu, sizeof cpu);
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    printf("machine: %s, %ld cores online, kernels %s, %d threads\n", cpu, cores, kt_isa_name(&eng->kt), threads);
+    printf("machine: %s%s, %ld cores online, kernels %s, %d threads\n", cpu, cpu_has_amx() ? " (AMX)" : " (no AMX)", cores, kt_isa_name(&eng->kt), threads);
     printf("model: %s (%d layers, hidden %d, %d experts top-%d)\n", mo.model, c->num_hidden_layers, c->hidden_size, c->n_routed_experts,
            c->num_experts_per_tok);
     fflush(stdout);
