@@ -83,12 +83,16 @@ void lora_set_finish(lora_set *s) {
 }
 
 /* ---- applying ----
- * Rows go in blocks of LORA_RB, blocks in parallel on the kernel pool (inline when called from
- * inside a pool task). In a block, u[row][k] = s * (A_k . x_row) and then y_row += u[row][k] Bt_k
- * for k = 0 .. r-1: each row's arithmetic is the same fixed sequence whatever the block, the
- * thread or the number of rows (row independence), while A_k and Bt_k are read once per block. */
+ * Rows go in blocks of LORA_RB. For a block, phase 1 computes u[row][k] = s * (A_k . x_row)
+ * (tasks over groups of ranks), phase 2 adds y_row[o] += u[row][k] Bt_k[o] for k = 0 .. r-1
+ * (tasks over chunks of outputs, every row of the block, k ascending). Both phases are parallel
+ * on the kernel pool (inline when called from inside a pool task). Each u is one dot and each
+ * output element one chain of fmas in k order, whatever the partition, the thread or the number
+ * of rows, so a row's result is the same alone or in any batch (row independence). */
 
 #define LORA_RB 16
+#define LORA_KG 4     /* ranks per phase-1 task */
+#define LORA_OC 1024  /* outputs per phase-2 task (a multiple of 16) */
 
 typedef struct add_job {
     const kn_table *kt;
@@ -96,39 +100,51 @@ typedef struct add_job {
     float sc;
     const float *x;
     float *y;
-    int ldx, ldy, n, o0, on, trans;
+    int ldx, ldy, nb, o0, on, trans;
+    float *u;             /* [nb][r] */
 } add_job;
 
-static void add_task(void *ctx, int b, int thread) {
+static void u_task(void *ctx, int t, int thread) {
     (void)thread;
     const add_job *j = ctx;
     const lora_mat *m = j->m;
-    int r0 = b * LORA_RB, nb = j->n - r0 < LORA_RB ? j->n - r0 : LORA_RB;
-    static __thread float u[LORA_RB * LORA_MAX_RANK];
-    if (!j->trans) { /* y[o0 .. o0+on) += s B (A x) */
-        for (int k = 0; k < m->r; k++)
-            for (int i = 0; i < nb; i++) u[i * m->r + k] = j->sc * kt_dot(j->kt, m->A + (size_t)k * m->in, j->x + (size_t)(r0 + i) * j->ldx, m->in);
-        for (int k = 0; k < m->r; k++)
-            for (int i = 0; i < nb; i++) kt_axpy(j->kt, j->y + (size_t)(r0 + i) * j->ldy, u[i * m->r + k], m->Bt + (size_t)k * m->ldb + j->o0, j->on);
-    } else { /* y (in wide) += s A^T (B[o0 .. o0+on)^T x) */
-        for (int k = 0; k < m->r; k++)
-            for (int i = 0; i < nb; i++)
-                u[i * m->r + k] = j->sc * kt_dot(j->kt, m->Bt + (size_t)k * m->ldb + j->o0, j->x + (size_t)(r0 + i) * j->ldx, j->on);
-        for (int k = 0; k < m->r; k++)
-            for (int i = 0; i < nb; i++) kt_axpy(j->kt, j->y + (size_t)(r0 + i) * j->ldy, u[i * m->r + k], m->A + (size_t)k * m->in, m->in);
+    int k1 = (t + 1) * LORA_KG < m->r ? (t + 1) * LORA_KG : m->r;
+    for (int k = t * LORA_KG; k < k1; k++)
+        for (int i = 0; i < j->nb; i++) {
+            const float *xr = j->x + (size_t)i * j->ldx;
+            j->u[i * m->r + k] = j->sc * (j->trans ? kt_dot(j->kt, m->Bt + (size_t)k * m->ldb + j->o0, xr, j->on)
+                                                   : kt_dot(j->kt, m->A + (size_t)k * m->in, xr, m->in));
+        }
+}
+
+static void y_task(void *ctx, int t, int thread) {
+    (void)thread;
+    const add_job *j = ctx;
+    const lora_mat *m = j->m;
+    int width = j->trans ? m->in : j->on, c0 = t * LORA_OC, c1 = c0 + LORA_OC < width ? c0 + LORA_OC : width;
+    for (int k = 0; k < m->r; k++) {
+        const float *b = j->trans ? m->A + (size_t)k * m->in : m->Bt + (size_t)k * m->ldb + j->o0;
+        for (int i = 0; i < j->nb; i++) kt_axpy(j->kt, j->y + (size_t)i * j->ldy + c0, j->u[i * m->r + k], b + c0, c1 - c0);
     }
 }
 
 static void add_run(const kn_table *kt, const lora_set *s, int layer, lora_target t, int expert, const float *x, int ldx, int n, float *y,
                     int ldy, int o0, int on, int trans) {
     if (!s || n <= 0) return;
+    float u[LORA_RB * LORA_MAX_RANK];
     for (int i = 0; i < s->n; i++) {
         const lora_mat *m = lora_get(s->a[i], layer, t, expert);
         if (!m) continue;
-        add_job j = {kt, m, s->scale[i] * m->scale, x, y, ldx, ldy, n, o0, on, trans};
-        int nblk = (n + LORA_RB - 1) / LORA_RB;
-        if (nblk == 1) add_task(&j, 0, 0);
-        else pool_run(kn_pool(), nblk, add_task, &j);
+        int width = trans ? m->in : on;
+        int nu = (m->r + LORA_KG - 1) / LORA_KG, ny = (width + LORA_OC - 1) / LORA_OC;
+        for (int r0 = 0; r0 < n; r0 += LORA_RB) {
+            add_job j = {kt, m, s->scale[i] * m->scale, x + (size_t)r0 * ldx, y + (size_t)r0 * ldy, ldx, ldy, n - r0 < LORA_RB ? n - r0 : LORA_RB, o0, on,
+                         trans, u};
+            if (nu == 1) u_task(&j, 0, 0);
+            else pool_run(kn_pool(), nu, u_task, &j);
+            if (ny == 1) y_task(&j, 0, 0);
+            else pool_run(kn_pool(), ny, y_task, &j);
+        }
     }
 }
 
