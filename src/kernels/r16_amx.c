@@ -54,6 +54,7 @@
 #include <string.h>
 
 #include "kernels/kn_internal.h"
+#include "kernels/r16_scales.h"
 
 #define AI static inline __attribute__((always_inline))
 
@@ -145,14 +146,6 @@ static void cfg_int8(tilecfg *c, int q4) {
     for (int t = 4; t <= 5; t++) { c->rows[t] = 16; c->colsb[t] = 64; }
 }
 
-AI __m512 scales16(const pt_wview *W, int64_t idx) {
-    if (W->scale_dtype == PT_BF16) {
-        __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)W->scale + idx));
-        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-    }
-    if (W->scale_dtype == PT_F16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)W->scale + idx)));
-    return _mm512_loadu_ps((const float *)W->scale + idx);
-}
 
 #define KC_BYTES 1024 /* K bytes of activations per chunk and row: 16 q4 groups, 32 q8 groups */
 
@@ -229,7 +222,7 @@ AI void tile_chunk(const int Q4, const pt_wview *W, int64_t b, int64_t g0, int64
         }
         if (g - 2 >= g0) {
             int64_t gp = g - 2;
-            post(x0d, xs, gp, scales16(W, (b * ng + gp) * 16), ib[(gp - g0) % 3], acc);
+            post(x0d, xs, gp, r16_scales16(W, (b * ng + gp) * 16), ib[(gp - g0) % 3], acc);
         }
     }
 #pragma GCC unroll 16

@@ -9,19 +9,10 @@
 #include <string.h>
 
 #include "kernels/kn_internal.h"
+#include "kernels/r16_scales.h"
 
 #define AI static inline __attribute__((always_inline))
 
-
-/* The 16 scales of (block, group) as f32. */
-AI __m512 scales16(const pt_wview *W, int64_t idx) {
-    if (W->scale_dtype == PT_BF16) {
-        __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)W->scale + idx));
-        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-    }
-    if (W->scale_dtype == PT_F16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)W->scale + idx)));
-    return _mm512_loadu_ps((const float *)W->scale + idx);
-}
 
 AI void block(const int Q4, const int B, const pt_wview *W, int64_t b, const uint8_t *xq, int64_t xs, int i0, float *y) {
     const int g = Q4 ? 64 : 32;
@@ -72,7 +63,7 @@ AI void block(const int Q4, const int B, const pt_wview *W, int64_t b, const uin
                 }
             }
         }
-        __m512 s = scales16(W, (b * ng + gi) * 16);
+        __m512 s = r16_scales16(W, (b * ng + gi) * 16);
 #pragma GCC unroll 4
         for (int a = 0; a < B; a++) {
             __m512 f = _mm512_cvtepi32_ps(_mm512_add_epi32(ia[a], ib[a]));
@@ -139,7 +130,7 @@ AI void block2(const int Q4, const int B, const pt_wview *W, int64_t b, const ui
                 }
             }
         }
-        __m512 s0 = scales16(W, (b * ng + gi) * 16), s1 = scales16(W, ((b + 1) * ng + gi) * 16);
+        __m512 s0 = r16_scales16(W, (b * ng + gi) * 16), s1 = r16_scales16(W, ((b + 1) * ng + gi) * 16);
 #pragma GCC unroll 4
         for (int a = 0; a < B; a++) {
             __m512 da = _mm512_set1_ps(d[a][gi]);
