@@ -146,7 +146,6 @@ static void cfg_int8(tilecfg *c, int q4) {
     for (int t = 4; t <= 5; t++) { c->rows[t] = 16; c->colsb[t] = 64; }
 }
 
-
 #define KC_BYTES 1024 /* K bytes of activations per chunk and row: 16 q4 groups, 32 q8 groups */
 
 /* q8: groups [g0, g1) of block b as signed B tiles (8 x 64 bytes per group) at dst. */

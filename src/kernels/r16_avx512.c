@@ -13,7 +13,6 @@
 
 #define AI static inline __attribute__((always_inline))
 
-
 AI void block(const int Q4, const int B, const pt_wview *W, int64_t b, const uint8_t *xq, int64_t xs, int i0, float *y) {
     const int g = Q4 ? 64 : 32;
     const int64_t cols = W->cols, ng = cols / g, qb = (cols + 63) / 64 * 64, fb = (ng * 4 + 63) / 64 * 64;
