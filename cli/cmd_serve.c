@@ -38,6 +38,10 @@ static const char *usage =
     "  --max-connections N  open connections served at once; the next few get 503 (default 512)\n"
     "  --template FILE      Jinja chat template (default: the model's own)\n"
     "  --tokenizer FILE     tokenizer.json (default: the model's own)\n"
+    "  --draft K|auto       speculative decoding with the model's MTP head: K drafts per step (1..16),\n"
+    "                       auto (the cost model picks K, 0 included) or 0 (off, the default);\n"
+    "                       exact: greedy streams are plain greedy's; requests with logprobs, a\n"
+    "                       forced tool call or n > 1 run without it\n"
     "  --session-dir DIR    save finished requests' KV as session files in DIR (created if missing)\n"
     "                       and load DIR's files into the prefix cache at start: a conversation's\n"
     "                       next turn or a repeated system prompt skips its prefill after a restart\n"
@@ -82,6 +86,7 @@ CLI_CMD(serve) {
         else if (!strcmp(a, "--keepalive-ms") && has) { if (cli_opt_count("serve", a, argv[++i], 1, 3600000, &v)) return 1; so.keepalive_ms = (int)v; }
         else if (!strcmp(a, "--max-connections") && has) { if (cli_opt_count("serve", a, argv[++i], 1, 65536, &v)) return 1; so.max_connections = (int)v; }
         else if (!strcmp(a, "--max-body") && has) { if (cli_opt_size("serve", a, argv[++i], 1024, 1u << 30, &sz)) return 1; so.max_body = (size_t)sz; }
+        else if (!strcmp(a, "--draft") && has) { if (cli_opt_draft("serve", argv[++i], &so.draft)) return 1; }
         else if (!strcmp(a, "--session-dir") && has) so.session_dir = argv[++i];
         else if (!strcmp(a, "--session-dir-max") && has) { if (cli_opt_count("serve", a, argv[++i], 1, 1 << 20, &v)) return 1; so.session_dir_max = (int)v; }
         else if (!strcmp(a, "--api-key") && has) so.api_key = argv[++i];

@@ -1511,3 +1511,36 @@ TEST(serve, session_dir_across_restarts) {
     }
     CHECK_MSG(first[0] && !strcmp(first, second), "before the restart: [%s] after: [%s]", first, second);
 }
+
+/* --draft: speculative decoding inside the scheduler. Greedy streams of several requests drafting
+ * together equal plain `petrel generate`, a request with logprobs (which does not draft) runs
+ * beside them, a sampled one finishes with its length. */
+TEST(serve, draft_greedy_equals_plain) {
+    if (fixture()) return;
+    serve_opts o = {.parallel = 4, .draft = 3};
+    serve *sv = start(&o);
+    if (!sv) return;
+    int port = serve_port(sv);
+    int32_t want[32];
+    int nw = generate_ids("630,2095,482,1486", 16, want);
+    if (nw == -1) { serve_stop(sv); serve_free(sv); test_skip("PETREL_BIN unset: no `petrel generate` to compare with"); return; }
+    lora_req q[3] = {{port, NULL, {0}, 0}, {port, NULL, {0}, 0}, {port, NULL, {0}, 0}};
+    pthread_t th[3];
+    for (int i = 0; i < 3; i++) pthread_create(&th[i], NULL, lora_main, &q[i]);
+    reply r;
+    CHECK(http(port, "POST", "/v1/completions", NULL, "{\"prompt\":[630,2095],\"max_tokens\":5,\"temperature\":0,\"logprobs\":2}", &r) == 0 && r.status == 200 &&
+          strstr(r.body, "\"top_logprobs\""));
+    reply_free(&r);
+    CHECK(http(port, "POST", "/v1/completions", NULL, "{\"prompt\":[5,6,7],\"max_tokens\":12,\"temperature\":0.8,\"seed\":3,\"ignore_eos\":true}", &r) == 0 &&
+          r.status == 200 && strstr(r.body, "\"completion_tokens\":12"));
+    reply_free(&r);
+    for (int i = 0; i < 3; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < 3; i++) {
+        CHECK_EQ_INT(q[i].n, 16);
+        for (int k = 0; k < 16 && k < q[i].n; k++) CHECK_MSG(q[i].got[k] == want[k], "request %d: id %d: %d != plain %d", i, k, q[i].got[k], want[k]);
+    }
+    long fw = metric(port, "petrel_forwards_total"), tok = metric(port, "petrel_generation_tokens_total");
+    CHECK_MSG(fw > 0 && tok > 0, "forwards %ld tokens %ld", fw, tok);
+    serve_stop(sv);
+    serve_free(sv);
+}

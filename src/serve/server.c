@@ -27,6 +27,7 @@
 #include "model/engine.h"
 #include "runtime/chat.h"
 #include "runtime/sampler.h"
+#include "runtime/spec.h"
 #include "serve/persist.h"
 #include "serve/request.h"
 #include "serve/toolcall.h"
@@ -97,6 +98,11 @@ typedef struct job {
     float *lp, *lp_top;       /* [max_new], [max_new][lp_k] */
     int32_t *lp_top_id;       /* [max_new][lp_k] */
     int lora;                 /* the LoRA adapter the request's "model" names (-1: the base) */
+    /* --draft: the job's timeline in the server's speculative context (spec.h); its prompt is
+     * fed through spec_feed (the MTP rows with it) and its decode runs in spec_step with the
+     * other drafting jobs. Not for jobs with logprobs, forced tokens or several choices. */
+    int spec_on;
+    spec_seq sq;
 } job;
 
 typedef struct metrics {
@@ -142,6 +148,10 @@ struct serve {
     float *lg;                /* [parallel][V] */
     float *lp_row, *fork_row; /* [V] each: a row kept for logprobs, a copy for a forked choice */
     persist *ps;              /* --session-dir, or NULL */
+    spec_ctx *spec;           /* --draft, or NULL */
+    spec_seq **sseq;          /* [parallel] */
+    job **sjob;               /* [parallel] */
+    float *spec_lg;           /* [V] */
     int ps_loaded, ps_skipped;
     long ps_written;          /* once the writer has stopped */
 };
@@ -151,6 +161,7 @@ struct serve {
 static void job_release_locked(serve *sv, job *j) {
     (void)sv;
     if (--j->refs > 0) return;
+    if (j->spec_on) spec_seq_free(&j->sq);
     if (j->have_smp) sampler_free(&j->smp);
     petrel_session_free(j->s);
     tok_stream_free(&j->ts);
@@ -323,6 +334,7 @@ static void row_topk(const float *l, int V, int k, int32_t *ids) {
 /* One sampled token of a running job. logprobs are those of the model's distribution: the
  * log-softmax of the row as the model gave it (ids the tokenizer cannot decode excluded),
  * before penalties, temperature and truncation change what the sampler draws from. */
+static void emit_token(serve *sv, job *j, int32_t t, int accept);
 static void take_token(serve *sv, job *j, float *lg) {
     for (int i = 0; i < sv->n_masked; i++) lg[sv->masked[i]] = -INFINITY;
     double lse = 0;
@@ -343,6 +355,13 @@ static void take_token(serve *sv, job *j, float *lg) {
     } else
         t = sampler_sample(&j->smp, lg, sv->V);
     if (j->lp_on && j->n_out < j->max_new) j->lp[j->n_out] = (float)((double)sv->lp_row[t] - lse);
+    emit_token(sv, j, t, 1);
+}
+
+/* A token of j's answer, sampled (accept: the sampler has yet to accept it) or emitted by a
+ * speculative step (accepted there): timings, stop ids, the text through the stop strings and
+ * the tool-call parser, the length limit. */
+static void emit_token(serve *sv, job *j, int32_t t, int accept) {
     double now = now_s();
     pthread_mutex_lock(&sv->mu);
     if (j->n_out == 0) {
@@ -369,7 +388,7 @@ static void take_token(serve *sv, job *j, float *lg) {
     j->n_out++;
     sv->m.gen_tokens++;
     pthread_mutex_unlock(&sv->mu);
-    if (j->penalties) sampler_accept(&j->smp, t);
+    if (j->penalties && accept) sampler_accept(&j->smp, t);
     const char *b = NULL;
     size_t n = 0;
     petrel_error e = {0};
@@ -419,6 +438,65 @@ static void fork_choices(serve *sv, job *j, const float *row) {
     pthread_mutex_unlock(&sv->mu);
 }
 
+/* --draft: the drafting jobs' work of one scheduler step. Prompts: the next chunk of each through
+ * spec_feed (its MTP rows with it), the first token sampled from its last logits. Decode: one
+ * spec_step over every drafting job with a pending token (draft, one verify forward of all their
+ * windows, accept), each job's accepted tokens emitted in order. Returns how many jobs ran. */
+static int spec_jobs(serve *sv, int n_run) {
+    int m = 0, ran = 0;
+    for (int a = 0; a < n_run; a++) {
+        job *j = sv->run[a];
+        if (!j->spec_on || j->done || !j->s) continue;
+        petrel_error e = {0};
+        if (j->fed < j->n_prompt) {
+            int take = j->n_prompt - j->fed, ch = petrel_session_chunk(j->s);
+            if (take > ch) take = ch;
+            int last = j->fed + take == j->n_prompt;
+            if (spec_feed(&j->sq, j->ids + j->fed, take, last ? sv->spec_lg : NULL, &e) < 0) {
+                pthread_mutex_lock(&sv->mu);
+                job_finish_locked(sv, j, NULL, e.code == PETREL_ERANGE || e.code == PETREL_ENOMEM ? 503 : 500, e.msg);
+                pthread_mutex_unlock(&sv->mu);
+                continue;
+            }
+            j->fed += take;
+            ran++;
+            if (last) {
+                take_token(sv, j, sv->spec_lg);
+                if (!j->done) spec_set_token(&j->sq, j->ids[j->n_ids - 1]);
+            }
+            continue;
+        }
+        int room = j->cap - petrel_session_len(j->s), left = j->max_new - j->n_out;
+        if (room < 1) {
+            pthread_mutex_lock(&sv->mu);
+            job_finish_locked(sv, j, "length", 0, NULL);
+            pthread_mutex_unlock(&sv->mu);
+            continue;
+        }
+        j->sq.limit = left < room ? left : room;
+        sv->sseq[m] = &j->sq;
+        sv->sjob[m++] = j;
+    }
+    if (!m) return ran;
+    petrel_error e = {0};
+    int rc = spec_step(sv->spec, sv->sseq, m, &e);
+    pthread_mutex_lock(&sv->mu);
+    sv->m.forwards++;
+    pthread_mutex_unlock(&sv->mu);
+    for (int i = 0; i < m; i++) {
+        job *j = sv->sjob[i];
+        if (rc < 0) { /* rolled back: the step's jobs end with its error */
+            pthread_mutex_lock(&sv->mu);
+            job_finish_locked(sv, j, NULL, rc == PETREL_ERANGE || rc == PETREL_ENOMEM ? 503 : 500, e.msg);
+            pthread_mutex_unlock(&sv->mu);
+            continue;
+        }
+        for (int k = 0; k < j->sq.nout && !j->done; k++) emit_token(sv, j, j->sq.out[k], 0);
+        if (!j->done) spec_set_token(&j->sq, j->sq.out[j->sq.nout - 1]);
+    }
+    return ran + m;
+}
+
 static void *sched_main(void *arg) {
     serve *sv = arg;
     const int max_rows = sv->o.max_rows;
@@ -448,6 +526,8 @@ static void *sched_main(void *arg) {
             if (j->cancelled && !j->done) job_finish_locked(sv, j, NULL, 499, "cancelled: the client went away");
             if (j->done) {
                 if (sv->ps && !j->err_status && j->s) persist_offer(sv->ps, j->s); /* its KV for later runs */
+                if (j->spec_on) spec_seq_free(&j->sq);
+                j->spec_on = 0;
                 petrel_session_free(j->s);
                 j->s = NULL;
                 job_release_locked(sv, j);
@@ -513,6 +593,14 @@ static void *sched_main(void *arg) {
                 pthread_mutex_unlock(&sv->mu);
                 continue;
             }
+            if (sv->spec && !j->lp_on && !j->n_force && !j->n_fol && j->choice == 0) { /* drafting: its own timeline, no cached prefix */
+                if (spec_seq_init(&j->sq, sv->spec, j->s, &j->smp, sv->masked, sv->n_masked, &e)) {
+                    pthread_mutex_lock(&sv->mu);
+                    job_finish_locked(sv, j, NULL, 500, e.msg);
+                    pthread_mutex_unlock(&sv->mu);
+                } else j->spec_on = 1;
+                continue;
+            }
             int got = petrel_session_prefix_get(j->s, j->ids, j->n_prompt - 1, &e);
             if (got > 0) {
                 j->fed = got;
@@ -526,13 +614,13 @@ static void *sched_main(void *arg) {
         int n = 0;
         for (int a = 0; a < n_run; a++) {
             job *j = sv->run[a];
-            if (j->done || !j->s || j->fed < j->n_prompt || n >= max_rows) continue;
+            if (j->done || !j->s || j->spec_on || j->fed < j->n_prompt || n >= max_rows) continue;
             sv->rows[n] = (petrel_row){j->s, j->ids[j->n_ids - 1], 1};
             sv->row_job[n++] = j;
         }
         for (int a = 0; a < n_run && n < max_rows; a++) {
             job *j = sv->run[a];
-            if (j->done || !j->s || j->fed >= j->n_prompt) continue;
+            if (j->done || !j->s || j->spec_on || j->fed >= j->n_prompt) continue;
             int take = j->n_prompt - j->fed, ch = petrel_session_chunk(j->s);
             if (take > ch) take = ch;
             if (take > max_rows - n) take = max_rows - n;
@@ -542,7 +630,11 @@ static void *sched_main(void *arg) {
                 sv->row_job[n++] = j;
             }
         }
-        if (!n) continue;
+        int ran_spec = sv->spec ? spec_jobs(sv, n_run) : 0;
+        if (!n) {
+            if (ran_spec) continue;
+            continue;
+        }
         petrel_error e = {0};
         int rc = petrel_batch_forward(sv->b, sv->rows, n, sv->lg, &e);
         pthread_mutex_lock(&sv->mu);
@@ -1484,6 +1576,17 @@ int serve_start(petrel_engine *eng, const tokenizer *tok, const jinja_template *
         if (id >= 0) sv->chat_stop[sv->n_chat_stop++] = id;
     }
     if (!rc) rc = petrel_batch_create(eng, sv->o.max_rows, &sv->b, err);
+    if (!rc && o->draft) {
+        spec_params sp = {.draft = o->draft};
+        rc = spec_check(eng, &sp, err);
+        if (!rc && spec_effective_draft(eng, o->draft)) {
+            rc = spec_create(eng, &sp, sv->o.parallel, &sv->spec, err);
+            sv->sseq = calloc((size_t)sv->o.parallel, sizeof *sv->sseq);
+            sv->sjob = calloc((size_t)sv->o.parallel, sizeof *sv->sjob);
+            sv->spec_lg = malloc(sizeof(float) * (size_t)sv->V);
+            if (!rc && (!sv->sseq || !sv->sjob || !sv->spec_lg)) rc = pt_err(err, PETREL_ENOMEM, "out of memory");
+        }
+    }
     if (!rc && o->session_dir) rc = persist_open(eng, o->session_dir, o->session_dir_max, sv->ctx, &sv->ps, &sv->ps_loaded, &sv->ps_skipped, err);
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)o->port)};
     const char *host = o->host && *o->host ? o->host : "127.0.0.1";
@@ -1540,6 +1643,10 @@ void serve_stop(serve *sv) {
 
 void serve_free(serve *sv) {
     if (!sv) return;
+    spec_free(sv->spec);
+    free(sv->sseq);
+    free(sv->sjob);
+    free(sv->spec_lg);
     petrel_batch_free(sv->b);
     free(sv->run);
     free(sv->rows);

@@ -45,6 +45,8 @@ typedef struct serve_opts {
     const char *session_dir; /* borrowed; NULL = none: finished requests' KV saved there and loaded
                                 into the prefix cache at start (src/serve/persist.h) */
     int session_dir_max;    /* files kept in session_dir; 0 = 256 */
+    int draft;              /* MTP drafts per step (spec.h): 0 off, 1..16, or SPEC_AUTO (-1, the
+                               cost model); jobs with logprobs, forced tokens or n > 1 never draft */
     const char *force_answer; /* a test seam: every chat answer begins with this text (taken as
                                forced tokens, as tool_choice "required" takes "<tool_call>"), so
                                tests control what the tool-call parser sees; NULL = none */
