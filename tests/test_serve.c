@@ -1541,6 +1541,17 @@ TEST(serve, draft_greedy_equals_plain) {
     }
     long fw = metric(port, "petrel_forwards_total"), tok = metric(port, "petrel_generation_tokens_total");
     CHECK_MSG(fw > 0 && tok > 0, "forwards %ld tokens %ld", fw, tok);
+    /* a long prompt twice: the second takes its cached pages (MTP rows with them), same tokens */
+    char ids[2048] = "", body[4096];
+    for (int k = 0; k < 140; k++) sprintf(ids + strlen(ids), k ? ",%d" : "%d", 100 + (k * 37) % 3000);
+    snprintf(body, sizeof body, "{\"prompt\":[%s],\"max_tokens\":10,\"temperature\":0,\"ignore_eos\":true}", ids);
+    char t1[1024] = "", t2[1024] = "";
+    long c0 = metric(port, "petrel_prompt_tokens_cached_total");
+    sd_request(port, body, t1, sizeof t1);
+    sd_request(port, body, t2, sizeof t2);
+    long c1 = metric(port, "petrel_prompt_tokens_cached_total");
+    CHECK_MSG(c1 - c0 >= 128, "cached prompt tokens of the repeat: %ld", c1 - c0);
+    CHECK_MSG(t1[0] && !strcmp(t1, t2), "first [%s] repeat [%s]", t1, t2);
     serve_stop(sv);
     serve_free(sv);
 }

@@ -461,6 +461,7 @@ static int spec_jobs(serve *sv, int n_run) {
             j->fed += take;
             ran++;
             if (last) {
+                petrel_session_prefix_put(j->s, &(petrel_error){0}); /* a hint, MTP rows included */
                 take_token(sv, j, sv->spec_lg);
                 if (!j->done) spec_set_token(&j->sq, j->ids[j->n_ids - 1]);
             }
@@ -593,14 +594,6 @@ static void *sched_main(void *arg) {
                 pthread_mutex_unlock(&sv->mu);
                 continue;
             }
-            if (sv->spec && !j->lp_on && !j->n_force && !j->n_fol && j->choice == 0) { /* drafting: its own timeline, no cached prefix */
-                if (spec_seq_init(&j->sq, sv->spec, j->s, &j->smp, sv->masked, sv->n_masked, &e)) {
-                    pthread_mutex_lock(&sv->mu);
-                    job_finish_locked(sv, j, NULL, 500, e.msg);
-                    pthread_mutex_unlock(&sv->mu);
-                } else j->spec_on = 1;
-                continue;
-            }
             int got = petrel_session_prefix_get(j->s, j->ids, j->n_prompt - 1, &e);
             if (got > 0) {
                 j->fed = got;
@@ -608,6 +601,15 @@ static void *sched_main(void *arg) {
                 pthread_mutex_lock(&sv->mu);
                 sv->m.cached_tokens += got;
                 pthread_mutex_unlock(&sv->mu);
+            }
+            /* drafting: the job's own timeline over the session (cached rows without MTP rows get
+             * zero latents there: still exact, drafts only weaker) */
+            if (sv->spec && !j->lp_on && !j->n_force && !j->n_fol && j->choice == 0) {
+                if (spec_seq_init(&j->sq, sv->spec, j->s, &j->smp, sv->masked, sv->n_masked, &e)) {
+                    pthread_mutex_lock(&sv->mu);
+                    job_finish_locked(sv, j, NULL, 500, e.msg);
+                    pthread_mutex_unlock(&sv->mu);
+                } else j->spec_on = 1;
             }
         }
         /* rows: a decode row per generating job first, then prompt chunks */
