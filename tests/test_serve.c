@@ -220,18 +220,20 @@ static int ids_of(cJSON *arr, int32_t *ids, int cap) {
     return n;
 }
 
-/* `petrel generate` greedy ids after ids (NULL with a skip when PETREL_BIN is unset). */
-static int generate_ids(const char *ids, int n, int32_t *out) {
+/* `petrel generate` greedy ids after ids, with the LoRA adapter folder lora (or none): -1 when
+ * PETREL_BIN is unset (the caller skips). */
+static int generate_lora_ids(const char *ids, int n, const char *lora, int32_t *out) {
     const char *bin = getenv("PETREL_BIN");
     if (!bin) return -1;
-    char cmd[2048], o[16384], e[4096];
-    snprintf(cmd, sizeof cmd, "%s generate --model %s --ids %s -n %d", bin, test_data("trained"), ids, n);
+    char cmd[4096], o[16384], e[4096];
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --ids %s -n %d%s%s", bin, test_data("trained"), ids, n, lora ? " --lora " : "", lora ? lora : "");
     if (test_sh(cmd, o, sizeof o, e, sizeof e) != 0) { test_fail(__FILE__, __LINE__, "generate failed: %s", e); return -2; }
     int k = 0;
     char *p = o, *q;
     for (long v; k < n && (v = strtol(p, &q, 10), q != p); p = q) out[k++] = (int32_t)v;
     return k;
 }
+static int generate_ids(const char *ids, int n, int32_t *out) { return generate_lora_ids(ids, n, NULL, out); }
 
 TEST(serve, completions_greedy_equal_generate) {
     serve_opts o = {.parallel = 4};
@@ -1344,18 +1346,6 @@ TEST(serve, too_many_connections) {
 /* LoRA adapters served as models of their own: /v1/models lists them, a request's "model"
  * picks one, requests for the base and for two adapters run in one batch, and each equals
  * `petrel generate --lora DIR` (or no adapter) token for token. */
-static int generate_lora_ids(const char *ids, int n, const char *lora, int32_t *out) {
-    const char *bin = getenv("PETREL_BIN");
-    if (!bin) return -1;
-    char cmd[4096], o[16384], e[4096];
-    snprintf(cmd, sizeof cmd, "%s generate --model %s --ids %s -n %d%s%s", bin, test_data("trained"), ids, n, lora ? " --lora " : "", lora ? lora : "");
-    if (test_sh(cmd, o, sizeof o, e, sizeof e) != 0) { test_fail(__FILE__, __LINE__, "generate failed: %s", e); return -2; }
-    int k = 0;
-    char *p = o, *q;
-    for (long v; k < n && (v = strtol(p, &q, 10), q != p); p = q) out[k++] = (int32_t)v;
-    return k;
-}
-
 typedef struct lora_req { int port; const char *model; int32_t got[32]; int n; } lora_req;
 static void *lora_main(void *p) {
     lora_req *a = p;
