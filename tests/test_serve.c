@@ -588,39 +588,58 @@ TEST(serve, request_parser) {
     CHECK(serve_request_parse(NULL, 0, 0, &r, param, &e) != 0);
 }
 
-/* $PETREL_BIN serve: the URL line when ready, then SIGTERM exits with status 0. */
-TEST(serve, cli_sigterm) {
-    const char *bin = getenv("PETREL_BIN");
-    if (!bin) { test_skip("PETREL_BIN unset (make test sets it)"); return; }
+/* $PETREL_BIN serve with the given arguments (argv[0] is the binary, NULL-terminated) as a child
+ * whose stdout is a pipe: the port from its URL line (0 when none came), *pid and *fd to stop it. */
+static int spawn_serve(char *const *argv, pid_t *pid, int *fd) {
     int pfd[2];
-    if (pipe(pfd)) { test_fail(__FILE__, __LINE__, "pipe"); return; }
-    pid_t pid = fork();
-    if (pid == 0) {
+    *pid = -1;
+    *fd = -1;
+    if (pipe(pfd)) { test_fail(__FILE__, __LINE__, "pipe"); return 0; }
+    *pid = fork();
+    if (*pid == 0) {
         dup2(pfd[1], 1);
         close(pfd[0]);
-        execl(bin, bin, "serve", "--model", test_data("trained"), "--port", "0", "--api-key", "k", (char *)NULL);
+        execv(argv[0], argv);
         _exit(127);
     }
     close(pfd[1]);
+    *fd = pfd[0];
     char line[512] = "";
     size_t n = 0;
     while (n < sizeof line - 1 && read(pfd[0], line + n, 1) == 1 && line[n] != '\n') n++;
     line[n] = 0;
-    int port = 0;
     char *u = strstr(line, "http://127.0.0.1:");
-    if (u) port = atoi(u + 17);
+    int port = u ? atoi(u + 17) : 0;
     CHECK_MSG(port > 0, "no URL line: \"%s\"", line);
+    return port;
+}
+
+/* SIGTERM to a spawned server: it must exit with status 0. */
+static void stop_serve(pid_t pid, int fd) {
+    if (pid > 0) {
+        kill(pid, SIGTERM);
+        int st = 0;
+        waitpid(pid, &st, 0);
+        CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 0, "exit status %d", st);
+    }
+    if (fd >= 0) close(fd);
+}
+
+/* $PETREL_BIN serve: the URL line when ready, then SIGTERM exits with status 0. */
+TEST(serve, cli_sigterm) {
+    const char *bin = getenv("PETREL_BIN");
+    if (!bin) { test_skip("PETREL_BIN unset (make test sets it)"); return; }
+    char *const argv[] = {(char *)bin, "serve", "--model", (char *)test_data("trained"), "--port", "0", "--api-key", "k", NULL};
+    pid_t pid;
+    int fd;
+    int port = spawn_serve(argv, &pid, &fd);
     if (port > 0) {
         reply r;
         CHECK(http(port, "GET", "/health", NULL, NULL, &r) == 0 && r.status == 200);
         reply_free(&r);
         CHECK_ERROR(port, "GET", "/v1/models", NULL, NULL, 401, "invalid_api_key", NULL);
     }
-    kill(pid, SIGTERM);
-    int st = 0;
-    waitpid(pid, &st, 0);
-    CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 0, "exit status %d", st);
-    close(pfd[0]);
+    stop_serve(pid, fd);
 }
 
 /* The official `openai` npm package (tests/node, installed by make deps) against the server. */
@@ -1254,23 +1273,10 @@ TEST(serve, clients_64_equal_alone_under_budget) {
     if (!bin) { test_skip("PETREL_BIN unset (make test sets it)"); return; }
     const char *pk = test_pack_of("trained", CVQ_Q8);
     if (!pk) return;
-    int pfd[2];
-    if (pipe(pfd)) { test_fail(__FILE__, __LINE__, "pipe"); return; }
-    pid_t pid = fork();
-    if (pid == 0) {
-        dup2(pfd[1], 1);
-        close(pfd[0]);
-        execl(bin, bin, "serve", "--model", pk, "--mem-budget", "128M", "--parallel", "64", "--port", "0", (char *)NULL);
-        _exit(127);
-    }
-    close(pfd[1]);
-    char line[512] = "";
-    size_t n = 0;
-    while (n < sizeof line - 1 && read(pfd[0], line + n, 1) == 1 && line[n] != '\n') n++;
-    line[n] = 0;
-    char *u = strstr(line, "http://127.0.0.1:");
-    int port = u ? atoi(u + 17) : 0;
-    CHECK_MSG(port > 0, "no URL line: \"%s\"", line);
+    char *const argv[] = {(char *)bin, "serve", "--model", (char *)pk, "--mem-budget", "128M", "--parallel", "64", "--port", "0", NULL};
+    pid_t pid;
+    int fd;
+    int port = spawn_serve(argv, &pid, &fd);
     if (port > 0) {
         static c64 alone[64], conc[64];
         for (int i = 0; i < 64; i++) {
@@ -1306,11 +1312,7 @@ TEST(serve, clients_64_equal_alone_under_budget) {
         long kb = h ? strtol(h + 6, NULL, 10) : -1;
         CHECK_MSG(kb > 0 && kb < 128 * 1024, "peak RSS %ld KiB, budget 131072 KiB", kb);
     }
-    kill(pid, SIGTERM);
-    int status = 0;
-    waitpid(pid, &status, 0);
-    CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "exit status %d", status);
-    close(pfd[0]);
+    stop_serve(pid, fd);
 }
 
 /* Connections over --max-connections get an OpenAI 503 body (code too_many_connections), not a
