@@ -298,8 +298,10 @@ int petrel_engine_open(const char *path, const petrel_open_opts *opts, petrel_en
         petrel_engine_close(e);
         return rc;
     }
-    if (e->lora_merged) e->identity ^= e->lora_default.id; /* session files of the merged model are its own */
-    if (e->lora_merged) memset(&e->lora_default, 0, sizeof e->lora_default);
+    if (e->lora_merged) { /* session files of the merged model are its own; its sessions carry no set */
+        e->identity ^= e->lora_default.id;
+        memset(&e->lora_default, 0, sizeof e->lora_default);
+    }
     *out = e;
     return 0;
 }

@@ -298,17 +298,17 @@ static lora_mat *slot(lora_adapter *a, int l, lora_target t, int e) {
     return &a->mats[(size_t)l * LT_COUNT + t];
 }
 
-/* Copies A [r][in] (rows a0 .. a0+r of the tensor) and the B columns {k * bs + b0} into a mat. */
+/* Copies A [r][in] (rows a0 .. a0+r of the tensor) and the B columns {k * bstride + b0} (its first
+ * `out` rows) into a mat. */
 static int fill(lora_adapter *a, lora_mat *m, const st_tensor *A, const st_tensor *B, int r, int in, int out, int a0, int bstride, int b0,
-                int brows0, int ldb_out, float scale) {
+                float scale) {
     float *Af = own(a, (size_t)r * in), *Bt = own(a, (size_t)r * out);
     if (!Af || !Bt) return -1;
     int64_t bc = B->shape[1];
     for (int k = 0; k < r; k++) {
         for (int i = 0; i < in; i++) to_f32(A, (int64_t)(a0 + k) * in + i, &Af[(size_t)k * in + i]);
-        for (int o = 0; o < out; o++) to_f32(B, (int64_t)(brows0 + o) * bc + (int64_t)k * bstride + b0, &Bt[(size_t)k * out + o]);
+        for (int o = 0; o < out; o++) to_f32(B, (int64_t)o * bc + (int64_t)k * bstride + b0, &Bt[(size_t)k * out + o]);
     }
-    (void)ldb_out;
     *m = (lora_mat){r, in, out, out, scale, Af, Bt};
     return 0;
 }
@@ -321,19 +321,20 @@ static int finite_mat(const lora_mat *m) {
     return 1;
 }
 
-static int scale_for(ld *d, const char *key, int r, float *scale, int r_tensor_per, int mult) {
+/* The scale of the module (or parameter) `key` whose tensors hold rank r_tensor (mult: experts
+ * sharing lora_A's rows), checked against the config's r / rank_pattern. */
+static int scale_for(ld *d, const char *key, int r_tensor, int mult, float *scale) {
     double rv = d->r_default, av = d->alpha_default;
     PT_TRY(pattern_lookup(d->rank_pattern, key, &rv, "rank_pattern", d->dir, d->err));
     PT_TRY(pattern_lookup(d->alpha_pattern, key, &av, "alpha_pattern", d->dir, d->err));
-    if ((int)rv * mult != r_tensor_per)
+    if ((int)rv * mult != r_tensor)
         return pt_err(d->err, PETREL_EFORMAT, "%s: %s has rank %d in adapter_model.safetensors but adapter_config.json says r = %d", d->dir, key,
-                      r_tensor_per / mult, (int)rv);
-    (void)r;
+                      r_tensor / mult, (int)rv);
     *scale = (float)(d->rslora ? av / sqrt(rv) : av / rv);
     return 0;
 }
 
-static int load_pair(ld *d, const st_set *st, const char *mod, const st_tensor *A, const st_tensor *B) {
+static int load_pair(ld *d, const char *mod, const st_tensor *A, const st_tensor *B) {
     lora_adapter *a = d->a;
     const petrel_config *c = d->c;
     petrel_error *err = d->err;
@@ -362,12 +363,12 @@ static int load_pair(ld *d, const st_set *st, const char *mod, const st_tensor *
         if (r > LORA_MAX_RANK) return pt_err(err, PETREL_EUNSUPPORTED, "%s: %s: rank %d exceeds %d", d->dir, mod, r, LORA_MAX_RANK);
         snprintf(key, sizeof key, "model.layers.%d.mlp.experts.%s", l, gu ? "gate_up_proj" : "down_proj");
         float sc;
-        PT_TRY(scale_for(d, key, rank, &sc, rank, E));
+        PT_TRY(scale_for(d, key, rank, E, &sc));
         for (int x = 0; x < E; x++) {
             if (gu) {
                 lora_mat g, *mg = slot(a, l, LT_EXP_GATE, x), *mu = slot(a, l, LT_EXP_UP, x);
                 if (mg->r || mu->r) return pt_err(err, PETREL_EFORMAT, "%s: layer %d expert %d's gate/up is adapted twice", d->dir, l, x);
-                if (fill(a, &g, A, B, r, in, 2 * I, x * r, E, x, 0, 2 * I, sc)) return pt_err(err, PETREL_ENOMEM, "out of memory");
+                if (fill(a, &g, A, B, r, in, 2 * I, x * r, E, x, sc)) return pt_err(err, PETREL_ENOMEM, "out of memory");
                 *mg = g;
                 mg->out = I;
                 *mu = g;
@@ -377,13 +378,12 @@ static int load_pair(ld *d, const st_set *st, const char *mod, const st_tensor *
             } else {
                 lora_mat *md = slot(a, l, LT_EXP_DOWN, x);
                 if (md->r) return pt_err(err, PETREL_EFORMAT, "%s: layer %d expert %d's down_proj is adapted twice", d->dir, l, x);
-                if (fill(a, md, A, B, r, in, out, x * r, E, x, 0, out, sc)) return pt_err(err, PETREL_ENOMEM, "out of memory");
+                if (fill(a, md, A, B, r, in, out, x * r, E, x, sc)) return pt_err(err, PETREL_ENOMEM, "out of memory");
                 if (!finite_mat(md)) return pt_err(err, PETREL_EFORMAT, "%s: %s holds non-finite values", d->dir, mod);
             }
         }
         a->layer_mask[l] |= gu ? (1u << LT_EXP_GATE | 1u << LT_EXP_UP) : 1u << LT_EXP_DOWN;
         if (r > a->max_rank) a->max_rank = r;
-        (void)st;
         return 0;
     }
     int out, in;
@@ -397,8 +397,8 @@ static int load_pair(ld *d, const st_set *st, const char *mod, const st_tensor *
     lora_mat *m = slot(a, l, t, e < 0 ? 0 : e);
     if (m->r) return pt_err(err, PETREL_EFORMAT, "%s: %s is adapted twice", d->dir, mod);
     float sc;
-    PT_TRY(scale_for(d, mod, rank, &sc, rank, 1));
-    if (fill(a, m, A, B, rank, in, out, 0, 1, 0, 0, out, sc)) return pt_err(err, PETREL_ENOMEM, "out of memory");
+    PT_TRY(scale_for(d, mod, rank, 1, &sc));
+    if (fill(a, m, A, B, rank, in, out, 0, 1, 0, sc)) return pt_err(err, PETREL_ENOMEM, "out of memory");
     if (!finite_mat(m)) return pt_err(err, PETREL_EFORMAT, "%s: %s holds non-finite values", d->dir, mod);
     a->layer_mask[l] |= 1u << t;
     if (rank > a->max_rank) a->max_rank = rank;
@@ -503,7 +503,7 @@ static int load_tensors(ld *d) {
             snprintf(bname, sizeof bname, "%.*s.lora_B.%s", (int)(p - nm), nm, tail);
             const st_tensor *B = st_find(st, bname);
             if (!B) rc = pt_err(d->err, PETREL_EFORMAT, "%s: %s has no lora_B (%s)", path, nm, bname);
-            else rc = load_pair(d, st, mod, &st->tensors[i], B);
+            else rc = load_pair(d, mod, &st->tensors[i], B);
             pairs++;
         } else { /* a B must have its A */
             const char *q = strstr(nm, ".lora_B.");
