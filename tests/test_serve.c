@@ -1547,3 +1547,19 @@ TEST(serve, draft_greedy_equals_plain) {
     serve_stop(sv);
     serve_free(sv);
 }
+
+/* Bad values of serve's own options: one line on stderr, exit status 1, no server started. */
+TEST(serve, cli_bad_options) {
+    const char *bin = getenv("PETREL_BIN");
+    if (!bin) { test_skip("PETREL_BIN unset (make test sets it)"); return; }
+    const char *bad[] = {"--lora foo", "--lora =dir", "--lora a=/nonexistent/adapter", "--lora a=DIR --lora-merge", "--draft 17", "--draft -1",
+                         "--session-dir /proc/no/such/folder", "--session-dir-max 0"};
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        char arg[700], cmd[2048], out[4096], er[4096];
+        snprintf(arg, sizeof arg, "%s", bad[k]);
+        if (strstr(bad[k], "=DIR")) snprintf(arg, sizeof arg, "--lora a=%s --lora-merge", test_data("lora-trained"));
+        snprintf(cmd, sizeof cmd, "timeout 60 %s serve --model %s --port 0 %s", bin, test_data("trained"), arg);
+        int rc = test_sh(cmd, out, sizeof out, er, sizeof er);
+        CHECK_MSG(rc == 1 && test_count_lines(er) == 1 && !strstr(out, "listening"), "%s: rc %d: %s", bad[k], rc, er);
+    }
+}
