@@ -4,6 +4,9 @@
 #   make asan       the same tests under AddressSanitizer + UBSan (build-asan/)
 #   make fuzz       libFuzzer targets (clang) in build-fuzz/
 #   make bench      the benchmark on a synthetic GLM-5.2 slice
+#   make cuda       build/petrel-cuda and build/petrel-tests-cuda: the same programs with the
+#                   CUDA backend (src/cuda, nvcc, sm_90a); `make test` compiles them when nvcc
+#                   is installed, and the GPU tests skip (counted) where no GPU is visible
 #   make deps       installs missing Debian packages (also run by the targets above)
 #   make demo       builds and runs the bundled trained model on a prompt (the README's first
 #                   command; `make run-tiny` is the same)
@@ -28,7 +31,19 @@ LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 CLI_OBJ   := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_OBJ  := $(TEST_SRC:%.c=$(BUILD)/obj/%.o)
 
-.PHONY: all deps test asan fuzz bench demo run-tiny clean
+# The CUDA backend: src/cuda/*.cu with nvcc into the -cuda twins (libpetrel.a keeps the stub
+# src/cuda/none.c, so the default build needs no CUDA). The runtime is linked statically.
+CUDA_HOME ?= /usr/local/cuda
+NVCC      ?= $(shell command -v nvcc 2>/dev/null || (test -x $(CUDA_HOME)/bin/nvcc && echo $(CUDA_HOME)/bin/nvcc))
+NVFLAGS    = -std=c++17 -O3 -arch=sm_90a -Iinclude -Isrc -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror,-Wno-unused-parameter
+CUDA_LIBS  = -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
+CU_SRC    := $(sort $(wildcard src/cuda/*.cu))
+CU_OBJ    := $(CU_SRC:%.cu=$(BUILD)/obj/%.o)
+LIB_OBJ_CUDA := $(filter-out $(BUILD)/obj/src/cuda/none.o,$(LIB_OBJ)) $(CU_OBJ)
+# what `make test` adds: the CUDA twins where nvcc is installed (not in sanitizer builds)
+TEST_CUDA := $(if $(and $(NVCC),$(if $(SAN),,yes)),$(BUILD)/petrel-cuda $(BUILD)/petrel-tests-cuda)
+
+.PHONY: all deps test asan fuzz bench demo run-tiny clean cuda
 all: deps $(BUILD)/petrel
 
 deps:
@@ -42,6 +57,24 @@ $(BUILD)/obj/%_avx2.o:   ISA = $(ISA_avx2)
 $(BUILD)/obj/%_avx512.o: ISA = $(ISA_avx512)
 $(BUILD)/obj/%_amx.o:    ISA = $(ISA_amx)
 
+$(BUILD)/obj/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/libpetrel-cuda.a: $(LIB_OBJ_CUDA)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/petrel-cuda: $(CLI_OBJ) $(BUILD)/libpetrel-cuda.a
+	$(CC) $(CFLAGS_BASE) -o $@ $(CLI_OBJ) $(BUILD)/libpetrel-cuda.a $(LDLIBS) $(CUDA_LIBS)
+
+$(BUILD)/petrel-tests-cuda: $(TEST_OBJ) $(BUILD)/libpetrel-cuda.a
+	$(CC) $(CFLAGS_BASE) -o $@ $(TEST_OBJ) $(BUILD)/libpetrel-cuda.a $(LDLIBS) $(CUDA_LIBS)
+
+cuda: deps
+	@test -n "$(NVCC)" || { echo "make cuda: nvcc not found (install CUDA 13 at $(CUDA_HOME) or put nvcc on PATH)"; exit 1; }
+	$(MAKE) $(BUILD)/petrel-cuda $(BUILD)/petrel-tests-cuda
+
 $(BUILD)/libpetrel.a: $(LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
@@ -52,7 +85,7 @@ $(BUILD)/petrel: $(CLI_OBJ) $(BUILD)/libpetrel.a
 $(BUILD)/petrel-tests: $(TEST_OBJ) $(BUILD)/libpetrel.a
 	$(CC) $(CFLAGS_BASE) -o $@ $(TEST_OBJ) $(BUILD)/libpetrel.a $(LDLIBS)
 
-test: deps $(BUILD)/petrel $(BUILD)/petrel-tests
+test: deps $(BUILD)/petrel $(BUILD)/petrel-tests $(TEST_CUDA)
 	PETREL_BIN=./$(BUILD)/petrel ./$(BUILD)/petrel-tests $(TESTS)
 
 asan:

@@ -95,7 +95,11 @@ void cli_progress_fn(void *user, long long done, long long total);
     "  --lora DIR[=SCALE]   apply a PEFT LoRA adapter (adapter_config.json + adapter_model.safetensors)\n" \
     "                       on top of the weights, scaled by SCALE (default 1); repeat to sum up to 8\n" \
     "  --lora-merge         merge the adapters into the weights at open (f32/bf16 models, resident\n" \
-    "                       experts): exact and faster to decode, but every session gets them\n"
+    "                       experts): exact and faster to decode, but every session gets them\n" \
+    "  --device D           where the forward runs: cpu (default), cuda or cuda:N (a build with\n" \
+    "                       `make cuda`: build/petrel-cuda; every weight resident in GPU memory)\n" \
+    "  --vram-budget SIZE   GPU memory the weights, caches and scratch may take (default: the\n" \
+    "                       GPU's free memory less 1 GiB)\n"
 
 #define CLI_CMD(name) int cmd_##name(int argc, char **argv)
 CLI_CMD(info);

@@ -17,6 +17,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 
+#include "cuda/cu.h"
 #include "base/err.h"
 #include "cli.h"
 #include "experts/xs.h"
@@ -232,8 +233,8 @@ static int bench_batch(petrel_engine *eng, int B, long ctx, long steps, uint64_t
             memcpy(ns0, st->ns, sizeof ns0);
             if (eng->xs) xs_store_stats(eng->xs, &x0);
         }
-        double g = 0;
-        if (k >= 2)
+        double g = k >= 2 && eng->cu ? cu_hbm_probe(eng->cu, 1ull << 30) : 0; /* on the GPU: HBM */
+        if (k >= 2 && !eng->cu)
             for (int rep = 0, parts = bw_mib >= 1024 ? 4 : 1; rep < 3; rep++) {
                 double v = plan_bw_pass(bw_buf + (size_t)(rep % parts) * (bw_n / (size_t)parts), bw_n / (size_t)parts, threads);
                 if (v > g) g = v;
@@ -551,6 +552,7 @@ CLI_CMD(bench) {
     plan_cpu_model(cpu, sizeof cpu);
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     printf("machine: %s%s, %ld cores online, kernels %s, %d threads\n", cpu, cpu_has_amx() ? " (AMX)" : " (no AMX)", cores, kt_isa_name(&eng->kt), threads);
+    if (eng->cu) printf("device: %s (the floor's bandwidth: HBM reads, probed before every timed step)\n", petrel_engine_device(eng));
     printf("model: %s (%d layers, hidden %d, %d experts top-%d)\n", mo.model, c->num_hidden_layers, c->hidden_size, c->n_routed_experts,
            c->num_experts_per_tok);
     fflush(stdout);
@@ -729,7 +731,8 @@ CLI_CMD(bench) {
             memset(&s->stats, 0, sizeof s->stats);
             if (eng->xs) xs_store_stats(eng->xs, &xs0);
         }
-        if (k >= 2) /* best of 3 passes, each over a quarter of a large buffer (~5 ms a pass) */
+        if (k >= 2 && eng->cu) step_bw[k - 2] = cu_hbm_probe(eng->cu, 1ull << 30); /* on the GPU: HBM */
+        else if (k >= 2) /* best of 3 passes, each over a quarter of a large buffer (~5 ms a pass) */
             for (int rep = 0, parts = bw_mib >= 1024 ? 4 : 1; rep < 3; rep++) {
                 double g = plan_bw_pass(bw_buf + (size_t)(rep % parts) * (bw_n / (size_t)parts), bw_n / (size_t)parts, threads);
                 if (g > step_bw[k - 2]) step_bw[k - 2] = g;

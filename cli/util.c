@@ -96,10 +96,18 @@ static int kernel_opt(int argc, char **argv, int *i, cli_model_opts *mo) {
     const char *a = argv[*i];
     int aq = !strcmp(a, "--act-quant"), rl = !strcmp(a, "--relayout"), isa = !strcmp(a, "--isa");
     int kvt = !strcmp(a, "--kv-type"), kvs = !strcmp(a, "--kv-size");
-    if (!aq && !rl && !isa && !kvt && !kvs) return 0;
+    int dev = !strcmp(a, "--device"), vram = !strcmp(a, "--vram-budget");
+    if (!aq && !rl && !isa && !kvt && !kvs && !dev && !vram) return 0;
     if (*i + 1 >= argc) { cli_fail("%s needs a value", a); return -1; }
     const char *v = argv[++*i];
-    if (kvt) {
+    if (dev) {
+        const char *n = v + 5;
+        int ok = !strcmp(v, "cpu") || !strcmp(v, "cuda") || (!strncmp(v, "cuda:", 5) && *n && strspn(n, "0123456789") == strlen(n) && strlen(n) <= 4);
+        if (!ok) { cli_fail("--device: \"%s\" is not cpu, cuda or cuda:N", v); return -1; }
+        mo->open.device = v;
+    } else if (vram) {
+        if (cli_opt_size(NULL, "--vram-budget", v, 1, CLI_SIZE_MAX, &mo->open.vram_budget)) return -1;
+    } else if (kvt) {
         if (strcmp(v, "f32") && strcmp(v, "bf16") && strcmp(v, "int8") && strcmp(v, "auto")) {
             cli_fail("--kv-type: \"%s\" is not one of f32, bf16, int8, auto", v);
             return -1;
@@ -204,6 +212,7 @@ int cli_engine_open(const cli_model_opts *mo, petrel_engine **eng, petrel_error 
         const char *plan = petrel_engine_plan(*eng);
         if (plan && *plan) fprintf(stderr, "petrel: memory plan for %s:\n%s%s", mo->model, plan, plan[strlen(plan) - 1] == '\n' ? "" : "\n");
     }
+    if (rc == 0 && mo->open.verbose && mo->open.device) fprintf(stderr, "petrel: device %s\n", petrel_engine_device(*eng));
     if (rc == 0 && (*eng)->pack && pack_has_r16((*eng)->pack) && !(*eng)->kt.vnni)
         fprintf(stderr, "petrel: note: %s stores its experts for AVX-512 VNNI kernels, which this CPU lacks; they run on the slow scalar path "
                         "(reconvert with --expert-layout plain)\n", mo->model);

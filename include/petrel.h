@@ -102,6 +102,13 @@ typedef struct petrel_open_opts {
     int n_lora;             /* at most 8 */
     int lora_merge;
     int lora_select;
+    /* Where the forward runs: NULL or "cpu" (the default), "cuda" or "cuda:N" (GPU N of a
+     * binary built with `make cuda`: every weight resident in HBM, each session's latent cache
+     * there too; see src/cuda/cu.h for what the GPU path does not run yet). vram_budget: bytes
+     * of GPU memory the weights, caches and scratch may take; 0 = the GPU's free memory less
+     * 1 GiB. */
+    const char *device;
+    uint64_t vram_budget;
 } petrel_open_opts;
 
 /* Opens a model folder (Hugging Face checkpoint) or file. */
@@ -117,6 +124,9 @@ int petrel_engine_vocab_size(const petrel_engine *eng);
 /* The memory plan made at open (resident weights, KV, scratch, expert slots), one item per line;
  * "" when every expert is resident. */
 const char *petrel_engine_plan(const petrel_engine *eng);
+/* Where the engine's forwards run, one line: "cpu", or the GPU and what it holds ("NVIDIA H200
+ * (cuda:0, 139.8 GiB), weights 2.31 GB in HBM"). */
+const char *petrel_engine_device(const petrel_engine *eng);
 
 /* A model's side files, for front ends (no weights are read): `name` (tokenizer.json,
  * tokenizer_config.json, generation_config.json, chat_template.jinja) of the model at path:

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "base/err.h"
+#include "cuda/cu.h"
 #include "io/colibri.h"
 #include "io/pack.h"
 #include "kernels/kernels.h"
@@ -239,9 +240,44 @@ int petrel_session_set_lora(petrel_session *s, const int *idx, const float *scal
     return 0;
 }
 
+/* The open option device into *dev: -1 the CPU, else the CUDA GPU's index; what the GPU path
+ * does not run yet is refused here, before anything loads. */
+static int engine_device(const petrel_open_opts *o, int *out, petrel_error *err) {
+    const char *d = o ? o->device : NULL;
+    *out = -1;
+    if (!d || !*d || !strcmp(d, "cpu")) return 0;
+    int dev = 0;
+    if (strncmp(d, "cuda", 4) || (d[4] && d[4] != ':')) return pt_err(err, PETREL_EINVAL, "device \"%s\": want cpu, cuda or cuda:N", d);
+    if (d[4] == ':') {
+        char *end = NULL;
+        long v = strtol(d + 5, &end, 10);
+        if (!d[5] || *end || v < 0 || v > 1023) return pt_err(err, PETREL_EINVAL, "device \"%s\": want cuda:N with N a GPU index (0, 1, ...)", d);
+        dev = (int)v;
+    }
+    const char *no = o->mem_budget || o->expert_slots ? "expert streaming (--mem-budget, --expert-slots): the GPU path needs every weight resident"
+                     : o->n_lora                    ? "LoRA adapters"
+                     : o->route_trace               ? "trace-driven routing (--route-trace)"
+                     : o->trace_out                 ? "recording a routing trace (--trace-out)"
+                     : o->kv_type && strcmp(o->kv_type, "f32") ? "bf16 / int8 KV pages (--kv-type): the GPU cache is f32"
+                     : o->inspect_only              ? "inspect-only opens"
+                                                    : NULL;
+    if (no) return pt_err(err, PETREL_EUNSUPPORTED, "--device %s does not run %s yet", d, no);
+    if (!cu_built()) return pt_err(err, PETREL_EUNSUPPORTED, "--device %s: this petrel was built without CUDA (build build/petrel-cuda with `make cuda`)", d);
+    *out = dev;
+    return 0;
+}
+
 int petrel_engine_open(const char *path, const petrel_open_opts *opts, petrel_engine **out, petrel_error *err) {
     *out = NULL;
     if (!path || !*path) return pt_err(err, PETREL_EINVAL, "no model path given");
+    int dev;
+    PT_TRY(engine_device(opts, &dev, err));
+    petrel_open_opts gpu_opts;
+    if (dev >= 0) { /* the GPU reads the stored layout */
+        gpu_opts = *opts;
+        gpu_opts.relayout = -1;
+        opts = &gpu_opts;
+    }
     kn_table kt;
     PT_TRY(kernel_table(&kt, opts, err));
     kv_scheme ks = KV_F32;
@@ -298,6 +334,10 @@ int petrel_engine_open(const char *path, const petrel_open_opts *opts, petrel_en
         petrel_engine_close(e);
         return rc;
     }
+    if (dev >= 0 && (rc = cu_model_open(e, dev, opts->vram_budget, &e->cu, err)) < 0) {
+        petrel_engine_close(e);
+        return rc;
+    }
     if (e->lora_merged) { /* session files of the merged model are its own; its sessions carry no set */
         e->identity ^= e->lora_default.id;
         memset(&e->lora_default, 0, sizeof e->lora_default);
@@ -309,6 +349,7 @@ int petrel_engine_open(const char *path, const petrel_open_opts *opts, petrel_en
 void petrel_engine_close(petrel_engine *e) {
     if (!e) return;
     for (int i = 0; i < e->n_lora; i++) lora_free(e->lora[i]);
+    cu_model_close(e->cu);
     kv_pool_free(e->kv);
     stream_close(e);
     weights_deinit(&e->w, &e->cfg);
@@ -322,6 +363,7 @@ void petrel_engine_close(petrel_engine *e) {
 const petrel_config *petrel_engine_config(const petrel_engine *e) { return &e->cfg; }
 int petrel_engine_vocab_size(const petrel_engine *e) { return e->cfg.vocab_size; }
 const char *petrel_engine_plan(const petrel_engine *e) { return e->plan_text; }
+const char *petrel_engine_device(const petrel_engine *e) { return e->cu ? cu_model_describe(e->cu) : "cpu"; }
 
 size_t session_prefill_row_bytes(const petrel_config *c, int ctx) {
     return pf_carve(NULL, c, 1, c->index_topk < ctx ? c->index_topk : ctx, NULL); /* with its alignment: a little over */
@@ -367,12 +409,17 @@ int petrel_session_create(petrel_engine *e, int max_tokens, petrel_session **out
         petrel_session_free(s);
         return pt_err(err, PETREL_ENOMEM, "out of memory for a session of %d tokens", max_tokens);
     }
+    if (e->cu && (krc = cu_kv_create(e->cu, max_tokens, &s->cu, err)) < 0) {
+        petrel_session_free(s);
+        return krc;
+    }
     *out = s;
     return 0;
 }
 
 void petrel_session_free(petrel_session *s) {
     if (!s) return;
+    cu_kv_free(s->cu);
     kv_seq_free(s->kv);
     free(s->ar.base);
     free(s->pf.block);
@@ -395,11 +442,16 @@ void petrel_kv_usage(const petrel_engine *e, long long *free_positions, long lon
 
 int petrel_session_kv_reserved(const petrel_session *s) { return kv_seq_reserved(s->kv); }
 
+/* The GPU's caches are not paged into the host pool: files and prefixes wait for that. */
+#define CU_NO_FILES "session files are not written from the GPU's cache yet (--device cuda)"
+
 int petrel_session_save(const petrel_session *s, const char *path, petrel_error *err) {
+    if (s->cu) return pt_err(err, PETREL_EUNSUPPORTED, "%s", CU_NO_FILES);
     return kv_save(s->kv, path, s->eng->identity ^ s->lora.id, err);
 }
 
 int petrel_session_load(petrel_session *s, const char *path, petrel_error *err) {
+    if (s->cu) return pt_err(err, PETREL_EUNSUPPORTED, "%s", CU_NO_FILES);
     PT_TRY(kv_load(s->kv, path, s->eng->identity ^ s->lora.id, s->eng->cfg.vocab_size, err));
     s->len = s->kv->len;
     s->mtp_len = s->kv->mtp_len;
@@ -424,16 +476,23 @@ int petrel_session_fork(const petrel_session *src, petrel_session **out, petrel_
     }
     kv_seq_free(s->kv);
     s->kv = k;
+    if (src->cu && (rc = cu_kv_copy(src->eng->cu, s->cu, src->cu, src->len, err)) < 0) {
+        petrel_session_free(s);
+        *out = NULL;
+        return rc;
+    }
     s->len = src->len;
     s->mtp_len = src->mtp_len;
     s->lora = src->lora;
     return 0;
 }
 
-int petrel_session_prefix_put(petrel_session *s, petrel_error *err) { return kv_prefix_put(s->kv, err); }
+/* On the GPU nothing is shared yet: put keeps nothing, get finds nothing (0 tokens reused). */
+int petrel_session_prefix_put(petrel_session *s, petrel_error *err) { return s->cu ? 0 : kv_prefix_put(s->kv, err); }
 
 int petrel_session_prefix_get(petrel_session *s, const int32_t *ids, int n, petrel_error *err) {
     if (s->len) return pt_err(err, PETREL_EINVAL, "a cached prefix goes into an empty session (this one holds %d tokens)", s->len);
+    if (s->cu) return 0;
     int got = kv_prefix_get(s->kv, ids, n, err);
     if (got < 0) return got;
     s->len = s->kv->len;

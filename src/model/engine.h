@@ -66,6 +66,9 @@ struct petrel_engine {
     int n_lora, lora_merged, lora_max_rank;
     lora_set lora_default;
     uint64_t lora_bytes;     /* the adapters' arrays and merged copies (in the memory plan) */
+    /* The CUDA backend (src/cuda/cu.h, open option device "cuda[:N]"): the weights in HBM; every
+     * forward of the engine's sessions runs there. NULL: the CPU runs them. */
+    struct cu_model *cu;
 };
 
 /* A model given as a regular file that is not a pack: 0 if it may be a safetensors file (st_open
@@ -168,7 +171,7 @@ struct petrel_session {
     const lora_set **row_lora;
     const lora_set **row_lora_buf; /* owned [row_lora_cap] */
     int row_lora_cap;
-
+    struct cu_kv *cu;   /* owned: the latent cache in HBM when the engine runs on the GPU */
 };
 
 void *ar_alloc(arena *a, size_t bytes);

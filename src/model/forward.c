@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 
 #include "base/err.h"
+#include "cuda/cu.h"
 #include "io/pack.h"
 #include "kernels/kernels.h"
 #include "model/engine.h"
@@ -121,9 +122,36 @@ int fwd_rows(petrel_session *scr, const fwd_seg *seg, int nseg, const int32_t *i
     return fwd_rows_h(scr, seg, nseg, ids, T, logits, lrows, nlog, NULL, err);
 }
 
+/* The same rows on the GPU (src/cuda): each segment's cache is its session's in HBM; the host
+ * page table still records the positions and tokens (reserve, append), so truncation, the
+ * token list and the context checks work as on the CPU. */
+static int fwd_rows_cuda(petrel_session *scr, const fwd_seg *seg, int nseg, const int32_t *ids, int T, float *logits, const int32_t *lrows,
+                         int nlog, float *hidden, petrel_error *err) {
+    const petrel_engine *e = scr->eng;
+    if (scr->trace) return pt_err(err, PETREL_EUNSUPPORTED, "intermediate-result traces are not taken on the GPU");
+    scr->ar.used = 0;
+    cu_seg *cs = ar_alloc(&scr->ar, sizeof(cu_seg) * (size_t)nseg);
+    if (!cs) return pt_err(err, PETREL_ENOMEM, "forward scratch exhausted");
+    for (int g = 0; g < nseg; g++) {
+        petrel_session *s = seg[g].s;
+        PT_TRY(kv_seq_reserve(s->kv, s->len, s->len + seg[g].n, err));
+        cs[g] = (cu_seg){s->cu, s->len, seg[g].r0, seg[g].n, s->dsa_always_score};
+    }
+    uint64_t t0 = pt_now_ns();
+    PT_TRY(cu_forward(e->cu, cs, nseg, ids, T, logits, lrows, nlog, hidden, &scr->stats.experts_run, err));
+    scr->stats.ns[FS_OTHER] += pt_now_ns() - t0;
+    scr->stats.rows += (uint64_t)T;
+    for (int g = 0; g < nseg; g++) {
+        PT_TRY(kv_seq_append(seg[g].s->kv, ids + seg[g].r0, seg[g].n, err));
+        seg[g].s->len += seg[g].n;
+    }
+    return 0;
+}
+
 int fwd_rows_h(petrel_session *scr, const fwd_seg *seg, int nseg, const int32_t *ids, int T, float *logits,
                const int32_t *lrows, int nlog, float *hidden, petrel_error *err) {
     const petrel_engine *e = scr->eng;
+    if (e->cu) return fwd_rows_cuda(scr, seg, nseg, ids, T, logits, lrows, nlog, hidden, err);
     const petrel_config *c = &e->cfg;
     const model_w *w = &e->w;
     int H = c->hidden_size, Dr = c->qk_rope_head_dim, L = c->num_hidden_layers, V = c->vocab_size;
@@ -266,6 +294,7 @@ int fwd_mtp_h(petrel_session *scr, const fwd_seg *seg, int nseg, const int32_t *
     const model_w *w = &e->w;
     int H = c->hidden_size, Dr = c->qk_rope_head_dim, L = c->num_hidden_layers;
     if (!w->has_mtp) return pt_err(err, PETREL_EUNSUPPORTED, "this model has no MTP layer (layer %d: eh_proj, enorm, hnorm)", L);
+    if (e->cu) return pt_err(err, PETREL_EUNSUPPORTED, "the MTP head does not run on the GPU yet (--device cuda: use --draft 0)");
     if (e->trace) return pt_err(err, PETREL_EUNSUPPORTED, "the MTP head does not run while a routing trace is recorded");
     for (int g = 0; g < nseg; g++) {
         petrel_session *s = seg[g].s;

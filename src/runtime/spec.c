@@ -71,13 +71,15 @@ int spec_check(const petrel_engine *eng, const spec_params *p, petrel_error *err
     if (!(p->oracle_accept >= 0 && p->oracle_accept <= 1)) return pt_err(err, PETREL_EINVAL, "--oracle-accept %g is not in [0, 1]", p->oracle_accept);
     if (p->draft > 0 && !eng->w.has_mtp)
         return pt_err(err, PETREL_EUNSUPPORTED, "--draft %d: this model (%s) has no MTP layer to draft with", p->draft, eng->path);
+    if (p->draft > 0 && eng->cu)
+        return pt_err(err, PETREL_EUNSUPPORTED, "--draft %d: the MTP head does not run on the GPU yet (--device cuda drafts nothing: --draft 0)", p->draft);
     if (p->draft > 0 && eng->trace)
         return pt_err(err, PETREL_EUNSUPPORTED, "--draft %d: drafting does not run while a routing trace is recorded (--trace-out)", p->draft);
     return 0;
 }
 
 int spec_effective_draft(const petrel_engine *eng, int draft) {
-    if (draft == SPEC_AUTO && (!eng->w.has_mtp || eng->trace)) return 0;
+    if (draft == SPEC_AUTO && (!eng->w.has_mtp || eng->trace || eng->cu)) return 0;
     return draft;
 }
 

@@ -1,0 +1,76 @@
+/* cu.h: the CUDA backend's seam (src/cuda/, `make cuda`). The C engine calls these; they are
+ * built from model.cu + kernels.cu with nvcc, or from none.c (every call a clear
+ * PETREL_EUNSUPPORTED, cu_device_count 0) in the default CPU-only build.
+ *
+ * What runs on the GPU (one device, weights resident in HBM): the whole forward of a batch of
+ * rows of one or more sessions: embeddings, norms, MLA attention over each session's latent
+ * cache (absorbed form), the DSA indexer with its top-k (the tie rule of op_topk), the dense
+ * and shared MLPs, the router and the routed experts, the final norm and the head. Logits (and
+ * the final-normed hidden states on request) come back to the host, which samples.
+ * Exactness: every product accumulates in f32 over exactly dequantized weights (activations
+ * stay f32), so an f32 model's logits match the CPU's f32 path to float rounding (~1e-6).
+ * FP8 block-scaled weights are expanded to f32 at upload (exact, 4 bytes a weight).
+ * Not yet on the GPU (refused with a line saying so): the MTP layer, LoRA adapters,
+ * row-interleaved (r16) packs, expert streaming (a memory budget), bf16/int8 KV pages,
+ * session files and shared prefixes. */
+#ifndef PETREL_CUDA_CU_H
+#define PETREL_CUDA_CU_H
+#include <stdint.h>
+
+#include "petrel.h"
+#include "quant/qtypes.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct petrel_engine;
+typedef struct cu_model cu_model; /* the weights in HBM, the stream, scratch */
+typedef struct cu_kv cu_kv;       /* one session's latent cache in HBM */
+
+/* GPUs this process can use; 0 when built without CUDA or none is present. */
+int cu_device_count(void);
+/* 1 when this binary was built with the CUDA backend. */
+int cu_built(void);
+/* Uploads every weight of the engine (which must be fully resident) to GPU `device`; the
+ * VRAM the weights, KV and scratch may take is vram_budget (0: the device's free memory less
+ * 1 GiB). Refuses what the GPU path does not handle yet with one line. */
+int cu_model_open(const struct petrel_engine *e, int device, uint64_t vram_budget, cu_model **out, petrel_error *err);
+void cu_model_close(cu_model *m);
+/* One line: "NVIDIA H200 (cuda:0, 139.8 GiB), weights 2.31 GB in HBM". */
+const char *cu_model_describe(const cu_model *m);
+uint64_t cu_model_weight_bytes(const cu_model *m);
+/* A session's cache for positions 0 .. cap-1 (every layer's c, k_pe and indexer keys, f32). */
+int cu_kv_create(cu_model *m, int cap, cu_kv **out, petrel_error *err);
+void cu_kv_free(cu_kv *k);
+/* Copies positions [0, n) of src's cache into dst (a fork). */
+int cu_kv_copy(cu_model *m, cu_kv *dst, const cu_kv *src, int n, petrel_error *err);
+
+/* A batch's segment: rows [r0, r0 + n) at positions pos0 .. pos0 + n - 1 of kv. */
+typedef struct cu_seg {
+    cu_kv *kv;
+    int pos0, r0, n;
+    int dsa_always_score; /* test hook of the session: score and top-k even when every key fits */
+} cu_seg;
+/* The forward over rows ids[0..T): writes each row's cache entries, then logits [nlog][V] of
+ * rows lrows[0..nlog) (ascending; NULL: the last nlog rows; logits NULL: none) and, when
+ * hidden is not NULL, every row's final-normed hidden state [T][H]. experts_run (may be NULL)
+ * grows by the routed experts the call ran (each chunk's union of its rows' choices, per
+ * layer). Calls on one model are serialized. */
+int cu_forward(cu_model *m, const cu_seg *seg, int nseg, const int32_t *ids, int T, float *logits, const int32_t *lrows, int nlog,
+               float *hidden, uint64_t *experts_run, petrel_error *err);
+/* HBM read bandwidth in GB/s: the best of 3 passes of a read kernel over `bytes` of device
+ * memory (0 on failure). For benchmarks' floors. */
+double cu_hbm_probe(cu_model *m, uint64_t bytes);
+
+/* Kernel checks for tests (tests/test_cuda.c): y[n][W->rows] = x[n][W->cols] W^T on the GPU,
+ * by the path the forward would take for n rows (gemv up to 8, tiled GEMM above), or forced:
+ * path 1 GEMV, 2 GEMM. */
+int cu_matmul_check(const pt_wview *W, const float *x, int n, float *y, int path, petrel_error *err);
+/* op_topk on the GPU for one row of n scores: idx[k] ascending. */
+int cu_topk_check(const float *v, int n, int k, int32_t *idx, petrel_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

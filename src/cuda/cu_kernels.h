@@ -1,0 +1,91 @@
+/* cu_kernels.h: the CUDA kernels of the forward (kernels.cu) as launch functions on a stream,
+ * for model.cu. C++ (nvcc) only. All pointers are device pointers; every launch is
+ * asynchronous. Shapes in comments are [rows][cols], row-major.
+ *
+ * Weights keep their stored format in HBM (f32, bf16, f16, q8_row, q8_g32, q4_g64 in the plain
+ * layout of src/quant/quant.h) with scales converted to f32 at upload; kernels dequantize on
+ * the fly and accumulate in f32 (activations are never quantized). A stacked weight holds the
+ * routed experts of a layer one after another (estride bytes, sstride scales apart). */
+#ifndef PETREL_CUDA_KERNELS_H
+#define PETREL_CUDA_KERNELS_H
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+struct dw {
+    int qt;                 /* pt_qtype */
+    int64_t rows, cols, rb; /* rb: bytes per row */
+    const uint8_t *d;       /* data */
+    const float *s;         /* scales (f32), NULL for unscaled formats */
+    int64_t sc;             /* scales per row */
+    int g;                  /* columns per scale (q8_row: cols) */
+    int64_t estride, sstride; /* stacked experts: bytes / scales between experts */
+};
+
+/* y[slot][rows] = W_e x[row]: the GEMV form (each weight row read once for up to 8 x rows).
+ * slot_e / slot_x NULL: slots are the n x rows of expert 0; else slot i takes expert slot_e[i]
+ * and x row slot_x[i] (x rows may repeat), one slot at a time. */
+void cuk_gemv(cudaStream_t st, const dw &W, const float *x, int64_t ldx, float *y, int64_t ldy, int n, const int32_t *slot_e,
+              const int32_t *slot_x);
+/* The tiled GEMM form (64 x 64 tiles, shared memory) over tiles (expert, first entry, count)
+ * of a row list: tile t covers entries list[first .. first + count) (count <= 64) of expert e;
+ * entry i reads x row (xmap ? xmap[list[i]] : list[i]) and writes y row list[i]. tiles NULL:
+ * dense, n rows of expert 0 (list, xmap ignored). ntiles_dev: the tile count on the device
+ * (grid sized for max_tiles). */
+void cuk_gemm(cudaStream_t st, const dw &W, const float *x, int64_t ldx, float *y, int64_t ldy, int n, const int32_t *tiles,
+              const int *ntiles_dev, int max_tiles, const int32_t *list, const int32_t *xmap);
+
+/* Row ops over T rows. */
+void cuk_embed(cudaStream_t st, const dw &W, const int32_t *ids, int T, float *h);
+void cuk_rmsnorm(cudaStream_t st, float *y, int64_t ldy, const float *x, int64_t ldx, const float *w, int n, int T, double eps);
+void cuk_add(cudaStream_t st, float *h, const float *y, int64_t n);
+void cuk_silu_mul(cudaStream_t st, float *g, const float *u, int64_t n);
+
+/* Per-row attention state: each row's session cache and position. */
+struct cu_rowinfo {
+    float *kv;   /* the session's latent cache: [L][cap][kv_lora_rank + rope] */
+    float *ix;   /* its indexer keys: [L][cap][index_head_dim] */
+    int cap, pos;
+};
+/* RoPE tables: cos/sin [pos][dim/2] (op_rope_table's values). */
+struct cu_rope { const float *cos_, *sin_; int half; int interleave; };
+
+/* q [T][NH][Dn + Dr]: RoPE on each head's last Dr; kva [T][Rkv + Dr]: rmsnorm of c (kv_a_layernorm),
+ * RoPE on k_pe; both written to layer l of the row's cache at its position. */
+void cuk_mla_prep(cudaStream_t st, float *q, const float *kva, const float *kv_norm, int T, int NH, int Dn, int Dr, int Rkv, int l,
+                  const cu_rowinfo *ri, cu_rope rope);
+/* q~ [T][NH][Rkv] = W_UK[h]^T q_nope[h] (kv_b rows h*(Dn+Dv) .. +Dn). */
+void cuk_mla_uk(cudaStream_t st, const dw &kvb, const float *q, float *qt, int T, int NH, int Dn, int Dr, int Dv, int Rkv);
+/* scores S [T*NH][ldS] over each row's sel[r][0..seln[r]) keys of its cache layer l, softmax,
+ * lat [T][NH][Rkv] = sum p c. q: the rows' q (for q_pe), qt: q~. */
+void cuk_mla_attn(cudaStream_t st, const float *q, const float *qt, float *S, int64_t ldS, const int32_t *sel, int64_t ld_sel,
+                  const int *seln, int nmax, float *lat, int T, int NH, int Dn, int Dr, int Rkv, float scale, int l, const cu_rowinfo *ri);
+/* o [T][NH][Dv] = W_UV[h] lat[h]. */
+void cuk_mla_uv(cudaStream_t st, const dw &kvb, const float *lat, float *o, int T, int NH, int Dn, int Dv, int Rkv);
+
+/* DSA: qi [T][Hi][Di] RoPE (first Dr of each head, when qi), k [T][Di] layernorm + RoPE and
+ * written to layer l's index keys; iw [T][Hi] scaled by wscale (when iw). */
+void cuk_dsa_prep(cudaStream_t st, float *qi, float *k, float *iw, const float *kn_w, const float *kn_b, int T, int Hi, int Di, int Dr,
+                  float wscale, int l, const cu_rowinfo *ri, cu_rope rope);
+/* Scores of rows with more keys than topk: sc [T][ldsc] over keys 0 .. pos; then each row's
+ * selection sel[r][0..k) ascending (op_topk's order: value, then the later position), seln[r]
+ * = k; rows with n <= topk and !always[r] get 0..n-1. */
+void cuk_dsa_select(cudaStream_t st, const float *qi, const float *iw, float *sc, int64_t ldsc, int32_t *sel, int64_t ld_sel, int *seln,
+                    int T, int Hi, int Di, int topk, int l, const cu_rowinfo *ri, const int *always, int nmax);
+/* op_topk of v[n] into idx[k] ascending (k <= n), one block. */
+void cuk_topk(cudaStream_t st, const float *v, int n, int k, int32_t *idx);
+
+/* MoE: routing (moe_route) of T rows' router logits [T][E] into idx/wts [T][K]; the choice slots
+ * sorted by expert (list: slots r*K+k, rows ascending within an expert) with the GEMM's tiles;
+ * the combine out[r] = sum over the row's experts in ascending id of wts * yk[r*K+k]. */
+struct cu_route_cfg {
+    int E, K, n_group, topk_group, norm_topk_prob;
+    float routed_scaling_factor;
+};
+void cuk_route(cudaStream_t st, const float *lg, const float *bias, int T, cu_route_cfg rc, int32_t *idx, float *wts, int32_t *slot_x);
+void cuk_moe_sort(cudaStream_t st, const int32_t *idx, int T, int K, int E, int32_t *list, int32_t *tiles, int *ntiles, int32_t *slot_x);
+/* count += the distinct experts among idx[0..n) (mark [E] zeroed by the caller) */
+void cuk_count_union(cudaStream_t st, const int32_t *idx, int n, int32_t *mark, unsigned long long *count);
+/* a read of n 16-byte words (the bandwidth probe); the xor of all lands in *sink */
+void cuk_read(cudaStream_t st, const uint4 *p, size_t n, unsigned int *sink);
+void cuk_moe_combine(cudaStream_t st, const float *yk, const int32_t *idx, const float *wts, int T, int K, int H, float *out);
+#endif

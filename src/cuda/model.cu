@@ -1,0 +1,736 @@
+/* model.cu: the CUDA backend's host side (cu.h): the weights uploaded to HBM in their stored
+ * formats, the sessions' latent caches, and the forward's schedule of kernels on one stream.
+ *
+ * The schedule is src/model/forward.c's layer loop, step for step (same operations, same
+ * order, same row semantics), with every row's cache given by its segment; a forward of more
+ * rows than CU_ROWS runs in chunks of whole segments' pieces, one after another, so a later
+ * piece sees the keys an earlier one wrote. Products take the GEMV form for up to 8 rows (and
+ * for routed experts while a chunk's choices are at most 64), the tiled GEMM form above. */
+#include <cuda_runtime.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern "C" {
+#include "base/err.h"
+#include "model/engine.h"
+#include "model/ops.h"
+#include "quant/quant.h"
+}
+#include "cuda/cu.h"
+#include "cuda/cu_kernels.h"
+
+#define CU_ROWS 256      /* rows per chunk of a forward */
+#define CU_EXP_GEMV 64   /* routed choices per chunk up to which experts take the GEMV form */
+
+struct cu_layer {
+    float *in_norm, *post_norm, *q_a_norm, *kv_a_norm;
+    dw q_a, q_b, kv_a, kv_b, o;
+    int has_idx;
+    dw iq, ik, iwp;
+    float *ik_w, *ik_b;
+    int is_moe;
+    dw gate, up, down, router;
+    float *bias;
+    dw eg, eu, ed;
+    int has_shared;
+    dw sg, su, sd;
+};
+
+struct cu_model {
+    const petrel_engine *e;
+    const petrel_config *c;
+    int dev;
+    cudaStream_t st;
+    pthread_mutex_t mu;
+    cu_layer *L;
+    dw embed, head;
+    float *norm;
+    void **allocs;
+    int n_allocs, cap_allocs;
+    uint64_t budget, used, wbytes;
+    float *rope_cos, *rope_sin; /* [rope_cap][Dr/2] */
+    int rope_cap;
+    uint8_t *scr;               /* the forward's scratch (grown on demand) */
+    size_t scr_cap;
+    char desc[256];
+};
+
+struct cu_kv {
+    cu_model *m;
+    float *kv, *ix;
+    int cap;
+};
+
+static int cu_fail(petrel_error *err, cudaError_t rc, const char *what) {
+    return pt_err(err, rc == cudaErrorMemoryAllocation ? PETREL_ENOMEM : PETREL_EIO, "cuda: %s: %s", what, cudaGetErrorString(rc));
+}
+
+static void *dalloc(cu_model *m, size_t bytes, const char *what, petrel_error *err) {
+    if (bytes == 0) bytes = 16;
+    if (m->budget && m->used + bytes > m->budget) {
+        pt_err(err, PETREL_ENOMEM, "cuda: %s (%.2f GB) does not fit the VRAM budget: %.2f of %.2f GB taken", what, bytes / 1e9, m->used / 1e9,
+               m->budget / 1e9);
+        return NULL;
+    }
+    void *p = NULL;
+    cudaError_t rc = cudaMalloc(&p, bytes);
+    if (rc != cudaSuccess) {
+        cudaGetLastError();
+        pt_err(err, PETREL_ENOMEM, "cuda: %s (%.2f GB): %s", what, bytes / 1e9, cudaGetErrorString(rc));
+        return NULL;
+    }
+    if (m->n_allocs == m->cap_allocs) {
+        int nc = m->cap_allocs ? 2 * m->cap_allocs : 256;
+        void **na = (void **)realloc(m->allocs, sizeof(void *) * nc);
+        if (!na) {
+            cudaFree(p);
+            pt_err(err, PETREL_ENOMEM, "out of memory");
+            return NULL;
+        }
+        m->allocs = na, m->cap_allocs = nc;
+    }
+    m->allocs[m->n_allocs++] = p;
+    m->used += bytes;
+    return p;
+}
+
+static int up_copy(void *dst, const void *src, size_t bytes, petrel_error *err) {
+    cudaError_t rc = cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice);
+    return rc == cudaSuccess ? 0 : cu_fail(err, rc, "upload");
+}
+
+static int up_vec(cu_model *m, const float *v, int64_t n, float **out, petrel_error *err) {
+    *out = NULL;
+    if (!v) return 0;
+    if (!(*out = (float *)dalloc(m, sizeof(float) * n, "a norm vector", err))) return PETREL_ENOMEM;
+    m->wbytes += sizeof(float) * n;
+    return up_copy(*out, v, sizeof(float) * n, err);
+}
+
+static int w_supported(const pt_wview *W, const char *name, petrel_error *err) {
+    if (W->layout != PT_LAYOUT_PLAIN)
+        return pt_err(err, PETREL_EUNSUPPORTED, "cuda: %s is stored row-interleaved for the CPU's VNNI kernels (reconvert or synth with --expert-layout plain)", name);
+    switch (W->qtype) {
+    case PT_F32: case PT_BF16: case PT_F16: case PT_Q8_ROW: case PT_Q8_G32: case PT_Q4_G64: case PT_FP8_E4M3: return 0;
+    default:
+        return pt_err(err, PETREL_EUNSUPPORTED, "cuda: %s is %s, which the GPU path does not read yet (convert the model to a pack: petrel convert)",
+                      name, pt_qtype_name(W->qtype));
+    }
+}
+
+/* FP8 with block scales: expanded to f32 at upload (exact; 4 bytes a weight) */
+static int up_fp8(cu_model *m, const pt_wview *Ws, int E, const char *name, dw *out, petrel_error *err) {
+    const pt_wview *W = &Ws[0];
+    out->qt = PT_F32, out->rows = W->rows, out->cols = W->cols, out->rb = W->cols * 4;
+    size_t db = (size_t)W->rows * W->cols * 4;
+    out->estride = (int64_t)db;
+    uint8_t *d = (uint8_t *)dalloc(m, db * E, name, err);
+    float *h = d ? (float *)malloc(db) : NULL;
+    if (!d) return PETREL_ENOMEM;
+    if (!h) return pt_err(err, PETREL_ENOMEM, "out of memory");
+    int rc = 0;
+    for (int e = 0; e < E && !rc; e++) {
+        for (int64_t r = 0; r < W->rows; r++) pt_dequant_row(&Ws[e], r, h + r * W->cols);
+        rc = up_copy(d + db * e, h, db, err);
+    }
+    free(h);
+    out->d = d;
+    m->wbytes += db * E;
+    return rc;
+}
+
+/* E views of one shape stacked into one allocation (E = 1: a plain weight) */
+static int up_stack(cu_model *m, const pt_wview *Ws, int E, const char *name, dw *out, petrel_error *err) {
+    memset(out, 0, sizeof *out);
+    const pt_wview *W = &Ws[0];
+    PT_TRY(w_supported(W, name, err));
+    for (int e = 1; e < E; e++)
+        if (Ws[e].qtype != W->qtype || Ws[e].rows != W->rows || Ws[e].cols != W->cols || Ws[e].row_bytes != W->row_bytes || Ws[e].layout != W->layout)
+            return pt_err(err, PETREL_EUNSUPPORTED, "cuda: %s: expert %d differs in format or shape from expert 0", name, e);
+    if (W->qtype == PT_FP8_E4M3) return up_fp8(m, Ws, E, name, out, err);
+    out->qt = W->qtype, out->rows = W->rows, out->cols = W->cols, out->rb = W->row_bytes;
+    out->g = (int)pt_qtype_group(W->qtype, W->cols);
+    out->sc = pt_qtype_scales_per_row(W->qtype, W->cols);
+    size_t db = (size_t)W->rows * W->row_bytes, sn = (size_t)W->rows * out->sc;
+    out->estride = (int64_t)db, out->sstride = (int64_t)sn;
+    uint8_t *d = (uint8_t *)dalloc(m, db * E, name, err);
+    if (!d) return PETREL_ENOMEM;
+    float *s = NULL, *hs = NULL;
+    if (sn) {
+        if (!(s = (float *)dalloc(m, sizeof(float) * sn * E, name, err))) return PETREL_ENOMEM;
+        if (!(hs = (float *)malloc(sizeof(float) * sn))) return pt_err(err, PETREL_ENOMEM, "out of memory");
+    }
+    int rc = 0;
+    for (int e = 0; e < E && !rc; e++) {
+        const pt_wview *V = &Ws[e];
+        rc = up_copy(d + db * e, V->data, db, err);
+        if (rc || !sn) continue;
+        int sb = pt_scale_dtype_bytes(V->scale_dtype);
+        for (int64_t r = 0; r < V->rows; r++)
+            for (int64_t j = 0; j < out->sc; j++) {
+                const uint8_t *p = (const uint8_t *)V->scale + ((size_t)r * V->scale_cols + j) * sb;
+                float f;
+                if (V->scale_dtype == PT_F32) memcpy(&f, p, 4);
+                else {
+                    uint16_t h;
+                    memcpy(&h, p, 2);
+                    f = V->scale_dtype == PT_BF16 ? pt_bf16_to_f32(h) : pt_f16_to_f32(h);
+                }
+                hs[r * out->sc + j] = f;
+            }
+        rc = up_copy(s + sn * e, hs, sizeof(float) * sn, err);
+    }
+    free(hs);
+    out->d = d, out->s = s;
+    m->wbytes += (db + sizeof(float) * sn) * E;
+    return rc;
+}
+static int up_w(cu_model *m, const pt_wview *W, const char *name, dw *out, petrel_error *err) { return up_stack(m, W, 1, name, out, err); }
+
+extern "C" int cu_built(void) { return 1; }
+
+extern "C" int cu_device_count(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
+static int up_layer(cu_model *m, const layer_w *lw, int l, cu_layer *G, petrel_error *err) {
+    const petrel_config *c = m->c;
+    char nm[96];
+#define UPW(field, src) (snprintf(nm, sizeof nm, "layer %d %s", l, #src), up_w(m, &lw->src, nm, &G->field, err))
+    PT_TRY(up_vec(m, lw->input_layernorm, c->hidden_size, &G->in_norm, err));
+    PT_TRY(up_vec(m, lw->post_attention_layernorm, c->hidden_size, &G->post_norm, err));
+    PT_TRY(up_vec(m, lw->q_a_layernorm, c->q_lora_rank, &G->q_a_norm, err));
+    PT_TRY(up_vec(m, lw->kv_a_layernorm, c->kv_lora_rank, &G->kv_a_norm, err));
+    PT_TRY(UPW(q_a, q_a_proj));
+    PT_TRY(UPW(q_b, q_b_proj));
+    PT_TRY(UPW(kv_a, kv_a_proj_with_mqa));
+    PT_TRY(UPW(kv_b, kv_b_proj));
+    PT_TRY(UPW(o, o_proj));
+    G->has_idx = lw->has_indexer;
+    if (lw->has_indexer) {
+        PT_TRY(UPW(iq, idx_wq_b));
+        PT_TRY(UPW(ik, idx_wk));
+        PT_TRY(UPW(iwp, idx_weights_proj));
+        PT_TRY(up_vec(m, lw->idx_k_norm_w, c->index_head_dim, &G->ik_w, err));
+        PT_TRY(up_vec(m, lw->idx_k_norm_b, c->index_head_dim, &G->ik_b, err));
+    }
+    G->is_moe = lw->is_moe;
+    if (!lw->is_moe) {
+        PT_TRY(UPW(gate, gate_proj));
+        PT_TRY(UPW(up, up_proj));
+        PT_TRY(UPW(down, down_proj));
+    } else {
+        PT_TRY(UPW(router, router));
+        PT_TRY(up_vec(m, lw->e_score_correction_bias, c->n_routed_experts, &G->bias, err));
+        int E = c->n_routed_experts;
+        snprintf(nm, sizeof nm, "layer %d routed experts", l);
+        PT_TRY(up_stack(m, lw->exp_gate, E, nm, &G->eg, err));
+        PT_TRY(up_stack(m, lw->exp_up, E, nm, &G->eu, err));
+        PT_TRY(up_stack(m, lw->exp_down, E, nm, &G->ed, err));
+        G->has_shared = lw->has_shared;
+        if (lw->has_shared) {
+            PT_TRY(UPW(sg, sh_gate));
+            PT_TRY(UPW(su, sh_up));
+            PT_TRY(UPW(sd, sh_down));
+        }
+    }
+#undef UPW
+    return 0;
+}
+
+extern "C" void cu_model_close(cu_model *m) {
+    if (!m) return;
+    cudaSetDevice(m->dev);
+    for (int i = 0; i < m->n_allocs; i++) cudaFree(m->allocs[i]);
+    if (m->scr) cudaFree(m->scr);
+    if (m->rope_cos) cudaFree(m->rope_cos);
+    if (m->rope_sin) cudaFree(m->rope_sin);
+    if (m->st) cudaStreamDestroy(m->st);
+    free(m->allocs);
+    free(m->L);
+    pthread_mutex_destroy(&m->mu);
+    free(m);
+}
+
+extern "C" int cu_model_open(const petrel_engine *e, int device, uint64_t vram_budget, cu_model **out, petrel_error *err) {
+    *out = NULL;
+    int nd = cu_device_count();
+    if (nd <= 0) return pt_err(err, PETREL_EUNSUPPORTED, "--device cuda: no CUDA GPU is visible to this process");
+    if (device < 0 || device >= nd) return pt_err(err, PETREL_EINVAL, "--device cuda:%d: this machine has %d GPU%s (cuda:0..%d)", device, nd, nd == 1 ? "" : "s", nd - 1);
+    const petrel_config *c = &e->cfg;
+    if (c->num_experts_per_tok > 32 || c->n_routed_experts > 1024)
+        return pt_err(err, PETREL_EUNSUPPORTED, "cuda: %d experts with %d per token exceed the GPU router's 1024 / 32", c->n_routed_experts, c->num_experts_per_tok);
+    if (c->qk_rope_head_dim > 256) return pt_err(err, PETREL_EUNSUPPORTED, "cuda: qk_rope_head_dim %d exceeds 256", c->qk_rope_head_dim);
+    cu_model *m = (cu_model *)calloc(1, sizeof *m);
+    if (!m) return pt_err(err, PETREL_ENOMEM, "out of memory");
+    pthread_mutex_init(&m->mu, NULL);
+    m->e = e, m->c = c, m->dev = device;
+    cudaError_t rc = cudaSetDevice(device);
+    if (rc != cudaSuccess) {
+        cu_model_close(m);
+        return cu_fail(err, rc, "set device");
+    }
+    size_t fr = 0, tot = 0;
+    cudaMemGetInfo(&fr, &tot);
+    m->budget = vram_budget ? vram_budget : (fr > (1ull << 30) ? fr - (1ull << 30) : fr);
+    if ((rc = cudaStreamCreateWithFlags(&m->st, cudaStreamNonBlocking)) != cudaSuccess) {
+        cu_model_close(m);
+        return cu_fail(err, rc, "stream");
+    }
+    int L = c->num_hidden_layers, r = 0;
+    if (!(m->L = (cu_layer *)calloc((size_t)L, sizeof(cu_layer)))) r = pt_err(err, PETREL_ENOMEM, "out of memory");
+    const model_w *w = &e->w;
+    if (!r) r = up_w(m, &w->embed_tokens, "embed_tokens", &m->embed, err);
+    if (!r) {
+        if (w->lm_head.data == w->embed_tokens.data && w->lm_head.scale == w->embed_tokens.scale) m->head = m->embed;
+        else r = up_w(m, &w->lm_head, "lm_head", &m->head, err);
+    }
+    if (!r) r = up_vec(m, w->norm, c->hidden_size, &m->norm, err);
+    for (int l = 0; l < L && !r; l++) r = up_layer(m, &w->layers[l], l, &m->L[l], err);
+    if (r) {
+        cu_model_close(m);
+        return r;
+    }
+    cudaDeviceProp p;
+    cudaGetDeviceProperties(&p, device);
+    snprintf(m->desc, sizeof m->desc, "%.120s (cuda:%d, %.1f GiB), weights %.2f GB in HBM", p.name, device, tot / 1073741824.0, m->wbytes / 1e9);
+    *out = m;
+    return 0;
+}
+
+extern "C" const char *cu_model_describe(const cu_model *m) { return m->desc; }
+extern "C" uint64_t cu_model_weight_bytes(const cu_model *m) { return m->wbytes; }
+
+/* RoPE tables for positions < cap (op_rope_table's values, computed on the host) */
+static int rope_grow(cu_model *m, int cap, petrel_error *err) {
+    if (cap <= m->rope_cap) return 0;
+    int half = m->c->qk_rope_head_dim / 2;
+    size_t n = (size_t)cap * half;
+    float *hc = (float *)malloc(sizeof(float) * n), *hs = (float *)malloc(sizeof(float) * n);
+    if (!hc || !hs) {
+        free(hc), free(hs);
+        return pt_err(err, PETREL_ENOMEM, "out of memory");
+    }
+    for (int p = 0; p < cap; p++) op_rope_table(m->c->rope_theta, m->c->qk_rope_head_dim, p, hc + (size_t)p * half, hs + (size_t)p * half);
+    float *dc = NULL, *ds = NULL;
+    cudaError_t rc = cudaMalloc(&dc, sizeof(float) * n);
+    if (rc == cudaSuccess) rc = cudaMalloc(&ds, sizeof(float) * n);
+    if (rc == cudaSuccess) rc = cudaMemcpy(dc, hc, sizeof(float) * n, cudaMemcpyHostToDevice);
+    if (rc == cudaSuccess) rc = cudaMemcpy(ds, hs, sizeof(float) * n, cudaMemcpyHostToDevice);
+    free(hc), free(hs);
+    if (rc != cudaSuccess) {
+        cudaGetLastError();
+        cudaFree(dc), cudaFree(ds);
+        return cu_fail(err, rc, "RoPE tables");
+    }
+    cudaStreamSynchronize(m->st);
+    if (m->rope_cos) cudaFree(m->rope_cos), cudaFree(m->rope_sin);
+    m->rope_cos = dc, m->rope_sin = ds, m->rope_cap = cap;
+    return 0;
+}
+
+extern "C" int cu_kv_create(cu_model *m, int cap, cu_kv **out, petrel_error *err) {
+    *out = NULL;
+    const petrel_config *c = m->c;
+    pthread_mutex_lock(&m->mu);
+    cudaSetDevice(m->dev);
+    int rc = rope_grow(m, cap, err);
+    size_t nkv = (size_t)c->num_hidden_layers * cap * (c->kv_lora_rank + c->qk_rope_head_dim), nix = (size_t)c->num_hidden_layers * cap * c->index_head_dim;
+    cu_kv *k = rc ? NULL : (cu_kv *)calloc(1, sizeof *k);
+    if (!rc && !k) rc = pt_err(err, PETREL_ENOMEM, "out of memory");
+    if (!rc && m->budget && m->used + (nkv + nix) * 4 > m->budget)
+        rc = pt_err(err, PETREL_ENOMEM, "cuda: a session of %d positions needs %.2f GB of KV; the VRAM budget has %.2f GB left", cap, (nkv + nix) * 4 / 1e9,
+                    (m->budget - m->used) / 1e9);
+    cudaError_t ce = cudaSuccess;
+    if (!rc && (ce = cudaMalloc(&k->kv, nkv * 4)) == cudaSuccess) ce = cudaMalloc(&k->ix, nix * 4 + 16);
+    if (!rc && ce != cudaSuccess) {
+        cudaGetLastError();
+        rc = cu_fail(err, ce, "session KV");
+    }
+    if (!rc) {
+        cudaMemsetAsync(k->kv, 0, nkv * 4, m->st);
+        cudaMemsetAsync(k->ix, 0, nix * 4, m->st);
+        m->used += (nkv + nix) * 4;
+        k->m = m, k->cap = cap;
+        *out = k;
+    } else if (k) {
+        cudaFree(k->kv);
+        free(k);
+    }
+    pthread_mutex_unlock(&m->mu);
+    return rc;
+}
+
+extern "C" void cu_kv_free(cu_kv *k) {
+    if (!k) return;
+    cu_model *m = k->m;
+    const petrel_config *c = m->c;
+    pthread_mutex_lock(&m->mu);
+    cudaSetDevice(m->dev);
+    cudaStreamSynchronize(m->st);
+    cudaFree(k->kv);
+    cudaFree(k->ix);
+    m->used -= (size_t)c->num_hidden_layers * k->cap * (c->kv_lora_rank + c->qk_rope_head_dim + c->index_head_dim) * 4;
+    pthread_mutex_unlock(&m->mu);
+    free(k);
+}
+
+extern "C" int cu_kv_copy(cu_model *m, cu_kv *dst, const cu_kv *src, int n, petrel_error *err) {
+    const petrel_config *c = m->c;
+    if (n > dst->cap || n > src->cap) return pt_err(err, PETREL_ERANGE, "cuda: a copy of %d positions into a cache of %d", n, dst->cap);
+    int D = c->kv_lora_rank + c->qk_rope_head_dim, Di = c->index_head_dim;
+    pthread_mutex_lock(&m->mu);
+    cudaSetDevice(m->dev);
+    cudaError_t rc = cudaSuccess;
+    for (int l = 0; l < c->num_hidden_layers && rc == cudaSuccess; l++) {
+        rc = cudaMemcpyAsync(dst->kv + (size_t)l * dst->cap * D, src->kv + (size_t)l * src->cap * D, sizeof(float) * n * D, cudaMemcpyDeviceToDevice, m->st);
+        if (rc == cudaSuccess)
+            rc = cudaMemcpyAsync(dst->ix + (size_t)l * dst->cap * Di, src->ix + (size_t)l * src->cap * Di, sizeof(float) * n * Di, cudaMemcpyDeviceToDevice, m->st);
+    }
+    if (rc == cudaSuccess) rc = cudaStreamSynchronize(m->st);
+    pthread_mutex_unlock(&m->mu);
+    return rc == cudaSuccess ? 0 : cu_fail(err, rc, "KV copy");
+}
+
+/* ---- the forward ---- */
+
+/* the scratch of one chunk, carved from m->scr (a sizing pass first: base NULL) */
+typedef struct fscr {
+    int32_t *ids, *always, *sel, *seln, *idx, *slot_x, *list, *tiles, *ntiles, *lrow, *mark;
+    unsigned long long *count;
+    cu_rowinfo *ri;
+    float *h, *x, *y, *qa, *q, *kva, *o, *qt, *lat, *S, *qi, *ki, *iw, *sc, *lg, *wts, *gb, *ub, *yk, *mo, *xl, *logits;
+} fscr;
+
+static size_t carve(uint8_t *base, const petrel_config *c, int T, int nmax, int nall, int nlog, fscr *f) {
+    size_t off = 0;
+#define TAKE(p, type, n) (off = (off + 255) / 256 * 256, f->p = base ? (type *)(base + off) : NULL, off += sizeof(type) * (size_t)(n))
+    int H = c->hidden_size, NH = c->num_attention_heads, K = c->num_experts_per_tok, E = c->n_routed_experts;
+    int I = c->moe_intermediate_size * K;
+    int Ish = c->moe_intermediate_size * (c->n_shared_experts > 0 ? c->n_shared_experts : 1);
+    if (c->intermediate_size > I) I = c->intermediate_size;
+    if (Ish > I) I = Ish;
+    int ntile = (T * K + 63) / 64 + E + 1;
+    TAKE(ids, int32_t, T);
+    TAKE(always, int32_t, T);
+    TAKE(ri, cu_rowinfo, T);
+    TAKE(lrow, int32_t, T);
+    TAKE(h, float, (size_t)T * H);
+    TAKE(x, float, (size_t)T * H);
+    TAKE(y, float, (size_t)T * H);
+    TAKE(mo, float, (size_t)T * H);
+    TAKE(qa, float, (size_t)T * c->q_lora_rank);
+    TAKE(q, float, (size_t)T * NH * c->qk_head_dim);
+    TAKE(kva, float, (size_t)T * (c->kv_lora_rank + c->qk_rope_head_dim));
+    TAKE(o, float, (size_t)T * NH * c->v_head_dim);
+    TAKE(qt, float, (size_t)T * NH * c->kv_lora_rank);
+    TAKE(lat, float, (size_t)T * NH * c->kv_lora_rank);
+    TAKE(S, float, (size_t)T * NH * nmax);
+    TAKE(qi, float, (size_t)T * c->index_n_heads * c->index_head_dim);
+    TAKE(ki, float, (size_t)T * c->index_head_dim);
+    TAKE(iw, float, (size_t)T * c->index_n_heads);
+    TAKE(sc, float, (size_t)T * nall);
+    TAKE(sel, int32_t, (size_t)T * c->index_topk);
+    TAKE(seln, int32_t, T);
+    TAKE(lg, float, (size_t)T * E);
+    TAKE(idx, int32_t, (size_t)T * K);
+    TAKE(wts, float, (size_t)T * K);
+    TAKE(slot_x, int32_t, (size_t)T * K);
+    TAKE(list, int32_t, (size_t)T * K);
+    TAKE(tiles, int32_t, 3 * (size_t)ntile);
+    TAKE(ntiles, int32_t, 1);
+    TAKE(mark, int32_t, E);
+    TAKE(count, unsigned long long, 1);
+    TAKE(gb, float, (size_t)T * I);
+    TAKE(ub, float, (size_t)T * I);
+    TAKE(yk, float, (size_t)T * K * H);
+    TAKE(xl, float, (size_t)T * H);
+    TAKE(logits, float, (size_t)(nlog > 0 ? nlog : 1) * c->vocab_size);
+#undef TAKE
+    return off + 256;
+}
+
+/* y[n][W.rows] = x[n][W.cols] W^T by the form for n rows */
+static void mm(cudaStream_t st, const dw &W, const float *x, float *y, int n) {
+    if (n <= 8) cuk_gemv(st, W, x, W.cols, y, W.rows, n, NULL, NULL);
+    else cuk_gemm(st, W, x, W.cols, y, W.rows, n, NULL, NULL, 0, NULL, NULL);
+}
+
+static void swiglu(cudaStream_t st, const dw &g, const dw &u, const dw &d, const float *x, int n, const fscr &f, float *out) {
+    mm(st, g, x, f.gb, n);
+    mm(st, u, x, f.ub, n);
+    cuk_silu_mul(st, f.gb, f.ub, (int64_t)n * g.rows);
+    mm(st, d, f.gb, out, n);
+}
+
+/* one piece of a segment: rows [r0, r0 + n) of the call at positions pos0.. of kv */
+typedef struct piece {
+    const cu_seg *s;
+    int r0, pos0, n;
+} piece;
+
+static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *ids, int T, float *logits, const int32_t *lrows, int nlog,
+                         int *lnext, float *hidden, uint64_t *experts_run, petrel_error *err) {
+    const petrel_config *c = m->c;
+    cudaStream_t st = m->st;
+    int H = c->hidden_size, NH = c->num_attention_heads, Dn = c->qk_nope_head_dim, Dr = c->qk_rope_head_dim, Dv = c->v_head_dim;
+    int Rq = c->q_lora_rank, Rkv = c->kv_lora_rank, Dqk = c->qk_head_dim, K = c->num_experts_per_tok, E = c->n_routed_experts;
+    int Hi = c->index_n_heads, Di = c->index_head_dim, topk = c->index_topk, V = c->vocab_size;
+    /* the chunk's rows: ids, row info, the logits rows */
+    int32_t hid[CU_ROWS], hal[CU_ROWS], hl[CU_ROWS], hcall[CU_ROWS];
+    cu_rowinfo hri[CU_ROWS];
+    int t = 0, nmax = 1, nall = 1, need_q = 0, nl = 0;
+    for (int p = 0; p < np; p++)
+        for (int i = 0; i < pc[p].n; i++, t++) {
+            int r = pc[p].r0 + i, pos = pc[p].pos0 + i;
+            hid[t] = ids[r];
+            hcall[t] = r;
+            hal[t] = pc[p].s->dsa_always_score;
+            hri[t].kv = pc[p].s->kv->kv, hri[t].ix = pc[p].s->kv->ix, hri[t].cap = pc[p].s->kv->cap, hri[t].pos = pos;
+            int n = pos + 1, ns = n < topk ? n : topk;
+            if (ns > nmax) nmax = ns;
+            if (n > nall) nall = n;
+            if (n > topk || hal[t]) need_q = 1;
+        }
+    /* the call's rows that want logits, in order (lnext: the next entry of lrows) */
+    if (logits)
+        while (*lnext < nlog) {
+            int want = lrows ? lrows[*lnext] : T - nlog + *lnext, k = -1;
+            for (int j = 0; j < t && k < 0; j++)
+                if (hcall[j] == want) k = j;
+            if (k < 0) break;
+            hl[nl++] = k;
+            (*lnext)++;
+        }
+    fscr f;
+    size_t need = carve(NULL, c, t, nmax, need_q ? nall : 1, nl, &f);
+    if (need > m->scr_cap) {
+        cudaStreamSynchronize(st);
+        if (m->scr) cudaFree(m->scr), m->used -= m->scr_cap;
+        m->scr = NULL, m->scr_cap = 0;
+        size_t want = need + need / 4;
+        if (m->budget && m->used + want > m->budget) return pt_err(err, PETREL_ENOMEM, "cuda: the forward's scratch (%.2f GB) does not fit the VRAM budget", want / 1e9);
+        cudaError_t rc = cudaMalloc(&m->scr, want);
+        if (rc != cudaSuccess) {
+            cudaGetLastError();
+            m->scr = NULL;
+            return cu_fail(err, rc, "forward scratch");
+        }
+        m->scr_cap = want, m->used += want;
+    }
+    carve(m->scr, c, t, nmax, need_q ? nall : 1, nl, &f);
+    cudaMemcpyAsync(f.ids, hid, sizeof(int32_t) * t, cudaMemcpyHostToDevice, st);
+    cudaMemcpyAsync(f.always, hal, sizeof(int32_t) * t, cudaMemcpyHostToDevice, st);
+    cudaMemcpyAsync(f.ri, hri, sizeof(cu_rowinfo) * t, cudaMemcpyHostToDevice, st);
+    if (nl) cudaMemcpyAsync(f.lrow, hl, sizeof(int32_t) * nl, cudaMemcpyHostToDevice, st);
+    cu_rope rope = {m->rope_cos, m->rope_sin, Dr / 2, c->rope_interleave};
+    cu_rope irope = {m->rope_cos, m->rope_sin, Dr / 2, c->indexer_rope_interleave};
+    cu_route_cfg rcfg = {E, K, c->n_group, c->topk_group, c->norm_topk_prob, c->routed_scaling_factor};
+    const float scale = (float)(1.0 / sqrt((double)Dqk)), wscale = (float)(1.0 / sqrt((double)Hi) / sqrt((double)Di));
+    cuk_embed(st, m->embed, f.ids, t, f.h);
+    cudaMemsetAsync(f.count, 0, sizeof(unsigned long long), st);
+    int have_sel = 0;
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        const cu_layer &G = m->L[l];
+        cuk_rmsnorm(st, f.x, H, f.h, H, G.in_norm, H, t, c->rms_norm_eps);
+        mm(st, G.q_a, f.x, f.qa, t);
+        mm(st, G.kv_a, f.x, f.kva, t);
+        cuk_rmsnorm(st, f.qa, Rq, f.qa, Rq, G.q_a_norm, Rq, t, 1e-6);
+        mm(st, G.q_b, f.qa, f.q, t);
+        cuk_mla_prep(st, f.q, f.kva, G.kv_a_norm, t, NH, Dn, Dr, Rkv, l, f.ri, rope);
+        if (c->layer_indexer_full[l] || !have_sel) {
+            if (G.has_idx) {
+                if (need_q) {
+                    mm(st, G.iq, f.qa, f.qi, t);
+                    mm(st, G.iwp, f.x, f.iw, t);
+                }
+                mm(st, G.ik, f.x, f.ki, t);
+                cuk_dsa_prep(st, need_q ? f.qi : NULL, f.ki, need_q ? f.iw : NULL, G.ik_w, G.ik_b, t, Hi, Di, Dr, wscale, l, f.ri, irope);
+            } else if (need_q) {
+                return pt_err(err, PETREL_EUNSUPPORTED, "layer %d has no DSA indexer weights: cannot select %d of %d keys", l, topk, nall);
+            }
+            cuk_dsa_select(st, need_q && G.has_idx ? f.qi : NULL, f.iw, f.sc, need_q ? nall : 1, f.sel, topk, f.seln, t, Hi, Di, topk, l, f.ri, f.always, nall);
+            have_sel = 1;
+        }
+        cuk_mla_uk(st, G.kv_b, f.q, f.qt, t, NH, Dn, Dr, Dv, Rkv);
+        cuk_mla_attn(st, f.q, f.qt, f.S, nmax, f.sel, topk, f.seln, nmax, f.lat, t, NH, Dn, Dr, Rkv, scale, l, f.ri);
+        cuk_mla_uv(st, G.kv_b, f.lat, f.o, t, NH, Dn, Dv, Rkv);
+        mm(st, G.o, f.o, f.y, t);
+        cuk_add(st, f.h, f.y, (int64_t)t * H);
+        cuk_rmsnorm(st, f.x, H, f.h, H, G.post_norm, H, t, c->rms_norm_eps);
+        if (!G.is_moe) {
+            swiglu(st, G.gate, G.up, G.down, f.x, t, f, f.y);
+            cuk_add(st, f.h, f.y, (int64_t)t * H);
+            continue;
+        }
+        mm(st, G.router, f.x, f.lg, t);
+        cuk_route(st, f.lg, G.bias, t, rcfg, f.idx, f.wts, f.slot_x);
+        cudaMemsetAsync(f.mark, 0, sizeof(int32_t) * E, st);
+        cuk_count_union(st, f.idx, t * K, f.mark, f.count);
+        int ns = t * K, I = (int)G.eg.rows;
+        if (ns <= CU_EXP_GEMV) {
+            cuk_gemv(st, G.eg, f.x, H, f.gb, I, ns, f.idx, f.slot_x);
+            cuk_gemv(st, G.eu, f.x, H, f.ub, I, ns, f.idx, f.slot_x);
+            cuk_silu_mul(st, f.gb, f.ub, (int64_t)ns * I);
+            cuk_gemv(st, G.ed, f.gb, I, f.yk, H, ns, f.idx, NULL);
+        } else {
+            int mt = (ns + 63) / 64 + E + 1;
+            cuk_moe_sort(st, f.idx, t, K, E, f.list, f.tiles, f.ntiles, f.slot_x);
+            cuk_gemm(st, G.eg, f.x, H, f.gb, I, ns, f.tiles, f.ntiles, mt, f.list, f.slot_x);
+            cuk_gemm(st, G.eu, f.x, H, f.ub, I, ns, f.tiles, f.ntiles, mt, f.list, f.slot_x);
+            cuk_silu_mul(st, f.gb, f.ub, (int64_t)ns * I);
+            cuk_gemm(st, G.ed, f.gb, I, f.yk, H, ns, f.tiles, f.ntiles, mt, f.list, NULL);
+        }
+        cuk_moe_combine(st, f.yk, f.idx, f.wts, t, K, H, f.mo);
+        if (G.has_shared) {
+            swiglu(st, G.sg, G.su, G.sd, f.x, t, f, f.y);
+            cuk_add(st, f.mo, f.y, (int64_t)t * H);
+        }
+        cuk_add(st, f.h, f.mo, (int64_t)t * H);
+    }
+    cudaError_t rc = cudaSuccess;
+    if (hidden || nl) cuk_rmsnorm(st, f.xl, H, f.h, H, m->norm, H, t, c->rms_norm_eps);
+    if (nl) {
+        /* the head over the logits rows: gathered when they are not the chunk's last nl */
+        const float *xh = f.xl + (size_t)hl[0] * H;
+        int contiguous = 1;
+        for (int j = 1; j < nl; j++) contiguous &= hl[j] == hl[0] + j;
+        if (!contiguous) {
+            for (int j = 0; j < nl; j++) cudaMemcpyAsync(f.x + (size_t)j * H, f.xl + (size_t)hl[j] * H, sizeof(float) * H, cudaMemcpyDeviceToDevice, st);
+            xh = f.x;
+        }
+        mm(st, m->head, xh, f.logits, nl);
+        int first = *lnext - nl;
+        rc = cudaMemcpyAsync(logits + (size_t)first * V, f.logits, sizeof(float) * nl * V, cudaMemcpyDeviceToHost, st);
+    }
+    if (hidden && rc == cudaSuccess)
+        for (int j = 0; j < t && rc == cudaSuccess; j++)
+            rc = cudaMemcpyAsync(hidden + (size_t)hcall[j] * H, f.xl + (size_t)j * H, sizeof(float) * H, cudaMemcpyDeviceToHost, st);
+    unsigned long long nrun = 0;
+    if (rc == cudaSuccess) rc = cudaMemcpyAsync(&nrun, f.count, sizeof nrun, cudaMemcpyDeviceToHost, st);
+    if (rc == cudaSuccess) rc = cudaStreamSynchronize(st);
+    if (rc == cudaSuccess) rc = cudaGetLastError();
+    if (rc == cudaSuccess && experts_run) *experts_run += nrun;
+    return rc == cudaSuccess ? 0 : cu_fail(err, rc, "forward");
+}
+
+extern "C" int cu_forward(cu_model *m, const cu_seg *seg, int nseg, const int32_t *ids, int T, float *logits, const int32_t *lrows, int nlog,
+                          float *hidden, uint64_t *experts_run, petrel_error *err) {
+    for (int g = 0; g < nseg; g++)
+        if (seg[g].pos0 < 0 || seg[g].pos0 + seg[g].n > seg[g].kv->cap)
+            return pt_err(err, PETREL_ERANGE, "cuda: rows at positions %d..%d exceed the session's %d", seg[g].pos0, seg[g].pos0 + seg[g].n - 1, seg[g].kv->cap);
+    pthread_mutex_lock(&m->mu);
+    cudaSetDevice(m->dev);
+    piece pc[CU_ROWS];
+    int np = 0, rows = 0, lnext = 0, rc = 0;
+    for (int g = 0; g < nseg && !rc; g++)
+        for (int i = 0; i < seg[g].n && !rc;) {
+            int take = seg[g].n - i < CU_ROWS - rows ? seg[g].n - i : CU_ROWS - rows;
+            pc[np].s = &seg[g], pc[np].r0 = seg[g].r0 + i, pc[np].pos0 = seg[g].pos0 + i, pc[np].n = take;
+            np++, rows += take, i += take;
+            int last = g == nseg - 1 && i == seg[g].n;
+            if (rows == CU_ROWS || last) {
+                rc = chunk_forward(m, pc, np, ids, T, logits, lrows, nlog, &lnext, hidden, experts_run, err);
+                np = 0, rows = 0;
+            }
+        }
+    if (!rc && logits && lnext != nlog) rc = pt_err(err, PETREL_EINVAL, "cuda: %d of %d logits rows are not rows of the batch (or not ascending)", nlog - lnext, nlog);
+    pthread_mutex_unlock(&m->mu);
+    return rc;
+}
+
+extern "C" double cu_hbm_probe(cu_model *m, uint64_t bytes) {
+    pthread_mutex_lock(&m->mu);
+    cudaSetDevice(m->dev);
+    uint8_t *buf = NULL;
+    unsigned int *sink = NULL;
+    double best = 0;
+    bytes &= ~(uint64_t)15;
+    if (cudaMalloc(&buf, bytes + 256) == cudaSuccess && cudaMalloc(&sink, 4) == cudaSuccess) {
+        cudaMemsetAsync(buf, 0, bytes, m->st);
+        cudaEvent_t a, b;
+        cudaEventCreate(&a), cudaEventCreate(&b);
+        cuk_read(m->st, (const uint4 *)buf, bytes / 16, sink); /* warm */
+        for (int rep = 0; rep < 3; rep++) {
+            cudaEventRecord(a, m->st);
+            cuk_read(m->st, (const uint4 *)buf, bytes / 16, sink);
+            cudaEventRecord(b, m->st);
+            cudaEventSynchronize(b);
+            float ms = 0;
+            cudaEventElapsedTime(&ms, a, b);
+            if (ms > 0 && bytes / (ms * 1e6) > best) best = bytes / (ms * 1e6);
+        }
+        cudaEventDestroy(a), cudaEventDestroy(b);
+    }
+    cudaGetLastError();
+    cudaFree(buf);
+    cudaFree(sink);
+    pthread_mutex_unlock(&m->mu);
+    return best;
+}
+
+/* ---- checks for tests ---- */
+
+static int check_model(cu_model *m, petrel_error *err) {
+    memset(m, 0, sizeof *m);
+    pthread_mutex_init(&m->mu, NULL);
+    if (cu_device_count() <= 0) return pt_err(err, PETREL_EUNSUPPORTED, "no CUDA GPU");
+    cudaSetDevice(0);
+    cudaError_t rc = cudaStreamCreateWithFlags(&m->st, cudaStreamNonBlocking);
+    return rc == cudaSuccess ? 0 : cu_fail(err, rc, "stream");
+}
+static void check_done(cu_model *m) {
+    cudaStreamSynchronize(m->st);
+    for (int i = 0; i < m->n_allocs; i++) cudaFree(m->allocs[i]);
+    free(m->allocs);
+    cudaStreamDestroy(m->st);
+    pthread_mutex_destroy(&m->mu);
+}
+
+extern "C" int cu_matmul_check(const pt_wview *W, const float *x, int n, float *y, int path, petrel_error *err) {
+    cu_model m;
+    PT_TRY(check_model(&m, err));
+    dw G;
+    int rc = up_w(&m, W, "test weight", &G, err);
+    float *dx = NULL, *dy = NULL;
+    if (!rc) dx = (float *)dalloc(&m, sizeof(float) * n * W->cols, "x", err), dy = (float *)dalloc(&m, sizeof(float) * n * W->rows, "y", err);
+    if (!rc && (!dx || !dy)) rc = PETREL_ENOMEM;
+    if (!rc) rc = up_copy(dx, x, sizeof(float) * n * W->cols, err);
+    if (!rc) {
+        if (path == 1 || (path == 0 && n <= 8)) {
+            for (int r0 = 0; r0 < n; r0 += 8) cuk_gemv(m.st, G, dx + (size_t)r0 * W->cols, W->cols, dy + (size_t)r0 * W->rows, W->rows, n - r0 < 8 ? n - r0 : 8, NULL, NULL);
+        } else {
+            cuk_gemm(m.st, G, dx, W->cols, dy, W->rows, n, NULL, NULL, 0, NULL, NULL);
+        }
+        cudaError_t ce = cudaMemcpyAsync(y, dy, sizeof(float) * n * W->rows, cudaMemcpyDeviceToHost, m.st);
+        if (ce == cudaSuccess) ce = cudaStreamSynchronize(m.st);
+        if (ce == cudaSuccess) ce = cudaGetLastError();
+        if (ce != cudaSuccess) rc = cu_fail(err, ce, "matmul");
+    }
+    check_done(&m);
+    return rc;
+}
+
+extern "C" int cu_topk_check(const float *v, int n, int k, int32_t *idx, petrel_error *err) {
+    cu_model m;
+    PT_TRY(check_model(&m, err));
+    float *dv = (float *)dalloc(&m, sizeof(float) * (n > 0 ? n : 1), "v", err);
+    int32_t *di = (int32_t *)dalloc(&m, sizeof(int32_t) * (k > 0 ? k : 1), "idx", err);
+    int rc = dv && di ? up_copy(dv, v, sizeof(float) * n, err) : PETREL_ENOMEM;
+    if (!rc) {
+        cuk_topk(m.st, dv, n, k, di);
+        cudaError_t ce = cudaMemcpyAsync(idx, di, sizeof(int32_t) * k, cudaMemcpyDeviceToHost, m.st);
+        if (ce == cudaSuccess) ce = cudaStreamSynchronize(m.st);
+        if (ce == cudaSuccess) ce = cudaGetLastError();
+        if (ce != cudaSuccess) rc = cu_fail(err, ce, "topk");
+    }
+    check_done(&m);
+    return rc;
+}

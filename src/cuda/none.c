@@ -1,0 +1,44 @@
+/* none.c: the CUDA backend's seam (cu.h) in a build without it (the default `make`): no GPUs,
+ * and every call says how to get one. `make cuda` links src/cuda/model.cu + kernels.cu instead. */
+#include "base/err.h"
+#include "cuda/cu.h"
+
+#define NO_CUDA "this petrel was built without CUDA (build build/petrel-cuda with `make cuda`)"
+
+int cu_built(void) { return 0; }
+int cu_device_count(void) { return 0; }
+int cu_model_open(const struct petrel_engine *e, int device, uint64_t vram_budget, cu_model **out, petrel_error *err) {
+    (void)e, (void)device, (void)vram_budget;
+    *out = NULL;
+    return pt_err(err, PETREL_EUNSUPPORTED, "--device cuda: " NO_CUDA);
+}
+void cu_model_close(cu_model *m) { (void)m; }
+const char *cu_model_describe(const cu_model *m) { (void)m; return ""; }
+uint64_t cu_model_weight_bytes(const cu_model *m) { (void)m; return 0; }
+int cu_kv_create(cu_model *m, int cap, cu_kv **out, petrel_error *err) {
+    (void)m, (void)cap;
+    *out = NULL;
+    return pt_err(err, PETREL_EUNSUPPORTED, NO_CUDA);
+}
+void cu_kv_free(cu_kv *k) { (void)k; }
+int cu_kv_copy(cu_model *m, cu_kv *dst, const cu_kv *src, int n, petrel_error *err) {
+    (void)m, (void)dst, (void)src, (void)n;
+    return pt_err(err, PETREL_EUNSUPPORTED, NO_CUDA);
+}
+int cu_forward(cu_model *m, const cu_seg *seg, int nseg, const int32_t *ids, int T, float *logits, const int32_t *lrows, int nlog, float *hidden,
+               uint64_t *experts_run, petrel_error *err) {
+    (void)m, (void)seg, (void)nseg, (void)ids, (void)T, (void)logits, (void)lrows, (void)nlog, (void)hidden, (void)experts_run;
+    return pt_err(err, PETREL_EUNSUPPORTED, NO_CUDA);
+}
+double cu_hbm_probe(cu_model *m, uint64_t bytes) {
+    (void)m, (void)bytes;
+    return 0;
+}
+int cu_matmul_check(const pt_wview *W, const float *x, int n, float *y, int path, petrel_error *err) {
+    (void)W, (void)x, (void)n, (void)y, (void)path;
+    return pt_err(err, PETREL_EUNSUPPORTED, NO_CUDA);
+}
+int cu_topk_check(const float *v, int n, int k, int32_t *idx, petrel_error *err) {
+    (void)v, (void)n, (void)k, (void)idx;
+    return pt_err(err, PETREL_EUNSUPPORTED, NO_CUDA);
+}

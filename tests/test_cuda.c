@@ -1,0 +1,350 @@
+/* test_cuda.c: the CUDA backend (src/cuda) against its slower twins: every product form and
+ * weight format against the scalar reference, the GPU top-k against op_topk (ties, NaN, -0),
+ * every fixture's logits against the Hugging Face reference and against the CPU engine (f32:
+ * within 1e-5), greedy continuations, a batch of sessions at different positions against each
+ * session alone, a q4 pack's quality against the CPU's. Tests that need a GPU skip (counted)
+ * where none is visible or the binary has no CUDA (build/petrel-tests; make cuda builds
+ * build/petrel-tests-cuda). The refusals run everywhere. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/cu.h"
+#include "io/convert.h"
+#include "io/safetensors.h"
+#include "kernels/kernels.h"
+#include "model/engine.h"
+#include "model/ops.h"
+#include "quant/quant.h"
+#include "test.h"
+
+static int need_gpu(void) {
+    if (!cu_built()) { test_skip("built without CUDA (make cuda: build/petrel-tests-cuda)"); return 0; }
+    if (cu_device_count() <= 0) { test_skip("no CUDA GPU visible"); return 0; }
+    return 1;
+}
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+static float frand(void) {
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    return (float)((rng >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
+}
+
+/* a random [rows][cols] weight in format q (scales f32 or bf16) */
+static pt_wview rand_weight(pt_qtype q, int64_t rows, int64_t cols, int sdt, uint8_t **data, void **scales) {
+    pt_wview W;
+    memset(&W, 0, sizeof W);
+    int64_t rb = pt_qtype_row_bytes(q, cols), spr = pt_qtype_scales_per_row(q, cols);
+    *data = malloc((size_t)(rows * rb));
+    *scales = spr ? malloc((size_t)(rows * spr * pt_scale_dtype_bytes(sdt))) : NULL;
+    float *w = malloc(sizeof(float) * (size_t)cols);
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t c = 0; c < cols; c++) w[c] = frand();
+        pt_quant_row(q, w, cols, *data + r * rb, spr ? (uint8_t *)*scales + r * spr * pt_scale_dtype_bytes(sdt) : NULL, sdt);
+    }
+    free(w);
+    W.qtype = q, W.rows = rows, W.cols = cols, W.data = *data, W.row_bytes = rb, W.scale = *scales, W.scale_dtype = sdt;
+    W.block_cols = (int)pt_qtype_group(q, cols), W.scale_cols = spr;
+    return W;
+}
+
+TEST(cuda, matmul_formats) {
+    if (!need_gpu()) return;
+    const pt_qtype fmts[] = {PT_F32, PT_BF16, PT_F16, PT_Q8_ROW, PT_Q8_G32, PT_Q4_G64};
+    const int64_t shapes[][2] = {{64, 256}, {37, 96}, {130, 1000}, {16, 100}, {257, 64}};
+    const int ns[] = {1, 2, 3, 8, 9, 70};
+    petrel_error err = {0};
+    for (size_t f = 0; f < sizeof fmts / sizeof fmts[0]; f++)
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+            uint8_t *d;
+            void *sc;
+            int sdt = s % 2 ? PT_BF16 : PT_F32;
+            pt_wview W = rand_weight(fmts[f], shapes[s][0], shapes[s][1], sdt, &d, &sc);
+            for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
+                int n = ns[k];
+                float *x = malloc(sizeof(float) * n * W.cols), *ref = malloc(sizeof(float) * n * W.rows), *y = malloc(sizeof(float) * n * W.rows);
+                for (int64_t i = 0; i < n * W.cols; i++) x[i] = frand();
+                kn_ref_matmul(&W, x, n, ref);
+                for (int path = 1; path <= 2; path++) {
+                    int rc = cu_matmul_check(&W, x, n, y, path, &err);
+                    CHECK_MSG(rc == 0, "cu_matmul_check: %s", err.msg);
+                    double e = rc ? 1 : test_rel_l2(y, ref, (size_t)n * W.rows);
+                    CHECK_MSG(e < 2e-6, "%s [%lld x %lld] n=%d %s: rel err %.3g", pt_qtype_name(W.qtype), (long long)W.rows, (long long)W.cols, n,
+                              path == 1 ? "gemv" : "gemm", e);
+                }
+                /* a row's result does not depend on the other rows of its form */
+                if (n > 1) {
+                    float *y1 = malloc(sizeof(float) * W.rows);
+                    CHECK(cu_matmul_check(&W, x + (n - 1) * W.cols, 1, y1, 2, &err) == 0);
+                    CHECK(cu_matmul_check(&W, x, n, y, 2, &err) == 0);
+                    CHECK_MSG(!memcmp(y1, y + (n - 1) * W.rows, sizeof(float) * W.rows), "%s n=%d: gemm row depends on its batch", pt_qtype_name(W.qtype), n);
+                    free(y1);
+                }
+                free(x), free(ref), free(y);
+            }
+            free(d), free(sc);
+        }
+}
+
+TEST(cuda, topk_ties) {
+    if (!need_gpu()) return;
+    petrel_error err = {0};
+    const int cases[][2] = {{10, 3}, {100, 100}, {2049, 2048}, {5000, 2048}, {70000, 2048}, {3000, 1}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int n = cases[c][0], k = cases[c][1];
+        float *v = malloc(sizeof(float) * n);
+        int32_t *a = malloc(sizeof(int32_t) * n), *b = malloc(sizeof(int32_t) * n), *tmp = malloc(sizeof(int32_t) * n);
+        for (int i = 0; i < n; i++) { /* mostly exact ties (ReLU'd zeros), some -0, NaN, -inf, repeats */
+            float r = frand();
+            v[i] = r < -0.5f ? 0.0f : r < -0.4f ? -0.0f : r < -0.38f ? NAN : r < -0.36f ? -INFINITY : r < 0 ? 0.25f : r;
+        }
+        op_topk(v, n, k, a, tmp);
+        int rc = cu_topk_check(v, n, k, b, &err);
+        CHECK_MSG(rc == 0, "cu_topk_check: %s", err.msg);
+        CHECK_MSG(rc || !memcmp(a, b, sizeof(int32_t) * k), "top-%d of %d: the GPU's selection differs from op_topk", k, n);
+        free(v), free(a), free(b), free(tmp);
+    }
+}
+
+static petrel_engine *open_dev(const char *model, const char *device, int exact) {
+    petrel_open_opts o = {0};
+    o.device = device;
+    if (exact) o.act_quant = -1, o.relayout = -1;
+    petrel_engine *e = NULL;
+    petrel_error err = {0};
+    if (petrel_engine_open(model, &o, &e, &err)) test_fail(__FILE__, __LINE__, "open %s on %s: %s", model, device ? device : "cpu", err.msg);
+    return e;
+}
+
+/* prefill (all logits) or decode of prompt ids on an engine */
+static int run_logits(petrel_engine *e, const int32_t *ids, int T, int decode, float *lg) {
+    petrel_session *s;
+    petrel_error err = {0};
+    int V = e->cfg.vocab_size, rc = petrel_session_create(e, T, &s, &err);
+    if (!rc && decode)
+        for (int t = 0; t < T && !rc; t++) rc = petrel_session_forward(s, ids + t, 1, lg + (size_t)t * V, 0, &err);
+    else if (!rc) rc = petrel_session_forward(s, ids, T, lg, 1, &err);
+    if (rc) test_fail(__FILE__, __LINE__, "forward: %s", err.msg);
+    petrel_session_free(s);
+    return rc;
+}
+
+/* every golden prompt in prefill and decode: GPU vs reference (1e-4) and vs the CPU (1e-5) */
+static void check_fixture(const char *name) {
+    if (!need_gpu()) return;
+    petrel_engine *g = open_dev(test_data(name), "cuda", 0), *c = open_dev(test_data(name), NULL, 1);
+    st_set *gold = NULL;
+    petrel_error err = {0};
+    char p[512];
+    snprintf(p, sizeof p, "%s/golden.safetensors", test_data(name));
+    CHECK(st_open(p, &gold, &err) == 0);
+    if (!g || !c || !gold) goto done;
+    int V = g->cfg.vocab_size, np = 0;
+    for (int pi = 0;; pi++) {
+        const st_tensor *ids = test_gold(gold, pi, "ids"), *ref = test_gold(gold, pi, "logits");
+        if (!ids || !ref) break;
+        np++;
+        int T = (int)ids->shape[0];
+        float *lg = malloc(sizeof(float) * (size_t)T * V), *lc = malloc(sizeof(float) * (size_t)T * V);
+        for (int decode = 0; decode <= 1; decode++) {
+            if (run_logits(g, (const int32_t *)ids->data, T, decode, lg) || run_logits(c, (const int32_t *)ids->data, T, decode, lc)) break;
+            double er = test_rel_l2(lg, (const float *)ref->data, (size_t)T * V), ec = test_rel_l2(lg, lc, (size_t)T * V);
+            CHECK_MSG(er < 1e-4, "%s prompt %d %s: GPU vs reference rel err %.3g", name, pi, decode ? "decode" : "prefill", er);
+            CHECK_MSG(ec < 1e-5, "%s prompt %d %s: GPU vs CPU rel err %.3g", name, pi, decode ? "decode" : "prefill", ec);
+            if (getenv("PETREL_TEST_VERBOSE")) fprintf(stderr, "  %s prompt %d T=%d %s: vs ref %.3g, vs cpu %.3g\n", name, pi, T, decode ? "decode" : "prefill", er, ec);
+        }
+        free(lg), free(lc);
+    }
+    CHECK(np > 0);
+done:
+    st_close(gold);
+    petrel_engine_close(g);
+    petrel_engine_close(c);
+}
+TEST(cuda, golden_tiny) { check_fixture("tiny"); }
+TEST(cuda, golden_fp8) { check_fixture("tiny-fp8"); }
+TEST(cuda, golden_odd) { check_fixture("odd"); }
+TEST(cuda, golden_odd2) { check_fixture("odd2"); }
+TEST(cuda, golden_odd3) { check_fixture("odd3"); }
+TEST(cuda, golden_trained) { check_fixture("trained"); }
+
+/* DSA past index_topk with ties: the trained fixture's prompt 0 scored even where every key fits
+ * (dsa_always_score), GPU vs CPU */
+TEST(cuda, always_score) {
+    if (!need_gpu()) return;
+    petrel_engine *g = open_dev(test_data("trained"), "cuda", 0), *c = open_dev(test_data("trained"), NULL, 1);
+    if (!g || !c) goto done;
+    {
+        int V = g->cfg.vocab_size, T = 200;
+        int32_t *ids = malloc(sizeof(int32_t) * T);
+        for (int i = 0; i < T; i++) ids[i] = (i * 37 + 11) % V;
+        float *lg = malloc(sizeof(float) * (size_t)T * V), *lc = malloc(sizeof(float) * (size_t)T * V);
+        petrel_session *sg, *sc;
+        petrel_error err = {0};
+        CHECK(petrel_session_create(g, T, &sg, &err) == 0 && petrel_session_create(c, T, &sc, &err) == 0);
+        sg->dsa_always_score = sc->dsa_always_score = 1;
+        CHECK(petrel_session_forward(sg, ids, T, lg, 1, &err) == 0);
+        CHECK(petrel_session_forward(sc, ids, T, lc, 1, &err) == 0);
+        double e = test_rel_l2(lg, lc, (size_t)T * V);
+        CHECK_MSG(e < 1e-5, "always-scored DSA: GPU vs CPU rel err %.3g", e);
+        petrel_session_free(sg), petrel_session_free(sc);
+        free(ids), free(lg), free(lc);
+    }
+done:
+    petrel_engine_close(g);
+    petrel_engine_close(c);
+}
+
+/* greedy continuation of the trained fixture: the same tokens as the CPU */
+TEST(cuda, greedy_trained) {
+    if (!need_gpu()) return;
+    petrel_engine *g = open_dev(test_data("trained"), "cuda", 0), *c = open_dev(test_data("trained"), NULL, 1);
+    if (!g || !c) goto done;
+    {
+        int V = g->cfg.vocab_size, T = 12, G = 48;
+        int32_t ids[12];
+        for (int i = 0; i < T; i++) ids[i] = (i * 131 + 7) % V;
+        petrel_engine *es[2] = {g, c};
+        int32_t out[2][48];
+        float *lg = malloc(sizeof(float) * V);
+        for (int k = 0; k < 2; k++) {
+            petrel_session *s;
+            petrel_error err = {0};
+            CHECK(petrel_session_create(es[k], T + G, &s, &err) == 0);
+            CHECK(petrel_session_forward(s, ids, T, lg, 0, &err) == 0);
+            for (int t = 0; t < G; t++) {
+                int32_t best = 0;
+                for (int v = 1; v < V; v++) if (lg[v] > lg[best]) best = v;
+                out[k][t] = best;
+                CHECK(petrel_session_forward(s, &best, 1, lg, 0, &err) == 0);
+            }
+            petrel_session_free(s);
+        }
+        CHECK_MSG(!memcmp(out[0], out[1], sizeof out[0]), "greedy continuations differ between GPU and CPU");
+        free(lg);
+    }
+done:
+    petrel_engine_close(g);
+    petrel_engine_close(c);
+}
+
+/* a batch of rows of three sessions at different positions (a decode row, a 5-row window, a
+ * prompt chunk) against each session run alone on the GPU */
+TEST(cuda, batch_sessions) {
+    if (!need_gpu()) return;
+    petrel_engine *g = open_dev(test_data("trained"), "cuda", 0);
+    if (!g) return;
+    int V = g->cfg.vocab_size;
+    const int pre[3] = {40, 7, 0}, add[3] = {1, 5, 30};
+    petrel_session *a[3], *b[3];
+    petrel_error err = {0};
+    int32_t ids[3][80];
+    for (int k = 0; k < 3; k++)
+        for (int i = 0; i < 80; i++) ids[k][i] = (i * (17 + k) + 3 * k) % V;
+    float *lg = malloc(sizeof(float) * V);
+    for (int k = 0; k < 3; k++) {
+        CHECK(petrel_session_create(g, 80, &a[k], &err) == 0 && petrel_session_create(g, 80, &b[k], &err) == 0);
+        if (pre[k]) CHECK(petrel_session_forward(a[k], ids[k], pre[k], lg, 0, &err) == 0 && petrel_session_forward(b[k], ids[k], pre[k], lg, 0, &err) == 0);
+    }
+    petrel_batch *bt;
+    CHECK(petrel_batch_create(g, 64, &bt, &err) == 0);
+    petrel_row rows[36];
+    int n = 0;
+    for (int k = 0; k < 3; k++)
+        for (int i = 0; i < add[k]; i++) rows[n++] = (petrel_row){a[k], ids[k][pre[k] + i], 1};
+    float *lb = malloc(sizeof(float) * (size_t)n * V), *la = malloc(sizeof(float) * 30 * (size_t)V);
+    CHECK_MSG(petrel_batch_forward(bt, rows, n, lb, &err) == 0, "batch: %s", err.msg);
+    for (int k = 0, r = 0; k < 3; k++) {
+        CHECK(petrel_session_forward(b[k], ids[k] + pre[k], add[k], la, 1, &err) == 0);
+        double e = test_rel_l2(lb + (size_t)r * V, la, (size_t)add[k] * V);
+        CHECK_MSG(e < 1e-6, "session %d: batched vs alone rel err %.3g", k, e);
+        CHECK_EQ_INT(petrel_session_len(a[k]), pre[k] + add[k]);
+        r += add[k];
+    }
+    petrel_batch_free(bt);
+    for (int k = 0; k < 3; k++) petrel_session_free(a[k]), petrel_session_free(b[k]);
+    free(lg), free(lb), free(la);
+    petrel_engine_close(g);
+}
+
+/* a q4 pack of the trained fixture: the GPU's logits (exact f32 activations) against the CPU's
+ * exact-activation path (1e-5), and its KL to the reference within 10 % of the CPU default's */
+TEST(cuda, q4_pack_quality) {
+    if (!need_gpu()) return;
+    const char *pk = test_pack_of("trained", CVQ_Q4);
+    if (!pk) return;
+    petrel_engine *g = open_dev(pk, "cuda", 0), *c = open_dev(pk, NULL, 1), *d = open_dev(pk, NULL, 0);
+    st_set *gold = NULL;
+    petrel_error err = {0};
+    char p[512];
+    snprintf(p, sizeof p, "%s/golden.safetensors", test_data("trained"));
+    CHECK(st_open(p, &gold, &err) == 0);
+    if (!g || !c || !d || !gold) goto done;
+    {
+        const st_tensor *ids = test_gold(gold, 0, "ids"), *ref = test_gold(gold, 0, "logits");
+        int T = (int)ids->shape[0], V = g->cfg.vocab_size;
+        float *lg = malloc(sizeof(float) * (size_t)T * V), *lc = malloc(sizeof(float) * (size_t)T * V), *ld = malloc(sizeof(float) * (size_t)T * V);
+        if (!run_logits(g, (const int32_t *)ids->data, T, 0, lg) && !run_logits(c, (const int32_t *)ids->data, T, 0, lc) &&
+            !run_logits(d, (const int32_t *)ids->data, T, 0, ld)) {
+            double e = test_rel_l2(lg, lc, (size_t)T * V);
+            double kg = test_kl_rows((const float *)ref->data, lg, T, V) / T, kd = test_kl_rows((const float *)ref->data, ld, T, V) / T;
+            CHECK_MSG(e < 1e-5, "q4 pack: GPU vs CPU (exact activations) rel err %.3g", e);
+            CHECK_MSG(kg <= 1.1 * kd, "q4 pack: GPU KL %.4g vs the CPU default's %.4g", kg, kd);
+            if (getenv("PETREL_TEST_VERBOSE")) fprintf(stderr, "  q4 pack: vs cpu %.3g, KL gpu %.4g cpu %.4g\n", e, kg, kd);
+        }
+        free(lg), free(lc), free(ld);
+    }
+done:
+    st_close(gold);
+    petrel_engine_close(g);
+    petrel_engine_close(c);
+    petrel_engine_close(d);
+}
+
+/* what the GPU path refuses, and bad device names: one line, nothing opened (runs everywhere) */
+TEST(cuda, refusals) {
+    petrel_open_opts o = {0};
+    petrel_engine *e = NULL;
+    petrel_error err = {0};
+    const char *bad[] = {"gpu", "cuda:", "cuda:x", "cuda:-1", "cudax"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        o.device = bad[i];
+        CHECK_EQ_INT(petrel_engine_open(test_data("tiny"), &o, &e, &err), PETREL_EINVAL);
+        CHECK(e == NULL && strstr(err.msg, "device") && !strchr(err.msg, '\n'));
+    }
+    o.device = "cuda";
+    o.mem_budget = 1ull << 30;
+    CHECK_EQ_INT(petrel_engine_open(test_data("tiny"), &o, &e, &err), PETREL_EUNSUPPORTED);
+    CHECK(e == NULL && strstr(err.msg, "streaming"));
+    o.mem_budget = 0;
+    o.kv_type = "int8";
+    CHECK_EQ_INT(petrel_engine_open(test_data("tiny"), &o, &e, &err), PETREL_EUNSUPPORTED);
+    CHECK(e == NULL && strstr(err.msg, "KV"));
+    o.kv_type = NULL;
+    o.device = "cuda:1000";
+    int rc = petrel_engine_open(test_data("tiny"), &o, &e, &err);
+    CHECK(rc < 0 && e == NULL && !strchr(err.msg, '\n'));
+    if (!cu_built()) CHECK(strstr(err.msg, "without CUDA") != NULL);
+    o.device = "cpu";
+    CHECK(petrel_engine_open(test_data("tiny"), &o, &e, &err) == 0 && e && !strcmp(petrel_engine_device(e), "cpu"));
+    petrel_engine_close(e);
+}
+
+/* on the GPU: what sessions cannot do there yet says so; a session's capacity holds */
+TEST(cuda, session_limits) {
+    if (!need_gpu()) return;
+    petrel_engine *g = open_dev(test_data("trained"), "cuda", 0);
+    if (!g) return;
+    petrel_session *s;
+    petrel_error err = {0};
+    CHECK(petrel_session_create(g, 8, &s, &err) == 0);
+    int32_t ids[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+    CHECK_EQ_INT(petrel_session_forward(s, ids, 9, NULL, 0, &err), PETREL_ERANGE);
+    CHECK(petrel_session_forward(s, ids, 4, NULL, 0, &err) == 0);
+    CHECK_EQ_INT(petrel_session_save(s, test_tmp("cu.sess"), &err), PETREL_EUNSUPPORTED);
+    CHECK(strstr(err.msg, "GPU") != NULL);
+    CHECK(petrel_session_truncate(s, 2, &err) == 0);
+    CHECK_EQ_INT(petrel_session_len(s), 2);
+    CHECK(strstr(petrel_engine_device(g), "cuda:0") != NULL);
+    petrel_session_free(s);
+    petrel_engine_close(g);
+}
