@@ -53,6 +53,8 @@ static const char *usage =
     "                   (the union of the rows' choices), bytes per step, floor ratio of the step\n"
     "  --bw-mib N       size of the bandwidth probe buffer in MiB (default 1024; 128 with --mem-budget)\n"
     "  --json           print the result as one JSON object on the last line\n"
+    "  --profile        with --device cuda: the GPU kernels' time by part over the prefill runs and\n"
+    "                   the timed decode steps (events between the parts: a little slower)\n"
     "  --prefix-cache   after prefill, time a new session of the same prompt through the prefix\n"
     "                   cache (its whole pages taken, the rest run): time to the first token's logits\n"
     "  --route-trace FILE  route every MoE layer by a recorded trace (.txt or .gz; its layers spread\n"
@@ -497,7 +499,7 @@ CLI_CMD(bench) {
     int json = 0;
     const char *golden = NULL, *trace = NULL, *route = NULL;
     long ctx = 0, prompt = 512, steps = 24, bw_mib = 1024, prefill_runs = 3, batch = 0, rounds = 3;
-    int draft_set = 0, prefix_reuse = 0, history_split = 0;
+    int draft_set = 0, prefix_reuse = 0, history_split = 0, profile = 0;
     bench_draft_opts bd = {0};
     for (int i = 1; i < argc; i++) {
         int r = cli_model_opt(argc, argv, &i, &mo);
@@ -506,6 +508,7 @@ CLI_CMD(bench) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { fputs(usage, stdout); return 0; }
         else if (!strcmp(argv[i], "--json")) json = 1;
         else if (!strcmp(argv[i], "--prefix-cache")) prefix_reuse = 1;
+        else if (!strcmp(argv[i], "--profile")) profile = 1;
         else if (!strcmp(argv[i], "--history-split")) history_split = 1;
         else if (!strcmp(argv[i], "--golden") && i + 1 < argc) golden = argv[++i];
         else if (!strcmp(argv[i], "--draft") && i + 1 < argc) { if (cli_opt_draft("bench", argv[++i], &bd.draft)) return 1; draft_set = 1; }
@@ -624,6 +627,7 @@ CLI_CMD(bench) {
     double pre_s[100], prefill_s = 0;
     fwd_stats pre_st[100], pst;
     memset(&pst, 0, sizeof pst);
+    if (profile && eng->cu) cu_model_profile(eng->cu, 1);
     for (long r = 0; r < prefill_runs && !rc; r++) {
         if (r && petrel_session_truncate(s, 0, &err)) { rc = cli_fail_err("bench", &err); break; }
         memset(&s->stats, 0, sizeof s->stats);
@@ -631,6 +635,12 @@ CLI_CMD(bench) {
         if (petrel_session_forward(s, ids, (int)prompt, lg, 0, &err)) rc = cli_fail_err("bench", &err);
         pre_s[r] = (double)(pt_now_ns() - t0) / 1e9;
         pre_st[r] = s->stats;
+    }
+    if (profile && eng->cu && !rc) {
+        char rep[2048];
+        cu_model_profile_report(eng->cu, rep, sizeof rep);
+        cu_model_profile(eng->cu, 0);
+        printf("GPU kernel time by part, summed over the %ld prefill runs of %ld tokens (profiled: a little slower):\n%s", prefill_runs, prompt, rep);
     }
     double prefill_best = 0;
     if (!rc) {
@@ -730,6 +740,7 @@ CLI_CMD(bench) {
         if (k == 2) {
             memset(&s->stats, 0, sizeof s->stats);
             if (eng->xs) xs_store_stats(eng->xs, &xs0);
+            if (profile && eng->cu) cu_model_profile(eng->cu, 1);
         }
         if (k >= 2 && eng->cu) step_bw[k - 2] = cu_hbm_probe(eng->cu, 1ull << 30); /* on the GPU: HBM */
         else if (k >= 2) /* best of 3 passes, each over a quarter of a large buffer (~5 ms a pass) */
@@ -746,6 +757,12 @@ CLI_CMD(bench) {
     }
     /* the single session's store statistics end here, before any batched steps */
     if (eng->xs) xs_store_stats(eng->xs, &xs1);
+    if (profile && eng->cu && !rc) {
+        char rep[2048];
+        cu_model_profile_report(eng->cu, rep, sizeof rep);
+        cu_model_profile(eng->cu, 0);
+        printf("GPU kernel time by part, summed over the %ld timed decode steps (profiled steps run a little slower):\n%s", steps, rep);
+    }
     batch_result br = {0};
     if (!rc && batch > 0) {
         if (bench_batch(eng, (int)batch, ctx, steps, resident + head, expert1, bw_buf, bw_n, bw_mib, threads, &br, &err)) rc = cli_fail_err("bench", &err);

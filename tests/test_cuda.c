@@ -50,7 +50,7 @@ static pt_wview rand_weight(pt_qtype q, int64_t rows, int64_t cols, int sdt, uin
 TEST(cuda, matmul_formats) {
     if (!need_gpu()) return;
     const pt_qtype fmts[] = {PT_F32, PT_BF16, PT_F16, PT_Q8_ROW, PT_Q8_G32, PT_Q4_G64};
-    const int64_t shapes[][2] = {{64, 256}, {37, 96}, {130, 1000}, {16, 100}, {257, 64}};
+    const int64_t shapes[][2] = {{64, 256}, {37, 96}, {130, 1000}, {16, 100}, {257, 64}, {9000, 64}, {4100, 72}}; /* the last two: 2 and 4 rows a warp */
     const int ns[] = {1, 2, 3, 8, 9, 70};
     petrel_error err = {0};
     for (size_t f = 0; f < sizeof fmts / sizeof fmts[0]; f++)
@@ -80,6 +80,19 @@ TEST(cuda, matmul_formats) {
                     free(y1);
                 }
                 free(x), free(ref), free(y);
+            }
+            /* the row-interleaved layout (packs' experts for the CPU's VNNI kernels): read as the
+             * plain one, to the bit */
+            if (kn_r16_supported(&W)) {
+                int n = 3;
+                float *x = malloc(sizeof(float) * n * W.cols), *y0 = malloc(sizeof(float) * n * W.rows), *y1 = malloc(sizeof(float) * n * W.rows);
+                for (int64_t i = 0; i < n * W.cols; i++) x[i] = frand();
+                CHECK(cu_matmul_check(&W, x, n, y0, 1, &err) == 0);
+                CHECK(kn_r16_repack(&W) == 0 && W.layout == PT_LAYOUT_R16);
+                CHECK_MSG(cu_matmul_check(&W, x, n, y1, 1, &err) == 0, "r16: %s", err.msg);
+                CHECK_MSG(!memcmp(y0, y1, sizeof(float) * n * W.rows), "%s [%lld x %lld]: r16 layout differs from plain", pt_qtype_name(W.qtype),
+                          (long long)W.rows, (long long)W.cols);
+                free(x), free(y0), free(y1);
             }
             free(d), free(sc);
         }
@@ -267,35 +280,47 @@ TEST(cuda, batch_sessions) {
 }
 
 /* a q4 pack of the trained fixture: the GPU's logits (exact f32 activations) against the CPU's
- * exact-activation path (1e-5), and its KL to the reference within 10 % of the CPU default's */
+ * exact-activation path on a plain-layout pack (1e-5); the default (row-interleaved) pack gives
+ * the GPU the same bits; its KL to the reference within 10 % of the CPU default's */
 TEST(cuda, q4_pack_quality) {
     if (!need_gpu()) return;
     const char *pk = test_pack_of("trained", CVQ_Q4);
-    if (!pk) return;
-    petrel_engine *g = open_dev(pk, "cuda", 0), *c = open_dev(pk, NULL, 1), *d = open_dev(pk, NULL, 0);
-    st_set *gold = NULL;
+    char plain[600];
+    snprintf(plain, sizeof plain, "%s/trained-q4-plain.pack", test_tmpdir());
+    convert_opts co;
+    memset(&co, 0, sizeof co);
+    co.quant = CVQ_Q4;
+    co.expert_plain = 1;
+    convert_result res;
     petrel_error err = {0};
+    CHECK_MSG(convert_hf(test_data("trained"), plain, &co, &res, &err) == 0, "convert: %s", err.msg);
+    if (!pk) return;
+    petrel_engine *g = open_dev(pk, "cuda", 0), *gp = open_dev(plain, "cuda", 0), *c = open_dev(plain, NULL, 1), *d = open_dev(pk, NULL, 0);
+    st_set *gold = NULL;
     char p[512];
     snprintf(p, sizeof p, "%s/golden.safetensors", test_data("trained"));
     CHECK(st_open(p, &gold, &err) == 0);
-    if (!g || !c || !d || !gold) goto done;
+    if (!g || !gp || !c || !d || !gold) goto done;
     {
         const st_tensor *ids = test_gold(gold, 0, "ids"), *ref = test_gold(gold, 0, "logits");
         int T = (int)ids->shape[0], V = g->cfg.vocab_size;
-        float *lg = malloc(sizeof(float) * (size_t)T * V), *lc = malloc(sizeof(float) * (size_t)T * V), *ld = malloc(sizeof(float) * (size_t)T * V);
-        if (!run_logits(g, (const int32_t *)ids->data, T, 0, lg) && !run_logits(c, (const int32_t *)ids->data, T, 0, lc) &&
-            !run_logits(d, (const int32_t *)ids->data, T, 0, ld)) {
-            double e = test_rel_l2(lg, lc, (size_t)T * V);
+        size_t n = (size_t)T * V;
+        float *lg = malloc(sizeof(float) * n), *lp = malloc(sizeof(float) * n), *lc = malloc(sizeof(float) * n), *ld = malloc(sizeof(float) * n);
+        const int32_t *id = (const int32_t *)ids->data;
+        if (!run_logits(g, id, T, 0, lg) && !run_logits(gp, id, T, 0, lp) && !run_logits(c, id, T, 0, lc) && !run_logits(d, id, T, 0, ld)) {
+            double e = test_rel_l2(lp, lc, n);
             double kg = test_kl_rows((const float *)ref->data, lg, T, V) / T, kd = test_kl_rows((const float *)ref->data, ld, T, V) / T;
-            CHECK_MSG(e < 1e-5, "q4 pack: GPU vs CPU (exact activations) rel err %.3g", e);
+            CHECK_MSG(e < 1e-5, "q4 plain pack: GPU vs CPU (exact activations) rel err %.3g", e);
+            CHECK_MSG(!memcmp(lg, lp, sizeof(float) * n), "q4: the GPU's logits differ between the r16 and the plain pack");
             CHECK_MSG(kg <= 1.1 * kd, "q4 pack: GPU KL %.4g vs the CPU default's %.4g", kg, kd);
             if (getenv("PETREL_TEST_VERBOSE")) fprintf(stderr, "  q4 pack: vs cpu %.3g, KL gpu %.4g cpu %.4g\n", e, kg, kd);
         }
-        free(lg), free(lc), free(ld);
+        free(lg), free(lp), free(lc), free(ld);
     }
 done:
     st_close(gold);
     petrel_engine_close(g);
+    petrel_engine_close(gp);
     petrel_engine_close(c);
     petrel_engine_close(d);
 }
@@ -342,6 +367,15 @@ TEST(cuda, session_limits) {
     CHECK(petrel_session_forward(s, ids, 4, NULL, 0, &err) == 0);
     CHECK_EQ_INT(petrel_session_save(s, test_tmp("cu.sess"), &err), PETREL_EUNSUPPORTED);
     CHECK(strstr(err.msg, "GPU") != NULL);
+    /* a fork carries the GPU cache: both continue alike */
+    petrel_session *f = NULL;
+    CHECK(petrel_session_fork(s, &f, &err) == 0);
+    int V = g->cfg.vocab_size;
+    float *l1 = malloc(sizeof(float) * V), *l2 = malloc(sizeof(float) * V);
+    CHECK(f && petrel_session_forward(s, ids + 4, 1, l1, 0, &err) == 0 && petrel_session_forward(f, ids + 4, 1, l2, 0, &err) == 0);
+    CHECK_MSG(!memcmp(l1, l2, sizeof(float) * V), "a forked GPU session continues differently");
+    petrel_session_free(f);
+    free(l1), free(l2);
     CHECK(petrel_session_truncate(s, 2, &err) == 0);
     CHECK_EQ_INT(petrel_session_len(s), 2);
     CHECK(strstr(petrel_engine_device(g), "cuda:0") != NULL);

@@ -62,6 +62,11 @@ int cu_forward(cu_model *m, const cu_seg *seg, int nseg, const int32_t *ids, int
 /* HBM read bandwidth in GB/s: the best of 3 passes of a read kernel over `bytes` of device
  * memory (0 on failure). For benchmarks' floors. */
 double cu_hbm_probe(cu_model *m, uint64_t bytes);
+/* Kernel-time profile (benchmarks, `petrel bench --profile`): while on, every forward times its
+ * parts with events on the stream (a little slower); the report is one line per part with its
+ * milliseconds summed since profiling was turned on. */
+void cu_model_profile(cu_model *m, int on);
+void cu_model_profile_report(const cu_model *m, char *buf, size_t n);
 
 /* Kernel checks for tests (tests/test_cuda.c): y[n][W->rows] = x[n][W->cols] W^T on the GPU,
  * by the path the forward would take for n rows (gemv up to 8, tiled GEMM above), or forced:

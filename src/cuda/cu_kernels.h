@@ -53,14 +53,23 @@ struct cu_rope { const float *cos_, *sin_; int half; int interleave; };
  * RoPE on k_pe; both written to layer l of the row's cache at its position. */
 void cuk_mla_prep(cudaStream_t st, float *q, const float *kva, const float *kv_norm, int T, int NH, int Dn, int Dr, int Rkv, int l,
                   const cu_rowinfo *ri, cu_rope rope);
-/* q~ [T][NH][Rkv] = W_UK[h]^T q_nope[h] (kv_b rows h*(Dn+Dv) .. +Dn). */
-void cuk_mla_uk(cudaStream_t st, const dw &kvb, const float *q, float *qt, int T, int NH, int Dn, int Dr, int Dv, int Rkv);
-/* scores S [T*NH][ldS] over each row's sel[r][0..seln[r]) keys of its cache layer l, softmax,
- * lat [T][NH][Rkv] = sum p c. q: the rows' q (for q_pe), qt: q~. */
+/* The head products, one 64 x 64 tile GEMM per head: q~ [T][NH][Rkv] = W_UK[h]^T q_nope[h]
+ * (kv_b rows h*(Dn+Dv) .. +Dn) and o [T][NH][Dv] = W_UV[h] lat[h] (rows h*(Dn+Dv)+Dn .. +Dv). Up to
+ * 8 rows both take the GEMV form with the heads as slots (heads [T*NH]: slot i's head i % NH),
+ * q~ over ukt, an f32 copy of W_UK^T made at upload ([NH][Rkv][Dn], stacked like experts). */
+void cuk_mla_uk(cudaStream_t st, const dw &kvb, const dw &ukt, const float *q, float *qt, int T, int NH, int Dn, int Dr, int Dv, int Rkv,
+                const int32_t *heads);
+void cuk_mla_uv(cudaStream_t st, const dw &kvb, const float *lat, float *o, int T, int NH, int Dn, int Dv, int Rkv, const int32_t *heads);
+/* The attention core over each row's sel[r][0..seln[r]) keys of its cache layer l: scores
+ * S [T*NH][ldS] = scale [q~ | q_pe] . [c | k_pe] (all heads of a row against one tile of its
+ * keys at a time), softmax in place, lat [T][NH][Rkv] = P C. Split over nsplit key ranges
+ * (partial: [nsplit][T][NH][Rkv]) when few rows leave the GPU idle, summed in split order. */
 void cuk_mla_attn(cudaStream_t st, const float *q, const float *qt, float *S, int64_t ldS, const int32_t *sel, int64_t ld_sel,
-                  const int *seln, int nmax, float *lat, int T, int NH, int Dn, int Dr, int Rkv, float scale, int l, const cu_rowinfo *ri);
-/* o [T][NH][Dv] = W_UV[h] lat[h]. */
-void cuk_mla_uv(cudaStream_t st, const dw &kvb, const float *lat, float *o, int T, int NH, int Dn, int Dv, int Rkv);
+                  const int *seln, int nmax, float *lat, int T, int NH, int Dn, int Dr, int Rkv, float scale, int l, const cu_rowinfo *ri,
+                  float *partial, int nsplit);
+/* the split count cuk_mla_attn takes for T rows of at most nmax keys (<= CU_ATTN_SPLITS) */
+#define CU_ATTN_SPLITS 16
+int cuk_attn_splits(int T, int NH, int Rkv, int nmax);
 
 /* DSA: qi [T][Hi][Di] RoPE (first Dr of each head, when qi), k [T][Di] layernorm + RoPE and
  * written to layer l's index keys; iw [T][Hi] scaled by wscale (when iw). */

@@ -72,67 +72,164 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
-/* ---- GEMV ---- */
+/* ---- GEMV ----
+ * A warp takes RW consecutive weight rows at once (each x chunk read once for them), lane l the
+ * columns 8l + 256j; the lanes' sums meet in a butterfly. A row's arithmetic depends on neither
+ * RW nor TR nor the slot count, so its result never depends on the call's other rows. */
 
-template <int QT, int TR>
-__global__ void k_gemv(dw W, const float *__restrict__ x, int64_t ldx, float *__restrict__ y, int64_t ldy, int n, const int32_t *slot_e,
-                       const int32_t *slot_x) {
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int64_t row = (int64_t)blockIdx.x * (blockDim.x >> 5) + warp;
-    if (row >= W.rows) return;
-    int s0 = blockIdx.y * TR, ns = n - s0 < TR ? n - s0 : TR;
-    int64_t e = slot_e ? slot_e[s0] : 0;
-    const uint8_t *d = W.d + e * W.estride + row * W.rb;
-    const float *sr = W.s ? W.s + e * W.sstride + row * W.sc : nullptr;
-    const float *xr[TR];
-#pragma unroll
-    for (int t = 0; t < TR; t++) xr[t] = x + (int64_t)(t < ns ? (slot_x ? slot_x[s0 + t] : s0 + t) : 0) * ldx;
-    float acc[TR];
-#pragma unroll
-    for (int t = 0; t < TR; t++) acc[t] = 0.f;
-    if (QT >= 0) {
-        for (int64_t c = (int64_t)lane * 8; c < W.cols; c += 256) {
-            float w[8];
-            load8<QT>(d, sr, W.g, c, w);
-#pragma unroll
-            for (int t = 0; t < TR; t++)
-                if (t < ns) {
-                    const float *xp = xr[t] + c;
-                    float a = acc[t];
-#pragma unroll
-                    for (int j = 0; j < 8; j++) a = fmaf(w[j], xp[j], a);
-                    acc[t] = a;
-                }
-        }
+/* One lane's chunk of VAL columns (c % VAL == 0): 16 bytes of q4 (32 values) or q8 (16), 8
+ * values of the others (VAL 8 also for q4/q8 rows whose width is no multiple of 32 / 16); one
+ * scale covers the chunk. raw holds the bytes, decode8 gives values 8 sub .. 8 sub + 7. */
+template <int QT, int VAL> __device__ __forceinline__ void load_raw(const uint8_t *row, int64_t c, uint4 r[2]) {
+    if (QT == QF32) {
+        r[0] = *(const uint4 *)(row + c * 4), r[1] = *(const uint4 *)(row + c * 4 + 16);
+    } else if (QT == QBF16 || QT == QF16) {
+        r[0] = *(const uint4 *)(row + c * 2);
+    } else if (QT == QQ4G) {
+        if (VAL == 32) r[0] = *(const uint4 *)(row + c / 2);
+        else r[0].x = *(const uint32_t *)(row + c / 2);
     } else {
-        for (int64_t c = lane; c < W.cols; c += 32) {
-            float w = wget(W, e, row, c);
-#pragma unroll
-            for (int t = 0; t < TR; t++)
-                if (t < ns) acc[t] = fmaf(w, xr[t][c], acc[t]);
+        if (VAL == 16) r[0] = *(const uint4 *)(row + c);
+        else {
+            uint2 v = *(const uint2 *)(row + c);
+            r[0].x = v.x, r[0].y = v.y;
         }
     }
+}
+template <int QT> __device__ __forceinline__ void decode8(const uint4 r[2], int sub, float sc, float w[8]) {
+    if (QT == QF32) {
+        const float *f = (const float *)r;
 #pragma unroll
-    for (int t = 0; t < TR; t++) {
-        float v = warp_sum(acc[t]);
-        if (lane == 0 && t < ns) y[(int64_t)(s0 + t) * ldy + row] = v;
+        for (int j = 0; j < 8; j++) w[j] = f[j];
+    } else if (QT == QBF16) {
+        const uint32_t *u = (const uint32_t *)r;
+#pragma unroll
+        for (int j = 0; j < 4; j++) w[2 * j] = __uint_as_float(u[j] << 16), w[2 * j + 1] = __uint_as_float(u[j] & 0xffff0000u);
+    } else if (QT == QF16) {
+        const __half *h = (const __half *)r;
+#pragma unroll
+        for (int j = 0; j < 8; j++) w[j] = __half2float(h[j]);
+    } else if (QT == QQ4G) {
+        uint32_t v = ((const uint32_t *)r)[sub];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            uint32_t b = (v >> (8 * j)) & 0xffu;
+            w[2 * j] = (float)((int)(b & 15u) - 8) * sc, w[2 * j + 1] = (float)((int)(b >> 4) - 8) * sc;
+        }
+    } else {
+        const int8_t *q = (const int8_t *)r + 8 * sub;
+#pragma unroll
+        for (int j = 0; j < 8; j++) w[j] = (float)q[j] * sc;
     }
 }
 
+template <int QT, int VAL, int TR, int RW>
+__global__ void __launch_bounds__(256) k_gemv(dw W, const float *__restrict__ x, int64_t ldx, float *__restrict__ y, int64_t ldy, int n,
+                                              const int32_t *slot_e, const int32_t *slot_x) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int64_t row0 = ((int64_t)blockIdx.x * (blockDim.x >> 5) + warp) * RW;
+    if (row0 >= W.rows) return;
+    int s0 = blockIdx.y * TR, ns = n - s0 < TR ? n - s0 : TR;
+    int64_t e = slot_e ? slot_e[s0] : 0;
+    const uint8_t *d[RW];
+    const float *sr[RW];
+    int live[RW];
+#pragma unroll
+    for (int i = 0; i < RW; i++) {
+        int64_t row = row0 + i < W.rows ? row0 + i : row0; /* past the end: row0 again, never stored */
+        live[i] = row0 + i < W.rows;
+        d[i] = W.d + e * W.estride + row * W.rb;
+        sr[i] = W.s ? W.s + e * W.sstride + row * W.sc : nullptr;
+    }
+    const float *xr[TR];
+#pragma unroll
+    for (int t = 0; t < TR; t++) xr[t] = x + (int64_t)(t < ns ? (slot_x ? slot_x[s0 + t] : s0 + t) : 0) * ldx;
+    float acc[RW][TR];
+#pragma unroll
+    for (int i = 0; i < RW; i++)
+#pragma unroll
+        for (int t = 0; t < TR; t++) acc[i][t] = 0.f;
+    if (QT >= 0) {
+        int xv = ((ldx & 3) == 0) && (((uintptr_t)x & 15) == 0);
+        for (int64_t c = (int64_t)lane * VAL; c < W.cols; c += 32 * VAL) {
+            uint4 raw[RW][2];
+            float sc[RW];
+#pragma unroll
+            for (int i = 0; i < RW; i++) {
+                load_raw<QT < 0 ? 0 : QT, VAL>(d[i], c, raw[i]);
+                sc[i] = QT == QQ8ROW ? sr[i][0] : (QT == QQ8G || QT == QQ4G) ? sr[i][c / W.g] : 0.f;
+            }
+#pragma unroll
+            for (int sub = 0; sub < VAL / 8; sub++)
+#pragma unroll
+                for (int t = 0; t < TR; t++)
+                    if (t < ns) {
+                        const float *xp = xr[t] + c + 8 * sub;
+                        float xv8[8];
+                        if (xv) {
+                            float4 a = __ldg((const float4 *)xp), b = __ldg((const float4 *)(xp + 4));
+                            xv8[0] = a.x, xv8[1] = a.y, xv8[2] = a.z, xv8[3] = a.w, xv8[4] = b.x, xv8[5] = b.y, xv8[6] = b.z, xv8[7] = b.w;
+                        } else {
+#pragma unroll
+                            for (int j = 0; j < 8; j++) xv8[j] = xp[j];
+                        }
+#pragma unroll
+                        for (int i = 0; i < RW; i++) {
+                            float w[8];
+                            decode8<QT < 0 ? 0 : QT>(raw[i], sub, sc[i], w);
+                            float a = acc[i][t];
+#pragma unroll
+                            for (int j = 0; j < 8; j++) a = fmaf(w[j], xv8[j], a);
+                            acc[i][t] = a;
+                        }
+                    }
+        }
+    } else {
+        for (int64_t c = lane; c < W.cols; c += 32) {
+#pragma unroll
+            for (int i = 0; i < RW; i++) {
+                float w = wget(W, e, live[i] ? row0 + i : row0, c);
+#pragma unroll
+                for (int t = 0; t < TR; t++)
+                    if (t < ns) acc[i][t] = fmaf(w, xr[t][c], acc[i][t]);
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < RW; i++)
+#pragma unroll
+        for (int t = 0; t < TR; t++) {
+            float v = warp_sum(acc[i][t]);
+            if (lane == 0 && t < ns && live[i]) y[(int64_t)(s0 + t) * ldy + row0 + i] = v;
+        }
+}
+
+template <int TR, int RW>
+static void gemv_launch(cudaStream_t st, const dw &W, const float *x, int64_t ldx, float *y, int64_t ldy, int n, const int32_t *se,
+                        const int32_t *sx) {
+    dim3 grid((unsigned)((W.rows + 8 * RW - 1) / (8 * RW)), (unsigned)((n + TR - 1) / TR));
+    int qt = W.cols % 8 == 0 ? W.qt : -1;
+    int wide = (qt == QQ4G && W.cols % 32 == 0) || ((qt == QQ8G || qt == QQ8ROW) && W.cols % 16 == 0);
+#define GV(Q, V) k_gemv<Q, V, TR, RW><<<grid, 256, 0, st>>>(W, x, ldx, y, ldy, n, se, sx)
+    switch (qt) {
+    case QF32: GV(QF32, 8); break;
+    case QBF16: GV(QBF16, 8); break;
+    case QF16: GV(QF16, 8); break;
+    case QQ8ROW: if (wide) GV(QQ8ROW, 16); else GV(QQ8ROW, 8); break;
+    case QQ8G: if (wide) GV(QQ8G, 16); else GV(QQ8G, 8); break;
+    case QQ4G: if (wide) GV(QQ4G, 32); else GV(QQ4G, 8); break;
+    default: GV(-1, 8); break;
+    }
+#undef GV
+}
+
+/* rows per warp: as many as keep ~2 blocks per SM of an H200 (132 SMs) busy */
 template <int TR>
 static void gemv_tr(cudaStream_t st, const dw &W, const float *x, int64_t ldx, float *y, int64_t ldy, int n, const int32_t *se, const int32_t *sx) {
-    dim3 grid((unsigned)((W.rows + 7) / 8), (unsigned)((n + TR - 1) / TR));
-    int vec = W.cols % 8 == 0;
-    int qt = vec ? W.qt : -1;
-    switch (qt) {
-    case QF32: k_gemv<QF32, TR><<<grid, 256, 0, st>>>(W, x, ldx, y, ldy, n, se, sx); break;
-    case QBF16: k_gemv<QBF16, TR><<<grid, 256, 0, st>>>(W, x, ldx, y, ldy, n, se, sx); break;
-    case QF16: k_gemv<QF16, TR><<<grid, 256, 0, st>>>(W, x, ldx, y, ldy, n, se, sx); break;
-    case QQ8ROW: k_gemv<QQ8ROW, TR><<<grid, 256, 0, st>>>(W, x, ldx, y, ldy, n, se, sx); break;
-    case QQ8G: k_gemv<QQ8G, TR><<<grid, 256, 0, st>>>(W, x, ldx, y, ldy, n, se, sx); break;
-    case QQ4G: k_gemv<QQ4G, TR><<<grid, 256, 0, st>>>(W, x, ldx, y, ldy, n, se, sx); break;
-    default: k_gemv<-1, TR><<<grid, 256, 0, st>>>(W, x, ldx, y, ldy, n, se, sx); break;
-    }
+    int64_t work = W.rows * ((n + TR - 1) / TR) / 8; /* warps' rows */
+    if (TR <= 4 && work >= 4 * 264) gemv_launch<TR, 4>(st, W, x, ldx, y, ldy, n, se, sx);
+    else if (work >= 2 * 264) gemv_launch<TR, 2>(st, W, x, ldx, y, ldy, n, se, sx);
+    else gemv_launch<TR, 1>(st, W, x, ldx, y, ldy, n, se, sx);
 }
 
 void cuk_gemv(cudaStream_t st, const dw &W, const float *x, int64_t ldx, float *y, int64_t ldy, int n, const int32_t *slot_e, const int32_t *slot_x) {
@@ -337,44 +434,140 @@ void cuk_mla_prep(cudaStream_t st, float *q, const float *kva, const float *kv_n
     k_mla_prep<<<T, 256, 0, st>>>(q, kva, kv_norm, NH, Dn, Dr, Rkv, l, ri, rope);
 }
 
-/* q~[c] = sum_d q_nope[d] W[h(Dn+Dv) + d][c], d ascending (kn_matmul_t's order) */
-__global__ void k_mla_uk(dw W, const float *q, float *qt, int NH, int Dn, int Dr, int Dv, int Rkv) {
-    int rh = blockIdx.x, h = rh % NH;
-    extern __shared__ float qn[];
-    const float *qr = q + (int64_t)rh * (Dn + Dr);
-    for (int d = threadIdx.x; d < Dn; d += blockDim.x) qn[d] = qr[d];
-    __syncthreads();
-    int64_t r0 = (int64_t)h * (Dn + Dv);
-    for (int c = threadIdx.x; c < Rkv; c += blockDim.x) {
-        float acc = 0.f;
-        for (int d = 0; d < Dn; d++) acc = fmaf(qn[d], wget(W, 0, r0 + d, c), acc);
-        qt[(int64_t)rh * Rkv + c] = acc;
+/* y[r][h][n] = sum_k x[r][h][k] Wh[k][n] for each head h (grid.z): NT 0 reads
+ * Wh[k][n] = W[row0 + h hs + k][n] (W_UK^T q), NT 1 reads Wh[k][n] = W[row0 + h hs + n][k]
+ * (W_UV lat); 64 x 64 tiles, k ascending per output */
+template <int NT>
+__global__ void k_head_mm(dw W, int64_t row0, int64_t hs, const float *x, int64_t ldxr, int64_t ldxh, int K, int N, float *y, int64_t ldyr,
+                          int64_t ldyh, int T) {
+    __shared__ float Xs[GK][GT + 4], Ws[GK][GT + 4];
+    int h = blockIdx.z, tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
+    int n0 = blockIdx.x * GT, r0 = blockIdx.y * GT;
+    int lm = tid >> 2, lk = (tid & 3) * 8;      /* X loader; NT 1's W loader likewise */
+    int wk = tid >> 3, wn = (tid & 7) * 8;      /* NT 0's W loader: along n */
+    const int64_t wr = row0 + (int64_t)h * hs;
+    float acc[4][4] = {};
+    for (int k0 = 0; k0 < K; k0 += GK) {
+        int r = r0 + lm;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            int k = k0 + lk + j;
+            Xs[lk + j][lm] = r < T && k < K ? x[(int64_t)r * ldxr + (int64_t)h * ldxh + k] : 0.f;
+        }
+        if (NT) {
+            int n = n0 + lm;
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                int k = k0 + lk + j;
+                Ws[lk + j][lm] = n < N && k < K ? wget(W, 0, wr + n, k) : 0.f;
+            }
+        } else {
+            int k = k0 + wk;
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                int n = n0 + wn + j;
+                Ws[wk][wn + j] = n < N && k < K ? wget(W, 0, wr + k, n) : 0.f;
+            }
+        }
+        __syncthreads();
+#pragma unroll 8
+        for (int k = 0; k < GK; k++) {
+            float a[4], b[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) a[i] = Xs[k][ty * 4 + i], b[i] = Ws[k][tx * 4 + i];
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        int r = r0 + ty * 4 + i;
+        if (r >= T) continue;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            int n = n0 + tx * 4 + j;
+            if (n < N) y[(int64_t)r * ldyr + (int64_t)h * ldyh + n] = acc[i][j];
+        }
     }
 }
-void cuk_mla_uk(cudaStream_t st, const dw &kvb, const float *q, float *qt, int T, int NH, int Dn, int Dr, int Dv, int Rkv) {
-    k_mla_uk<<<T * NH, 256, sizeof(float) * Dn, st>>>(kvb, q, qt, NH, Dn, Dr, Dv, Rkv);
+
+void cuk_mla_uk(cudaStream_t st, const dw &kvb, const dw &ukt, const float *q, float *qt, int T, int NH, int Dn, int Dr, int Dv, int Rkv,
+                const int32_t *heads) {
+    if (T <= 8 && heads && ukt.d) { /* the GEMV form over W_UK^T's f32 copy, a head per slot */
+        cuk_gemv(st, ukt, q, Dn + Dr, qt, Rkv, T * NH, heads, nullptr);
+        return;
+    }
+    dim3 g((unsigned)((Rkv + GT - 1) / GT), (unsigned)((T + GT - 1) / GT), (unsigned)NH);
+    k_head_mm<0><<<g, 256, 0, st>>>(kvb, 0, Dn + Dv, q, (int64_t)NH * (Dn + Dr), Dn + Dr, Dn, Rkv, qt, (int64_t)NH * Rkv, Rkv, T);
+}
+void cuk_mla_uv(cudaStream_t st, const dw &kvb, const float *lat, float *o, int T, int NH, int Dn, int Dv, int Rkv, const int32_t *heads) {
+    if (T <= 8 && heads) { /* the GEMV form: slot r*NH + h is head h's W_UV (an "expert") on lat row r*NH + h */
+        dw Wv = kvb;
+        Wv.d = kvb.d + (int64_t)Dn * kvb.rb;
+        Wv.s = kvb.s ? kvb.s + (int64_t)Dn * kvb.sc : nullptr;
+        Wv.rows = Dv;
+        Wv.estride = (int64_t)(Dn + Dv) * kvb.rb;
+        Wv.sstride = (int64_t)(Dn + Dv) * kvb.sc;
+        cuk_gemv(st, Wv, lat, Rkv, o, Dv, T * NH, heads, nullptr);
+        return;
+    }
+    dim3 g((unsigned)((Dv + GT - 1) / GT), (unsigned)((T + GT - 1) / GT), (unsigned)NH);
+    k_head_mm<1><<<g, 256, 0, st>>>(kvb, Dn, Dn + Dv, lat, (int64_t)NH * Rkv, Rkv, Rkv, Dv, o, (int64_t)NH * Dv, Dv, T);
 }
 
-__global__ void k_mla_scores(const float *q, const float *qt, float *S, int64_t ldS, const int32_t *sel, int64_t ld_sel, const int *seln, int NH,
-                             int Dn, int Dr, int Rkv, float scale, int l, const cu_rowinfo *ri) {
-    int rh = blockIdx.x, r = rh / NH, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int i = blockIdx.y * 8 + warp;
-    if (i >= seln[r]) return;
+/* S[r][h][i] = scale * ([q~ | q_pe][r][h] . key(sel[r][i])): a tile of 64 heads x 64 keys of
+ * one row, the dimension ascending in one fma chain (c first, then k_pe) */
+__global__ void k_attn_scores(const float *q, const float *qt, float *S, int64_t ldS, const int32_t *sel, int64_t ld_sel, const int *seln, int NH,
+                              int Dn, int Dr, int Rkv, float scale, int l, const cu_rowinfo *ri) {
+    __shared__ float Qs[GK][GT + 4], Ks[GK][GT + 4];
+    __shared__ const float *kp[GT];
+    int r = blockIdx.y, i0 = blockIdx.x * GT, h0 = blockIdx.z * GT, n = seln[r];
+    if (i0 >= n) return;
+    int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4, lm = tid >> 2, lk = (tid & 3) * 8, D = Rkv + Dr;
     cu_rowinfo R = ri[r];
-    int t = sel[(int64_t)r * ld_sel + i];
-    const float *key = R.kv + ((int64_t)l * R.cap + t) * (Rkv + Dr);
-    const float *a = qt + (int64_t)rh * Rkv, *p = q + (int64_t)rh * (Dn + Dr) + Dn;
-    float acc = 0.f;
-    for (int k = lane; k < Rkv; k += 32) acc = fmaf(a[k], key[k], acc);
-    for (int k = lane; k < Dr; k += 32) acc = fmaf(p[k], key[Rkv + k], acc);
-    acc = warp_sum(acc);
-    if (lane == 0) S[(int64_t)rh * ldS + i] = scale * acc;
+    if (tid < GT) kp[tid] = i0 + tid < n ? R.kv + ((int64_t)l * R.cap + sel[(int64_t)r * ld_sel + i0 + tid]) * D : nullptr;
+    __syncthreads();
+    int hq = h0 + lm;
+    const float *qa = hq < NH ? qt + ((int64_t)r * NH + hq) * Rkv : nullptr, *qb = hq < NH ? q + ((int64_t)r * NH + hq) * (Dn + Dr) + Dn : nullptr;
+    float acc[4][4] = {};
+    for (int k0 = 0; k0 < D; k0 += GK) {
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            int k = k0 + lk + j;
+            Qs[lk + j][lm] = qa && k < D ? (k < Rkv ? qa[k] : qb[k - Rkv]) : 0.f;
+            Ks[lk + j][lm] = kp[lm] && k < D ? kp[lm][k] : 0.f;
+        }
+        __syncthreads();
+#pragma unroll 8
+        for (int k = 0; k < GK; k++) {
+            float a[4], b[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) a[i] = Qs[k][ty * 4 + i], b[i] = Ks[k][tx * 4 + i];
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        int h = h0 + ty * 4 + i;
+        if (h >= NH) continue;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            int t = i0 + tx * 4 + j;
+            if (t < n) S[((int64_t)r * NH + h) * ldS + t] = scale * acc[i][j];
+        }
+    }
 }
 
-__global__ void k_mla_softmax_lat(float *S, int64_t ldS, const int32_t *sel, int64_t ld_sel, const int *seln, float *lat, int NH, int Dr, int Rkv,
-                                  int l, const cu_rowinfo *ri) {
-    int rh = blockIdx.x, r = rh / NH, n = seln[r];
-    cu_rowinfo R = ri[r];
+/* p = exp(s - max) / sum over the row's keys, in place */
+__global__ void k_attn_softmax(float *S, int64_t ldS, const int *seln, int NH) {
+    int rh = blockIdx.x, n = seln[rh / NH];
     float *s = S + (int64_t)rh * ldS;
     float mx = -INFINITY;
     for (int i = threadIdx.x; i < n; i += blockDim.x) mx = fmaxf(mx, s[i]);
@@ -385,39 +578,98 @@ __global__ void k_mla_softmax_lat(float *S, int64_t ldS, const int32_t *sel, int
         s[i] = e;
         sum += e;
     }
-    sum = block_sum_d(sum); /* also orders the writes of s before the reads below */
+    sum = block_sum_d(sum);
     float inv = 1.0f / (float)sum;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) s[i] *= inv;
+}
+
+/* lat[r][h][c] (or split z's partial) = sum over the split's keys i of p[r][h][i] c_i[c]: a tile
+ * of 64 heads x 64 latent columns of one row, keys ascending */
+__global__ void k_attn_pv(const float *S, int64_t ldS, const int32_t *sel, int64_t ld_sel, const int *seln, float *out, int T, int NH, int Dr,
+                          int Rkv, int l, const cu_rowinfo *ri, int nsplit, int per) {
+    __shared__ float Ps[GK][GT + 4], Cs[GK][GT + 4];
+    int r = blockIdx.y, c0 = blockIdx.x * GT, hz = blockIdx.z % ((NH + GT - 1) / GT), sp = blockIdx.z / ((NH + GT - 1) / GT), h0 = hz * GT;
+    int n = seln[r], a = sp * per, b = a + per < n ? a + per : n;
+    int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4, lm = tid >> 2, lk = (tid & 3) * 8, ck = tid >> 3, cc = (tid & 7) * 8, D = Rkv + Dr;
+    cu_rowinfo R = ri[r];
+    const float *base = R.kv + (int64_t)l * R.cap * D;
     const int32_t *sr = sel + (int64_t)r * ld_sel;
-    const float *base = R.kv + (int64_t)l * R.cap * (Rkv + Dr);
-    for (int c = threadIdx.x; c < Rkv; c += blockDim.x) {
-        float acc = 0.f;
-        for (int i = 0; i < n; i++) acc = fmaf(s[i] * inv, base[(int64_t)sr[i] * (Rkv + Dr) + c], acc);
-        lat[(int64_t)rh * Rkv + c] = acc;
+    int hp = h0 + lm;
+    const float *pr = hp < NH ? S + ((int64_t)r * NH + hp) * ldS : nullptr;
+    float acc[4][4] = {};
+    for (int k0 = a; k0 < b; k0 += GK) {
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            int k = k0 + lk + j;
+            Ps[lk + j][lm] = pr && k < b ? pr[k] : 0.f;
+        }
+        {
+            int k = k0 + ck;
+            const float *row = k < b ? base + (int64_t)sr[k] * D : nullptr;
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                int c = c0 + cc + j;
+                Cs[ck][cc + j] = row && c < Rkv ? row[c] : 0.f;
+            }
+        }
+        __syncthreads();
+#pragma unroll 8
+        for (int k = 0; k < GK; k++) {
+            float pa[4], cb[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) pa[i] = Ps[k][ty * 4 + i], cb[i] = Cs[k][tx * 4 + i];
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) acc[i][j] = fmaf(pa[i], cb[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+    float *o = nsplit > 1 ? out + (int64_t)sp * T * NH * Rkv : out;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        int h = h0 + ty * 4 + i;
+        if (h >= NH) continue;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            int c = c0 + tx * 4 + j;
+            if (c < Rkv) o[((int64_t)r * NH + h) * Rkv + c] = acc[i][j];
+        }
     }
 }
 
-void cuk_mla_attn(cudaStream_t st, const float *q, const float *qt, float *S, int64_t ldS, const int32_t *sel, int64_t ld_sel, const int *seln,
-                  int nmax, float *lat, int T, int NH, int Dn, int Dr, int Rkv, float scale, int l, const cu_rowinfo *ri) {
-    dim3 g1((unsigned)(T * NH), (unsigned)((nmax + 7) / 8));
-    k_mla_scores<<<g1, 256, 0, st>>>(q, qt, S, ldS, sel, ld_sel, seln, NH, Dn, Dr, Rkv, scale, l, ri);
-    k_mla_softmax_lat<<<T * NH, 256, 0, st>>>(S, ldS, sel, ld_sel, seln, lat, NH, Dr, Rkv, l, ri);
+/* lat = the splits' partials summed in split order */
+__global__ void k_attn_reduce(const float *partial, float *lat, int64_t n, int nsplit) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float s = 0.f;
+    for (int k = 0; k < nsplit; k++) s += partial[(int64_t)k * n + i];
+    lat[i] = s;
 }
 
-/* o[v] = W[h(Dn+Dv) + Dn + v] . lat[h]: one warp per v */
-__global__ void k_mla_uv(dw W, const float *lat, float *o, int NH, int Dn, int Dv, int Rkv) {
-    int rh = blockIdx.x, h = rh % NH, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int v = blockIdx.y * 8 + warp;
-    if (v >= Dv) return;
-    int64_t row = (int64_t)h * (Dn + Dv) + Dn + v;
-    const float *a = lat + (int64_t)rh * Rkv;
-    float acc = 0.f;
-    for (int c = lane; c < Rkv; c += 32) acc = fmaf(wget(W, 0, row, c), a[c], acc);
-    acc = warp_sum(acc);
-    if (lane == 0) o[(int64_t)rh * Dv + v] = acc;
+int cuk_attn_splits(int T, int NH, int Rkv, int nmax) {
+    if (T > 8) return 1;
+    int blocks = ((Rkv + GT - 1) / GT) * T * ((NH + GT - 1) / GT);
+    int want = (264 + blocks - 1) / blocks, most = (nmax + 127) / 128;
+    int s = want < most ? want : most;
+    if (s > CU_ATTN_SPLITS) s = CU_ATTN_SPLITS;
+    return s < 1 ? 1 : s;
 }
-void cuk_mla_uv(cudaStream_t st, const dw &kvb, const float *lat, float *o, int T, int NH, int Dn, int Dv, int Rkv) {
-    dim3 g((unsigned)(T * NH), (unsigned)((Dv + 7) / 8));
-    k_mla_uv<<<g, 256, 0, st>>>(kvb, lat, o, NH, Dn, Dv, Rkv);
+
+void cuk_mla_attn(cudaStream_t st, const float *q, const float *qt, float *S, int64_t ldS, const int32_t *sel, int64_t ld_sel, const int *seln,
+                  int nmax, float *lat, int T, int NH, int Dn, int Dr, int Rkv, float scale, int l, const cu_rowinfo *ri, float *partial, int nsplit) {
+    int hz = (NH + GT - 1) / GT;
+    dim3 g1((unsigned)((nmax + GT - 1) / GT), (unsigned)T, (unsigned)hz);
+    k_attn_scores<<<g1, 256, 0, st>>>(q, qt, S, ldS, sel, ld_sel, seln, NH, Dn, Dr, Rkv, scale, l, ri);
+    k_attn_softmax<<<T * NH, 256, 0, st>>>(S, ldS, seln, NH);
+    if (nsplit < 1) nsplit = 1;
+    int per = ((nmax + nsplit - 1) / nsplit + GK - 1) / GK * GK;
+    dim3 g2((unsigned)((Rkv + GT - 1) / GT), (unsigned)T, (unsigned)(hz * nsplit));
+    k_attn_pv<<<g2, 256, 0, st>>>(S, ldS, sel, ld_sel, seln, nsplit > 1 ? partial : lat, T, NH, Dr, Rkv, l, ri, nsplit, per);
+    if (nsplit > 1) {
+        int64_t n = (int64_t)T * NH * Rkv;
+        k_attn_reduce<<<(unsigned)((n + 255) / 256), 256, 0, st>>>(partial, lat, n, nsplit);
+    }
 }
 
 /* ---- DSA ---- */
@@ -568,18 +820,20 @@ void cuk_topk(cudaStream_t st, const float *v, int n, int k, int32_t *idx) { k_t
 __device__ __forceinline__ int better(float a, int ia, float b, int ib) { return a > b || (a == b && ia < ib); }
 
 #define ROUTE_EMAX 1024
-/* moe_route (src/model/moe.c) for one row per thread */
+/* moe_route (src/model/moe.c) for one row per warp: the scores by the lanes, the group limit by
+ * lane 0, then the top-K in K rounds of a warp-wide best (the same total order) */
 __global__ void k_route(const float *lg, const float *bias, int T, cu_route_cfg c, int32_t *idx, float *wts, int32_t *slot_x) {
-    int r = blockIdx.x * blockDim.x + threadIdx.x;
-    if (r >= T) return;
-    int E = c.E, K = c.K;
-    float s[ROUTE_EMAX], ch[ROUTE_EMAX];
+    __shared__ float s[ROUTE_EMAX], ch[ROUTE_EMAX];
+    __shared__ unsigned char taken[ROUTE_EMAX];
+    int r = blockIdx.x, lane = threadIdx.x, E = c.E, K = c.K;
     const float *l = lg + (int64_t)r * E;
-    for (int e = 0; e < E; e++) {
+    for (int e = lane; e < E; e += 32) {
         s[e] = 1.0f / (1.0f + expf(-l[e]));
         ch[e] = s[e] + bias[e];
+        taken[e] = 0;
     }
-    if (c.n_group > 1 && c.topk_group < c.n_group && c.n_group <= 256) {
+    __syncwarp();
+    if (lane == 0 && c.n_group > 1 && c.topk_group < c.n_group && c.n_group <= 256) {
         int G = c.n_group, gs = E / G;
         float gsc[256];
         unsigned char keep[256];
@@ -602,25 +856,31 @@ __global__ void k_route(const float *lg, const float *bias, int T, cu_route_cfg 
             if (!keep[g])
                 for (int e = g * gs; e < (g + 1) * gs; e++) ch[e] = 0.0f;
     }
+    __syncwarp();
     int32_t *ir = idx + (int64_t)r * K;
-    for (int k = 0; k < K; k++) ir[k] = -1;
-    for (int e = 0; e < E; e++) {
-        if (ir[K - 1] >= 0 && !better(ch[e], e, ch[ir[K - 1]], ir[K - 1])) continue;
-        int p = K - 1;
-        while (p > 0 && (ir[p - 1] < 0 || better(ch[e], e, ch[ir[p - 1]], ir[p - 1]))) ir[p] = ir[p - 1], p--;
-        ir[p] = e;
-    }
     double sum = 0;
-    for (int k = 0; k < K; k++) sum += s[ir[k]];
     for (int k = 0; k < K; k++) {
-        float w = s[ir[k]];
-        if (c.norm_topk_prob) w = (float)(w / (sum + 1e-20));
-        wts[(int64_t)r * K + k] = w * c.routed_scaling_factor;
-        slot_x[(int64_t)r * K + k] = r;
+        int best = -1;
+        for (int e = lane; e < E; e += 32)
+            if (!taken[e] && (best < 0 || better(ch[e], e, ch[best], best))) best = e;
+        for (int o = 16; o > 0; o >>= 1) {
+            int other = __shfl_xor_sync(0xffffffffu, best, o);
+            if (other >= 0 && (best < 0 || better(ch[other], other, ch[best], best))) best = other;
+        }
+        if (lane == 0) ir[k] = best, taken[best] = 1;
+        __syncwarp();
+        sum += s[best];
     }
+    if (lane == 0)
+        for (int k = 0; k < K; k++) {
+            float w = s[ir[k]];
+            if (c.norm_topk_prob) w = (float)(w / (sum + 1e-20));
+            wts[(int64_t)r * K + k] = w * c.routed_scaling_factor;
+            slot_x[(int64_t)r * K + k] = r;
+        }
 }
 void cuk_route(cudaStream_t st, const float *lg, const float *bias, int T, cu_route_cfg rc, int32_t *idx, float *wts, int32_t *slot_x) {
-    k_route<<<(T + 63) / 64, 64, 0, st>>>(lg, bias, T, rc, idx, wts, slot_x);
+    k_route<<<T, 32, 0, st>>>(lg, bias, T, rc, idx, wts, slot_x);
 }
 
 /* counting sort of the T*K choice slots by expert (rows ascending within one), and the GEMM's

@@ -23,10 +23,18 @@ extern "C" {
 
 #define CU_ROWS 256      /* rows per chunk of a forward */
 #define CU_EXP_GEMV 64   /* routed choices per chunk up to which experts take the GEMV form */
+#define PIN_BYTES ((size_t)CU_ROWS * 64) /* the rows' ids, flags, row info, logits rows */
+
+enum { P_EMBED, P_ATTN_PROJ, P_INDEXER, P_HEADS, P_ATTN_CORE, P_O_PROJ, P_DENSE, P_ROUTER, P_EXPERTS, P_SHARED, P_HEAD, P_COPY, PROF_PARTS };
+static const char *const prof_names[PROF_PARTS] = {"embed", "attention projections + norms", "indexer + top-k", "head products (W_UK, W_UV)",
+                                                   "attention core (scores, softmax, P C)", "o_proj + residual", "dense mlp", "router",
+                                                   "routed experts", "shared expert", "lm_head", "copies"};
+#define PROF_EVENTS 1024
 
 struct cu_layer {
     float *in_norm, *post_norm, *q_a_norm, *kv_a_norm;
     dw q_a, q_b, kv_a, kv_b, o;
+    dw uk_t; /* [NH][Rkv][Dn] f32: W_UK^T per head, for the GEMV form of q~ (decode) */
     int has_idx;
     dw iq, ik, iwp;
     float *ik_w, *ik_b;
@@ -51,10 +59,18 @@ struct cu_model {
     int n_allocs, cap_allocs;
     uint64_t budget, used, wbytes;
     float *rope_cos, *rope_sin; /* [rope_cap][Dr/2] */
+    int32_t *heads;             /* [8 * NH]: i % NH (the head products' GEMV slots, up to 8 rows) */
     int rope_cap;
     uint8_t *scr;               /* the forward's scratch (grown on demand) */
     size_t scr_cap;
     char desc[256];
+    /* the profile (cu_model_profile): events between the parts of a forward, and their sums */
+    int prof, n_ev;
+    cudaEvent_t ev[PROF_EVENTS];
+    int ev_part[PROF_EVENTS];
+    double prof_ms[PROF_PARTS];
+    /* pinned staging for the rows' small arrays */
+    uint8_t *pin;
 };
 
 struct cu_kv {
@@ -110,8 +126,8 @@ static int up_vec(cu_model *m, const float *v, int64_t n, float **out, petrel_er
 }
 
 static int w_supported(const pt_wview *W, const char *name, petrel_error *err) {
-    if (W->layout != PT_LAYOUT_PLAIN)
-        return pt_err(err, PETREL_EUNSUPPORTED, "cuda: %s is stored row-interleaved for the CPU's VNNI kernels (reconvert or synth with --expert-layout plain)", name);
+    if (W->layout != PT_LAYOUT_PLAIN && !(W->layout == PT_LAYOUT_R16 && (W->qtype == PT_Q8_G32 || W->qtype == PT_Q4_G64)))
+        return pt_err(err, PETREL_EUNSUPPORTED, "cuda: %s has a layout the GPU does not read", name);
     switch (W->qtype) {
     case PT_F32: case PT_BF16: case PT_F16: case PT_Q8_ROW: case PT_Q8_G32: case PT_Q4_G64: case PT_FP8_E4M3: return 0;
     default:
@@ -141,6 +157,45 @@ static int up_fp8(cu_model *m, const pt_wview *Ws, int E, const char *name, dw *
     return rc;
 }
 
+static float scale_at(const pt_wview *V, size_t i) {
+    const uint8_t *p = (const uint8_t *)V->scale + i * pt_scale_dtype_bytes(V->scale_dtype);
+    float f;
+    uint16_t h;
+    if (V->scale_dtype == PT_F32) memcpy(&f, p, 4);
+    else memcpy(&h, p, 2), f = V->scale_dtype == PT_BF16 ? pt_bf16_to_f32(h) : pt_f16_to_f32(h);
+    return f;
+}
+
+/* V's scales as f32 [rows][sc] in the plain order; and, for the row-interleaved layout
+ * (PT_LAYOUT_R16, quant/qtypes.h), its bytes in the plain layout (d; NULL: plain already) */
+static void host_plain(const pt_wview *V, int64_t sc, uint8_t *d, float *s) {
+    int r16 = V->layout == PT_LAYOUT_R16;
+    for (int64_t r = 0; r < V->rows; r++)
+        for (int64_t g = 0; g < sc; g++)
+            s[r * sc + g] = scale_at(V, r16 ? (size_t)(((r / 16) * V->scale_cols + g) * 16 + r % 16) : (size_t)(r * V->scale_cols + g));
+    if (!r16 || !d) return;
+    int q4 = V->qtype == PT_Q4_G64;
+    for (int64_t r = 0; r < V->rows; r++) {
+        const uint8_t *blk = V->data + (r / 16) * 16 * V->row_bytes;
+        uint8_t *o = d + r * V->row_bytes;
+        for (int64_t g = 0; g < sc; g++)
+            for (int k = 0; k < 8; k++) {
+                const uint8_t *ch = blk + g * 512 + k * 64 + (r % 16) * 4;
+                for (int t = 0; t < 4; t++) {
+                    if (!q4) {
+                        o[32 * g + 4 * k + t] = (uint8_t)(ch[t] ^ 0x80); /* w + 128 -> int8 w */
+                        continue;
+                    }
+                    int64_t c = 64 * g + 8 * k;
+                    int lo = ch[t] & 15, hi = ch[t] >> 4; /* w[c + t] + 8, w[c + 4 + t] + 8 */
+                    uint8_t *b0 = o + (c + t) / 2, *b1 = o + (c + 4 + t) / 2;
+                    *b0 = (uint8_t)(((c + t) & 1) ? ((*b0 & 15) | lo << 4) : ((*b0 & 0xf0) | lo));
+                    *b1 = (uint8_t)(((c + 4 + t) & 1) ? ((*b1 & 15) | hi << 4) : ((*b1 & 0xf0) | hi));
+                }
+            }
+    }
+}
+
 /* E views of one shape stacked into one allocation (E = 1: a plain weight) */
 static int up_stack(cu_model *m, const pt_wview *Ws, int E, const char *name, dw *out, petrel_error *err) {
     memset(out, 0, sizeof *out);
@@ -158,31 +213,24 @@ static int up_stack(cu_model *m, const pt_wview *Ws, int E, const char *name, dw
     uint8_t *d = (uint8_t *)dalloc(m, db * E, name, err);
     if (!d) return PETREL_ENOMEM;
     float *s = NULL, *hs = NULL;
+    uint8_t *hd = NULL;
     if (sn) {
         if (!(s = (float *)dalloc(m, sizeof(float) * sn * E, name, err))) return PETREL_ENOMEM;
         if (!(hs = (float *)malloc(sizeof(float) * sn))) return pt_err(err, PETREL_ENOMEM, "out of memory");
     }
+    if (W->layout == PT_LAYOUT_R16 && !(hd = (uint8_t *)malloc(db))) {
+        free(hs);
+        return pt_err(err, PETREL_ENOMEM, "out of memory");
+    }
     int rc = 0;
     for (int e = 0; e < E && !rc; e++) {
         const pt_wview *V = &Ws[e];
-        rc = up_copy(d + db * e, V->data, db, err);
-        if (rc || !sn) continue;
-        int sb = pt_scale_dtype_bytes(V->scale_dtype);
-        for (int64_t r = 0; r < V->rows; r++)
-            for (int64_t j = 0; j < out->sc; j++) {
-                const uint8_t *p = (const uint8_t *)V->scale + ((size_t)r * V->scale_cols + j) * sb;
-                float f;
-                if (V->scale_dtype == PT_F32) memcpy(&f, p, 4);
-                else {
-                    uint16_t h;
-                    memcpy(&h, p, 2);
-                    f = V->scale_dtype == PT_BF16 ? pt_bf16_to_f32(h) : pt_f16_to_f32(h);
-                }
-                hs[r * out->sc + j] = f;
-            }
-        rc = up_copy(s + sn * e, hs, sizeof(float) * sn, err);
+        if (sn) host_plain(V, out->sc, hd, hs);
+        rc = up_copy(d + db * e, hd ? hd : V->data, db, err);
+        if (!rc && sn) rc = up_copy(s + sn * e, hs, sizeof(float) * sn, err);
     }
     free(hs);
+    free(hd);
     out->d = d, out->s = s;
     m->wbytes += (db + sizeof(float) * sn) * E;
     return rc;
@@ -212,6 +260,27 @@ static int up_layer(cu_model *m, const layer_w *lw, int l, cu_layer *G, petrel_e
     PT_TRY(UPW(q_b, q_b_proj));
     PT_TRY(UPW(kv_a, kv_a_proj_with_mqa));
     PT_TRY(UPW(kv_b, kv_b_proj));
+    { /* W_UK^T of every head in f32 (exact): q~ = W_UK^T q_nope as a plain product */
+        int NH = c->num_attention_heads, Dn = c->qk_nope_head_dim, Dv = c->v_head_dim, R = c->kv_lora_rank;
+        size_t per = (size_t)R * Dn;
+        float *ht = (float *)malloc(sizeof(float) * per * NH), *row = (float *)malloc(sizeof(float) * R);
+        float *dt = ht && row ? (float *)dalloc(m, sizeof(float) * per * NH, "W_UK^T", err) : NULL;
+        int rc = 0;
+        if (!ht || !row) rc = pt_err(err, PETREL_ENOMEM, "out of memory");
+        else if (!dt) rc = PETREL_ENOMEM;
+        for (int h = 0; h < NH && !rc; h++)
+            for (int d = 0; d < Dn; d++) {
+                pt_dequant_row(&lw->kv_b_proj, (int64_t)h * (Dn + Dv) + d, row);
+                for (int cc = 0; cc < R; cc++) ht[h * per + (size_t)cc * Dn + d] = row[cc];
+            }
+        if (!rc) rc = up_copy(dt, ht, sizeof(float) * per * NH, err);
+        free(ht), free(row);
+        if (rc) return rc;
+        G->uk_t = dw{};
+        G->uk_t.qt = PT_F32, G->uk_t.rows = R, G->uk_t.cols = Dn, G->uk_t.rb = (int64_t)Dn * 4, G->uk_t.d = (const uint8_t *)dt;
+        G->uk_t.estride = (int64_t)(per * 4);
+        m->wbytes += per * NH * 4;
+    }
     PT_TRY(UPW(o, o_proj));
     G->has_idx = lw->has_indexer;
     if (lw->has_indexer) {
@@ -253,6 +322,8 @@ extern "C" void cu_model_close(cu_model *m) {
     if (m->rope_cos) cudaFree(m->rope_cos);
     if (m->rope_sin) cudaFree(m->rope_sin);
     if (m->st) cudaStreamDestroy(m->st);
+    for (int i = 0; i < PROF_EVENTS && m->prof; i++) cudaEventDestroy(m->ev[i]);
+    if (m->pin) cudaFreeHost(m->pin);
     free(m->allocs);
     free(m->L);
     pthread_mutex_destroy(&m->mu);
@@ -286,6 +357,7 @@ extern "C" int cu_model_open(const petrel_engine *e, int device, uint64_t vram_b
     }
     int L = c->num_hidden_layers, r = 0;
     if (!(m->L = (cu_layer *)calloc((size_t)L, sizeof(cu_layer)))) r = pt_err(err, PETREL_ENOMEM, "out of memory");
+    if (!r && (rc = cudaMallocHost(&m->pin, PIN_BYTES)) != cudaSuccess) r = cu_fail(err, rc, "pinned staging");
     const model_w *w = &e->w;
     if (!r) r = up_w(m, &w->embed_tokens, "embed_tokens", &m->embed, err);
     if (!r) {
@@ -293,6 +365,14 @@ extern "C" int cu_model_open(const petrel_engine *e, int device, uint64_t vram_b
         else r = up_w(m, &w->lm_head, "lm_head", &m->head, err);
     }
     if (!r) r = up_vec(m, w->norm, c->hidden_size, &m->norm, err);
+    if (!r) {
+        int NH = c->num_attention_heads;
+        int32_t *hh = (int32_t *)malloc(sizeof(int32_t) * 8 * NH);
+        if (!hh || !(m->heads = (int32_t *)dalloc(m, sizeof(int32_t) * 8 * NH, "head ids", err))) r = hh ? PETREL_ENOMEM : pt_err(err, PETREL_ENOMEM, "out of memory");
+        for (int i = 0; !r && i < 8 * NH; i++) hh[i] = i % NH;
+        if (!r) r = up_copy(m->heads, hh, sizeof(int32_t) * 8 * NH, err);
+        free(hh);
+    }
     for (int l = 0; l < L && !r; l++) r = up_layer(m, &w->layers[l], l, &m->L[l], err);
     if (r) {
         cu_model_close(m);
@@ -406,7 +486,7 @@ typedef struct fscr {
     int32_t *ids, *always, *sel, *seln, *idx, *slot_x, *list, *tiles, *ntiles, *lrow, *mark;
     unsigned long long *count;
     cu_rowinfo *ri;
-    float *h, *x, *y, *qa, *q, *kva, *o, *qt, *lat, *S, *qi, *ki, *iw, *sc, *lg, *wts, *gb, *ub, *yk, *mo, *xl, *logits;
+    float *h, *x, *y, *qa, *q, *kva, *o, *qt, *lat, *S, *partial, *qi, *ki, *iw, *sc, *lg, *wts, *gb, *ub, *yk, *mo, *xl, *logits;
 } fscr;
 
 static size_t carve(uint8_t *base, const petrel_config *c, int T, int nmax, int nall, int nlog, fscr *f) {
@@ -433,6 +513,7 @@ static size_t carve(uint8_t *base, const petrel_config *c, int T, int nmax, int 
     TAKE(qt, float, (size_t)T * NH * c->kv_lora_rank);
     TAKE(lat, float, (size_t)T * NH * c->kv_lora_rank);
     TAKE(S, float, (size_t)T * NH * nmax);
+    TAKE(partial, float, (size_t)(T <= 8 ? T * CU_ATTN_SPLITS : 1) * NH * c->kv_lora_rank);
     TAKE(qi, float, (size_t)T * c->index_n_heads * c->index_head_dim);
     TAKE(ki, float, (size_t)T * c->index_head_dim);
     TAKE(iw, float, (size_t)T * c->index_n_heads);
@@ -509,6 +590,8 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
             hl[nl++] = k;
             (*lnext)++;
         }
+#define PROF(part) (m->prof && m->n_ev < PROF_EVENTS ? (void)(cudaEventRecord(m->ev[m->n_ev], st), m->ev_part[m->n_ev++] = (part)) : (void)0)
+    m->n_ev = 0;
     fscr f;
     size_t need = carve(NULL, c, t, nmax, need_q ? nall : 1, nl, &f);
     if (need > m->scr_cap) {
@@ -526,16 +609,22 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
         m->scr_cap = want, m->used += want;
     }
     carve(m->scr, c, t, nmax, need_q ? nall : 1, nl, &f);
-    cudaMemcpyAsync(f.ids, hid, sizeof(int32_t) * t, cudaMemcpyHostToDevice, st);
-    cudaMemcpyAsync(f.always, hal, sizeof(int32_t) * t, cudaMemcpyHostToDevice, st);
-    cudaMemcpyAsync(f.ri, hri, sizeof(cu_rowinfo) * t, cudaMemcpyHostToDevice, st);
-    if (nl) cudaMemcpyAsync(f.lrow, hl, sizeof(int32_t) * nl, cudaMemcpyHostToDevice, st);
+    /* the rows' arrays through pinned memory (the previous forward has finished with it) */
+    uint8_t *pin = m->pin;
+    memcpy(pin, hid, sizeof(int32_t) * t);
+    memcpy(pin + 4 * CU_ROWS, hal, sizeof(int32_t) * t);
+    memcpy(pin + 8 * CU_ROWS, hri, sizeof(cu_rowinfo) * t);
+    cudaMemcpyAsync(f.ids, pin, sizeof(int32_t) * t, cudaMemcpyHostToDevice, st);
+    cudaMemcpyAsync(f.always, pin + 4 * CU_ROWS, sizeof(int32_t) * t, cudaMemcpyHostToDevice, st);
+    cudaMemcpyAsync(f.ri, pin + 8 * CU_ROWS, sizeof(cu_rowinfo) * t, cudaMemcpyHostToDevice, st);
+    PROF(P_COPY);
     cu_rope rope = {m->rope_cos, m->rope_sin, Dr / 2, c->rope_interleave};
     cu_rope irope = {m->rope_cos, m->rope_sin, Dr / 2, c->indexer_rope_interleave};
     cu_route_cfg rcfg = {E, K, c->n_group, c->topk_group, c->norm_topk_prob, c->routed_scaling_factor};
     const float scale = (float)(1.0 / sqrt((double)Dqk)), wscale = (float)(1.0 / sqrt((double)Hi) / sqrt((double)Di));
     cuk_embed(st, m->embed, f.ids, t, f.h);
     cudaMemsetAsync(f.count, 0, sizeof(unsigned long long), st);
+    PROF(P_EMBED);
     int have_sel = 0;
     for (int l = 0; l < c->num_hidden_layers; l++) {
         const cu_layer &G = m->L[l];
@@ -545,6 +634,7 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
         cuk_rmsnorm(st, f.qa, Rq, f.qa, Rq, G.q_a_norm, Rq, t, 1e-6);
         mm(st, G.q_b, f.qa, f.q, t);
         cuk_mla_prep(st, f.q, f.kva, G.kv_a_norm, t, NH, Dn, Dr, Rkv, l, f.ri, rope);
+        PROF(P_ATTN_PROJ);
         if (c->layer_indexer_full[l] || !have_sel) {
             if (G.has_idx) {
                 if (need_q) {
@@ -558,22 +648,30 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
             }
             cuk_dsa_select(st, need_q && G.has_idx ? f.qi : NULL, f.iw, f.sc, need_q ? nall : 1, f.sel, topk, f.seln, t, Hi, Di, topk, l, f.ri, f.always, nall);
             have_sel = 1;
+            PROF(P_INDEXER);
         }
-        cuk_mla_uk(st, G.kv_b, f.q, f.qt, t, NH, Dn, Dr, Dv, Rkv);
-        cuk_mla_attn(st, f.q, f.qt, f.S, nmax, f.sel, topk, f.seln, nmax, f.lat, t, NH, Dn, Dr, Rkv, scale, l, f.ri);
-        cuk_mla_uv(st, G.kv_b, f.lat, f.o, t, NH, Dn, Dv, Rkv);
+        cuk_mla_uk(st, G.kv_b, G.uk_t, f.q, f.qt, t, NH, Dn, Dr, Dv, Rkv, m->heads);
+        PROF(P_HEADS);
+        cuk_mla_attn(st, f.q, f.qt, f.S, nmax, f.sel, topk, f.seln, nmax, f.lat, t, NH, Dn, Dr, Rkv, scale, l, f.ri, f.partial,
+                     cuk_attn_splits(t, NH, Rkv, nmax));
+        PROF(P_ATTN_CORE);
+        cuk_mla_uv(st, G.kv_b, f.lat, f.o, t, NH, Dn, Dv, Rkv, m->heads);
+        PROF(P_HEADS);
         mm(st, G.o, f.o, f.y, t);
         cuk_add(st, f.h, f.y, (int64_t)t * H);
         cuk_rmsnorm(st, f.x, H, f.h, H, G.post_norm, H, t, c->rms_norm_eps);
+        PROF(P_O_PROJ);
         if (!G.is_moe) {
             swiglu(st, G.gate, G.up, G.down, f.x, t, f, f.y);
             cuk_add(st, f.h, f.y, (int64_t)t * H);
+            PROF(P_DENSE);
             continue;
         }
         mm(st, G.router, f.x, f.lg, t);
         cuk_route(st, f.lg, G.bias, t, rcfg, f.idx, f.wts, f.slot_x);
         cudaMemsetAsync(f.mark, 0, sizeof(int32_t) * E, st);
         cuk_count_union(st, f.idx, t * K, f.mark, f.count);
+        PROF(P_ROUTER);
         int ns = t * K, I = (int)G.eg.rows;
         if (ns <= CU_EXP_GEMV) {
             cuk_gemv(st, G.eg, f.x, H, f.gb, I, ns, f.idx, f.slot_x);
@@ -589,11 +687,13 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
             cuk_gemm(st, G.ed, f.gb, I, f.yk, H, ns, f.tiles, f.ntiles, mt, f.list, NULL);
         }
         cuk_moe_combine(st, f.yk, f.idx, f.wts, t, K, H, f.mo);
+        PROF(P_EXPERTS);
         if (G.has_shared) {
             swiglu(st, G.sg, G.su, G.sd, f.x, t, f, f.y);
             cuk_add(st, f.mo, f.y, (int64_t)t * H);
         }
         cuk_add(st, f.h, f.mo, (int64_t)t * H);
+        PROF(P_SHARED);
     }
     cudaError_t rc = cudaSuccess;
     if (hidden || nl) cuk_rmsnorm(st, f.xl, H, f.h, H, m->norm, H, t, c->rms_norm_eps);
@@ -607,6 +707,7 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
             xh = f.x;
         }
         mm(st, m->head, xh, f.logits, nl);
+        PROF(P_HEAD);
         int first = *lnext - nl;
         rc = cudaMemcpyAsync(logits + (size_t)first * V, f.logits, sizeof(float) * nl * V, cudaMemcpyDeviceToHost, st);
     }
@@ -618,6 +719,16 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
     if (rc == cudaSuccess) rc = cudaStreamSynchronize(st);
     if (rc == cudaSuccess) rc = cudaGetLastError();
     if (rc == cudaSuccess && experts_run) *experts_run += nrun;
+    PROF(P_COPY);
+    if (m->prof && rc == cudaSuccess) {
+        cudaEventSynchronize(m->ev[m->n_ev - 1]);
+        for (int i = 1; i < m->n_ev; i++) {
+            float ms = 0;
+            cudaEventElapsedTime(&ms, m->ev[i - 1], m->ev[i]);
+            m->prof_ms[m->ev_part[i]] += ms;
+        }
+    }
+#undef PROF
     return rc == cudaSuccess ? 0 : cu_fail(err, rc, "forward");
 }
 
@@ -674,6 +785,28 @@ extern "C" double cu_hbm_probe(cu_model *m, uint64_t bytes) {
     cudaFree(sink);
     pthread_mutex_unlock(&m->mu);
     return best;
+}
+
+extern "C" void cu_model_profile(cu_model *m, int on) {
+    pthread_mutex_lock(&m->mu);
+    cudaSetDevice(m->dev);
+    if (on && !m->prof)
+        for (int i = 0; i < PROF_EVENTS; i++) cudaEventCreate(&m->ev[i]);
+    if (!on && m->prof)
+        for (int i = 0; i < PROF_EVENTS; i++) cudaEventDestroy(m->ev[i]);
+    m->prof = on;
+    memset(m->prof_ms, 0, sizeof m->prof_ms);
+    pthread_mutex_unlock(&m->mu);
+}
+
+extern "C" void cu_model_profile_report(const cu_model *m, char *buf, size_t n) {
+    size_t o = 0;
+    if (n) buf[0] = 0;
+    for (int p = 0; p < PROF_PARTS && o < n; p++) {
+        int w = snprintf(buf + o, n - o, "  %-40s %10.3f ms\n", prof_names[p], m->prof_ms[p]);
+        if (w < 0) break;
+        o += (size_t)w;
+    }
 }
 
 /* ---- checks for tests ---- */

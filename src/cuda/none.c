@@ -34,6 +34,11 @@ double cu_hbm_probe(cu_model *m, uint64_t bytes) {
     (void)m, (void)bytes;
     return 0;
 }
+void cu_model_profile(cu_model *m, int on) { (void)m, (void)on; }
+void cu_model_profile_report(const cu_model *m, char *buf, size_t n) {
+    (void)m;
+    if (n) buf[0] = 0;
+}
 int cu_matmul_check(const pt_wview *W, const float *x, int n, float *y, int path, petrel_error *err) {
     (void)W, (void)x, (void)n, (void)y, (void)path;
     return pt_err(err, PETREL_EUNSUPPORTED, NO_CUDA);
