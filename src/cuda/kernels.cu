@@ -10,6 +10,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <math.h>
+#include <mma.h>
 #include <stdint.h>
 
 #include "cuda/cu_kernels.h"
@@ -308,11 +309,101 @@ __global__ void k_gemm(dw W, const float *__restrict__ x, int64_t ldx, float *__
     }
 }
 
+/* The tensor-core form (cuk_gemm's tc): the same tiles with bf16 operands on wmma 16x16x16
+ * fragments, f32 accumulation: x rounded to bf16, each weight dequantized then rounded to bf16
+ * (~2^-9 relative each). 4 warps, each 32 x 32 of the 64 x 64 tile. */
+#define TK 32
+template <int QT>
+__global__ void __launch_bounds__(128) k_gemm_tc(dw W, const float *__restrict__ x, int64_t ldx, float *__restrict__ y, int64_t ldy, int n,
+                                                 const int32_t *tiles, const int *ntiles, const int32_t *list, const int32_t *xmap) {
+    using namespace nvcuda;
+    __shared__ __align__(32) __nv_bfloat16 As[GT][TK + 16], Bs[GT][TK + 16];
+    __shared__ __align__(32) float Cs[GT][GT + 8];
+    int tile = blockIdx.y, first, cnt;
+    int64_t e = 0;
+    if (tiles) {
+        if (tile >= *ntiles) return;
+        e = tiles[3 * tile], first = tiles[3 * tile + 1], cnt = tiles[3 * tile + 2];
+    } else {
+        first = tile * GT, cnt = n - first < GT ? n - first : GT;
+    }
+    int tid = threadIdx.x, warp = tid >> 5, wm = warp >> 1, wn = warp & 1;
+    int64_t n0 = (int64_t)blockIdx.x * GT;
+    int lr = tid >> 1, lk = (tid & 1) * 16; /* loaders: row lr, k lk .. lk + 15 */
+    int64_t xrow = -1;
+    if (lr < cnt) {
+        int i = first + lr;
+        xrow = tiles ? (xmap ? xmap[list[i]] : list[i]) : i;
+    }
+    int64_t wrow = n0 + lr;
+    const uint8_t *wd = W.d + e * W.estride + (wrow < W.rows ? wrow : 0) * W.rb;
+    const float *ws = W.s ? W.s + e * W.sstride + (wrow < W.rows ? wrow : 0) * W.sc : nullptr;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> c[2][2];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) wmma::fill_fragment(c[i][j], 0.f);
+    for (int64_t k0 = 0; k0 < W.cols; k0 += TK) {
+        int64_t kb = k0 + lk;
+#pragma unroll
+        for (int j = 0; j < 16; j++) As[lr][lk + j] = __float2bfloat16(xrow >= 0 && kb + j < W.cols ? x[xrow * ldx + kb + j] : 0.f);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float w[8];
+            int64_t kk = kb + 8 * h;
+            if (wrow < W.rows && kk + 8 <= W.cols) load8<QT>(wd, ws, W.g, kk, w);
+            else
+#pragma unroll
+                for (int j = 0; j < 8; j++) w[j] = wrow < W.rows && kk + j < W.cols ? wget(W, e, wrow, kk + j) : 0.f;
+#pragma unroll
+            for (int j = 0; j < 8; j++) Bs[lr][lk + 8 * h + j] = __float2bfloat16(w[j]);
+        }
+        __syncthreads();
+#pragma unroll
+        for (int ks = 0; ks < TK; ks += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a[2];
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> b[2];
+#pragma unroll
+            for (int i = 0; i < 2; i++) wmma::load_matrix_sync(a[i], &As[wm * 32 + i * 16][ks], TK + 16);
+#pragma unroll
+            for (int j = 0; j < 2; j++) wmma::load_matrix_sync(b[j], &Bs[wn * 32 + j * 16][ks], TK + 16);
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int j = 0; j < 2; j++) wmma::mma_sync(c[i][j], a[i], b[j], c[i][j]);
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) wmma::store_matrix_sync(&Cs[wm * 32 + i * 16][wn * 32 + j * 16], c[i][j], GT + 8, wmma::mem_row_major);
+    __syncthreads();
+    for (int idx = tid; idx < GT * GT; idx += blockDim.x) {
+        int m = idx / GT, cc = idx % GT;
+        int64_t col = n0 + cc;
+        if (m >= cnt || col >= W.rows) continue;
+        int64_t yr = tiles ? list[first + m] : first + m;
+        y[yr * ldy + col] = Cs[m][cc];
+    }
+}
+
+int cuk_gemm_tc_ok(const dw &W) { return W.cols % 8 == 0 && (W.qt == QQ4G || W.qt == QQ8G || W.qt == QQ8ROW || W.qt == QBF16); }
+
 void cuk_gemm(cudaStream_t st, const dw &W, const float *x, int64_t ldx, float *y, int64_t ldy, int n, const int32_t *tiles, const int *ntiles_dev,
-              int max_tiles, const int32_t *list, const int32_t *xmap) {
+              int max_tiles, const int32_t *list, const int32_t *xmap, int tc) {
     int nt = tiles ? max_tiles : (n + GT - 1) / GT;
     if (nt <= 0) return;
     dim3 grid((unsigned)((W.rows + GT - 1) / GT), (unsigned)nt);
+    if (tc && cuk_gemm_tc_ok(W)) {
+        switch (W.qt) {
+        case QBF16: k_gemm_tc<QBF16><<<grid, 128, 0, st>>>(W, x, ldx, y, ldy, n, tiles, ntiles_dev, list, xmap); break;
+        case QQ8ROW: k_gemm_tc<QQ8ROW><<<grid, 128, 0, st>>>(W, x, ldx, y, ldy, n, tiles, ntiles_dev, list, xmap); break;
+        case QQ8G: k_gemm_tc<QQ8G><<<grid, 128, 0, st>>>(W, x, ldx, y, ldy, n, tiles, ntiles_dev, list, xmap); break;
+        default: k_gemm_tc<QQ4G><<<grid, 128, 0, st>>>(W, x, ldx, y, ldy, n, tiles, ntiles_dev, list, xmap); break;
+        }
+        return;
+    }
     int qt = W.cols % 8 == 0 ? W.qt : -1;
     switch (qt) {
     case QF32: k_gemm<QF32><<<grid, 256, 0, st>>>(W, x, ldx, y, ldy, n, tiles, ntiles_dev, list, xmap); break;

@@ -65,6 +65,8 @@ struct cu_model {
     size_t scr_cap;
     char desc[256];
     /* the profile (cu_model_profile): events between the parts of a forward, and their sums */
+    int tc; /* products of more than 8 rows on tensor cores (bf16 operands) for q4/q8/bf16 weights:
+               the engine's act_quant is not -1 (exact f32 activations) */
     int prof, n_ev;
     cudaEvent_t ev[PROF_EVENTS];
     int ev_part[PROF_EVENTS];
@@ -343,6 +345,7 @@ extern "C" int cu_model_open(const petrel_engine *e, int device, uint64_t vram_b
     if (!m) return pt_err(err, PETREL_ENOMEM, "out of memory");
     pthread_mutex_init(&m->mu, NULL);
     m->e = e, m->c = c, m->dev = device;
+    m->tc = e->kt.act_quant != 0;
     cudaError_t rc = cudaSetDevice(device);
     if (rc != cudaSuccess) {
         cu_model_close(m);
@@ -539,16 +542,17 @@ static size_t carve(uint8_t *base, const petrel_config *c, int T, int nmax, int 
 }
 
 /* y[n][W.rows] = x[n][W.cols] W^T by the form for n rows */
-static void mm(cudaStream_t st, const dw &W, const float *x, float *y, int n) {
+/* (tc: above 8 rows, the tensor-core form where the format allows) */
+static void mm(cudaStream_t st, const dw &W, const float *x, float *y, int n, int tc) {
     if (n <= 8) cuk_gemv(st, W, x, W.cols, y, W.rows, n, NULL, NULL);
-    else cuk_gemm(st, W, x, W.cols, y, W.rows, n, NULL, NULL, 0, NULL, NULL);
+    else cuk_gemm(st, W, x, W.cols, y, W.rows, n, NULL, NULL, 0, NULL, NULL, tc);
 }
 
-static void swiglu(cudaStream_t st, const dw &g, const dw &u, const dw &d, const float *x, int n, const fscr &f, float *out) {
-    mm(st, g, x, f.gb, n);
-    mm(st, u, x, f.ub, n);
+static void swiglu(cudaStream_t st, const dw &g, const dw &u, const dw &d, const float *x, int n, const fscr &f, float *out, int tc) {
+    mm(st, g, x, f.gb, n, tc);
+    mm(st, u, x, f.ub, n, tc);
     cuk_silu_mul(st, f.gb, f.ub, (int64_t)n * g.rows);
-    mm(st, d, f.gb, out, n);
+    mm(st, d, f.gb, out, n, tc);
 }
 
 /* one piece of a segment: rows [r0, r0 + n) of the call at positions pos0.. of kv */
@@ -629,19 +633,19 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
     for (int l = 0; l < c->num_hidden_layers; l++) {
         const cu_layer &G = m->L[l];
         cuk_rmsnorm(st, f.x, H, f.h, H, G.in_norm, H, t, c->rms_norm_eps);
-        mm(st, G.q_a, f.x, f.qa, t);
-        mm(st, G.kv_a, f.x, f.kva, t);
+        mm(st, G.q_a, f.x, f.qa, t, m->tc);
+        mm(st, G.kv_a, f.x, f.kva, t, m->tc);
         cuk_rmsnorm(st, f.qa, Rq, f.qa, Rq, G.q_a_norm, Rq, t, 1e-6);
-        mm(st, G.q_b, f.qa, f.q, t);
+        mm(st, G.q_b, f.qa, f.q, t, m->tc);
         cuk_mla_prep(st, f.q, f.kva, G.kv_a_norm, t, NH, Dn, Dr, Rkv, l, f.ri, rope);
         PROF(P_ATTN_PROJ);
         if (c->layer_indexer_full[l] || !have_sel) {
             if (G.has_idx) {
                 if (need_q) {
-                    mm(st, G.iq, f.qa, f.qi, t);
-                    mm(st, G.iwp, f.x, f.iw, t);
+                    mm(st, G.iq, f.qa, f.qi, t, m->tc);
+                    mm(st, G.iwp, f.x, f.iw, t, m->tc);
                 }
-                mm(st, G.ik, f.x, f.ki, t);
+                mm(st, G.ik, f.x, f.ki, t, m->tc);
                 cuk_dsa_prep(st, need_q ? f.qi : NULL, f.ki, need_q ? f.iw : NULL, G.ik_w, G.ik_b, t, Hi, Di, Dr, wscale, l, f.ri, irope);
             } else if (need_q) {
                 return pt_err(err, PETREL_EUNSUPPORTED, "layer %d has no DSA indexer weights: cannot select %d of %d keys", l, topk, nall);
@@ -657,17 +661,17 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
         PROF(P_ATTN_CORE);
         cuk_mla_uv(st, G.kv_b, f.lat, f.o, t, NH, Dn, Dv, Rkv, m->heads);
         PROF(P_HEADS);
-        mm(st, G.o, f.o, f.y, t);
+        mm(st, G.o, f.o, f.y, t, m->tc);
         cuk_add(st, f.h, f.y, (int64_t)t * H);
         cuk_rmsnorm(st, f.x, H, f.h, H, G.post_norm, H, t, c->rms_norm_eps);
         PROF(P_O_PROJ);
         if (!G.is_moe) {
-            swiglu(st, G.gate, G.up, G.down, f.x, t, f, f.y);
+            swiglu(st, G.gate, G.up, G.down, f.x, t, f, f.y, m->tc);
             cuk_add(st, f.h, f.y, (int64_t)t * H);
             PROF(P_DENSE);
             continue;
         }
-        mm(st, G.router, f.x, f.lg, t);
+        mm(st, G.router, f.x, f.lg, t, m->tc);
         cuk_route(st, f.lg, G.bias, t, rcfg, f.idx, f.wts, f.slot_x);
         cudaMemsetAsync(f.mark, 0, sizeof(int32_t) * E, st);
         cuk_count_union(st, f.idx, t * K, f.mark, f.count);
@@ -681,15 +685,15 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
         } else {
             int mt = (ns + 63) / 64 + E + 1;
             cuk_moe_sort(st, f.idx, t, K, E, f.list, f.tiles, f.ntiles, f.slot_x);
-            cuk_gemm(st, G.eg, f.x, H, f.gb, I, ns, f.tiles, f.ntiles, mt, f.list, f.slot_x);
-            cuk_gemm(st, G.eu, f.x, H, f.ub, I, ns, f.tiles, f.ntiles, mt, f.list, f.slot_x);
+            cuk_gemm(st, G.eg, f.x, H, f.gb, I, ns, f.tiles, f.ntiles, mt, f.list, f.slot_x, m->tc);
+            cuk_gemm(st, G.eu, f.x, H, f.ub, I, ns, f.tiles, f.ntiles, mt, f.list, f.slot_x, m->tc);
             cuk_silu_mul(st, f.gb, f.ub, (int64_t)ns * I);
-            cuk_gemm(st, G.ed, f.gb, I, f.yk, H, ns, f.tiles, f.ntiles, mt, f.list, NULL);
+            cuk_gemm(st, G.ed, f.gb, I, f.yk, H, ns, f.tiles, f.ntiles, mt, f.list, NULL, m->tc);
         }
         cuk_moe_combine(st, f.yk, f.idx, f.wts, t, K, H, f.mo);
         PROF(P_EXPERTS);
         if (G.has_shared) {
-            swiglu(st, G.sg, G.su, G.sd, f.x, t, f, f.y);
+            swiglu(st, G.sg, G.su, G.sd, f.x, t, f, f.y, m->tc);
             cuk_add(st, f.mo, f.y, (int64_t)t * H);
         }
         cuk_add(st, f.h, f.mo, (int64_t)t * H);
@@ -706,7 +710,7 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
             for (int j = 0; j < nl; j++) cudaMemcpyAsync(f.x + (size_t)j * H, f.xl + (size_t)hl[j] * H, sizeof(float) * H, cudaMemcpyDeviceToDevice, st);
             xh = f.x;
         }
-        mm(st, m->head, xh, f.logits, nl);
+        mm(st, m->head, xh, f.logits, nl, m->tc);
         PROF(P_HEAD);
         int first = *lnext - nl;
         rc = cudaMemcpyAsync(logits + (size_t)first * V, f.logits, sizeof(float) * nl * V, cudaMemcpyDeviceToHost, st);
@@ -840,7 +844,7 @@ extern "C" int cu_matmul_check(const pt_wview *W, const float *x, int n, float *
         if (path == 1 || (path == 0 && n <= 8)) {
             for (int r0 = 0; r0 < n; r0 += 8) cuk_gemv(m.st, G, dx + (size_t)r0 * W->cols, W->cols, dy + (size_t)r0 * W->rows, W->rows, n - r0 < 8 ? n - r0 : 8, NULL, NULL);
         } else {
-            cuk_gemm(m.st, G, dx, W->cols, dy, W->rows, n, NULL, NULL, 0, NULL, NULL);
+            cuk_gemm(m.st, G, dx, W->cols, dy, W->rows, n, NULL, NULL, 0, NULL, NULL, path == 3);
         }
         cudaError_t ce = cudaMemcpyAsync(y, dy, sizeof(float) * n * W->rows, cudaMemcpyDeviceToHost, m.st);
         if (ce == cudaSuccess) ce = cudaStreamSynchronize(m.st);
