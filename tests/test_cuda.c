@@ -68,7 +68,7 @@ TEST(cuda, matmul_formats) {
                     int rc = cu_matmul_check(&W, x, n, y, path, &err);
                     CHECK_MSG(rc == 0, "cu_matmul_check: %s", err.msg);
                     double e = rc ? 1 : test_rel_l2(y, ref, (size_t)n * W.rows);
-                    int bf = path == 3 && W.qtype != PT_F32 && W.qtype != PT_F16 && W.cols % 8 == 0;
+                    int bf = path == 3 && (W.qtype == PT_Q4_G64 || W.qtype == PT_Q8_G32 || W.qtype == PT_Q8_ROW) && W.cols % 8 == 0;
                     CHECK_MSG(e < (bf ? 1e-2 : 2e-6), "%s [%lld x %lld] n=%d %s: rel err %.3g", pt_qtype_name(W.qtype), (long long)W.rows,
                               (long long)W.cols, n, path == 1 ? "gemv" : path == 2 ? "gemm" : "gemm (tensor cores)", e);
                     if (bf) CHECK_MSG(e > 0, "%s: the tensor-core form gave the exact bits: did it run?", pt_qtype_name(W.qtype));

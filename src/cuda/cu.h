@@ -8,7 +8,10 @@
  * and shared MLPs, the router and the routed experts, the final norm and the head. Logits (and
  * the final-normed hidden states on request) come back to the host, which samples.
  * Exactness: every product accumulates in f32 over exactly dequantized weights (activations
- * stay f32), so an f32 model's logits match the CPU's f32 path to float rounding (~1e-6).
+ * stay f32), so an f32 or bf16 model's logits match the CPU's f32 path to float rounding (~1e-6).
+ * The one inexact default: products of more than 8 rows (prefill, large batches) over q4 / q8
+ * weights run on tensor cores with bf16 operands (open option act_quant -1, --act-quant off:
+ * exact there too), like the CPU's int8 activations for q4.
  * FP8 block-scaled weights are expanded to f32 at upload (exact, 4 bytes a weight).
  * Not yet on the GPU (refused with a line saying so): the MTP layer, LoRA adapters,
  * row-interleaved (r16) packs, expert streaming (a memory budget), bf16/int8 KV pages,
@@ -70,7 +73,7 @@ void cu_model_profile_report(const cu_model *m, char *buf, size_t n);
 
 /* Kernel checks for tests (tests/test_cuda.c): y[n][W->rows] = x[n][W->cols] W^T on the GPU,
  * by the path the forward would take for n rows (gemv up to 8, tiled GEMM above), or forced:
- * path 1 GEMV, 2 GEMM. */
+ * path 1 GEMV, 2 GEMM (exact f32), 3 GEMM on tensor cores where the format takes it (q4, q8). */
 int cu_matmul_check(const pt_wview *W, const float *x, int n, float *y, int path, petrel_error *err);
 /* op_topk on the GPU for one row of n scores: idx[k] ascending. */
 int cu_topk_check(const float *v, int n, int k, int32_t *idx, petrel_error *err);

@@ -34,7 +34,7 @@ void cuk_gemv(cudaStream_t st, const dw &W, const float *x, int64_t ldx, float *
 void cuk_gemm(cudaStream_t st, const dw &W, const float *x, int64_t ldx, float *y, int64_t ldy, int n, const int32_t *tiles,
               const int *ntiles_dev, int max_tiles, const int32_t *list, const int32_t *xmap, int tc);
 /* tc: the tensor-core form (bf16 operands, f32 sums; not exact) for the formats it takes
- * (cuk_gemm_tc_ok: q4, q8, bf16 weights); others, and tc 0, the exact f32 form. */
+ * (cuk_gemm_tc_ok: q4 and q8 weights); others, and tc 0, the exact f32 form. */
 int cuk_gemm_tc_ok(const dw &W);
 
 /* Row ops over T rows. */

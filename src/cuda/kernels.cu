@@ -388,7 +388,8 @@ __global__ void __launch_bounds__(128) k_gemm_tc(dw W, const float *__restrict__
     }
 }
 
-int cuk_gemm_tc_ok(const dw &W) { return W.cols % 8 == 0 && (W.qt == QQ4G || W.qt == QQ8G || W.qt == QQ8ROW || W.qt == QBF16); }
+/* quantized weights only: a bf16 or f32 checkpoint keeps its exact f32 products, as on the CPU */
+int cuk_gemm_tc_ok(const dw &W) { return W.cols % 8 == 0 && (W.qt == QQ4G || W.qt == QQ8G || W.qt == QQ8ROW); }
 
 void cuk_gemm(cudaStream_t st, const dw &W, const float *x, int64_t ldx, float *y, int64_t ldy, int n, const int32_t *tiles, const int *ntiles_dev,
               int max_tiles, const int32_t *list, const int32_t *xmap, int tc) {
@@ -397,7 +398,6 @@ void cuk_gemm(cudaStream_t st, const dw &W, const float *x, int64_t ldx, float *
     dim3 grid((unsigned)((W.rows + GT - 1) / GT), (unsigned)nt);
     if (tc && cuk_gemm_tc_ok(W)) {
         switch (W.qt) {
-        case QBF16: k_gemm_tc<QBF16><<<grid, 128, 0, st>>>(W, x, ldx, y, ldy, n, tiles, ntiles_dev, list, xmap); break;
         case QQ8ROW: k_gemm_tc<QQ8ROW><<<grid, 128, 0, st>>>(W, x, ldx, y, ldy, n, tiles, ntiles_dev, list, xmap); break;
         case QQ8G: k_gemm_tc<QQ8G><<<grid, 128, 0, st>>>(W, x, ldx, y, ldy, n, tiles, ntiles_dev, list, xmap); break;
         default: k_gemm_tc<QQ4G><<<grid, 128, 0, st>>>(W, x, ldx, y, ldy, n, tiles, ntiles_dev, list, xmap); break;
