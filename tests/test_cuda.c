@@ -389,3 +389,20 @@ TEST(cuda, session_limits) {
     petrel_session_free(s);
     petrel_engine_close(g);
 }
+
+/* the CLI's --device / --vram-budget: bad values fail with one line and exit 1 before loading;
+ * a binary without CUDA says so (PETREL_BIN, as the cli group) */
+TEST(cuda, cli_device) {
+    const char *b = getenv("PETREL_BIN");
+    if (!b) { test_skip("PETREL_BIN unset (make test sets it)"); return; }
+    const char *bad[] = {"--device gpu", "--device cuda:", "--device cuda:1x", "--vram-budget 1.5G", "--vram-budget 0", "--device"};
+    char cmd[1024], out[4096], er[4096];
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(cmd, sizeof cmd, "%s generate --model %s --ids 1,2 -n 2 %s", b, test_data("tiny"), bad[i]);
+        CHECK_MSG(test_sh(cmd, out, sizeof out, er, sizeof er) == 1 && test_count_lines(er) == 1, "%s: want exit 1 and one line, got: %s", bad[i], er);
+    }
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --ids 1,2 -n 2 --device cuda:999", b, test_data("tiny"));
+    CHECK_MSG(test_sh(cmd, out, sizeof out, er, sizeof er) == 1 && test_count_lines(er) == 1, "cuda:999: %s", er);
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --ids 1,2 -n 2 --device cpu", b, test_data("tiny"));
+    CHECK_EQ_INT(test_sh(cmd, out, sizeof out, er, sizeof er), 0);
+}
