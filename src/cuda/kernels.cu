@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "cuda/cu_kernels.h"
+#include "model/route_group.h"
 
 enum { QF32 = 0, QBF16 = 1, QF16 = 2, QQ8ROW = 4, QQ8G = 5, QQ4G = 6 };
 
@@ -246,6 +247,19 @@ void cuk_gemv(cudaStream_t st, const dw &W, const float *x, int64_t ldx, float *
 
 #define GT 64  /* tile rows (x) and columns (weight rows) */
 #define GK 32  /* k per stage */
+/* one stage of a 64 x 64 tile: thread (tx, ty) adds A[k][4ty + i] B[k][4tx + j] over k ascending */
+__device__ __forceinline__ void tile_fma(const float (*A)[GT + 4], const float (*B)[GT + 4], int tx, int ty, float acc[4][4]) {
+#pragma unroll 8
+    for (int k = 0; k < GK; k++) {
+        float a[4], b[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) a[i] = A[k][ty * 4 + i], b[i] = B[k][tx * 4 + i];
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+    }
+}
 template <int QT>
 __global__ void k_gemm(dw W, const float *__restrict__ x, int64_t ldx, float *__restrict__ y, int64_t ldy, int n, const int32_t *tiles,
                        const int *ntiles, const int32_t *list, const int32_t *xmap) {
@@ -284,16 +298,7 @@ __global__ void k_gemm(dw W, const float *__restrict__ x, int64_t ldx, float *__
 #pragma unroll
         for (int j = 0; j < 8; j++) Ws[lk + j][lm] = w[j];
         __syncthreads();
-#pragma unroll 8
-        for (int k = 0; k < GK; k++) {
-            float a[4], b[4];
-#pragma unroll
-            for (int i = 0; i < 4; i++) a[i] = Xs[k][ty * 4 + i], b[i] = Ws[k][tx * 4 + i];
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-#pragma unroll
-                for (int j = 0; j < 4; j++) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
-        }
+        tile_fma(Xs, Ws, tx, ty, acc);
         __syncthreads();
     }
 #pragma unroll
@@ -561,16 +566,7 @@ __global__ void k_head_mm(dw W, int64_t row0, int64_t hs, const float *x, int64_
             }
         }
         __syncthreads();
-#pragma unroll 8
-        for (int k = 0; k < GK; k++) {
-            float a[4], b[4];
-#pragma unroll
-            for (int i = 0; i < 4; i++) a[i] = Xs[k][ty * 4 + i], b[i] = Ws[k][tx * 4 + i];
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-#pragma unroll
-                for (int j = 0; j < 4; j++) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
-        }
+        tile_fma(Xs, Ws, tx, ty, acc);
         __syncthreads();
     }
 #pragma unroll
@@ -632,16 +628,7 @@ __global__ void k_attn_scores(const float *q, const float *qt, float *S, int64_t
             Ks[lk + j][lm] = kp[lm] && k < D ? kp[lm][k] : 0.f;
         }
         __syncthreads();
-#pragma unroll 8
-        for (int k = 0; k < GK; k++) {
-            float a[4], b[4];
-#pragma unroll
-            for (int i = 0; i < 4; i++) a[i] = Qs[k][ty * 4 + i], b[i] = Ks[k][tx * 4 + i];
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-#pragma unroll
-                for (int j = 0; j < 4; j++) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
-        }
+        tile_fma(Qs, Ks, tx, ty, acc);
         __syncthreads();
     }
 #pragma unroll
@@ -704,16 +691,7 @@ __global__ void k_attn_pv(const float *S, int64_t ldS, const int32_t *sel, int64
             }
         }
         __syncthreads();
-#pragma unroll 8
-        for (int k = 0; k < GK; k++) {
-            float pa[4], cb[4];
-#pragma unroll
-            for (int i = 0; i < 4; i++) pa[i] = Ps[k][ty * 4 + i], cb[i] = Cs[k][tx * 4 + i];
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-#pragma unroll
-                for (int j = 0; j < 4; j++) acc[i][j] = fmaf(pa[i], cb[j], acc[i][j]);
-        }
+        tile_fma(Ps, Cs, tx, ty, acc);
         __syncthreads();
     }
     float *o = nsplit > 1 ? out + (int64_t)sp * T * NH * Rkv : out;
@@ -908,7 +886,6 @@ void cuk_topk(cudaStream_t st, const float *v, int n, int k, int32_t *idx) { k_t
 
 /* ---- MoE ---- */
 
-__device__ __forceinline__ int better(float a, int ia, float b, int ib) { return a > b || (a == b && ia < ib); }
 
 #define ROUTE_EMAX 1024
 /* moe_route (src/model/moe.c) for one row per warp: the scores by the lanes, the group limit by
@@ -924,39 +901,17 @@ __global__ void k_route(const float *lg, const float *bias, int T, cu_route_cfg 
         taken[e] = 0;
     }
     __syncwarp();
-    if (lane == 0 && c.n_group > 1 && c.topk_group < c.n_group && c.n_group <= 256) {
-        int G = c.n_group, gs = E / G;
-        float gsc[256];
-        unsigned char keep[256];
-        for (int g = 0; g < G; g++) {
-            float b1 = -INFINITY, b2 = -INFINITY;
-            for (int e = g * gs; e < (g + 1) * gs; e++) {
-                if (ch[e] > b1) b2 = b1, b1 = ch[e];
-                else if (ch[e] > b2) b2 = ch[e];
-            }
-            gsc[g] = gs >= 2 ? b1 + b2 : b1;
-            keep[g] = 0;
-        }
-        for (int k = 0; k < c.topk_group; k++) {
-            int best = -1;
-            for (int g = 0; g < G; g++)
-                if (!keep[g] && (best < 0 || better(gsc[g], g, gsc[best], best))) best = g;
-            keep[best] = 1;
-        }
-        for (int g = 0; g < G; g++)
-            if (!keep[g])
-                for (int e = g * gs; e < (g + 1) * gs; e++) ch[e] = 0.0f;
-    }
+    if (lane == 0) route_group_limit(ch, E, c.n_group, c.topk_group);
     __syncwarp();
     int32_t *ir = idx + (int64_t)r * K;
     double sum = 0;
     for (int k = 0; k < K; k++) {
         int best = -1;
         for (int e = lane; e < E; e += 32)
-            if (!taken[e] && (best < 0 || better(ch[e], e, ch[best], best))) best = e;
+            if (!taken[e] && (best < 0 || route_better(ch[e], e, ch[best], best))) best = e;
         for (int o = 16; o > 0; o >>= 1) {
             int other = __shfl_xor_sync(0xffffffffu, best, o);
-            if (other >= 0 && (best < 0 || better(ch[other], other, ch[best], best))) best = other;
+            if (other >= 0 && (best < 0 || route_better(ch[other], other, ch[best], best))) best = other;
         }
         if (lane == 0) ir[k] = best, taken[best] = 1;
         __syncwarp();

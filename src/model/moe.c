@@ -16,10 +16,9 @@
 #include "model/engine.h"
 #include "model/lora.h"
 #include "model/ops.h"
+#include "model/route_group.h"
 #include "model/scratch.h"
 
-/* rank order: larger value first, then lower index */
-static int better(float a, int ia, float b, int ib) { return a > b || (a == b && ia < ib); }
 
 void moe_route(const petrel_config *cfg, const float *logits, const float *bias, int32_t *idx, float *wts, float *scratch) {
     int E = cfg->n_routed_experts, K = cfg->num_experts_per_tok;
@@ -28,38 +27,13 @@ void moe_route(const petrel_config *cfg, const float *logits, const float *bias,
         s[e] = 1.0f / (1.0f + expf(-logits[e]));
         ch[e] = s[e] + bias[e];
     }
-    if (cfg->n_group > 1 && cfg->topk_group < cfg->n_group) {
-        int G = cfg->n_group, gs = E / G;
-        float gscore[256];
-        unsigned char keep[256];
-        float *gsc = G <= 256 ? gscore : NULL;
-        if (gsc) {
-            for (int g = 0; g < G; g++) {
-                float b1 = -INFINITY, b2 = -INFINITY;
-                for (int e = g * gs; e < (g + 1) * gs; e++) {
-                    if (ch[e] > b1) { b2 = b1; b1 = ch[e]; }
-                    else if (ch[e] > b2) b2 = ch[e];
-                }
-                gsc[g] = gs >= 2 ? b1 + b2 : b1;
-                keep[g] = 0;
-            }
-            for (int k = 0; k < cfg->topk_group; k++) {
-                int best = -1;
-                for (int g = 0; g < G; g++)
-                    if (!keep[g] && (best < 0 || better(gsc[g], g, gsc[best], best))) best = g;
-                keep[best] = 1;
-            }
-            for (int g = 0; g < G; g++)
-                if (!keep[g])
-                    for (int e = g * gs; e < (g + 1) * gs; e++) ch[e] = 0.0f;
-        }
-    }
+    route_group_limit(ch, E, cfg->n_group, cfg->topk_group);
     /* top-K by choice value (K is small: selection by repeated scan of a candidate list) */
     for (int k = 0; k < K; k++) idx[k] = -1;
     for (int e = 0; e < E; e++) {
-        if (idx[K - 1] >= 0 && !better(ch[e], e, ch[idx[K - 1]], idx[K - 1])) continue;
+        if (idx[K - 1] >= 0 && !route_better(ch[e], e, ch[idx[K - 1]], idx[K - 1])) continue;
         int p = K - 1;
-        while (p > 0 && (idx[p - 1] < 0 || better(ch[e], e, ch[idx[p - 1]], idx[p - 1]))) {
+        while (p > 0 && (idx[p - 1] < 0 || route_better(ch[e], e, ch[idx[p - 1]], idx[p - 1]))) {
             idx[p] = idx[p - 1];
             p--;
         }
