@@ -708,7 +708,11 @@ TEST(serve, keepalive_and_metrics) {
     CHECK(strstr(r.body, "# TYPE petrel_inter_token_latency_seconds histogram\n") && strstr(r.body, "petrel_inter_token_latency_seconds_count 6\n")); /* 3 gaps a request */
     CHECK(strstr(r.body, "# TYPE petrel_batch_rows histogram\n") && strstr(r.body, "petrel_batch_rows_bucket{le=\"64\"} "));
     CHECK(metric(p, "petrel_batch_rows_count") == metric(p, "petrel_forwards_total") && metric(p, "petrel_batch_rows_sum") == metric(p, "petrel_batch_rows_total"));
-    CHECK(metric(p, "petrel_kv_pages_total") > 0 && metric(p, "petrel_kv_pages_in_use") == 0); /* nothing running */
+    /* nothing running: the last request's session is freed right after its reply is sent, so a
+     * loaded machine may still see its pages for a moment */
+    long in_use = -1;
+    for (int i = 0; i < 200 && (in_use = metric(p, "petrel_kv_pages_in_use")) != 0; i++) usleep(10000);
+    CHECK_MSG(metric(p, "petrel_kv_pages_total") > 0 && in_use == 0, "kv pages in use: %ld", in_use);
     CHECK(strstr(r.body, "\npetrel_expert_hit_rate ") && strstr(r.body, "\npetrel_disk_read_bytes_total 0\n")); /* resident: no reads */
     reply_free(&r);
     serve_stop(sv);
