@@ -880,7 +880,11 @@ CLI_CMD(bench) {
             if (route_pol >= 0) printf(", \"route_replay_hit_rate\": %.5f, \"route_replay_belady\": %.5f", route_pol, route_bel);
             printf(", \"prefill_breakdown_ms\": {");
             for (int p = 0; p < FS_COUNT; p++) printf("%s\"%s\": %.3f", p ? ", " : "", fwd_part_names[p], (double)pst.ns[p] / 1e6);
-            printf("}, \"cpu_amx\": %s}\n", cpu_has_amx() ? "true" : "false");
+            printf("}, \"cpu_amx\": %s, \"device\": \"", cpu_has_amx() ? "true" : "false");
+            for (const char *d = petrel_engine_device(eng); *d; d++) /* "cpu" or the GPU's line */
+                if (*d == '"' || *d == '\\') printf("\\%c", *d);
+                else if ((unsigned char)*d >= 0x20) putchar(*d);
+            printf("\"}\n");
         }
     }
     free(step_ms);
