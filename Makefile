@@ -5,8 +5,9 @@
 #   make fuzz       libFuzzer targets (clang) in build-fuzz/
 #   make bench      the benchmark on a synthetic GLM-5.2 slice
 #   make cuda       build/petrel-cuda and build/petrel-tests-cuda: the same programs with the
-#                   CUDA backend (src/cuda, nvcc, sm_90a); `make test` compiles them when nvcc
-#                   is installed, and the GPU tests skip (counted) where no GPU is visible
+#                   CUDA backend (src/cuda, nvcc, sm_90a); `make test` builds them when nvcc
+#                   is installed and runs their `cuda` group first (the GPU tests skip, counted,
+#                   where no GPU is visible), then every test of the CPU build
 #   make deps       installs missing Debian packages (also run by the targets above)
 #   make demo       builds and runs the bundled trained model on a prompt (the README's first
 #                   command; `make run-tiny` is the same)
@@ -86,6 +87,7 @@ $(BUILD)/petrel-tests: $(TEST_OBJ) $(BUILD)/libpetrel.a
 	$(CC) $(CFLAGS_BASE) -o $@ $(TEST_OBJ) $(BUILD)/libpetrel.a $(LDLIBS)
 
 test: deps $(BUILD)/petrel $(BUILD)/petrel-tests $(TEST_CUDA)
+	$(if $(TEST_CUDA),PETREL_BIN=./$(BUILD)/petrel-cuda ./$(BUILD)/petrel-tests-cuda cuda)
 	PETREL_BIN=./$(BUILD)/petrel ./$(BUILD)/petrel-tests $(TESTS)
 
 asan:
