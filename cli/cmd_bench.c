@@ -862,6 +862,7 @@ CLI_CMD(bench) {
         printf("%-16s %12s %12s\n", "part", "decode ms/tok", "prefill ms");
         for (int p = 0; p < FS_COUNT; p++)
             printf("%-16s %12.3f %12.1f\n", fwd_part_names[p], (double)s->stats.ns[p] / 1e6 / (double)steps, (double)pst.ns[p] / 1e6);
+        if (eng->cu) printf("(on the GPU a forward is one stream: all of it counts as \"other\" here; --profile splits it by part)\n");
         if (json) {
             printf("{\"decode_ms\": %.4f, \"decode_tok_s\": %.4f, \"prefill_tok_s\": %.3f, \"prefill_best_tok_s\": %.3f, \"prefill_runs\": %ld, \"bytes_per_token\": %" PRIu64
                    ", \"mem_bw_gbs\": %.3f, \"decode_floor_ratio\": %.4f, \"decode_floor_ratio_unpaired\": %.4f, \"floor_ms\": %.4f, \"ctx\": %ld, \"prompt\": %ld, \"steps\": %ld, "
