@@ -531,6 +531,8 @@ CLI_CMD(bench) {
     if (trace) return bench_trace(trace, mo.open.expert_slots, json, history_split);
     if (!mo.model) return cli_fail("bench: --model is required");
     if (mo.open.mem_budget && bw_mib > 128) bw_mib = 128; /* the probe buffer counts against the budget */
+    if (profile && (!mo.open.device || !strncmp(mo.open.device, "cpu", 3)))
+        return cli_fail("bench: --profile times the GPU's kernels: give it with --device cuda (the CPU's parts are in the table without it)");
     if (ctx < prompt) ctx = prompt;
     if (!mo.open.plan_context) /* the plan (KV pool, scratch) for the sessions this bench runs, whole pages each */
         mo.open.plan_context = (int)((batch + 2) * (ctx + steps + 4 + 64)); /* the timed session, a prefill run's, the batch's */

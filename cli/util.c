@@ -101,10 +101,7 @@ static int kernel_opt(int argc, char **argv, int *i, cli_model_opts *mo) {
     if (*i + 1 >= argc) { cli_fail("%s needs a value", a); return -1; }
     const char *v = argv[++*i];
     if (dev) {
-        const char *n = v + 5;
-        int ok = !strcmp(v, "cpu") || !strcmp(v, "cuda") || (!strncmp(v, "cuda:", 5) && *n && strspn(n, "0123456789") == strlen(n) && strlen(n) <= 4);
-        if (!ok) { cli_fail("--device: \"%s\" is not cpu, cuda or cuda:N", v); return -1; }
-        mo->open.device = v;
+        mo->open.device = v; /* checked by the engine's open before it loads anything */
     } else if (vram) {
         if (cli_opt_size(NULL, "--vram-budget", v, 1, CLI_SIZE_MAX, &mo->open.vram_budget)) return -1;
     } else if (kvt) {
