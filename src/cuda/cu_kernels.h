@@ -50,7 +50,7 @@ struct cu_rowinfo {
     int cap, pos;
 };
 /* RoPE tables: cos/sin [pos][dim/2] (op_rope_table's values). */
-struct cu_rope { const float *cos_, *sin_; int half; int interleave; };
+struct cu_rope { const float *cos_, *sin_; int interleave; };
 
 /* q [T][NH][Dn + Dr]: RoPE on each head's last Dr; kva [T][Rkv + Dr]: rmsnorm of c (kv_a_layernorm),
  * RoPE on k_pe; both written to layer l of the row's cache at its position. */
@@ -94,7 +94,7 @@ struct cu_route_cfg {
     float routed_scaling_factor;
 };
 void cuk_route(cudaStream_t st, const float *lg, const float *bias, int T, cu_route_cfg rc, int32_t *idx, float *wts, int32_t *slot_x);
-void cuk_moe_sort(cudaStream_t st, const int32_t *idx, int T, int K, int E, int32_t *list, int32_t *tiles, int *ntiles, int32_t *slot_x);
+void cuk_moe_sort(cudaStream_t st, const int32_t *idx, int T, int K, int E, int32_t *list, int32_t *tiles, int *ntiles);
 /* count += the distinct experts among idx[0..n) (mark [E] zeroed by the caller) */
 void cuk_count_union(cudaStream_t st, const int32_t *idx, int n, int32_t *mark, unsigned long long *count);
 /* a read of n 16-byte words (the bandwidth probe); the xor of all lands in *sink */

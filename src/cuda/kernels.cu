@@ -951,8 +951,7 @@ __global__ void k_moe_sort(const int32_t *idx, int T, int K, int E, int32_t *lis
         for (int i = 0; i < T * K; i++) list[cnt[idx[i]]++] = i; /* slots ascending: rows ascending */
     }
 }
-void cuk_moe_sort(cudaStream_t st, const int32_t *idx, int T, int K, int E, int32_t *list, int32_t *tiles, int *ntiles, int32_t *slot_x) {
-    (void)slot_x;
+void cuk_moe_sort(cudaStream_t st, const int32_t *idx, int T, int K, int E, int32_t *list, int32_t *tiles, int *ntiles) {
     k_moe_sort<<<1, 1024, sizeof(int) * (E + 1), st>>>(idx, T, K, E, list, tiles, ntiles);
 }
 

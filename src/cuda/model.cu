@@ -47,7 +47,6 @@ struct cu_layer {
 };
 
 struct cu_model {
-    const petrel_engine *e;
     const petrel_config *c;
     int dev;
     cudaStream_t st;
@@ -344,7 +343,7 @@ extern "C" int cu_model_open(const petrel_engine *e, int device, uint64_t vram_b
     cu_model *m = (cu_model *)calloc(1, sizeof *m);
     if (!m) return pt_err(err, PETREL_ENOMEM, "out of memory");
     pthread_mutex_init(&m->mu, NULL);
-    m->e = e, m->c = c, m->dev = device;
+    m->c = c, m->dev = device;
     m->tc = e->kt.act_quant != 0;
     cudaError_t rc = cudaSetDevice(device);
     if (rc != cudaSuccess) {
@@ -486,7 +485,7 @@ extern "C" int cu_kv_copy(cu_model *m, cu_kv *dst, const cu_kv *src, int n, petr
 
 /* the scratch of one chunk, carved from m->scr (a sizing pass first: base NULL) */
 typedef struct fscr {
-    int32_t *ids, *always, *sel, *seln, *idx, *slot_x, *list, *tiles, *ntiles, *lrow, *mark;
+    int32_t *ids, *always, *sel, *seln, *idx, *slot_x, *list, *tiles, *ntiles, *mark;
     unsigned long long *count;
     cu_rowinfo *ri;
     float *h, *x, *y, *qa, *q, *kva, *o, *qt, *lat, *S, *partial, *qi, *ki, *iw, *sc, *lg, *wts, *gb, *ub, *yk, *mo, *xl, *logits;
@@ -504,7 +503,6 @@ static size_t carve(uint8_t *base, const petrel_config *c, int T, int nmax, int 
     TAKE(ids, int32_t, T);
     TAKE(always, int32_t, T);
     TAKE(ri, cu_rowinfo, T);
-    TAKE(lrow, int32_t, T);
     TAKE(h, float, (size_t)T * H);
     TAKE(x, float, (size_t)T * H);
     TAKE(y, float, (size_t)T * H);
@@ -622,8 +620,8 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
     cudaMemcpyAsync(f.always, pin + 4 * CU_ROWS, sizeof(int32_t) * t, cudaMemcpyHostToDevice, st);
     cudaMemcpyAsync(f.ri, pin + 8 * CU_ROWS, sizeof(cu_rowinfo) * t, cudaMemcpyHostToDevice, st);
     PROF(P_COPY);
-    cu_rope rope = {m->rope_cos, m->rope_sin, Dr / 2, c->rope_interleave};
-    cu_rope irope = {m->rope_cos, m->rope_sin, Dr / 2, c->indexer_rope_interleave};
+    cu_rope rope = {m->rope_cos, m->rope_sin, c->rope_interleave};
+    cu_rope irope = {m->rope_cos, m->rope_sin, c->indexer_rope_interleave};
     cu_route_cfg rcfg = {E, K, c->n_group, c->topk_group, c->norm_topk_prob, c->routed_scaling_factor};
     const float scale = (float)(1.0 / sqrt((double)Dqk)), wscale = (float)(1.0 / sqrt((double)Hi) / sqrt((double)Di));
     cuk_embed(st, m->embed, f.ids, t, f.h);
@@ -684,7 +682,7 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
             cuk_gemv(st, G.ed, f.gb, I, f.yk, H, ns, f.idx, NULL);
         } else {
             int mt = (ns + 63) / 64 + E + 1;
-            cuk_moe_sort(st, f.idx, t, K, E, f.list, f.tiles, f.ntiles, f.slot_x);
+            cuk_moe_sort(st, f.idx, t, K, E, f.list, f.tiles, f.ntiles);
             cuk_gemm(st, G.eg, f.x, H, f.gb, I, ns, f.tiles, f.ntiles, mt, f.list, f.slot_x, m->tc);
             cuk_gemm(st, G.eu, f.x, H, f.ub, I, ns, f.tiles, f.ntiles, mt, f.list, f.slot_x, m->tc);
             cuk_silu_mul(st, f.gb, f.ub, (int64_t)ns * I);
