@@ -719,7 +719,7 @@ __global__ void k_attn_reduce(const float *partial, float *lat, int64_t n, int n
 int cuk_attn_splits(int T, int NH, int Rkv, int nmax) {
     if (T > 8) return 1;
     int blocks = ((Rkv + GT - 1) / GT) * T * ((NH + GT - 1) / GT);
-    int want = (264 + blocks - 1) / blocks, most = (nmax + 127) / 128;
+    int want = (264 + blocks - 1) / blocks, most = (nmax + GK - 1) / GK; /* a split holds at least one stage of keys */
     int s = want < most ? want : most;
     if (s > CU_ATTN_SPLITS) s = CU_ATTN_SPLITS;
     return s < 1 ? 1 : s;
