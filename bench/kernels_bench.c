@@ -228,6 +228,22 @@ static void bench_dispatch(void) {
     free(g); free(u); free(d); free(h); free(o); free(t.data); free(t.scale);
 }
 
+/* One pass of the engine's expert-major prefill over NE experts: gate and up of eb experts in one
+ * kn_matmul_many, then their down products in another (n rows each; eb <= 32). */
+static void run_experts(const mat *g, const mat *u, const mat *d, int NE, int eb, const float *x, float *h, float *o, int n) {
+    for (int b0 = 0; b0 < NE; b0 += eb) {
+        kn_job jobs[64];
+        for (int e = 0; e < eb; e++) {
+            float *he = h + (size_t)e * n * 4096;
+            jobs[2 * e] = (kn_job){&g[b0 + e].v, x + (size_t)e * n * 6144, n, he};
+            jobs[2 * e + 1] = (kn_job){&u[b0 + e].v, x + (size_t)e * n * 6144, n, he + (size_t)n * 2048};
+        }
+        kn_matmul_many(jobs, 2 * eb);
+        for (int e = 0; e < eb; e++) jobs[e] = (kn_job){&d[b0 + e].v, h + (size_t)e * n * 4096, n, o + (size_t)e * n * 6144};
+        kn_matmul_many(jobs, eb);
+    }
+}
+
 /* Prefill's routed experts: NE experts (q4 gate/up [2048 x 6144], down [6144 x 2048]; ~1.3 GB,
  * so weights come from memory) over n rows each, in batches of 32 experts per kn_matmul_many
  * (the engine's expert-major prefill). GFLOP/s = 6 * 2048 * 6144 * n * NE / time. */
@@ -247,17 +263,7 @@ static void bench_experts_prefill(int n) {
     double best = 1e30;
     for (int rep = 0; rep < 4; rep++) {
         double t0 = now();
-        for (int b0 = 0; b0 < NE; b0 += EB) {
-            kn_job jobs[2 * EB];
-            for (int e = 0; e < EB; e++) {
-                float *he = h + (size_t)e * n * 4096;
-                jobs[2 * e] = (kn_job){&g[b0 + e].v, x + (size_t)e * n * 6144, n, he};
-                jobs[2 * e + 1] = (kn_job){&u[b0 + e].v, x + (size_t)e * n * 6144, n, he + (size_t)n * 2048};
-            }
-            kn_matmul_many(jobs, 2 * EB);
-            for (int e = 0; e < EB; e++) jobs[e] = (kn_job){&d[b0 + e].v, h + (size_t)e * n * 4096, n, o + (size_t)e * n * 6144};
-            kn_matmul_many(jobs, EB);
-        }
+        run_experts(g, u, d, NE, EB, x, h, o, n);
         double t = now() - t0;
         if (t < best) best = t;
     }
@@ -434,17 +440,7 @@ static void bench_amx(int n) {
                 kn_force_isa(mode ? "amx" : "avx512");
                 kn_set_amx_min_rows(1);
                 double t0 = now();
-                for (int b0 = 0; b0 < NE; b0 += EB) {
-                    kn_job jobs[2 * EB];
-                    for (int e = 0; e < EB; e++) {
-                        float *he = h + (size_t)e * nn * 4096;
-                        jobs[2 * e] = (kn_job){&g[b0 + e].v, x + (size_t)e * nn * 6144, nn, he};
-                        jobs[2 * e + 1] = (kn_job){&u[b0 + e].v, x + (size_t)e * nn * 6144, nn, he + (size_t)nn * 2048};
-                    }
-                    kn_matmul_many(jobs, 2 * EB);
-                    for (int e = 0; e < EB; e++) jobs[e] = (kn_job){&d[b0 + e].v, h + (size_t)e * nn * 4096, nn, o + (size_t)e * nn * 6144};
-                    kn_matmul_many(jobs, EB);
-                }
+                run_experts(g, u, d, NE, EB, x, h, o, nn);
                 double t = now() - t0;
                 if (t < best[mode]) best[mode] = t;
             }
