@@ -355,8 +355,73 @@ static void t_tile_q8g_1(const pt_wview *W, int64_t c0, const float *x, float *y
     _mm512_storeu_ps(y + c0 + 48, a3);
 }
 
+/* Several activation rows (n >= 2): a 64-column tile's weights are dequantized once per chunk
+ * of TW_R rows (tw_vec: the floats t_tile uses) into a stack buffer, then every activation row
+ * runs against it, six at a time (24 accumulators, 4 loads + 6 broadcasts per 24 fma): the
+ * dequantization is no longer repeated per four rows. Each output element is the same fma chain
+ * over r ascending as t_tile (partial sums pass through y between chunks, exactly), so results
+ * are bitwise those of t_tile and of a row run alone. */
+#define TW_R 128
+AI void t_acc(const int B, const float *wb, int nr, const float *x, int64_t rows, int64_t r0, int i0,
+              const __mmask16 m[4], int first, float *y, int64_t cols, int64_t c0) {
+    __m512 acc[6][4];
+#pragma GCC unroll 6
+    for (int b = 0; b < B; b++)
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; u++)
+            acc[b][u] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m[u], y + (int64_t)(i0 + b) * cols + c0 + u * 16);
+    const float *xr = x + (int64_t)i0 * rows + r0;
+    for (int r = 0; r < nr; r++) {
+        __m512 w[4];
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; u++) w[u] = _mm512_load_ps(wb + (size_t)r * 64 + u * 16);
+#pragma GCC unroll 6
+        for (int b = 0; b < B; b++) {
+            __m512 xb = _mm512_set1_ps(xr[(int64_t)b * rows + r]);
+#pragma GCC unroll 4
+            for (int u = 0; u < 4; u++) acc[b][u] = _mm512_fmadd_ps(xb, w[u], acc[b][u]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int b = 0; b < B; b++)
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; u++) _mm512_mask_storeu_ps(y + (int64_t)(i0 + b) * cols + c0 + u * 16, m[u], acc[b][u]);
+}
+
+AI void t_tile_many(const int F, const pt_wview *W, int64_t c0, int64_t c1, const float *x, int n, float *y) {
+    float wb[TW_R * 64] __attribute__((aligned(64)));
+    __mmask16 m[4];
+#pragma GCC unroll 4
+    for (int u = 0; u < 4; u++) {
+        int64_t left = c1 - (c0 + u * 16);
+        m[u] = left >= 16 ? 0xFFFF : left <= 0 ? 0 : (__mmask16)((1u << left) - 1);
+    }
+    for (int64_t r0 = 0; r0 < W->rows; r0 += TW_R) {
+        int nr = W->rows - r0 < TW_R ? (int)(W->rows - r0) : TW_R;
+        for (int r = 0; r < nr; r++) {
+            const uint8_t *p = W->data + (r0 + r) * W->row_bytes;
+            float rs = F == T_Q8R ? kn_scale_at(W, r0 + r) : 1.f;
+#pragma GCC unroll 4
+            for (int u = 0; u < 4; u++)
+                _mm512_store_ps(wb + (size_t)r * 64 + u * 16, m[u] ? tw_vec(F, W, p, r0 + r, c0 + u * 16, m[u], rs) : _mm512_setzero_ps());
+        }
+        for (int i0 = 0; i0 < n; i0 += 6) switch (n - i0 < 6 ? n - i0 : 6) {
+            case 6: t_acc(6, wb, nr, x, W->rows, r0, i0, m, r0 == 0, y, W->cols, c0); break;
+            case 5: t_acc(5, wb, nr, x, W->rows, r0, i0, m, r0 == 0, y, W->cols, c0); break;
+            case 4: t_acc(4, wb, nr, x, W->rows, r0, i0, m, r0 == 0, y, W->cols, c0); break;
+            case 3: t_acc(3, wb, nr, x, W->rows, r0, i0, m, r0 == 0, y, W->cols, c0); break;
+            case 2: t_acc(2, wb, nr, x, W->rows, r0, i0, m, r0 == 0, y, W->cols, c0); break;
+            default: t_acc(1, wb, nr, x, W->rows, r0, i0, m, r0 == 0, y, W->cols, c0); break;
+            }
+    }
+}
+
 AI void t_cols(const int F, const pt_wview *W, int64_t c0, int64_t c1, const float *x, int n,
                float *y) {
+    if (n >= 2) {
+        for (int64_t c = c0; c < c1; c += 64) t_tile_many(F, W, c, c1, x, n, y);
+        return;
+    }
     for (int64_t c = c0; c < c1; c += 64)
         for (int i0 = 0; i0 < n; i0 += 4) {
             if (F == T_Q8G && n == 1 && c + 64 <= c1 && c % 32 == 0) {
