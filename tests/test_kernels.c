@@ -870,3 +870,53 @@ TEST(kernels, attn_padding_threads) {
     free(y); free(y1);
     at_free(&c);
 }
+
+/* ---- DSA indexer scores (kn_dsa) ---- */
+TEST(kernels, dsa_scores_vs_ref) {
+    uint64_t seed = rng_seed();
+    static const int shapes[][3] = {{32, 128, 300}, {8, 32, 37}, {1, 16, 5}, {20, 24, 13}, {40, 128, 70}, {64, 64, 25}, {70, 16, 9}, {32, 33, 1}};
+    for (int isa = 0; isa < NISA; isa++) {
+        if (kn_force_isa(ISAS[isa]) != 0) continue;
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+            int Hi = shapes[si][0], Di = shapes[si][1], n = shapes[si][2], Hp = kn_dsa_heads(Hi), ks = Di + 3;
+            float *qt = calloc((size_t)Di * Hp, 4), *w = calloc((size_t)Hp, 4), *k = malloc(sizeof(float) * (size_t)n * ks);
+            float *s = malloc(sizeof(float) * (size_t)n), *sr = malloc(sizeof(float) * (size_t)n), *s1 = malloc(sizeof(float) * 4);
+            for (int h = 0; h < Hi; h++) {
+                w[h] = frand();
+                for (int d = 0; d < Di; d++) qt[(size_t)d * Hp + h] = frand();
+            }
+            for (int i = 0; i < n * ks; i++) k[i] = frand() * 3;
+            if (n > 3) k[(size_t)2 * ks + 1] = NAN; /* a NaN key: its dot is NaN, which counts as not > 0 */
+            kn_dsa a = {Hp, Di, qt, w, k, ks, n, s}, r = a;
+            r.score = sr;
+            kt_dsa_scores(kn_default(), &a);
+            kn_ref_dsa_scores(&r);
+            int bad = memcmp(s, sr, sizeof(float) * (size_t)n) != 0, bad1 = 0;
+            for (int t = 0; t < n; t++) { /* a key alone, from another offset: the same bits */
+                kn_dsa b = a;
+                b.k = k + (size_t)t * ks, b.n = 1, b.score = s1;
+                kt_dsa_scores(kn_default(), &b);
+                bad1 += memcmp(s1, s + t, 4) != 0;
+            }
+            /* against a double-precision oracle of the definition (relu per head, weighted sum) */
+            double worst = 0;
+            for (int t = 0; t < n; t++) {
+                double o = 0, mag = 0;
+                int nan = 0;
+                for (int h = 0; h < Hi; h++) {
+                    double dd = 0;
+                    for (int d = 0; d < Di; d++) dd += (double)qt[(size_t)d * Hp + h] * k[(size_t)t * ks + d];
+                    if (dd != dd) nan = 1;
+                    if (dd > 0) o += w[h] * dd, mag += fabs(w[h] * dd);
+                }
+                if (nan) continue;
+                double e = fabs(s[t] - o) / (mag > 0 ? mag : 1);
+                if (e > worst) worst = e;
+            }
+            CHECK_MSG(!bad && !bad1 && worst < 1e-5, "%s Hi %d Di %d n %d: ref %d, alone %d, rel err %.2e (seed %llu)", ISAS[isa], Hi, Di, n, bad, bad1,
+                      worst, (unsigned long long)seed);
+            free(qt); free(w); free(k); free(s); free(sr); free(s1);
+        }
+    }
+    kn_force_isa("auto");
+}

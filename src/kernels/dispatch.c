@@ -526,3 +526,9 @@ void kn_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps
 void kn_softmax(float *x, int64_t n) { kt_softmax(kn_default(), x, n); }
 void kn_silu_mul(float *out, const float *gate, const float *up, int64_t n) { kt_silu_mul(kn_default(), out, gate, up, n); }
 void kn_attn_core(const kn_attn *a, float *scr) { kt_attn_core(kn_default(), a, scr); }
+/* DSA scores (kernels.h: kn_dsa): AVX-512 for up to 64 padded heads, else the scalar twin. */
+void kt_dsa_scores(const kn_table *t, const kn_dsa *a) {
+    if (a->n <= 0) return;
+    if (t->isa == ISA_AVX512 && a->Hp <= 64) kn_dsa_scores_avx512(a);
+    else kn_ref_dsa_scores(a);
+}

@@ -158,6 +158,31 @@ void kn_attn_core(const kn_attn *a, float *scr);
 void kt_attn_core(const kn_table *t, const kn_attn *a, float *scr);
 void kn_ref_attn(const kn_attn *a, float *scr);
 
+/* DSA lightning-indexer scores of one query row over a run of keys (src/model/dsa.c):
+ *   score[t] = sum over heads h of (dd > 0 ? w[h] * dd : 0),  dd = q_h . k_t
+ * with heads padded to Hp = kn_dsa_heads(Hi) (a multiple of 16; padded heads have q = 0, w = 0)
+ * and, per key t, exactly:
+ *   dd[h]   = the fma chain over d ascending of qt[d][h] * k_t[d], from +0
+ *   m[h]    = dd[h] > 0 ? w[h] * dd[h] : +0            (NaN dd counts as not > 0)
+ *   u[i]    = m[i] + m[16 + i] + m[32 + i] + ...        (i < 16, left to right)
+ *   score   = ((u8 + u4) + u2) + u1 folded as a tree:  a[i] = u[i] + u[i + 8] (i < 8),
+ *             b[i] = a[i] + a[i + 4] (i < 4), c[i] = b[i] + b[i + 2] (i < 2), c[0] + c[1].
+ * Every score is the same arithmetic whichever thread, run or ISA computes it: the AVX-512 kernel
+ * is bitwise equal to kn_ref_dsa_scores (tests/test_kernels.c). Single-threaded: the caller
+ * splits the keys. */
+typedef struct kn_dsa {
+    int Hp, Di;                /* padded heads, head dim */
+    const float *qt;           /* [Di][Hp]: the query transposed, zero past the real heads */
+    const float *w;            /* [Hp] head weights, zero past the real heads */
+    const float *k;            /* keys: k + t * k_stride, Di floats each */
+    int64_t k_stride;
+    int64_t n;
+    float *score;              /* out [n] */
+} kn_dsa;
+static inline int kn_dsa_heads(int Hi) { return (Hi + 15) / 16 * 16; }
+void kt_dsa_scores(const kn_table *t, const kn_dsa *a);
+void kn_ref_dsa_scores(const kn_dsa *a);
+
 /* Kernel initialisation (CPUID, thread pool); idempotent; n_threads 0 = all cores. Calling it
  * again with a different count rebuilds the pool (not while kernels run). kn_matmul calls
  * kn_init(0) itself if nobody did. */

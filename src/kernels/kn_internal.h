@@ -137,6 +137,7 @@ void kn_silu_mul_avx512(float *out, const float *gate, const float *up, int64_t 
 #define KN_ATTN_MB 32
 float kn_ref_exp(float x);
 void kn_attn_core_avx512(const kn_attn *a, float *scr);
+void kn_dsa_scores_avx512(const kn_dsa *a);
 
 /* Scale i of W as f32 (dtype from the view). */
 static inline float kn_scale_at(const pt_wview *W, int64_t i) {

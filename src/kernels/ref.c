@@ -297,3 +297,24 @@ void kn_ref_attn(const kn_attn *a, float *scr) {
         }
     }
 }
+
+/* The definition in kernels.h (kn_dsa), one key at a time. */
+void kn_ref_dsa_scores(const kn_dsa *a) {
+    const int Hp = a->Hp;
+    for (int64_t t = 0; t < a->n; t++) {
+        const float *k = a->k + t * a->k_stride;
+        float u[16];
+        for (int i = 0; i < 16; i++) u[i] = 0.f;
+        for (int h = 0; h < Hp; h++) {
+            float dd = 0.f;
+            for (int d = 0; d < a->Di; d++) dd = fmaf(a->qt[(size_t)d * Hp + h], k[d], dd);
+            float m = dd > 0.f ? a->w[h] * dd : 0.f;
+            u[h % 16] = h < 16 ? m : u[h % 16] + m;
+        }
+        float b8[8], b4[4], b2[2];
+        for (int i = 0; i < 8; i++) b8[i] = u[i] + u[i + 8];
+        for (int i = 0; i < 4; i++) b4[i] = b8[i] + b8[i + 4];
+        for (int i = 0; i < 2; i++) b2[i] = b4[i] + b4[i + 2];
+        a->score[t] = b2[0] + b2[1];
+    }
+}

@@ -2,18 +2,44 @@
  *   I(s,t) = sum_h w_h(s) * ReLU(qi_h(s) . ki(t) / sqrt(Di)),   w = weights_proj(x) / sqrt(Hi)
  * and keeps the k = min(index_topk, s + 1) best; shared layers reuse the previous full layer's
  * selection (forward.c keeps it). When s + 1 <= index_topk the selection is every causal key,
- * so scoring is skipped (the keys are still cached for later rows).
+ * so scoring is skipped (the keys are still cached for later rows). Scores: kn_dsa (kernels.h),
+ * over the cached keys page by page, threaded over the pages of a row.
  * Selections are written sorted ascending so attention sums in a fixed order. */
 #include <math.h>
 #include <string.h>
 
 #include "base/err.h"
+#include "base/pool.h"
 #include "kernels/kernels.h"
 #include "model/engine.h"
 #include "model/lora.h"
 #include "model/ops.h"
 #include "model/scratch.h"
 #include "kv/kv.h"
+
+/* A row's scores over its n keys, runs [0, nruns) of the call's runs split into ntasks tasks
+ * (each score is kn_dsa's arithmetic whichever task computes it). */
+typedef struct {
+    const kn_table *tb;
+    kn_dsa base;           /* the row's query and weights */
+    const dsa_run *runs;
+    int nruns, n;          /* the last run ends at key n */
+    float *score;
+    int ntasks;
+} ds_job;
+
+static void ds_task(void *ctx, int task, int thread) {
+    (void)thread;
+    const ds_job *j = ctx;
+    int r0 = (int)((int64_t)task * j->nruns / j->ntasks), r1 = (int)((int64_t)(task + 1) * j->nruns / j->ntasks);
+    for (int i = r0; i < r1; i++) {
+        kn_dsa a = j->base;
+        a.k = j->runs[i].k;
+        a.n = j->runs[i].a + j->runs[i].n < j->n ? j->runs[i].n : j->n - j->runs[i].a;
+        a.score = j->score + j->runs[i].a;
+        kt_dsa_scores(j->tb, &a);
+    }
+}
 
 int dsa_select(petrel_session *s, int l, const layer_w *lw, const float *x, const float *qr, int T,
                const rope_rows *rope, int32_t *sel, int *sel_n, int sel_stride, petrel_error *err) {
@@ -57,6 +83,15 @@ int dsa_select(petrel_session *s, int l, const layer_w *lw, const float *x, cons
         PT_TRY(kv_write_index(s->kv, l, P + r, k, err));
         for (int h = 0; h < Hi && need_q; h++) iw[(size_t)r * Hi + h] *= wscale;
     }
+    /* the keys 0 .. P+T-1 as runs of f32 rows (page by page), once for every row of the call */
+    int f32 = kv_index_is_f32(s->kv), nruns = 0, Hp = kn_dsa_heads(Hi);
+    for (int a = 0; f32 && a < P + T && need_q;) {
+        kv_run run;
+        int m = kv_run_at(s->kv, l, a, P + T, &run, err);
+        if (m < 0) return m;
+        d.runs[nruns++] = (dsa_run){(const float *)run.idx, a, m};
+        a += m;
+    }
     for (int r = 0; r < T; r++) {
         int n = P + r + 1;
         int32_t *out = sel + (size_t)r * sel_stride;
@@ -65,27 +100,35 @@ int dsa_select(petrel_session *s, int l, const layer_w *lw, const float *x, cons
             sel_n[r] = n;
             continue;
         }
+        /* the row's query transposed and its weights, heads padded with zeros (kn_dsa) */
         const float *q = qi + (size_t)r * Hi * Di, *w = iw + (size_t)r * Hi;
-        for (int a = 0; a < n;) { /* the keys page by page: f32 runs in place, other schemes decoded */
-            kv_run run;
-            int m = kv_run_at(s->kv, l, a, n, &run, err);
-            if (m < 0) return m;
-            const float *ks = run.idx;
-            if (!kv_index_is_f32(s->kv)) {
+        memset(d.qt, 0, sizeof(float) * (size_t)Di * Hp);
+        memset(d.wp, 0, sizeof(float) * (size_t)Hp);
+        for (int h = 0; h < Hi; h++) {
+            d.wp[h] = w[h];
+            for (int e = 0; e < Di; e++) d.qt[(size_t)e * Hp + h] = q[(size_t)h * Di + e];
+        }
+        kn_dsa base = {Hp, Di, d.qt, d.wp, NULL, Di, 0, NULL};
+        if (f32) {
+            int nr = 0;
+            while (nr < nruns && d.runs[nr].a < n) nr++;
+            ds_job j = {tb, base, d.runs, nr, n, score, 1};
+            int nt = pool_threads(kn_pool());
+            j.ntasks = n >= 256 && nt > 1 ? (nr < 4 * nt ? nr : 4 * nt) : 1;
+            if (j.ntasks > 1) pool_run(kn_pool(), j.ntasks, ds_task, &j);
+            else ds_task(&j, 0, 0);
+        } else {
+            for (int a = 0; a < n;) { /* other schemes: the keys decoded a page at a time */
+                kv_run run;
+                int m = kv_run_at(s->kv, l, a, n, &run, err);
+                if (m < 0) return m;
                 if (m > KV_PAGE_DEFAULT) m = KV_PAGE_DEFAULT; /* the decode buffer's rows */
                 PT_TRY(kv_decode(s->kv, l, a, a + m, NULL, NULL, d.kbuf, err));
-                ks = d.kbuf;
+                kn_dsa ka = base;
+                ka.k = d.kbuf, ka.n = m, ka.score = score + a;
+                kt_dsa_scores(tb, &ka);
+                a += m;
             }
-            for (int t = 0; t < m; t++) {
-                const float *kt = ks + (size_t)t * Di;
-                float acc = 0;
-                for (int h = 0; h < Hi; h++) {
-                    float dd = kt_dot(tb, q + (size_t)h * Di, kt, Di);
-                    if (dd > 0) acc += w[h] * dd;
-                }
-                score[a + t] = acc;
-            }
-            a += m;
         }
         int k = n < topk ? n : topk;
         op_topk(score, n, k, out, tmp);
