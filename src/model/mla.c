@@ -237,17 +237,30 @@ static int absorbed(petrel_session *s, int l, const layer_w *lw, const float *q,
         pool_run(kn_pool(), NH, abp_task, &j);
     }
     if (m > 1 && m == T) return 0;
-    float *qt, *lat;
-    if (one_carve(&s->ar, c, &qt, &lat)) return pt_err(err, PETREL_ENOMEM, "attention scratch exhausted (layer %d)", l);
+    if (T == 1) { /* one row: its head products over the heads in parallel */
+        float *qt, *lat;
+        if (one_carve(&s->ar, c, &qt, &lat)) return pt_err(err, PETREL_ENOMEM, "attention scratch exhausted (layer %d)", l);
+        uk_job uj = {tb, lw, q, qt, Dqk, Rkv, ls, l, Dn, Dv};
+        pool_run(kn_pool(), NH, uk_task, &uj);
+        PT_TRY(row_core(s, l, q, qt, sel, sel_n[0], lat, err));
+        uv_job vj = {tb, lw, lat, out, Rkv, Dv, ls, l, Dn};
+        pool_run(kn_pool(), NH, uv_task, &vj);
+        return 0;
+    }
+    /* the other rows (their own DSA selections) FWD_ROWS_GROUP at a time: each head's W_UK / W_UV
+     * read once for the group, the attention core row by row (bitwise the one-row path) */
+    petrel_session *gs[FWD_ROWS_GROUP];
+    int32_t gr[FWD_ROWS_GROUP];
+    int ng = 0;
     for (int r = 0, k = 0; r < T; r++) {
         if (m > 1 && k < m && rows[k] == r) { k++; continue; } /* done above */
-        const float *qr = q + (size_t)r * NH * Dqk;
-        uk_job uj = {tb, lw, qr, qt, Dqk, Rkv, ls, l, Dn, Dv};
-        pool_run(kn_pool(), NH, uk_task, &uj);
-        PT_TRY(row_core(s, l, qr, qt, sel ? sel + (size_t)r * sel_stride : NULL, sel_n[r], lat, err));
-        uv_job vj = {tb, lw, lat, out + (size_t)r * NH * Dv, Rkv, Dv, ls, l, Dn};
-        pool_run(kn_pool(), NH, uv_task, &vj);
+        gs[ng] = s, gr[ng++] = r;
+        if (ng == FWD_ROWS_GROUP || r == T - 1) {
+            PT_TRY(mla_attention_rows(s, l, lw, gs, gr, ng, q, sel, sel_n, sel_stride, out, err));
+            ng = 0;
+        }
     }
+    if (ng) PT_TRY(mla_attention_rows(s, l, lw, gs, gr, ng, q, sel, sel_n, sel_stride, out, err));
     return 0;
 }
 
@@ -442,10 +455,16 @@ size_t mla_scratch_bytes(const petrel_config *c, int T, int N) {
     keys_scr k;
     float *hs;
     block_carve(&a, c, N, 1, nt, &k, &hs);
-    float *qt, *lat;
+    size_t after_block = a.used;
+    float *qt, *lat; /* one row alone */
     one_carve(&a, c, &qt, &lat);
     keys_carve(&a, c, NH, N, 1, 1, &k);
     size_t abs_ = a.used;
+    a.used = after_block; /* or a group of rows with their own selections */
+    float *QT, *LAT, *rs;
+    rows_carve_mla(&a, c, T < FWD_ROWS_GROUP ? T : FWD_ROWS_GROUP, nt, &QT, &LAT, &rs);
+    keys_carve(&a, c, NH, N, 1, 1, &k);
+    if (a.used > abs_) abs_ = a.used;
     /* the reconstructed twin */
     arena b = ar_sizing();
     float *C, *PE;
