@@ -569,13 +569,14 @@ CLI_CMD(bench) {
     uint64_t head = vbytes(&w->lm_head) + (uint64_t)w->embed_tokens.row_bytes + 4ull * (uint64_t)c->hidden_size;
     /* the latent KV a decode step at context ctx reads: each layer's attended keys (c and k_pe of
      * min(ctx, index_topk) keys on DSA layers, every key on the others) and the indexer keys
-     * every full layer scores, in the pool's scheme */
+     * every full layer scores past index_topk, in the pool's scheme */
     const kv_layout *kl = kv_pool_layout(eng->kv);
     uint64_t kv_step = 0;
     for (int l = 0; l < c->num_hidden_layers; l++) {
         uint64_t keys = (uint64_t)ctx, sel = keys < (uint64_t)c->index_topk ? keys : (uint64_t)c->index_topk;
         kv_step += sel * ((uint64_t)kl->Rkv * (uint64_t)kl->c_bytes + (uint64_t)kl->Dr * (uint64_t)kl->pe_bytes + (kl->c_bytes == 1 ? 4u : 0u));
-        if (c->layer_indexer_full[l]) kv_step += keys * ((uint64_t)kl->Di * (uint64_t)kl->c_bytes + (kl->c_bytes == 1 ? 4u : 0u));
+        if (c->layer_indexer_full[l] && keys > (uint64_t)c->index_topk) /* scored only past index_topk */
+            kv_step += keys * ((uint64_t)kl->Di * (uint64_t)kl->idx_bytes + (kl->idx_bytes == 1 ? 4u : 0u));
     }
     uint64_t bytes_tok = resident + experts + head + kv_step;
     printf("latent KV read per decode step: %.2f MB (%s, context %ld; counted in bytes per token and the floor)\n", (double)kv_step / 1e6,

@@ -366,6 +366,7 @@ CLI_CMD(plan) {
                 cJSON_AddNullToObject(j, "decode_tok_s");
             }
             cJSON_AddNumberToObject(j, "decode_serial_ms", pr.decode_serial_ms);
+            cJSON_AddNumberToObject(j, "decode_attn_ms", pr.decode_attn_ms);
             cJSON_AddNumberToObject(j, "decode_disk_ms", pr.decode_io_ms);
             cJSON_AddNumberToObject(j, "prefill_tok_s", pr.prefill_tok_s);
             cJSON_AddNumberToObject(j, "prompt", prompt);
@@ -432,6 +433,7 @@ CLI_CMD(plan) {
                 printf(": %.1f ms serial with the reads (head, layers before the first routing), %.1f ms of disk reads", pr.decode_serial_ms, pr.decode_io_ms);
             else printf(": %.2f GB / %.1f GB/s x %.2f", (pr.head_bytes + pr.pre_bytes + pr.layer_bytes + pr.expert_bytes_tok + pr.kv_read_bytes) / 1e9,
                         m.mem_gbs, PLAN_RESIDENT_RATIO);
+            if (pr.decode_attn_ms >= 0.05) printf(" + %.1f ms attention and indexer arithmetic at %.0f GFLOP/s", pr.decode_attn_ms, m.f32_gflops);
             printf(")\n");
         } else printf("decode      no prediction: %s\n", !have_hit ? "the hit rate is unknown" : "no SSD figure (run --measure on a pack)");
         if (pr.prefill_tok_s > 0)

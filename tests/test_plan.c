@@ -178,7 +178,17 @@ TEST(plan, predict_follows_the_model) {
     double bytes = a.head_bytes + a.pre_bytes + a.layer_bytes + a.expert_bytes_tok + a.kv_read_bytes;
     for (int l = 0; l < e->cfg.num_hidden_layers; l++) /* dense layers after the first MoE layer are not in pre/layer bytes */
         CHECK(l < e->cfg.first_k_dense_replace || e->cfg.layer_is_moe[l]);
-    CHECK_NEAR(a.decode_ms, bytes / 10e9 * PLAN_RESIDENT_RATIO * 1e3, 1e-9);
+    CHECK_NEAR(a.decode_ms, bytes / 10e9 * PLAN_RESIDENT_RATIO * 1e3 + a.decode_attn_ms, 1e-9);
+    /* at context 64 past the trained fixture's index_topk of 32: every layer attends 32 keys, the
+     * indexer's full layers read and score all 64 */
+    const petrel_config *c = &e->cfg;
+    int sel = c->index_topk < 64 ? c->index_topk : 64, nfull = 0;
+    for (int l = 0; l < c->num_hidden_layers; l++) nfull += c->layer_indexer_full[l];
+    CHECK(sel < 64 && nfull > 0);
+    double flop = 2.0 * c->num_hidden_layers * sel * c->num_attention_heads * (2.0 * c->kv_lora_rank + c->qk_rope_head_dim) +
+                  2.0 * nfull * 64 * c->index_n_heads * c->index_head_dim;
+    CHECK_NEAR(a.decode_attn_ms, flop / 50e9 * 1e3, 1e-12);
+    CHECK_NEAR(a.kv_read_bytes, 4.0 * c->num_hidden_layers * sel * (c->kv_lora_rank + c->qk_rope_head_dim) + 4.0 * nfull * 64 * c->index_head_dim, 1e-6);
     CHECK(a.misses_tok == 0 && a.prefill_tok_s > 0);
     plan_predict(e, &str, &m, 1, 64, 64, &h1);
     plan_predict(e, &str, &m, 0, 64, 64, &h0);

@@ -419,9 +419,23 @@ void plan_predict(const petrel_engine *e, const pt_mem_plan *p, const pt_machine
     mats head = {0};
     add(&head, &e->w.lm_head);
     out->head_bytes = head.bytes;
-    /* latent KV read per layer at the decode context (f32 c + k_pe; indexer keys where full) */
-    double kv_layer = 4.0 * (c->kv_lora_rank + c->qk_rope_head_dim) * at;
-    out->kv_read_bytes = kv_layer * L;
+    /* latent KV read per layer at the decode context: f32 c + k_pe of the attended keys (at most
+     * index_topk), and on the indexer's full layers past index_topk its keys of the whole context */
+    int sel = at < c->index_topk ? at : c->index_topk, scoring = at > c->index_topk;
+    double kv_layer = 4.0 * (c->kv_lora_rank + c->qk_rope_head_dim) * sel, idx_layer = scoring ? 4.0 * c->index_head_dim * at : 0;
+    /* the arithmetic that grows with the context, at the measured f32 rate: the absorbed attention
+     * core (per head and attended key: kv_lora_rank + rope dims for the score, kv_lora_rank for
+     * the latent sum) and the indexer's scores (heads x head dim per key, scoring layers only) */
+    double attn_flop = 0;
+    for (int l = 0; l < L; l++) {
+        attn_flop += 2.0 * sel * c->num_attention_heads * (2.0 * c->kv_lora_rank + c->qk_rope_head_dim);
+        if (c->layer_indexer_full[l]) {
+            out->kv_read_bytes += idx_layer;
+            if (scoring) attn_flop += 2.0 * at * c->index_n_heads * c->index_head_dim;
+        }
+    }
+    out->kv_read_bytes += kv_layer * L;
+    out->decode_attn_ms = attn_flop / g32 * 1e3;
     int first = -1;
     for (int l = 0; l < L && first < 0; l++)
         if (c->layer_is_moe[l]) first = l;
@@ -432,7 +446,7 @@ void plan_predict(const petrel_engine *e, const pt_mem_plan *p, const pt_machine
     for (int l = 0; l < L; l++) {
         const layer_w *lw = &e->w.layers[l];
         mats a = attn_mats(c, lw), m = mlp_mats(c, lw);
-        double ab = a.bytes + kv_layer;
+        double ab = a.bytes + kv_layer + (c->layer_indexer_full[l] ? idx_layer : 0);
         total_bytes += ab + m.bytes;
         if (!lw->is_moe) {
             if (first < 0 || l < first) { serial += ab + m.bytes; out->pre_bytes += a.bytes + m.bytes; }
@@ -457,7 +471,7 @@ void plan_predict(const petrel_engine *e, const pt_mem_plan *p, const pt_machine
     out->disk_bytes_tok = out->misses_tok * rec;
     ser_ms = serial / bw * R * 1e3;
     out->decode_serial_ms = p->streaming ? ser_ms : 0;
-    out->decode_ms = p->streaming ? ser_ms + moe_ms : total_bytes / bw * R * 1e3;
+    out->decode_ms = (p->streaming ? ser_ms + moe_ms : total_bytes / bw * R * 1e3) + out->decode_attn_ms;
     if (p->streaming && ssd <= 0) out->decode_ms = 0; /* unknown without the SSD figure */
     out->decode_tok_s = out->decode_ms > 0 ? 1e3 / out->decode_ms : 0;
 
@@ -472,8 +486,11 @@ void plan_predict(const petrel_engine *e, const pt_mem_plan *p, const pt_machine
             const layer_w *lw = &e->w.layers[l];
             mats a = attn_mats(c, lw), m = mlp_mats(c, lw);
             double fa = T * (a.fl8 / g8 + a.fl32 / g32), ma = a.bytes / bw;
-            /* absorbed attention over the keys so far: scores and values per head, f32 */
-            double att = 2.0 * T * c->num_attention_heads * (2.0 * c->kv_lora_rank + c->qk_rope_head_dim) * ctx_mid / g32;
+            /* absorbed attention over the keys so far (at most index_topk of them): scores and values
+             * per head, f32; past index_topk the indexer's full layers score every key */
+            double keys = ctx_mid < c->index_topk ? ctx_mid : c->index_topk;
+            double att = 2.0 * T * c->num_attention_heads * (2.0 * c->kv_lora_rank + c->qk_rope_head_dim) * keys / g32;
+            if (ctx_mid > c->index_topk && c->layer_indexer_full[l]) att += 2.0 * T * c->index_n_heads * c->index_head_dim * ctx_mid / g32;
             comp += (fa > ma ? fa : ma) + att;
             double fm = T * (m.fl8 / g8 + m.fl32 / g32), mm = m.bytes / bw;
             comp += fm > mm ? fm : mm;

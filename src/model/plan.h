@@ -103,6 +103,7 @@ typedef struct pt_predict {
     double misses_tok, disk_bytes_tok;/* expected routed-expert reads per token */
     double decode_ms, decode_tok_s;   /* predicted */
     double decode_serial_ms;          /* the part serial with the reads (head, first layers) */
+    double decode_attn_ms;            /* the attention core's and the indexer's f32 arithmetic (in decode_ms) */
     double decode_io_ms;              /* disk time per token */
     double prefill_tok_s;             /* predicted, for a prompt of `prompt` tokens */
     double prefill_compute_s, prefill_io_s;
