@@ -26,6 +26,11 @@ struct dw {
  * and x row slot_x[i] (x rows may repeat), one slot at a time. */
 void cuk_gemv(cudaStream_t st, const dw &W, const float *x, int64_t ldx, float *y, int64_t ldy, int n, const int32_t *slot_e,
               const int32_t *slot_x);
+/* y[slot][rows] = silu(G_e x) * (U_e x): a SwiGLU's gate and up products in one GEMV pass (the
+ * same slots as cuk_gemv; ldy = G.rows). G and U of one format and shape; otherwise two passes
+ * and cuk_silu_mul, with ub [n][ldy] for the up product. */
+void cuk_gemv_swiglu(cudaStream_t st, const dw &G, const dw &U, const float *x, int64_t ldx, float *y, int64_t ldy, int n,
+                     const int32_t *slot_e, const int32_t *slot_x, float *ub);
 /* The tiled GEMM form (64 x 64 tiles, shared memory) over tiles (expert, first entry, count)
  * of a row list: tile t covers entries list[first .. first + count) (count <= 64) of expert e;
  * entry i reads x row (xmap ? xmap[list[i]] : list[i]) and writes y row list[i]. tiles NULL:
@@ -66,12 +71,16 @@ void cuk_mla_uv(cudaStream_t st, const dw &kvb, const float *lat, float *o, int 
 /* The attention core over each row's sel[r][0..seln[r]) keys of its cache layer l: scores
  * S [T*NH][ldS] = scale [q~ | q_pe] . [c | k_pe] (all heads of a row against one tile of its
  * keys at a time), softmax in place, lat [T][NH][Rkv] = P C. Split over nsplit key ranges
- * (partial: [nsplit][T][NH][Rkv]) when few rows leave the GPU idle, summed in split order. */
+ * (partial: [nsplit][T][NH][Rkv]) when few rows leave the GPU idle, summed in split order. S
+ * holds CU_ATTN_DSPLIT blocks of [T][NH][ldS] for T <= 8. */
 void cuk_mla_attn(cudaStream_t st, const float *q, const float *qt, float *S, int64_t ldS, const int32_t *sel, int64_t ld_sel,
                   const int *seln, int nmax, float *lat, int T, int NH, int Dn, int Dr, int Rkv, float scale, int l, const cu_rowinfo *ri,
                   float *partial, int nsplit);
-/* the split count cuk_mla_attn takes for T rows of at most nmax keys (<= CU_ATTN_SPLITS) */
-#define CU_ATTN_SPLITS 16
+/* the split count cuk_mla_attn takes for T rows of at most nmax keys (<= CU_ATTN_SPLITS); the
+ * scores of up to 8 rows split their dimension in up to CU_ATTN_DSPLIT parts (S then holds
+ * CU_ATTN_DSPLIT [T][NH][ldS] blocks) */
+#define CU_ATTN_SPLITS 32
+#define CU_ATTN_DSPLIT 9
 int cuk_attn_splits(int T, int NH, int Rkv, int nmax);
 
 /* DSA: qi [T][Hi][Di] RoPE (first Dr of each head, when qi), k [T][Di] layernorm + RoPE and

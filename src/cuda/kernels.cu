@@ -75,18 +75,45 @@ __device__ __forceinline__ float warp_sum(float v) {
 }
 
 /* ---- GEMV ----
- * A warp takes RW consecutive weight rows at once (each x chunk read once for them), lane l the
- * columns 8l + 256j; the lanes' sums meet in a butterfly. A row's arithmetic depends on neither
- * RW nor TR nor the slot count, so its result never depends on the call's other rows. */
+ * A warp takes RW weight rows (fused: RW/2 rows of W and the same RW/2 rows of W2, the gate and
+ * up products of a SwiGLU, written as silu(gate) * up) and one of kp column parts: lane l of
+ * part p takes the chunks j = 32 (p + kp i) + l, i ascending, of VAL columns each (16 bytes of
+ * q4 / q8, 8 values of the others). U chunks of every row are loaded before the first is used,
+ * so each warp keeps several KB in flight; the x chunk is read once for the RW rows. A chunk's
+ * products sum from 0 in column order and join the lane's running sum through the chunk's one
+ * scale; lanes meet in a butterfly, parts in part order through shared memory. kp depends on
+ * the weight's shape only (gemv_parts), so a row's arithmetic depends on neither RW nor TR nor
+ * the slot count: a row's result never depends on the call's other rows.
+ * Quantized values become floats without int->float conversions (quarter-rate instructions):
+ * the byte b = q + bias placed under the exponent of 2^23 reads as 2^23 + b, and 2^23 + bias
+ * less gives q exactly. */
 
-/* One lane's chunk of VAL columns (c % VAL == 0): 16 bytes of q4 (32 values) or q8 (16), 8
- * values of the others (VAL 8 also for q4/q8 rows whose width is no multiple of 32 / 16); one
- * scale covers the chunk. raw holds the bytes, decode8 gives values 8 sub .. 8 sub + 7. */
-template <int QT, int VAL> __device__ __forceinline__ void load_raw(const uint8_t *row, int64_t c, uint4 r[2]) {
+#define GV_RW 4 /* weight rows per warp */
+
+/* one weight of a row (formats without a vector path: cols % 8 != 0) */
+__device__ __forceinline__ float wrow_get(int qt, const uint8_t *row, const float *s, int g, int64_t c) {
+    switch (qt) {
+    case QF32: return ((const float *)row)[c];
+    case QBF16: return __uint_as_float((uint32_t)((const uint16_t *)row)[c] << 16);
+    case QF16: return __half2float(((const __half *)row)[c]);
+    case QQ8ROW: return (float)(int8_t)row[c] * s[0];
+    case QQ8G: return (float)(int8_t)row[c] * s[c / g];
+    case QQ4G: {
+        uint8_t b = row[c >> 1];
+        int q = (c & 1) ? (b >> 4) : (b & 15);
+        return (float)(q - 8) * s[c / g];
+    }
+    }
+    return 0.f;
+}
+
+/* One lane's chunk of VAL columns at c (c % VAL == 0): 16 bytes of q4 (32 values) or q8 (16),
+ * 8 values of the others (VAL 8 also for q4/q8 rows whose width is no multiple of 32 / 16). */
+template <int QT, int VAL> __device__ __forceinline__ void load_raw(const uint8_t *row, int c, uint4 r[2]) {
     if (QT == QF32) {
-        r[0] = *(const uint4 *)(row + c * 4), r[1] = *(const uint4 *)(row + c * 4 + 16);
+        r[0] = *(const uint4 *)(row + (int64_t)c * 4), r[1] = *(const uint4 *)(row + (int64_t)c * 4 + 16);
     } else if (QT == QBF16 || QT == QF16) {
-        r[0] = *(const uint4 *)(row + c * 2);
+        r[0] = *(const uint4 *)(row + (int64_t)c * 2);
     } else if (QT == QQ4G) {
         if (VAL == 32) r[0] = *(const uint4 *)(row + c / 2);
         else r[0].x = *(const uint32_t *)(row + c / 2);
@@ -98,7 +125,10 @@ template <int QT, int VAL> __device__ __forceinline__ void load_raw(const uint8_
         }
     }
 }
-template <int QT> __device__ __forceinline__ void decode8(const uint4 r[2], int sub, float sc, float w[8]) {
+/* the byte j of v as 2^23 + byte, as a float */
+__device__ __forceinline__ float magic_byte(uint32_t v, int j) { return __uint_as_float(__byte_perm(v, 0x4b000000u, 0x7440u | (unsigned)j)); }
+/* values 8 sub .. 8 sub + 7 of a chunk, unscaled (q for q4 / q8) */
+template <int QT> __device__ __forceinline__ void vals8(const uint4 r[2], int sub, float w[8]) {
     if (QT == QF32) {
         const float *f = (const float *)r;
 #pragma unroll
@@ -111,37 +141,42 @@ template <int QT> __device__ __forceinline__ void decode8(const uint4 r[2], int 
         const __half *h = (const __half *)r;
 #pragma unroll
         for (int j = 0; j < 8; j++) w[j] = __half2float(h[j]);
-    } else if (QT == QQ4G) {
-        uint32_t v = ((const uint32_t *)r)[sub];
+    } else if (QT == QQ4G) { /* byte j: value 2j in the low nibble, 2j + 1 in the high; stored q + 8 */
+        uint32_t v = ((const uint32_t *)r)[sub], lo = v & 0x0f0f0f0fu, hi = (v >> 4) & 0x0f0f0f0fu;
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            uint32_t b = (v >> (8 * j)) & 0xffu;
-            w[2 * j] = (float)((int)(b & 15u) - 8) * sc, w[2 * j + 1] = (float)((int)(b >> 4) - 8) * sc;
+        for (int j = 0; j < 4; j++) w[2 * j] = magic_byte(lo, j) - 8388616.f, w[2 * j + 1] = magic_byte(hi, j) - 8388616.f;
+    } else { /* int8 q: q ^ 0x80 = q + 128 */
+        const uint32_t *u = (const uint32_t *)r + 2 * sub;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            uint32_t v = u[h] ^ 0x80808080u;
+#pragma unroll
+            for (int j = 0; j < 4; j++) w[4 * h + j] = magic_byte(v, j) - 8388736.f;
         }
-    } else {
-        const int8_t *q = (const int8_t *)r + 8 * sub;
-#pragma unroll
-        for (int j = 0; j < 8; j++) w[j] = (float)q[j] * sc;
     }
 }
 
-template <int QT, int VAL, int TR, int RW>
-__global__ void __launch_bounds__(256) k_gemv(dw W, const float *__restrict__ x, int64_t ldx, float *__restrict__ y, int64_t ldy, int n,
-                                              const int32_t *slot_e, const int32_t *slot_x) {
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int64_t row0 = ((int64_t)blockIdx.x * (blockDim.x >> 5) + warp) * RW;
-    if (row0 >= W.rows) return;
+template <int QT, int VAL, int TR, int FUSE>
+__global__ void __launch_bounds__(256, TR <= 2 ? 2 : 1) k_gemv(dw W, const uint8_t *d2, const float *s2, const float *__restrict__ x, int64_t ldx,
+                                                 float *__restrict__ y, int64_t ldy, int n, int kp, const int32_t *slot_e,
+                                                 const int32_t *slot_x) {
+    constexpr int RW = GV_RW, RO = FUSE ? RW / 2 : RW;     /* weight rows, output rows per warp */
+    constexpr int U = 2; /* chunks of each row in flight (more spill at 128 registers) */
+    constexpr int SCALED = QT == QQ8ROW || QT == QQ8G || QT == QQ4G;
+    constexpr int G = QT == QQ4G ? 64 : 32;                 /* columns per scale (q8_row: one scale) */
+    __shared__ float red[8][RW * TR];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, grp = warp / kp, part = warp - grp * kp;
+    int64_t orow = ((int64_t)blockIdx.x * (8 / kp) + grp) * RO;
     int s0 = blockIdx.y * TR, ns = n - s0 < TR ? n - s0 : TR;
     int64_t e = slot_e ? slot_e[s0] : 0;
     const uint8_t *d[RW];
     const float *sr[RW];
-    int live[RW];
 #pragma unroll
-    for (int i = 0; i < RW; i++) {
-        int64_t row = row0 + i < W.rows ? row0 + i : row0; /* past the end: row0 again, never stored */
-        live[i] = row0 + i < W.rows;
-        d[i] = W.d + e * W.estride + row * W.rb;
-        sr[i] = W.s ? W.s + e * W.sstride + row * W.sc : nullptr;
+    for (int i = 0; i < RW; i++) { /* rows past the end read the last row, never stored */
+        int64_t r = orow + i % RO < W.rows ? orow + i % RO : W.rows - 1;
+        int second = FUSE && i >= RO;
+        d[i] = (second ? d2 : W.d) + e * W.estride + r * W.rb;
+        sr[i] = W.s ? (second ? s2 : W.s) + e * W.sstride + r * W.sc : nullptr;
     }
     const float *xr[TR];
 #pragma unroll
@@ -151,46 +186,70 @@ __global__ void __launch_bounds__(256) k_gemv(dw W, const float *__restrict__ x,
     for (int i = 0; i < RW; i++)
 #pragma unroll
         for (int t = 0; t < TR; t++) acc[i][t] = 0.f;
-    if (QT >= 0) {
-        int xv = ((ldx & 3) == 0) && (((uintptr_t)x & 15) == 0);
-        for (int64_t c = (int64_t)lane * VAL; c < W.cols; c += 32 * VAL) {
-            uint4 raw[RW][2];
-            float sc[RW];
+    const int cols = (int)W.cols;
+    if constexpr (QT >= 0) {
+        const int xv = ((ldx & 3) == 0) && (((uintptr_t)x & 15) == 0), step = 32 * VAL * kp;
+        for (int c0 = (part * 32 + lane) * VAL; c0 < cols; c0 += U * step) {
+            uint4 raw[U][RW][2];
+            float sc[U][RW];
 #pragma unroll
-            for (int i = 0; i < RW; i++) {
-                load_raw<QT < 0 ? 0 : QT, VAL>(d[i], c, raw[i]);
-                sc[i] = QT == QQ8ROW ? sr[i][0] : (QT == QQ8G || QT == QQ4G) ? sr[i][c / W.g] : 0.f;
+            for (int u = 0; u < U; u++) {
+                int c = c0 + u * step;
+                if (c < cols) {
+#pragma unroll
+                    for (int i = 0; i < RW; i++) {
+                        load_raw<QT, VAL>(d[i], c, raw[u][i]);
+                        sc[u][i] = QT == QQ8ROW ? sr[i][0] : SCALED ? sr[i][c / G] : 1.f;
+                    }
+                }
             }
 #pragma unroll
-            for (int sub = 0; sub < VAL / 8; sub++)
+            for (int u = 0; u < U; u++) {
+                int c = c0 + u * step;
+                if (c >= cols) break;
+                float cd[RW][TR];
 #pragma unroll
-                for (int t = 0; t < TR; t++)
-                    if (t < ns) {
-                        const float *xp = xr[t] + c + 8 * sub;
-                        float xv8[8];
-                        if (xv) {
-                            float4 a = __ldg((const float4 *)xp), b = __ldg((const float4 *)(xp + 4));
-                            xv8[0] = a.x, xv8[1] = a.y, xv8[2] = a.z, xv8[3] = a.w, xv8[4] = b.x, xv8[5] = b.y, xv8[6] = b.z, xv8[7] = b.w;
-                        } else {
+                for (int i = 0; i < RW; i++)
 #pragma unroll
-                            for (int j = 0; j < 8; j++) xv8[j] = xp[j];
+                    for (int t = 0; t < TR; t++) cd[i][t] = 0.f;
+#pragma unroll
+                for (int sub = 0; sub < VAL / 8; sub++) {
+                    float xv8[TR][8];
+#pragma unroll
+                    for (int t = 0; t < TR; t++)
+                        if (t < ns) {
+                            const float *xp = xr[t] + c + 8 * sub;
+                            if (xv) {
+                                float4 a = __ldg((const float4 *)xp), b = __ldg((const float4 *)(xp + 4));
+                                xv8[t][0] = a.x, xv8[t][1] = a.y, xv8[t][2] = a.z, xv8[t][3] = a.w;
+                                xv8[t][4] = b.x, xv8[t][5] = b.y, xv8[t][6] = b.z, xv8[t][7] = b.w;
+                            } else {
+#pragma unroll
+                                for (int j = 0; j < 8; j++) xv8[t][j] = xp[j];
+                            }
                         }
 #pragma unroll
-                        for (int i = 0; i < RW; i++) {
-                            float w[8];
-                            decode8<QT < 0 ? 0 : QT>(raw[i], sub, sc[i], w);
-                            float a = acc[i][t];
+                    for (int i = 0; i < RW; i++) {
+                        float w[8];
+                        vals8<QT>(raw[u][i], sub, w);
 #pragma unroll
-                            for (int j = 0; j < 8; j++) a = fmaf(w[j], xv8[j], a);
-                            acc[i][t] = a;
-                        }
+                        for (int t = 0; t < TR; t++)
+                            if (t < ns)
+#pragma unroll
+                                for (int j = 0; j < 8; j++) cd[i][t] = fmaf(w[j], xv8[t][j], cd[i][t]);
                     }
+                }
+#pragma unroll
+                for (int i = 0; i < RW; i++)
+#pragma unroll
+                    for (int t = 0; t < TR; t++) acc[i][t] = SCALED ? fmaf(cd[i][t], sc[u][i], acc[i][t]) : acc[i][t] + cd[i][t];
+            }
         }
     } else {
-        for (int64_t c = lane; c < W.cols; c += 32) {
+        for (int c = part * 32 + lane; c < cols; c += 32 * kp) {
 #pragma unroll
             for (int i = 0; i < RW; i++) {
-                float w = wget(W, e, live[i] ? row0 + i : row0, c);
+                float w = wrow_get(W.qt, d[i], sr[i], W.g, c);
 #pragma unroll
                 for (int t = 0; t < TR; t++)
                     if (t < ns) acc[i][t] = fmaf(w, xr[t][c], acc[i][t]);
@@ -200,19 +259,57 @@ __global__ void __launch_bounds__(256) k_gemv(dw W, const float *__restrict__ x,
 #pragma unroll
     for (int i = 0; i < RW; i++)
 #pragma unroll
-        for (int t = 0; t < TR; t++) {
-            float v = warp_sum(acc[i][t]);
-            if (lane == 0 && t < ns && live[i]) y[(int64_t)(s0 + t) * ldy + row0 + i] = v;
-        }
+        for (int t = 0; t < TR; t++) acc[i][t] = warp_sum(acc[i][t]);
+    if (kp > 1) { /* the parts' sums, in part order */
+        if (lane == 0)
+#pragma unroll
+            for (int i = 0; i < RW; i++)
+#pragma unroll
+                for (int t = 0; t < TR; t++) red[warp][i * TR + t] = acc[i][t];
+        __syncthreads();
+        if (part) return;
+#pragma unroll
+        for (int i = 0; i < RW; i++)
+#pragma unroll
+            for (int t = 0; t < TR; t++) {
+                float s = red[warp][i * TR + t];
+                for (int p = 1; p < kp; p++) s += red[warp + p][i * TR + t];
+                acc[i][t] = s;
+            }
+    }
+    if (lane == 0)
+#pragma unroll
+        for (int i = 0; i < RO; i++)
+#pragma unroll
+            for (int t = 0; t < TR; t++)
+                if (t < ns && orow + i < W.rows) {
+                    float v = acc[i][t];
+                    if (FUSE) v = v / (1.0f + expf(-v)) * acc[i + RO][t]; /* k_silu_mul's expression */
+                    y[(int64_t)(s0 + t) * ldy + orow + i] = v;
+                }
 }
 
-template <int TR, int RW>
-static void gemv_launch(cudaStream_t st, const dw &W, const float *x, int64_t ldx, float *y, int64_t ldy, int n, const int32_t *se,
-                        const int32_t *sx) {
-    dim3 grid((unsigned)((W.rows + 8 * RW - 1) / (8 * RW)), (unsigned)((n + TR - 1) / TR));
+/* column parts per row: more while the grid (at one x row) has fewer than ~16 warps an SM and
+ * each lane keeps at least 2 chunks of a part; the weight's shape alone decides */
+static int gemv_parts(const dw &W, int ro, int val) {
+    int64_t groups = (W.rows + ro - 1) / ro, chunks = W.cols / val;
+    int kp = 1;
+    while (kp < 8 && groups * kp < 2048 && chunks >= 128 * kp) kp *= 2;
+    return kp;
+}
+
+template <int TR, int FUSE>
+static void gemv_go(cudaStream_t st, const dw &W, const dw *W2, const float *x, int64_t ldx, float *y, int64_t ldy, int n, const int32_t *se,
+                    const int32_t *sx) {
+    constexpr int RO = FUSE ? GV_RW / 2 : GV_RW;
     int qt = W.cols % 8 == 0 ? W.qt : -1;
     int wide = (qt == QQ4G && W.cols % 32 == 0) || ((qt == QQ8G || qt == QQ8ROW) && W.cols % 16 == 0);
-#define GV(Q, V) k_gemv<Q, V, TR, RW><<<grid, 256, 0, st>>>(W, x, ldx, y, ldy, n, se, sx)
+    int val = !wide ? 8 : qt == QQ4G ? 32 : 16;
+    int kp = gemv_parts(W, RO, val);
+    dim3 grid((unsigned)((W.rows + RO * (8 / kp) - 1) / (RO * (8 / kp))), (unsigned)(se ? n : (n + TR - 1) / TR));
+    const uint8_t *d2 = W2 ? W2->d : nullptr;
+    const float *s2 = W2 ? W2->s : nullptr;
+#define GV(Q, V) k_gemv<Q, V, TR, FUSE><<<grid, 256, 0, st>>>(W, d2, s2, x, ldx, y, ldy, n, kp, se, sx)
     switch (qt) {
     case QF32: GV(QF32, 8); break;
     case QBF16: GV(QBF16, 8); break;
@@ -225,22 +322,31 @@ static void gemv_launch(cudaStream_t st, const dw &W, const float *x, int64_t ld
 #undef GV
 }
 
-/* rows per warp: as many as keep ~2 blocks per SM of an H200 (132 SMs) busy */
-template <int TR>
-static void gemv_tr(cudaStream_t st, const dw &W, const float *x, int64_t ldx, float *y, int64_t ldy, int n, const int32_t *se, const int32_t *sx) {
-    int64_t work = W.rows * ((n + TR - 1) / TR) / 8; /* warps' rows */
-    if (TR <= 4 && work >= 4 * 264) gemv_launch<TR, 4>(st, W, x, ldx, y, ldy, n, se, sx);
-    else if (work >= 2 * 264) gemv_launch<TR, 2>(st, W, x, ldx, y, ldy, n, se, sx);
-    else gemv_launch<TR, 1>(st, W, x, ldx, y, ldy, n, se, sx);
+template <int FUSE>
+static void gemv_n(cudaStream_t st, const dw &W, const dw *W2, const float *x, int64_t ldx, float *y, int64_t ldy, int n, const int32_t *se,
+                   const int32_t *sx) {
+    if (n <= 0) return;
+    if (se || n == 1) gemv_go<1, FUSE>(st, W, W2, x, ldx, y, ldy, n, se, sx); /* slots: one (expert) per pass */
+    else if (n == 2) gemv_go<2, FUSE>(st, W, W2, x, ldx, y, ldy, n, se, sx);
+    else if (n <= 4) gemv_go<4, FUSE>(st, W, W2, x, ldx, y, ldy, n, se, sx);
+    else gemv_go<8, FUSE>(st, W, W2, x, ldx, y, ldy, n, se, sx);
 }
 
 void cuk_gemv(cudaStream_t st, const dw &W, const float *x, int64_t ldx, float *y, int64_t ldy, int n, const int32_t *slot_e, const int32_t *slot_x) {
-    if (n <= 0) return;
-    if (slot_e) gemv_tr<1>(st, W, x, ldx, y, ldy, n, slot_e, slot_x); /* one slot (expert) per pass */
-    else if (n == 1) gemv_tr<1>(st, W, x, ldx, y, ldy, n, nullptr, slot_x);
-    else if (n == 2) gemv_tr<2>(st, W, x, ldx, y, ldy, n, nullptr, slot_x);
-    else if (n <= 4) gemv_tr<4>(st, W, x, ldx, y, ldy, n, nullptr, slot_x);
-    else gemv_tr<8>(st, W, x, ldx, y, ldy, n, nullptr, slot_x);
+    gemv_n<0>(st, W, nullptr, x, ldx, y, ldy, n, slot_e, slot_x);
+}
+
+void cuk_gemv_swiglu(cudaStream_t st, const dw &G, const dw &U, const float *x, int64_t ldx, float *y, int64_t ldy, int n, const int32_t *slot_e,
+                     const int32_t *slot_x, float *ub) {
+    int same = G.qt == U.qt && G.rows == U.rows && G.cols == U.cols && G.rb == U.rb && G.sc == U.sc && G.estride == U.estride &&
+               G.sstride == U.sstride && !G.s == !U.s && G.cols % 8 == 0;
+    if (same) {
+        gemv_n<1>(st, G, &U, x, ldx, y, ldy, n, slot_e, slot_x);
+        return;
+    }
+    gemv_n<0>(st, G, nullptr, x, ldx, y, ldy, n, slot_e, slot_x);
+    gemv_n<0>(st, U, nullptr, x, ldx, ub, ldy, n, slot_e, slot_x);
+    cuk_silu_mul(st, y, ub, (int64_t)n * ldy);
 }
 
 /* ---- GEMM ---- */
@@ -606,12 +712,15 @@ void cuk_mla_uv(cudaStream_t st, const dw &kvb, const float *lat, float *o, int 
 }
 
 /* S[r][h][i] = scale * ([q~ | q_pe][r][h] . key(sel[r][i])): a tile of 64 heads x 64 keys of
- * one row, the dimension ascending in one fma chain (c first, then k_pe) */
+ * one row, the dimension ascending in one fma chain (c first, then k_pe). Split over dsplit
+ * ranges of per stages of the dimension (few rows leave the GPU idle): split z writes its
+ * unscaled partial sums to S + z pstride, and the softmax adds them in split order. */
 __global__ void k_attn_scores(const float *q, const float *qt, float *S, int64_t ldS, const int32_t *sel, int64_t ld_sel, const int *seln, int NH,
-                              int Dn, int Dr, int Rkv, float scale, int l, const cu_rowinfo *ri) {
+                              int Dn, int Dr, int Rkv, float scale, int l, const cu_rowinfo *ri, int dsplit, int per, int64_t pstride) {
     __shared__ float Qs[GK][GT + 4], Ks[GK][GT + 4];
     __shared__ const float *kp[GT];
-    int r = blockIdx.y, i0 = blockIdx.x * GT, h0 = blockIdx.z * GT, n = seln[r];
+    int hzn = (NH + GT - 1) / GT, split = blockIdx.z / hzn;
+    int r = blockIdx.y, i0 = blockIdx.x * GT, h0 = (blockIdx.z % hzn) * GT, n = seln[r];
     if (i0 >= n) return;
     int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4, lm = tid >> 2, lk = (tid & 3) * 8, D = Rkv + Dr;
     cu_rowinfo R = ri[r];
@@ -620,7 +729,8 @@ __global__ void k_attn_scores(const float *q, const float *qt, float *S, int64_t
     int hq = h0 + lm;
     const float *qa = hq < NH ? qt + ((int64_t)r * NH + hq) * Rkv : nullptr, *qb = hq < NH ? q + ((int64_t)r * NH + hq) * (Dn + Dr) + Dn : nullptr;
     float acc[4][4] = {};
-    for (int k0 = 0; k0 < D; k0 += GK) {
+    int ka = split * per * GK, kb = ka + per * GK < D ? ka + per * GK : D;
+    for (int k0 = ka; k0 < kb; k0 += GK) {
 #pragma unroll
         for (int j = 0; j < 8; j++) {
             int k = k0 + lk + j;
@@ -638,17 +748,25 @@ __global__ void k_attn_scores(const float *q, const float *qt, float *S, int64_t
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             int t = i0 + tx * 4 + j;
-            if (t < n) S[((int64_t)r * NH + h) * ldS + t] = scale * acc[i][j];
+            if (t < n) S[split * pstride + ((int64_t)r * NH + h) * ldS + t] = dsplit > 1 ? acc[i][j] : scale * acc[i][j];
         }
     }
 }
 
-/* p = exp(s - max) / sum over the row's keys, in place */
-__global__ void k_attn_softmax(float *S, int64_t ldS, const int *seln, int NH) {
+/* p = exp(s - max) / sum over the row's keys, in place; s = scale * the dsplit partials summed
+ * in split order first when the scores were split */
+__global__ void k_attn_softmax(float *S, int64_t ldS, const int *seln, int NH, int dsplit, int64_t pstride, float scale) {
     int rh = blockIdx.x, n = seln[rh / NH];
     float *s = S + (int64_t)rh * ldS;
     float mx = -INFINITY;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) mx = fmaxf(mx, s[i]);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        if (dsplit > 1) {
+            float a = s[i];
+            for (int p = 1; p < dsplit; p++) a += s[p * pstride + i];
+            s[i] = scale * a;
+        }
+        mx = fmaxf(mx, s[i]);
+    }
     mx = block_max_f(mx);
     double sum = 0;
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
@@ -727,10 +845,19 @@ int cuk_attn_splits(int T, int NH, int Rkv, int nmax) {
 
 void cuk_mla_attn(cudaStream_t st, const float *q, const float *qt, float *S, int64_t ldS, const int32_t *sel, int64_t ld_sel, const int *seln,
                   int nmax, float *lat, int T, int NH, int Dn, int Dr, int Rkv, float scale, int l, const cu_rowinfo *ri, float *partial, int nsplit) {
-    int hz = (NH + GT - 1) / GT;
-    dim3 g1((unsigned)((nmax + GT - 1) / GT), (unsigned)T, (unsigned)hz);
-    k_attn_scores<<<g1, 256, 0, st>>>(q, qt, S, ldS, sel, ld_sel, seln, NH, Dn, Dr, Rkv, scale, l, ri);
-    k_attn_softmax<<<T * NH, 256, 0, st>>>(S, ldS, seln, NH);
+    int hz = (NH + GT - 1) / GT, stages = (Rkv + Dr + GK - 1) / GK, dsplit = 1;
+    if (T <= 8) { /* ~2 blocks an SM of an H200 */
+        int blocks = ((nmax + GT - 1) / GT) * T * hz, want = (264 + blocks - 1) / blocks;
+        dsplit = want < stages ? want : stages;
+        if (dsplit > CU_ATTN_DSPLIT) dsplit = CU_ATTN_DSPLIT;
+        if (dsplit < 1) dsplit = 1;
+    }
+    int dper = (stages + dsplit - 1) / dsplit;
+    dsplit = (stages + dper - 1) / dper;
+    int64_t pstride = (int64_t)T * NH * ldS;
+    dim3 g1((unsigned)((nmax + GT - 1) / GT), (unsigned)T, (unsigned)(hz * dsplit));
+    k_attn_scores<<<g1, 256, 0, st>>>(q, qt, S, ldS, sel, ld_sel, seln, NH, Dn, Dr, Rkv, scale, l, ri, dsplit, dper, pstride);
+    k_attn_softmax<<<T * NH, 256, 0, st>>>(S, ldS, seln, NH, dsplit, pstride, scale);
     if (nsplit < 1) nsplit = 1;
     int per = ((nmax + nsplit - 1) / nsplit + GK - 1) / GK * GK;
     dim3 g2((unsigned)((Rkv + GT - 1) / GT), (unsigned)T, (unsigned)(hz * nsplit));
@@ -812,8 +939,8 @@ __device__ void block_topk(const float *v, int n, int k, int32_t *idx) {
     __shared__ uint64_t prefix, mask;
     __shared__ int kleft;
     __shared__ int wcount[32];
-    __shared__ int base;
-    if (threadIdx.x == 0) prefix = 0, mask = 0, kleft = k, base = 0;
+    __shared__ int base, done;
+    if (threadIdx.x == 0) prefix = 0, mask = 0, kleft = k, base = 0, done = 0;
     __syncthreads();
     if (k < n) {
         for (int pass = 7; pass >= 0; pass--) {
@@ -833,12 +960,14 @@ __device__ void block_topk(const float *v, int n, int k, int32_t *idx) {
                         prefix |= (uint64_t)b << sh;
                         mask |= 255ull << sh;
                         kleft -= (int)cum;
+                        done = hist[b] == (unsigned)kleft; /* all of bin b is taken: keys >= prefix are the k */
                         break;
                     }
                     cum += hist[b];
                 }
             }
             __syncthreads();
+            if (done) break;
         }
     }
     uint64_t thr = k < n ? prefix : 0;

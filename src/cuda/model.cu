@@ -513,7 +513,7 @@ static size_t carve(uint8_t *base, const petrel_config *c, int T, int nmax, int 
     TAKE(o, float, (size_t)T * NH * c->v_head_dim);
     TAKE(qt, float, (size_t)T * NH * c->kv_lora_rank);
     TAKE(lat, float, (size_t)T * NH * c->kv_lora_rank);
-    TAKE(S, float, (size_t)T * NH * nmax);
+    TAKE(S, float, (size_t)T * NH * nmax * (T <= 8 ? CU_ATTN_DSPLIT : 1));
     TAKE(partial, float, (size_t)(T <= 8 ? T * CU_ATTN_SPLITS : 1) * NH * c->kv_lora_rank);
     TAKE(qi, float, (size_t)T * c->index_n_heads * c->index_head_dim);
     TAKE(ki, float, (size_t)T * c->index_head_dim);
@@ -547,9 +547,13 @@ static void mm(cudaStream_t st, const dw &W, const float *x, float *y, int n, in
 }
 
 static void swiglu(cudaStream_t st, const dw &g, const dw &u, const dw &d, const float *x, int n, const fscr &f, float *out, int tc) {
-    mm(st, g, x, f.gb, n, tc);
-    mm(st, u, x, f.ub, n, tc);
-    cuk_silu_mul(st, f.gb, f.ub, (int64_t)n * g.rows);
+    if (n <= 8) {
+        cuk_gemv_swiglu(st, g, u, x, g.cols, f.gb, g.rows, n, NULL, NULL, f.ub);
+    } else {
+        mm(st, g, x, f.gb, n, tc);
+        mm(st, u, x, f.ub, n, tc);
+        cuk_silu_mul(st, f.gb, f.ub, (int64_t)n * g.rows);
+    }
     mm(st, d, f.gb, out, n, tc);
 }
 
@@ -676,9 +680,7 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
         PROF(P_ROUTER);
         int ns = t * K, I = (int)G.eg.rows;
         if (ns <= CU_EXP_GEMV) {
-            cuk_gemv(st, G.eg, f.x, H, f.gb, I, ns, f.idx, f.slot_x);
-            cuk_gemv(st, G.eu, f.x, H, f.ub, I, ns, f.idx, f.slot_x);
-            cuk_silu_mul(st, f.gb, f.ub, (int64_t)ns * I);
+            cuk_gemv_swiglu(st, G.eg, G.eu, f.x, H, f.gb, I, ns, f.idx, f.slot_x, f.ub);
             cuk_gemv(st, G.ed, f.gb, I, f.yk, H, ns, f.idx, NULL);
         } else {
             int mt = (ns + 63) / 64 + E + 1;
