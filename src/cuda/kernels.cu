@@ -289,12 +289,13 @@ __global__ void __launch_bounds__(256, TR <= 2 ? 2 : 1) k_gemv(dw W, const uint8
                 }
 }
 
-/* column parts per row: more while the grid (at one x row) has fewer than ~16 warps an SM and
- * each lane keeps at least 2 chunks of a part; the weight's shape alone decides */
+/* column parts per row: more while the grid at one x row has fewer than ~8 waves of blocks
+ * (2 blocks an SM of an H200: a short last wave) and each lane keeps a chunk of each part; the
+ * weight's shape alone decides */
 static int gemv_parts(const dw &W, int ro, int val) {
     int64_t groups = (W.rows + ro - 1) / ro, chunks = W.cols / val;
     int kp = 1;
-    while (kp < 8 && groups * kp < 2048 && chunks >= 128 * kp) kp *= 2;
+    while (kp < 8 && groups * kp < 8 * 8 * 264 && chunks >= 64 * kp) kp *= 2;
     return kp;
 }
 
@@ -580,6 +581,24 @@ __global__ void k_rmsnorm(float *y, int64_t ldy, const float *x, int64_t ldx, co
 }
 void cuk_rmsnorm(cudaStream_t st, float *y, int64_t ldy, const float *x, int64_t ldx, const float *w, int n, int T, double eps) {
     if (T > 0) k_rmsnorm<<<T, 256, 0, st>>>(y, ldy, x, ldx, w, n, eps);
+}
+
+/* h += a (+ b: a + b first), then y = rmsnorm(h): cuk_add(s) and cuk_rmsnorm in one pass */
+__global__ void k_add_rmsnorm(float *y, float *h, const float *a, const float *b, const float *w, int n, double eps) {
+    float *hr = h + (int64_t)blockIdx.x * n, *yr = y + (int64_t)blockIdx.x * n;
+    const float *ar = a + (int64_t)blockIdx.x * n, *br = b ? b + (int64_t)blockIdx.x * n : nullptr;
+    double ss = 0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float v = hr[i] + (br ? ar[i] + br[i] : ar[i]);
+        hr[i] = v;
+        ss += (double)v * v;
+    }
+    ss = block_sum_d(ss);
+    float r = (float)(1.0 / sqrt(ss / n + eps));
+    for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = w[i] * (hr[i] * r);
+}
+void cuk_add_rmsnorm(cudaStream_t st, float *y, float *h, const float *a, const float *b, const float *w, int n, int T, double eps) {
+    if (T > 0) k_add_rmsnorm<<<T, 256, 0, st>>>(y, h, a, b, w, n, eps);
 }
 
 __global__ void k_add(float *h, const float *y, int64_t n) {
@@ -1084,29 +1103,31 @@ void cuk_moe_sort(cudaStream_t st, const int32_t *idx, int T, int K, int E, int3
     k_moe_sort<<<1, 1024, sizeof(int) * (E + 1), st>>>(idx, T, K, E, list, tiles, ntiles);
 }
 
+/* row blockIdx.y, columns blockIdx.x * 256 ..: one column a thread */
 __global__ void k_moe_combine(const float *yk, const int32_t *idx, const float *wts, int K, int H, float *out) {
-    int r = blockIdx.x;
+    __shared__ int order[32];
+    __shared__ float w[32];
+    int r = blockIdx.y, kk = K < 32 ? K : 32;
     const int32_t *ir = idx + (int64_t)r * K;
-    int order[32];
-    int kk = K < 32 ? K : 32;
-    for (int done = 0, prev = -1; done < kk; done++) { /* the row's experts in ascending id */
-        int best = -1;
-        for (int k = 0; k < kk; k++)
-            if (ir[k] > prev && (best < 0 || ir[k] < ir[best])) best = k;
-        order[done] = best;
-        prev = ir[best];
-    }
-    for (int c = threadIdx.x; c < H; c += blockDim.x) {
-        float acc = 0.f;
-        for (int j = 0; j < kk; j++) {
-            int k = order[j];
-            acc = fmaf(wts[(int64_t)r * K + k], yk[((int64_t)r * K + k) * H + c], acc);
+    if (threadIdx.x == 0)
+        for (int done = 0, prev = -1; done < kk; done++) { /* the row's experts in ascending id */
+            int best = -1;
+            for (int k = 0; k < kk; k++)
+                if (ir[k] > prev && (best < 0 || ir[k] < ir[best])) best = k;
+            order[done] = best, w[done] = wts[(int64_t)r * K + best];
+            prev = ir[best];
         }
-        out[(int64_t)r * H + c] = acc;
-    }
+    __syncthreads();
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= H) return;
+    const float *yr = yk + (int64_t)r * K * H + c;
+    float acc = 0.f;
+#pragma unroll 8
+    for (int j = 0; j < kk; j++) acc = fmaf(w[j], yr[(int64_t)order[j] * H], acc);
+    out[(int64_t)r * H + c] = acc;
 }
 void cuk_moe_combine(cudaStream_t st, const float *yk, const int32_t *idx, const float *wts, int T, int K, int H, float *out) {
-    k_moe_combine<<<T, 256, 0, st>>>(yk, idx, wts, K, H, out);
+    if (T > 0) k_moe_combine<<<dim3((unsigned)((H + 255) / 256), (unsigned)T), 256, 0, st>>>(yk, idx, wts, K, H, out);
 }
 
 __global__ void k_count_union(const int32_t *idx, int n, int32_t *mark, unsigned long long *count) {

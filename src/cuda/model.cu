@@ -25,10 +25,12 @@ extern "C" {
 #define CU_EXP_GEMV 64   /* routed choices per chunk up to which experts take the GEMV form */
 #define PIN_BYTES ((size_t)CU_ROWS * 64) /* the rows' ids, flags, row info, logits rows */
 
-enum { P_EMBED, P_ATTN_PROJ, P_INDEXER, P_HEADS, P_ATTN_CORE, P_O_PROJ, P_DENSE, P_ROUTER, P_EXPERTS, P_SHARED, P_HEAD, P_COPY, PROF_PARTS };
+enum { P_EMBED, P_ATTN_PROJ, P_INDEXER, P_HEADS, P_ATTN_CORE, P_O_PROJ, P_DENSE, P_ROUTER, P_EXPERTS, P_EXPERTS_DOWN, P_COMBINE, P_SHARED, P_HEAD,
+       P_COPY, PROF_PARTS };
 static const char *const prof_names[PROF_PARTS] = {"embed", "attention projections + norms", "indexer + top-k", "head products (W_UK, W_UV)",
-                                                   "attention core (scores, softmax, P C)", "o_proj + residual", "dense mlp", "router",
-                                                   "routed experts", "shared expert", "lm_head", "copies"};
+                                                   "attention core (scores, softmax, P C)", "o_proj + residual + norm", "dense mlp",
+                                                   "router", "routed experts: gate, up", "routed experts: down", "routed experts: combine",
+                                                   "shared expert + residual + norm", "lm_head", "copies"};
 #define PROF_EVENTS 1024
 
 struct cu_layer {
@@ -489,6 +491,7 @@ typedef struct fscr {
     unsigned long long *count;
     cu_rowinfo *ri;
     float *h, *x, *y, *qa, *q, *kva, *o, *qt, *lat, *S, *partial, *qi, *ki, *iw, *sc, *lg, *wts, *gb, *ub, *yk, *mo, *xl, *logits;
+    int need_xl; /* the final norm is read (hidden states or logits) */
 } fscr;
 
 static size_t carve(uint8_t *base, const petrel_config *c, int T, int nmax, int nall, int nlog, fscr *f) {
@@ -557,6 +560,19 @@ static void swiglu(cudaStream_t st, const dw &g, const dw &u, const dw &d, const
     mm(st, d, f.gb, out, n, tc);
 }
 
+/* the end of layer l: h += a (+ b: a + b first), then the next layer's input norm into x, or
+ * after the last layer the final norm into xl when anything reads it (f.need_xl) */
+static void residual_norm(const cu_model *m, int l, float *a, const float *b, const fscr &f, int t) {
+    const petrel_config *c = m->c;
+    int H = c->hidden_size;
+    if (l + 1 < c->num_hidden_layers) cuk_add_rmsnorm(m->st, f.x, f.h, a, b, m->L[l + 1].in_norm, H, t, c->rms_norm_eps);
+    else if (f.need_xl) cuk_add_rmsnorm(m->st, f.xl, f.h, a, b, m->norm, H, t, c->rms_norm_eps);
+    else {
+        if (b) cuk_add(m->st, a, b, (int64_t)t * H);
+        cuk_add(m->st, f.h, a, (int64_t)t * H);
+    }
+}
+
 /* one piece of a segment: rows [r0, r0 + n) of the call at positions pos0.. of kv */
 typedef struct piece {
     const cu_seg *s;
@@ -615,6 +631,7 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
         m->scr_cap = want, m->used += want;
     }
     carve(m->scr, c, t, nmax, need_q ? nall : 1, nl, &f);
+    f.need_xl = hidden || nl;
     /* the rows' arrays through pinned memory (the previous forward has finished with it) */
     uint8_t *pin = m->pin;
     memcpy(pin, hid, sizeof(int32_t) * t);
@@ -634,7 +651,7 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
     int have_sel = 0;
     for (int l = 0; l < c->num_hidden_layers; l++) {
         const cu_layer &G = m->L[l];
-        cuk_rmsnorm(st, f.x, H, f.h, H, G.in_norm, H, t, c->rms_norm_eps);
+        if (l == 0) cuk_rmsnorm(st, f.x, H, f.h, H, G.in_norm, H, t, c->rms_norm_eps); /* later layers': with the residual */
         mm(st, G.q_a, f.x, f.qa, t, m->tc);
         mm(st, G.kv_a, f.x, f.kva, t, m->tc);
         cuk_rmsnorm(st, f.qa, Rq, f.qa, Rq, G.q_a_norm, Rq, t, 1e-6);
@@ -664,12 +681,11 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
         cuk_mla_uv(st, G.kv_b, f.lat, f.o, t, NH, Dn, Dv, Rkv, m->heads);
         PROF(P_HEADS);
         mm(st, G.o, f.o, f.y, t, m->tc);
-        cuk_add(st, f.h, f.y, (int64_t)t * H);
-        cuk_rmsnorm(st, f.x, H, f.h, H, G.post_norm, H, t, c->rms_norm_eps);
+        cuk_add_rmsnorm(st, f.x, f.h, f.y, NULL, G.post_norm, H, t, c->rms_norm_eps);
         PROF(P_O_PROJ);
         if (!G.is_moe) {
             swiglu(st, G.gate, G.up, G.down, f.x, t, f, f.y, m->tc);
-            cuk_add(st, f.h, f.y, (int64_t)t * H);
+            residual_norm(m, l, f.y, NULL, f, t);
             PROF(P_DENSE);
             continue;
         }
@@ -681,6 +697,7 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
         int ns = t * K, I = (int)G.eg.rows;
         if (ns <= CU_EXP_GEMV) {
             cuk_gemv_swiglu(st, G.eg, G.eu, f.x, H, f.gb, I, ns, f.idx, f.slot_x, f.ub);
+            PROF(P_EXPERTS);
             cuk_gemv(st, G.ed, f.gb, I, f.yk, H, ns, f.idx, NULL);
         } else {
             int mt = (ns + 63) / 64 + E + 1;
@@ -690,17 +707,15 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
             cuk_silu_mul(st, f.gb, f.ub, (int64_t)ns * I);
             cuk_gemm(st, G.ed, f.gb, I, f.yk, H, ns, f.tiles, f.ntiles, mt, f.list, NULL, m->tc);
         }
+        PROF(P_EXPERTS_DOWN);
         cuk_moe_combine(st, f.yk, f.idx, f.wts, t, K, H, f.mo);
-        PROF(P_EXPERTS);
-        if (G.has_shared) {
-            swiglu(st, G.sg, G.su, G.sd, f.x, t, f, f.y, m->tc);
-            cuk_add(st, f.mo, f.y, (int64_t)t * H);
-        }
-        cuk_add(st, f.h, f.mo, (int64_t)t * H);
+        PROF(P_COMBINE);
+        if (G.has_shared) swiglu(st, G.sg, G.su, G.sd, f.x, t, f, f.y, m->tc);
+        residual_norm(m, l, f.mo, G.has_shared ? f.y : NULL, f, t);
         PROF(P_SHARED);
     }
     cudaError_t rc = cudaSuccess;
-    if (hidden || nl) cuk_rmsnorm(st, f.xl, H, f.h, H, m->norm, H, t, c->rms_norm_eps);
+    /* (the last layer's residual_norm wrote xl when hidden || nl) */
     if (nl) {
         /* the head over the logits rows: gathered when they are not the chunk's last nl */
         const float *xh = f.xl + (size_t)hl[0] * H;
