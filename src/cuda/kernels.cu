@@ -75,15 +75,15 @@ __device__ __forceinline__ float warp_sum(float v) {
 }
 
 /* ---- GEMV ----
- * A warp takes RW weight rows (fused: RW/2 rows of W and the same RW/2 rows of W2, the gate and
- * up products of a SwiGLU, written as silu(gate) * up) and one of kp column parts: lane l of
- * part p takes the chunks j = 32 (p + kp i) + l, i ascending, of VAL columns each (16 bytes of
- * q4 / q8, 8 values of the others). U chunks of every row are loaded before the first is used,
- * so each warp keeps several KB in flight; the x chunk is read once for the RW rows. A chunk's
- * products sum from 0 in column order and join the lane's running sum through the chunk's one
- * scale; lanes meet in a butterfly, parts in part order through shared memory. kp depends on
- * the weight's shape only (gemv_parts), so a row's arithmetic depends on neither RW nor TR nor
- * the slot count: a row's result never depends on the call's other rows.
+ * A warp takes RW weight rows at a time (fused: RW/2 rows of W and the same RW/2 rows of W2,
+ * the gate and up products of a SwiGLU, written as silu(gate) * up); lane l takes the chunks
+ * j = l + 32 i, i ascending, of VAL columns each (16 bytes of q4 / q8, 8 values of the others),
+ * U chunks a step. The grid is one wave of warps that walk the row groups, each loading its
+ * next step while it multiplies the current one, so loads stay in flight without many small
+ * blocks. The x chunk is read once for the RW rows. A chunk's products sum from 0 in column
+ * order and join the lane's running sum through the chunk's one scale; lanes meet in a
+ * butterfly. A row's arithmetic depends on neither the grid nor TR nor the slot count: a row's
+ * result never depends on the call's other rows.
  * Quantized values become floats without int->float conversions (quarter-rate instructions):
  * the byte b = q + bias placed under the exponent of 2^23 reads as 2^23 + b, and 2^23 + bias
  * less gives q exactly. */
@@ -156,28 +156,112 @@ template <int QT> __device__ __forceinline__ void vals8(const uint4 r[2], int su
     }
 }
 
+/* the U chunks of the RW rows of group g that a lane reads at step it (rows past the end read
+ * the last row, never stored) */
+template <int QT, int VAL, int RW, int RO, int U>
+__device__ __forceinline__ void gv_fetch(const dw &W, const uint8_t *b1, const uint8_t *b2, const float *s1, const float *s2, int64_t g, int it,
+                                         int lane, uint4 (&raw)[U][RW][2], float (&sc)[U][RW]) {
+    constexpr int SCALED = QT == QQ8ROW || QT == QQ8G || QT == QQ4G, G = QT == QQ4G ? 64 : 32;
+#pragma unroll
+    for (int i = 0; i < RW; i++) {
+        int64_t r = g * RO + i % RO;
+        if (r >= W.rows) r = W.rows - 1;
+        const uint8_t *d = (i >= RO ? b2 : b1) + r * W.rb;
+        const float *s = SCALED ? (i >= RO ? s2 : s1) + r * W.sc : nullptr;
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int c = lane * VAL + (it * U + u) * 32 * VAL;
+            if (c < W.cols) {
+                load_raw<QT, VAL>(d, c, raw[u][i]);
+                sc[u][i] = QT == QQ8ROW ? s[0] : SCALED ? s[c / G] : 1.f;
+            }
+        }
+    }
+}
+
+/* adds the fetched chunks' products to acc; after a group's last step, writes its rows */
+template <int QT, int VAL, int TR, int RW, int RO, int U, int FUSE>
+__device__ __forceinline__ void gv_consume(const dw &W, int64_t g, int it, int nit, int lane, const uint4 (&raw)[U][RW][2], const float (&sc)[U][RW],
+                                           const float *const (&xr)[TR], int ns, int xv, float (&acc)[RW][TR], float *y, int64_t ldy, int s0) {
+    constexpr int SCALED = QT == QQ8ROW || QT == QQ8G || QT == QQ4G;
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        int c = lane * VAL + (it * U + u) * 32 * VAL;
+        if (c >= W.cols) break;
+        float cd[RW][TR];
+#pragma unroll
+        for (int i = 0; i < RW; i++)
+#pragma unroll
+            for (int t = 0; t < TR; t++) cd[i][t] = 0.f;
+#pragma unroll
+        for (int sub = 0; sub < VAL / 8; sub++) {
+            float xv8[TR][8];
+#pragma unroll
+            for (int t = 0; t < TR; t++)
+                if (t < ns) {
+                    const float *xp = xr[t] + c + 8 * sub;
+                    if (xv) {
+                        float4 a = __ldg((const float4 *)xp), b = __ldg((const float4 *)(xp + 4));
+                        xv8[t][0] = a.x, xv8[t][1] = a.y, xv8[t][2] = a.z, xv8[t][3] = a.w;
+                        xv8[t][4] = b.x, xv8[t][5] = b.y, xv8[t][6] = b.z, xv8[t][7] = b.w;
+                    } else {
+#pragma unroll
+                        for (int j = 0; j < 8; j++) xv8[t][j] = xp[j];
+                    }
+                }
+#pragma unroll
+            for (int i = 0; i < RW; i++) {
+                float w[8];
+                vals8<QT>(raw[u][i], sub, w);
+#pragma unroll
+                for (int t = 0; t < TR; t++)
+                    if (t < ns)
+#pragma unroll
+                        for (int j = 0; j < 8; j++) cd[i][t] = fmaf(w[j], xv8[t][j], cd[i][t]);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < RW; i++)
+#pragma unroll
+            for (int t = 0; t < TR; t++) acc[i][t] = SCALED ? fmaf(cd[i][t], sc[u][i], acc[i][t]) : acc[i][t] + cd[i][t];
+    }
+    if (it != nit - 1) return;
+#pragma unroll
+    for (int i = 0; i < RW; i++)
+#pragma unroll
+        for (int t = 0; t < TR; t++) acc[i][t] = warp_sum(acc[i][t]);
+    if (lane == 0)
+#pragma unroll
+        for (int i = 0; i < RO; i++)
+#pragma unroll
+            for (int t = 0; t < TR; t++)
+                if (t < ns && g * RO + i < W.rows) {
+                    float v = acc[i][t];
+                    if (FUSE) v = v / (1.0f + expf(-v)) * acc[i + RO][t]; /* k_silu_mul's expression */
+                    y[(int64_t)(s0 + t) * ldy + g * RO + i] = v;
+                }
+#pragma unroll
+    for (int i = 0; i < RW; i++)
+#pragma unroll
+        for (int t = 0; t < TR; t++) acc[i][t] = 0.f;
+}
+
+/* A persistent grid (about one wave): warp w of the grid takes row groups w, w + warps, ...;
+ * its steps (group, it) run as one stream in which the next step's loads are issued before
+ * the current step's products (two register buffers), so every warp keeps loads in flight. */
 template <int QT, int VAL, int TR, int FUSE>
 __global__ void __launch_bounds__(256, TR <= 2 ? 2 : 1) k_gemv(dw W, const uint8_t *d2, const float *s2, const float *__restrict__ x, int64_t ldx,
-                                                 float *__restrict__ y, int64_t ldy, int n, int kp, const int32_t *slot_e,
-                                                 const int32_t *slot_x) {
-    constexpr int RW = GV_RW, RO = FUSE ? RW / 2 : RW;     /* weight rows, output rows per warp */
-    constexpr int U = 2; /* chunks of each row in flight (more spill at 128 registers) */
-    constexpr int SCALED = QT == QQ8ROW || QT == QQ8G || QT == QQ4G;
-    constexpr int G = QT == QQ4G ? 64 : 32;                 /* columns per scale (q8_row: one scale) */
-    __shared__ float red[8][RW * TR];
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, grp = warp / kp, part = warp - grp * kp;
-    int64_t orow = ((int64_t)blockIdx.x * (8 / kp) + grp) * RO;
+                                                               float *__restrict__ y, int64_t ldy, int n, const int32_t *slot_e,
+                                                               const int32_t *slot_x) {
+    constexpr int RW = GV_RW, RO = FUSE ? RW / 2 : RW; /* weight rows, output rows per warp */
+    constexpr int U = (QT == QQ8ROW || QT == QQ8G) && TR == 1 ? 2 : 1; /* chunks of each row per step (more spill) */
+    int lane = threadIdx.x & 31;
+    int64_t groups = (W.rows + RO - 1) / RO, g = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5), gstride = (int64_t)gridDim.x * 8;
+    if (g >= groups) return;
     int s0 = blockIdx.y * TR, ns = n - s0 < TR ? n - s0 : TR;
     int64_t e = slot_e ? slot_e[s0] : 0;
-    const uint8_t *d[RW];
-    const float *sr[RW];
-#pragma unroll
-    for (int i = 0; i < RW; i++) { /* rows past the end read the last row, never stored */
-        int64_t r = orow + i % RO < W.rows ? orow + i % RO : W.rows - 1;
-        int second = FUSE && i >= RO;
-        d[i] = (second ? d2 : W.d) + e * W.estride + r * W.rb;
-        sr[i] = W.s ? (second ? s2 : W.s) + e * W.sstride + r * W.sc : nullptr;
-    }
+    const uint8_t *b1 = W.d + e * W.estride, *b2 = FUSE ? d2 + e * W.estride : nullptr;
+    const float *s1 = W.s ? W.s + e * W.sstride : nullptr, *sb2 = FUSE && s2 ? s2 + e * W.sstride : nullptr;
     const float *xr[TR];
 #pragma unroll
     for (int t = 0; t < TR; t++) xr[t] = x + (int64_t)(t < ns ? (slot_x ? slot_x[s0 + t] : s0 + t) : 0) * ldx;
@@ -188,115 +272,75 @@ __global__ void __launch_bounds__(256, TR <= 2 ? 2 : 1) k_gemv(dw W, const uint8
         for (int t = 0; t < TR; t++) acc[i][t] = 0.f;
     const int cols = (int)W.cols;
     if constexpr (QT >= 0) {
-        const int xv = ((ldx & 3) == 0) && (((uintptr_t)x & 15) == 0), step = 32 * VAL * kp;
-        for (int c0 = (part * 32 + lane) * VAL; c0 < cols; c0 += U * step) {
-            uint4 raw[U][RW][2];
-            float sc[U][RW];
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                int c = c0 + u * step;
-                if (c < cols) {
-#pragma unroll
-                    for (int i = 0; i < RW; i++) {
-                        load_raw<QT, VAL>(d[i], c, raw[u][i]);
-                        sc[u][i] = QT == QQ8ROW ? sr[i][0] : SCALED ? sr[i][c / G] : 1.f;
-                    }
-                }
-            }
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                int c = c0 + u * step;
-                if (c >= cols) break;
-                float cd[RW][TR];
-#pragma unroll
-                for (int i = 0; i < RW; i++)
-#pragma unroll
-                    for (int t = 0; t < TR; t++) cd[i][t] = 0.f;
-#pragma unroll
-                for (int sub = 0; sub < VAL / 8; sub++) {
-                    float xv8[TR][8];
-#pragma unroll
-                    for (int t = 0; t < TR; t++)
-                        if (t < ns) {
-                            const float *xp = xr[t] + c + 8 * sub;
-                            if (xv) {
-                                float4 a = __ldg((const float4 *)xp), b = __ldg((const float4 *)(xp + 4));
-                                xv8[t][0] = a.x, xv8[t][1] = a.y, xv8[t][2] = a.z, xv8[t][3] = a.w;
-                                xv8[t][4] = b.x, xv8[t][5] = b.y, xv8[t][6] = b.z, xv8[t][7] = b.w;
-                            } else {
-#pragma unroll
-                                for (int j = 0; j < 8; j++) xv8[t][j] = xp[j];
-                            }
-                        }
-#pragma unroll
-                    for (int i = 0; i < RW; i++) {
-                        float w[8];
-                        vals8<QT>(raw[u][i], sub, w);
-#pragma unroll
-                        for (int t = 0; t < TR; t++)
-                            if (t < ns)
-#pragma unroll
-                                for (int j = 0; j < 8; j++) cd[i][t] = fmaf(w[j], xv8[t][j], cd[i][t]);
-                    }
-                }
-#pragma unroll
-                for (int i = 0; i < RW; i++)
-#pragma unroll
-                    for (int t = 0; t < TR; t++) acc[i][t] = SCALED ? fmaf(cd[i][t], sc[u][i], acc[i][t]) : acc[i][t] + cd[i][t];
-            }
+        const int xv = ((ldx & 3) == 0) && (((uintptr_t)x & 15) == 0), nit = (cols + U * 32 * VAL - 1) / (U * 32 * VAL);
+        uint4 ra[U][RW][2], rb[U][RW][2];
+        float sa[U][RW], sb[U][RW];
+        int it = 0;
+        gv_fetch<QT, VAL, RW, RO, U>(W, b1, b2, s1, sb2, g, it, lane, ra, sa);
+        for (;;) {
+            int64_t g1 = it + 1 < nit ? g : g + gstride;
+            int it1 = it + 1 < nit ? it + 1 : 0;
+            if (g1 < groups) gv_fetch<QT, VAL, RW, RO, U>(W, b1, b2, s1, sb2, g1, it1, lane, rb, sb);
+            gv_consume<QT, VAL, TR, RW, RO, U, FUSE>(W, g, it, nit, lane, ra, sa, xr, ns, xv, acc, y, ldy, s0);
+            if (g1 >= groups) break;
+            g = g1, it = it1;
+            g1 = it + 1 < nit ? g : g + gstride;
+            it1 = it + 1 < nit ? it + 1 : 0;
+            if (g1 < groups) gv_fetch<QT, VAL, RW, RO, U>(W, b1, b2, s1, sb2, g1, it1, lane, ra, sa);
+            gv_consume<QT, VAL, TR, RW, RO, U, FUSE>(W, g, it, nit, lane, rb, sb, xr, ns, xv, acc, y, ldy, s0);
+            if (g1 >= groups) break;
+            g = g1, it = it1;
         }
     } else {
-        for (int c = part * 32 + lane; c < cols; c += 32 * kp) {
+        for (; g < groups; g += gstride) {
+            const uint8_t *d[RW];
+            const float *sr[RW];
 #pragma unroll
             for (int i = 0; i < RW; i++) {
-                float w = wrow_get(W.qt, d[i], sr[i], W.g, c);
-#pragma unroll
-                for (int t = 0; t < TR; t++)
-                    if (t < ns) acc[i][t] = fmaf(w, xr[t][c], acc[i][t]);
+                int64_t r = g * RO + i % RO < W.rows ? g * RO + i % RO : W.rows - 1;
+                d[i] = (i >= RO ? b2 : b1) + r * W.rb;
+                sr[i] = W.s ? (i >= RO ? sb2 : s1) + r * W.sc : nullptr;
             }
-        }
-    }
+            for (int c = lane; c < cols; c += 32) {
 #pragma unroll
-    for (int i = 0; i < RW; i++)
+                for (int i = 0; i < RW; i++) {
+                    float w = wrow_get(W.qt, d[i], sr[i], W.g, c);
 #pragma unroll
-        for (int t = 0; t < TR; t++) acc[i][t] = warp_sum(acc[i][t]);
-    if (kp > 1) { /* the parts' sums, in part order */
-        if (lane == 0)
+                    for (int t = 0; t < TR; t++)
+                        if (t < ns) acc[i][t] = fmaf(w, xr[t][c], acc[i][t]);
+                }
+            }
 #pragma unroll
             for (int i = 0; i < RW; i++)
 #pragma unroll
-                for (int t = 0; t < TR; t++) red[warp][i * TR + t] = acc[i][t];
-        __syncthreads();
-        if (part) return;
+                for (int t = 0; t < TR; t++) acc[i][t] = warp_sum(acc[i][t]);
+            if (lane == 0)
 #pragma unroll
-        for (int i = 0; i < RW; i++)
+                for (int i = 0; i < RO; i++)
 #pragma unroll
-            for (int t = 0; t < TR; t++) {
-                float s = red[warp][i * TR + t];
-                for (int p = 1; p < kp; p++) s += red[warp + p][i * TR + t];
-                acc[i][t] = s;
-            }
+                    for (int t = 0; t < TR; t++)
+                        if (t < ns && g * RO + i < W.rows) {
+                            float v = acc[i][t];
+                            if (FUSE) v = v / (1.0f + expf(-v)) * acc[i + RO][t];
+                            y[(int64_t)(s0 + t) * ldy + g * RO + i] = v;
+                        }
+#pragma unroll
+            for (int i = 0; i < RW; i++)
+#pragma unroll
+                for (int t = 0; t < TR; t++) acc[i][t] = 0.f;
+        }
     }
-    if (lane == 0)
-#pragma unroll
-        for (int i = 0; i < RO; i++)
-#pragma unroll
-            for (int t = 0; t < TR; t++)
-                if (t < ns && orow + i < W.rows) {
-                    float v = acc[i][t];
-                    if (FUSE) v = v / (1.0f + expf(-v)) * acc[i + RO][t]; /* k_silu_mul's expression */
-                    y[(int64_t)(s0 + t) * ldy + orow + i] = v;
-                }
 }
 
-/* column parts per row: more while the grid at one x row has fewer than ~8 waves of blocks
- * (2 blocks an SM of an H200: a short last wave) and each lane keeps a chunk of each part; the
- * weight's shape alone decides */
-static int gemv_parts(const dw &W, int ro, int val) {
-    int64_t groups = (W.rows + ro - 1) / ro, chunks = W.cols / val;
-    int kp = 1;
-    while (kp < 8 && groups * kp < 8 * 8 * 264 && chunks >= 64 * kp) kp *= 2;
-    return kp;
+/* multiprocessors of the current device (cached: one device per process in practice) */
+static int sm_count(void) {
+    static int n = 0;
+    if (!n) {
+        int dev = 0, v = 0;
+        if (cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && v > 0) n = v;
+        else n = 132;
+    }
+    return n;
 }
 
 template <int TR, int FUSE>
@@ -305,12 +349,13 @@ static void gemv_go(cudaStream_t st, const dw &W, const dw *W2, const float *x, 
     constexpr int RO = FUSE ? GV_RW / 2 : GV_RW;
     int qt = W.cols % 8 == 0 ? W.qt : -1;
     int wide = (qt == QQ4G && W.cols % 32 == 0) || ((qt == QQ8G || qt == QQ8ROW) && W.cols % 16 == 0);
-    int val = !wide ? 8 : qt == QQ4G ? 32 : 16;
-    int kp = gemv_parts(W, RO, val);
-    dim3 grid((unsigned)((W.rows + RO * (8 / kp) - 1) / (RO * (8 / kp))), (unsigned)(se ? n : (n + TR - 1) / TR));
+    int64_t groups = (W.rows + RO - 1) / RO, ny = se ? n : (n + TR - 1) / TR;
+    int64_t resident = (int64_t)sm_count() * (TR <= 2 ? 2 : 1), bx = (resident + ny - 1) / ny; /* one wave in all */
+    if (bx > (groups + 7) / 8) bx = (groups + 7) / 8;
+    dim3 grid((unsigned)bx, (unsigned)ny);
     const uint8_t *d2 = W2 ? W2->d : nullptr;
     const float *s2 = W2 ? W2->s : nullptr;
-#define GV(Q, V) k_gemv<Q, V, TR, FUSE><<<grid, 256, 0, st>>>(W, d2, s2, x, ldx, y, ldy, n, kp, se, sx)
+#define GV(Q, V) k_gemv<Q, V, TR, FUSE><<<grid, 256, 0, st>>>(W, d2, s2, x, ldx, y, ldy, n, se, sx)
     switch (qt) {
     case QF32: GV(QF32, 8); break;
     case QBF16: GV(QBF16, 8); break;
