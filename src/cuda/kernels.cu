@@ -76,14 +76,19 @@ __device__ __forceinline__ float warp_sum(float v) {
 
 /* ---- GEMV ----
  * A warp takes RW weight rows at a time (fused: RW/2 rows of W and the same RW/2 rows of W2,
- * the gate and up products of a SwiGLU, written as silu(gate) * up); lane l takes the chunks
- * j = l + 32 i, i ascending, of VAL columns each (16 bytes of q4 / q8, 8 values of the others),
- * U chunks a step. The grid is one wave of warps that walk the row groups, each loading its
- * next step while it multiplies the current one, so loads stay in flight without many small
- * blocks. The x chunk is read once for the RW rows. A chunk's products sum from 0 in column
- * order and join the lane's running sum through the chunk's one scale; lanes meet in a
- * butterfly. A row's arithmetic depends on neither the grid nor TR nor the slot count: a row's
- * result never depends on the call's other rows.
+ * the gate and up products of a SwiGLU, written as silu(gate) * up) and reads each x chunk
+ * once for them; lanes read 16 bytes of q4 / q8 (8 values of the others) a chunk, and a
+ * chunk's products sum from 0 in column order and join the lane's running sum through the
+ * chunk's one scale; lanes meet in a butterfly. Two forms:
+ *   split   plain rows (x rows batched TR at a time): kp warps share a row group's columns
+ *           (lane l of part p: chunks 32 (p + kp i) + l), U chunks of every row loaded before
+ *           any is used, the parts summed in order through shared memory; kp depends on the
+ *           weight's shape only (gemv_parts). Many short blocks: small products stay short.
+ *   stream  slots (routed experts, the heads' products): one wave of warps walks the row
+ *           groups (lane l: chunks l + 32 i), each warp loading its next step while it
+ *           multiplies the current one.
+ * Within a form a row's arithmetic depends on neither the grid nor TR nor the slot count, so
+ * a row's result never depends on the call's other rows.
  * Quantized values become floats without int->float conversions (quarter-rate instructions):
  * the byte b = q + bias placed under the exponent of 2^23 reads as 2^23 + b, and 2^23 + bias
  * less gives q exactly. */
@@ -155,6 +160,150 @@ template <int QT> __device__ __forceinline__ void vals8(const uint4 r[2], int su
         }
     }
 }
+
+template <int QT, int VAL, int TR, int FUSE>
+__global__ void __launch_bounds__(256, TR <= 2 ? 2 : 1) k_gemv_split(dw W, const uint8_t *d2, const float *s2, const float *__restrict__ x, int64_t ldx,
+                                                 float *__restrict__ y, int64_t ldy, int n, int kp, const int32_t *slot_e,
+                                                 const int32_t *slot_x) {
+    constexpr int RW = GV_RW, RO = FUSE ? RW / 2 : RW;     /* weight rows, output rows per warp */
+    constexpr int U = 2; /* chunks of each row in flight (more spill at 128 registers) */
+    constexpr int SCALED = QT == QQ8ROW || QT == QQ8G || QT == QQ4G;
+    constexpr int G = QT == QQ4G ? 64 : 32;                 /* columns per scale (q8_row: one scale) */
+    __shared__ float red[8][RW * TR];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, grp = warp / kp, part = warp - grp * kp;
+    int64_t orow = ((int64_t)blockIdx.x * (8 / kp) + grp) * RO;
+    int s0 = blockIdx.y * TR, ns = n - s0 < TR ? n - s0 : TR;
+    int64_t e = slot_e ? slot_e[s0] : 0;
+    const uint8_t *d[RW];
+    const float *sr[RW];
+#pragma unroll
+    for (int i = 0; i < RW; i++) { /* rows past the end read the last row, never stored */
+        int64_t r = orow + i % RO < W.rows ? orow + i % RO : W.rows - 1;
+        int second = FUSE && i >= RO;
+        d[i] = (second ? d2 : W.d) + e * W.estride + r * W.rb;
+        sr[i] = W.s ? (second ? s2 : W.s) + e * W.sstride + r * W.sc : nullptr;
+    }
+    const float *xr[TR];
+#pragma unroll
+    for (int t = 0; t < TR; t++) xr[t] = x + (int64_t)(t < ns ? (slot_x ? slot_x[s0 + t] : s0 + t) : 0) * ldx;
+    float acc[RW][TR];
+#pragma unroll
+    for (int i = 0; i < RW; i++)
+#pragma unroll
+        for (int t = 0; t < TR; t++) acc[i][t] = 0.f;
+    const int cols = (int)W.cols;
+    if constexpr (QT >= 0) {
+        const int xv = ((ldx & 3) == 0) && (((uintptr_t)x & 15) == 0), step = 32 * VAL * kp;
+        for (int c0 = (part * 32 + lane) * VAL; c0 < cols; c0 += U * step) {
+            uint4 raw[U][RW][2];
+            float sc[U][RW];
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                int c = c0 + u * step;
+                if (c < cols) {
+#pragma unroll
+                    for (int i = 0; i < RW; i++) {
+                        load_raw<QT, VAL>(d[i], c, raw[u][i]);
+                        sc[u][i] = QT == QQ8ROW ? sr[i][0] : SCALED ? sr[i][c / G] : 1.f;
+                    }
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                int c = c0 + u * step;
+                if (c >= cols) break;
+                float cd[RW][TR];
+#pragma unroll
+                for (int i = 0; i < RW; i++)
+#pragma unroll
+                    for (int t = 0; t < TR; t++) cd[i][t] = 0.f;
+#pragma unroll
+                for (int sub = 0; sub < VAL / 8; sub++) {
+                    float xv8[TR][8];
+#pragma unroll
+                    for (int t = 0; t < TR; t++)
+                        if (t < ns) {
+                            const float *xp = xr[t] + c + 8 * sub;
+                            if (xv) {
+                                float4 a = __ldg((const float4 *)xp), b = __ldg((const float4 *)(xp + 4));
+                                xv8[t][0] = a.x, xv8[t][1] = a.y, xv8[t][2] = a.z, xv8[t][3] = a.w;
+                                xv8[t][4] = b.x, xv8[t][5] = b.y, xv8[t][6] = b.z, xv8[t][7] = b.w;
+                            } else {
+#pragma unroll
+                                for (int j = 0; j < 8; j++) xv8[t][j] = xp[j];
+                            }
+                        }
+#pragma unroll
+                    for (int i = 0; i < RW; i++) {
+                        float w[8];
+                        vals8<QT>(raw[u][i], sub, w);
+#pragma unroll
+                        for (int t = 0; t < TR; t++)
+                            if (t < ns)
+#pragma unroll
+                                for (int j = 0; j < 8; j++) cd[i][t] = fmaf(w[j], xv8[t][j], cd[i][t]);
+                    }
+                }
+#pragma unroll
+                for (int i = 0; i < RW; i++)
+#pragma unroll
+                    for (int t = 0; t < TR; t++) acc[i][t] = SCALED ? fmaf(cd[i][t], sc[u][i], acc[i][t]) : acc[i][t] + cd[i][t];
+            }
+        }
+    } else {
+        for (int c = part * 32 + lane; c < cols; c += 32 * kp) {
+#pragma unroll
+            for (int i = 0; i < RW; i++) {
+                float w = wrow_get(W.qt, d[i], sr[i], W.g, c);
+#pragma unroll
+                for (int t = 0; t < TR; t++)
+                    if (t < ns) acc[i][t] = fmaf(w, xr[t][c], acc[i][t]);
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < RW; i++)
+#pragma unroll
+        for (int t = 0; t < TR; t++) acc[i][t] = warp_sum(acc[i][t]);
+    if (kp > 1) { /* the parts' sums, in part order */
+        if (lane == 0)
+#pragma unroll
+            for (int i = 0; i < RW; i++)
+#pragma unroll
+                for (int t = 0; t < TR; t++) red[warp][i * TR + t] = acc[i][t];
+        __syncthreads();
+        if (part) return;
+#pragma unroll
+        for (int i = 0; i < RW; i++)
+#pragma unroll
+            for (int t = 0; t < TR; t++) {
+                float s = red[warp][i * TR + t];
+                for (int p = 1; p < kp; p++) s += red[warp + p][i * TR + t];
+                acc[i][t] = s;
+            }
+    }
+    if (lane == 0)
+#pragma unroll
+        for (int i = 0; i < RO; i++)
+#pragma unroll
+            for (int t = 0; t < TR; t++)
+                if (t < ns && orow + i < W.rows) {
+                    float v = acc[i][t];
+                    if (FUSE) v = v / (1.0f + expf(-v)) * acc[i + RO][t]; /* k_silu_mul's expression */
+                    y[(int64_t)(s0 + t) * ldy + orow + i] = v;
+                }
+}
+
+/* column parts per row: more while the grid at one x row has fewer than ~8 waves of blocks
+ * (2 blocks an SM of an H200: a short last wave) and each lane keeps a chunk of each part; the
+ * weight's shape alone decides */
+static int gemv_parts(const dw &W, int ro, int val) {
+    int64_t groups = (W.rows + ro - 1) / ro, chunks = W.cols / val;
+    int kp = 1;
+    while (kp < 8 && groups * kp < 8 * 8 * 264 && chunks >= 64 * kp) kp *= 2;
+    return kp;
+}
+
 
 /* the U chunks of the RW rows of group g that a lane reads at step it (rows past the end read
  * the last row, never stored) */
@@ -250,7 +399,7 @@ __device__ __forceinline__ void gv_consume(const dw &W, int64_t g, int it, int n
  * its steps (group, it) run as one stream in which the next step's loads are issued before
  * the current step's products (two register buffers), so every warp keeps loads in flight. */
 template <int QT, int VAL, int TR, int FUSE>
-__global__ void __launch_bounds__(256, TR <= 2 ? 2 : 1) k_gemv(dw W, const uint8_t *d2, const float *s2, const float *__restrict__ x, int64_t ldx,
+__global__ void __launch_bounds__(256, TR <= 2 ? 2 : 1) k_gemv_stream(dw W, const uint8_t *d2, const float *s2, const float *__restrict__ x, int64_t ldx,
                                                                float *__restrict__ y, int64_t ldy, int n, const int32_t *slot_e,
                                                                const int32_t *slot_x) {
     constexpr int RW = GV_RW, RO = FUSE ? RW / 2 : RW; /* weight rows, output rows per warp */
@@ -343,28 +492,44 @@ static int sm_count(void) {
     return n;
 }
 
+/* one launch of the kernel K for the weight's format (qt -1: no vector path) */
+#define GV_FORMATS(K)                                                                                                                         \
+    switch (qt) {                                                                                                                             \
+    case QF32: K(QF32, 8); break;                                                                                                             \
+    case QBF16: K(QBF16, 8); break;                                                                                                           \
+    case QF16: K(QF16, 8); break;                                                                                                             \
+    case QQ8ROW: if (wide) K(QQ8ROW, 16); else K(QQ8ROW, 8); break;                                                                          \
+    case QQ8G: if (wide) K(QQ8G, 16); else K(QQ8G, 8); break;                                                                                \
+    case QQ4G: if (wide) K(QQ4G, 32); else K(QQ4G, 8); break;                                                                                \
+    default: K(-1, 8); break;                                                                                                                 \
+    }
+
+/* slots (routed experts, the heads' products): the streaming form over one wave; plain rows:
+ * the split form (its column parts keep small products' chains short) */
 template <int TR, int FUSE>
 static void gemv_go(cudaStream_t st, const dw &W, const dw *W2, const float *x, int64_t ldx, float *y, int64_t ldy, int n, const int32_t *se,
                     const int32_t *sx) {
     constexpr int RO = FUSE ? GV_RW / 2 : GV_RW;
     int qt = W.cols % 8 == 0 ? W.qt : -1;
     int wide = (qt == QQ4G && W.cols % 32 == 0) || ((qt == QQ8G || qt == QQ8ROW) && W.cols % 16 == 0);
-    int64_t groups = (W.rows + RO - 1) / RO, ny = se ? n : (n + TR - 1) / TR;
-    int64_t resident = (int64_t)sm_count() * (TR <= 2 ? 2 : 1), bx = (resident + ny - 1) / ny; /* one wave in all */
-    if (bx > (groups + 7) / 8) bx = (groups + 7) / 8;
-    dim3 grid((unsigned)bx, (unsigned)ny);
+    int64_t groups = (W.rows + RO - 1) / RO;
     const uint8_t *d2 = W2 ? W2->d : nullptr;
     const float *s2 = W2 ? W2->s : nullptr;
-#define GV(Q, V) k_gemv<Q, V, TR, FUSE><<<grid, 256, 0, st>>>(W, d2, s2, x, ldx, y, ldy, n, se, sx)
-    switch (qt) {
-    case QF32: GV(QF32, 8); break;
-    case QBF16: GV(QBF16, 8); break;
-    case QF16: GV(QF16, 8); break;
-    case QQ8ROW: if (wide) GV(QQ8ROW, 16); else GV(QQ8ROW, 8); break;
-    case QQ8G: if (wide) GV(QQ8G, 16); else GV(QQ8G, 8); break;
-    case QQ4G: if (wide) GV(QQ4G, 32); else GV(QQ4G, 8); break;
-    default: GV(-1, 8); break;
+    if constexpr (TR == 1) {
+        if (se) {
+            int64_t bx = ((int64_t)sm_count() * 2 + n - 1) / n; /* 2 blocks an SM in all */
+            if (bx > (groups + 7) / 8) bx = (groups + 7) / 8;
+            dim3 grid((unsigned)bx, (unsigned)n);
+#define GV(Q, V) k_gemv_stream<Q, V, TR, FUSE><<<grid, 256, 0, st>>>(W, d2, s2, x, ldx, y, ldy, n, se, sx)
+            GV_FORMATS(GV)
+#undef GV
+            return;
+        }
     }
+    int kp = gemv_parts(W, RO, !wide ? 8 : qt == QQ4G ? 32 : 16);
+    dim3 grid((unsigned)((W.rows + RO * (8 / kp) - 1) / (RO * (8 / kp))), (unsigned)((n + TR - 1) / TR));
+#define GV(Q, V) k_gemv_split<Q, V, TR, FUSE><<<grid, 256, 0, st>>>(W, d2, s2, x, ldx, y, ldy, n, kp, se, sx)
+    GV_FORMATS(GV)
 #undef GV
 }
 
@@ -610,10 +775,12 @@ __device__ float block_max_f(float v) {
 }
 
 __global__ void k_embed(dw W, const int32_t *ids, float *h) {
-    int r = blockIdx.x;
-    for (int64_t c = threadIdx.x; c < W.cols; c += blockDim.x) h[r * W.cols + c] = wget(W, 0, ids[r], c);
+    int64_t r = blockIdx.y, c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (c < W.cols) h[r * W.cols + c] = wget(W, 0, ids[r], c);
 }
-void cuk_embed(cudaStream_t st, const dw &W, const int32_t *ids, int T, float *h) { k_embed<<<T, 256, 0, st>>>(W, ids, h); }
+void cuk_embed(cudaStream_t st, const dw &W, const int32_t *ids, int T, float *h) {
+    if (T > 0) k_embed<<<dim3((unsigned)((W.cols + 255) / 256), (unsigned)T), 256, 0, st>>>(W, ids, h);
+}
 
 __global__ void k_rmsnorm(float *y, int64_t ldy, const float *x, int64_t ldx, const float *w, int n, double eps) {
     const float *xr = x + blockIdx.x * ldx;
@@ -625,11 +792,13 @@ __global__ void k_rmsnorm(float *y, int64_t ldy, const float *x, int64_t ldx, co
     for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = w[i] * (xr[i] * r);
 }
 void cuk_rmsnorm(cudaStream_t st, float *y, int64_t ldy, const float *x, int64_t ldx, const float *w, int n, int T, double eps) {
-    if (T > 0) k_rmsnorm<<<T, 256, 0, st>>>(y, ldy, x, ldx, w, n, eps);
+    if (T > 0) k_rmsnorm<<<T, 1024, 0, st>>>(y, ldy, x, ldx, w, n, eps);
 }
 
-/* h += a (+ b: a + b first), then y = rmsnorm(h): cuk_add(s) and cuk_rmsnorm in one pass */
-__global__ void k_add_rmsnorm(float *y, float *h, const float *a, const float *b, const float *w, int n, double eps) {
+/* h += a (+ b: a + b first), then y = rmsnorm(h): cuk_add(s) and cuk_rmsnorm in one pass. The
+ * pointers do not alias (else each step's loads would wait for the last step's store). */
+__global__ void k_add_rmsnorm(float *__restrict__ y, float *__restrict__ h, const float *__restrict__ a, const float *__restrict__ b,
+                              const float *__restrict__ w, int n, double eps) {
     float *hr = h + (int64_t)blockIdx.x * n, *yr = y + (int64_t)blockIdx.x * n;
     const float *ar = a + (int64_t)blockIdx.x * n, *br = b ? b + (int64_t)blockIdx.x * n : nullptr;
     double ss = 0;
@@ -643,7 +812,7 @@ __global__ void k_add_rmsnorm(float *y, float *h, const float *a, const float *b
     for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = w[i] * (hr[i] * r);
 }
 void cuk_add_rmsnorm(cudaStream_t st, float *y, float *h, const float *a, const float *b, const float *w, int n, int T, double eps) {
-    if (T > 0) k_add_rmsnorm<<<T, 256, 0, st>>>(y, h, a, b, w, n, eps);
+    if (T > 0) k_add_rmsnorm<<<T, 1024, 0, st>>>(y, h, a, b, w, n, eps);
 }
 
 __global__ void k_add(float *h, const float *y, int64_t n) {
