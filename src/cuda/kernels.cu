@@ -1090,7 +1090,7 @@ void cuk_mla_attn(cudaStream_t st, const float *q, const float *qt, float *S, in
     int64_t pstride = (int64_t)T * NH * ldS;
     dim3 g1((unsigned)((nmax + GT - 1) / GT), (unsigned)T, (unsigned)(hz * dsplit));
     k_attn_scores<<<g1, 256, 0, st>>>(q, qt, S, ldS, sel, ld_sel, seln, NH, Dn, Dr, Rkv, scale, l, ri, dsplit, dper, pstride);
-    k_attn_softmax<<<T * NH, 256, 0, st>>>(S, ldS, seln, NH, dsplit, pstride, scale);
+    k_attn_softmax<<<T * NH, 1024, 0, st>>>(S, ldS, seln, NH, dsplit, pstride, scale);
     if (nsplit < 1) nsplit = 1;
     int per = ((nmax + nsplit - 1) / nsplit + GK - 1) / GK * GK;
     dim3 g2((unsigned)((Rkv + GT - 1) / GT), (unsigned)T, (unsigned)(hz * nsplit));

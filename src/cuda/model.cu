@@ -705,6 +705,7 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
             cuk_gemm(st, G.eg, f.x, H, f.gb, I, ns, f.tiles, f.ntiles, mt, f.list, f.slot_x, m->tc);
             cuk_gemm(st, G.eu, f.x, H, f.ub, I, ns, f.tiles, f.ntiles, mt, f.list, f.slot_x, m->tc);
             cuk_silu_mul(st, f.gb, f.ub, (int64_t)ns * I);
+            PROF(P_EXPERTS);
             cuk_gemm(st, G.ed, f.gb, I, f.yk, H, ns, f.tiles, f.ntiles, mt, f.list, NULL, m->tc);
         }
         PROF(P_EXPERTS_DOWN);
