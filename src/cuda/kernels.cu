@@ -1,8 +1,8 @@
 /* kernels.cu: the CUDA kernels of the forward (declared in cu_kernels.h). Plain CUDA C++ for
  * sm_90a: f32 arithmetic throughout, weights dequantized as they are read (the formats of
  * src/quant/quant.h). Two product forms:
- *   GEMV  one warp per weight row, each lane 8 consecutive columns per step (one 4..32-byte
- *         load), up to 8 x rows per pass, a warp-shuffle sum: decode, at HBM speed;
+ *   GEMV  a warp per 4 weight rows, 16-byte loads per lane, up to 8 x rows per pass, a
+ *         warp-shuffle sum (the split and stream kernels of the GEMV section): decode;
  *   GEMM  64 x 64 output tiles through shared memory (each thread 4 x 4), over a list of rows
  *         so routed experts run grouped: prefill and large batches.
  * Within a form, a row's result never depends on the other rows of the call; the two forms
