@@ -903,11 +903,15 @@ TEST(kernels, dsa_scores_vs_ref) {
             for (int t = 0; t < n; t++) {
                 double o = 0, mag = 0;
                 int nan = 0;
-                for (int h = 0; h < Hi; h++) {
-                    double dd = 0;
-                    for (int d = 0; d < Di; d++) dd += (double)qt[(size_t)d * Hp + h] * k[(size_t)t * ks + d];
+                for (int h = 0; h < Hi; h++) { /* mag: the terms' size (a dot near 0 cancels, and may land either side of 0) */
+                    double dd = 0, ad = 0;
+                    for (int d = 0; d < Di; d++) {
+                        double p = (double)qt[(size_t)d * Hp + h] * k[(size_t)t * ks + d];
+                        dd += p, ad += fabs(p);
+                    }
                     if (dd != dd) nan = 1;
-                    if (dd > 0) o += w[h] * dd, mag += fabs(w[h] * dd);
+                    if (dd > 0) o += w[h] * dd;
+                    mag += fabs(w[h]) * ad;
                 }
                 if (nan) continue;
                 double e = fabs(s[t] - o) / (mag > 0 ? mag : 1);
