@@ -11,6 +11,7 @@
 #include "experts/xs.h"
 #include "io/convert.h"
 #include "io/pack.h"
+#include "kernels/kernels.h"
 #include "model/engine.h"
 #include "model/plan.h"
 #include "test.h"
@@ -255,7 +256,8 @@ TEST(plan, cli_json_and_text) {
     long mib = (long)(min >> 20) + 1; /* a few slots of the 32 */
     CHECK(stream_plan(e, (uint64_t)mib << 20, 0, 256, &p, &err) == 0 && p.xs.slots_per_layer < e->cfg.n_routed_experts);
     petrel_engine_close(e);
-    snprintf(cmd, sizeof cmd, "%s plan --model %s --mem-budget %ldM --ctx 256 --json --machine-cache %s --hit-rate 0.5", b, pk, mib, mc);
+    /* the scratch in the minimum grows with the threads: the CLI plans with this process's count */
+    snprintf(cmd, sizeof cmd, "%s plan --model %s --threads %d --mem-budget %ldM --ctx 256 --json --machine-cache %s --hit-rate 0.5", b, pk, kn_threads(), mib, mc);
     CHECK_MSG(test_sh(cmd, out, sizeof out, er, sizeof er) == 0, "%s", er);
     CHECK_EQ_INT(test_count_lines(out), 1);
     cJSON *j = cJSON_Parse(out);
@@ -270,7 +272,7 @@ TEST(plan, cli_json_and_text) {
     }
     /* the trained fixture has 32 experts: the shipped 256-expert trace cannot estimate it, and
      * plan says so instead of inventing a figure */
-    snprintf(cmd, sizeof cmd, "%s plan --model %s --mem-budget %ldM --ctx 256 --machine-cache %s", b, pk, mib, mc);
+    snprintf(cmd, sizeof cmd, "%s plan --model %s --threads %d --mem-budget %ldM --ctx 256 --machine-cache %s", b, pk, kn_threads(), mib, mc);
     CHECK_MSG(test_sh(cmd, out, sizeof out, er, sizeof er) == 0, "%s", er);
     CHECK_MSG(strstr(out, "hit rate    unknown") != NULL, "%s", out);
     CHECK(strstr(out, "decode      no prediction") != NULL);
