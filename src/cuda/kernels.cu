@@ -161,6 +161,51 @@ template <int QT> __device__ __forceinline__ void vals8(const uint4 r[2], int su
     }
 }
 
+/* One chunk of VAL columns at column c of every row against the TR x rows: the chunk's products
+ * summed unscaled (cd, columns ascending), then one scale per chunk into acc; the one chunk step of
+ * both GEMV kernels, so a row's arithmetic is the same in either. */
+template <int QT, int VAL, int TR, int RW>
+__device__ __forceinline__ void gv_chunk(const uint4 (&raw)[RW][2], const float (&sc)[RW], const float *const (&xr)[TR], int c, int ns, int xv,
+                                         float (&acc)[RW][TR]) {
+    constexpr int SCALED = QT == QQ8ROW || QT == QQ8G || QT == QQ4G;
+    float cd[RW][TR];
+#pragma unroll
+    for (int i = 0; i < RW; i++)
+#pragma unroll
+        for (int t = 0; t < TR; t++) cd[i][t] = 0.f;
+#pragma unroll
+    for (int sub = 0; sub < VAL / 8; sub++) {
+        float xv8[TR][8];
+#pragma unroll
+        for (int t = 0; t < TR; t++)
+            if (t < ns) {
+                const float *xp = xr[t] + c + 8 * sub;
+                if (xv) {
+                    float4 a = __ldg((const float4 *)xp), b = __ldg((const float4 *)(xp + 4));
+                    xv8[t][0] = a.x, xv8[t][1] = a.y, xv8[t][2] = a.z, xv8[t][3] = a.w;
+                    xv8[t][4] = b.x, xv8[t][5] = b.y, xv8[t][6] = b.z, xv8[t][7] = b.w;
+                } else {
+#pragma unroll
+                    for (int j = 0; j < 8; j++) xv8[t][j] = xp[j];
+                }
+            }
+#pragma unroll
+        for (int i = 0; i < RW; i++) {
+            float w[8];
+            vals8<QT>(raw[i], sub, w);
+#pragma unroll
+            for (int t = 0; t < TR; t++)
+                if (t < ns)
+#pragma unroll
+                    for (int j = 0; j < 8; j++) cd[i][t] = fmaf(w[j], xv8[t][j], cd[i][t]);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < RW; i++)
+#pragma unroll
+        for (int t = 0; t < TR; t++) acc[i][t] = SCALED ? fmaf(cd[i][t], sc[i], acc[i][t]) : acc[i][t] + cd[i][t];
+}
+
 template <int QT, int VAL, int TR, int FUSE>
 __global__ void __launch_bounds__(256, TR <= 2 ? 2 : 1) k_gemv_split(dw W, const uint8_t *d2, const float *s2, const float *__restrict__ x, int64_t ldx,
                                                  float *__restrict__ y, int64_t ldy, int n, int kp, const int32_t *slot_e,
@@ -212,42 +257,7 @@ __global__ void __launch_bounds__(256, TR <= 2 ? 2 : 1) k_gemv_split(dw W, const
             for (int u = 0; u < U; u++) {
                 int c = c0 + u * step;
                 if (c >= cols) break;
-                float cd[RW][TR];
-#pragma unroll
-                for (int i = 0; i < RW; i++)
-#pragma unroll
-                    for (int t = 0; t < TR; t++) cd[i][t] = 0.f;
-#pragma unroll
-                for (int sub = 0; sub < VAL / 8; sub++) {
-                    float xv8[TR][8];
-#pragma unroll
-                    for (int t = 0; t < TR; t++)
-                        if (t < ns) {
-                            const float *xp = xr[t] + c + 8 * sub;
-                            if (xv) {
-                                float4 a = __ldg((const float4 *)xp), b = __ldg((const float4 *)(xp + 4));
-                                xv8[t][0] = a.x, xv8[t][1] = a.y, xv8[t][2] = a.z, xv8[t][3] = a.w;
-                                xv8[t][4] = b.x, xv8[t][5] = b.y, xv8[t][6] = b.z, xv8[t][7] = b.w;
-                            } else {
-#pragma unroll
-                                for (int j = 0; j < 8; j++) xv8[t][j] = xp[j];
-                            }
-                        }
-#pragma unroll
-                    for (int i = 0; i < RW; i++) {
-                        float w[8];
-                        vals8<QT>(raw[u][i], sub, w);
-#pragma unroll
-                        for (int t = 0; t < TR; t++)
-                            if (t < ns)
-#pragma unroll
-                                for (int j = 0; j < 8; j++) cd[i][t] = fmaf(w[j], xv8[t][j], cd[i][t]);
-                    }
-                }
-#pragma unroll
-                for (int i = 0; i < RW; i++)
-#pragma unroll
-                    for (int t = 0; t < TR; t++) acc[i][t] = SCALED ? fmaf(cd[i][t], sc[u][i], acc[i][t]) : acc[i][t] + cd[i][t];
+                gv_chunk<QT, VAL, TR, RW>(raw[u], sc[u], xr, c, ns, xv, acc);
             }
         }
     } else {
@@ -332,47 +342,11 @@ __device__ __forceinline__ void gv_fetch(const dw &W, const uint8_t *b1, const u
 template <int QT, int VAL, int TR, int RW, int RO, int U, int FUSE>
 __device__ __forceinline__ void gv_consume(const dw &W, int64_t g, int it, int nit, int lane, const uint4 (&raw)[U][RW][2], const float (&sc)[U][RW],
                                            const float *const (&xr)[TR], int ns, int xv, float (&acc)[RW][TR], float *y, int64_t ldy, int s0) {
-    constexpr int SCALED = QT == QQ8ROW || QT == QQ8G || QT == QQ4G;
 #pragma unroll
     for (int u = 0; u < U; u++) {
         int c = lane * VAL + (it * U + u) * 32 * VAL;
         if (c >= W.cols) break;
-        float cd[RW][TR];
-#pragma unroll
-        for (int i = 0; i < RW; i++)
-#pragma unroll
-            for (int t = 0; t < TR; t++) cd[i][t] = 0.f;
-#pragma unroll
-        for (int sub = 0; sub < VAL / 8; sub++) {
-            float xv8[TR][8];
-#pragma unroll
-            for (int t = 0; t < TR; t++)
-                if (t < ns) {
-                    const float *xp = xr[t] + c + 8 * sub;
-                    if (xv) {
-                        float4 a = __ldg((const float4 *)xp), b = __ldg((const float4 *)(xp + 4));
-                        xv8[t][0] = a.x, xv8[t][1] = a.y, xv8[t][2] = a.z, xv8[t][3] = a.w;
-                        xv8[t][4] = b.x, xv8[t][5] = b.y, xv8[t][6] = b.z, xv8[t][7] = b.w;
-                    } else {
-#pragma unroll
-                        for (int j = 0; j < 8; j++) xv8[t][j] = xp[j];
-                    }
-                }
-#pragma unroll
-            for (int i = 0; i < RW; i++) {
-                float w[8];
-                vals8<QT>(raw[u][i], sub, w);
-#pragma unroll
-                for (int t = 0; t < TR; t++)
-                    if (t < ns)
-#pragma unroll
-                        for (int j = 0; j < 8; j++) cd[i][t] = fmaf(w[j], xv8[t][j], cd[i][t]);
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < RW; i++)
-#pragma unroll
-            for (int t = 0; t < TR; t++) acc[i][t] = SCALED ? fmaf(cd[i][t], sc[u][i], acc[i][t]) : acc[i][t] + cd[i][t];
+        gv_chunk<QT, VAL, TR, RW>(raw[u], sc[u], xr, c, ns, xv, acc);
     }
     if (it != nit - 1) return;
 #pragma unroll
