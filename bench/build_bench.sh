@@ -12,6 +12,7 @@ for f in src/base/pool.c src/base/err.c src/kernels/dispatch.c src/kernels/ref.c
 done
 for f in src/kernels/*_avx2.c; do ${CC:-gcc} $CF -mavx2 -mfma -mf16c -c $f -o "$O/$(basename $f .c).o"; done
 for f in src/kernels/*_avx512.c; do ${CC:-gcc} $CF $A512 -c $f -o "$O/$(basename $f .c).o"; done
+for f in src/kernels/*_amx.c; do ${CC:-gcc} $CF $A512 -mamx-tile -mamx-int8 -mamx-bf16 -c $f -o "$O/$(basename $f .c).o"; done
 ar rcs "$O/libk.a" "$O"/*.o
 ${CC:-gcc} $CF -mavx512f bench/kernels_bench.c "$O/libk.a" -lm -o "$O/kernels_bench"
 ${CC:-gcc} $CF tests/runner.c tests/test_kernels.c tests/test_quant.c "$O/libk.a" -lm -o "$O/ktests"

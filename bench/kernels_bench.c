@@ -17,13 +17,16 @@
  * BENCH_R16=1: weights repacked to the row-interleaved layout (PT_LAYOUT_R16) first.
  * Attention (BENCH_ONLY=attn): the exact f32 attention core of one decode row (64 heads x
  * BENCH_N keys, default 512) against the kn_matmul products it replaced.
+ * DSA (BENCH_ONLY=dsa): the lightning indexer's scores (kn_dsa) of one query row over BENCH_N cached
+ * keys (default 4096; GLM-5.2's 32 heads x 128) on one thread, GMAC/s beside one core's f32 FMA
+ * peak (24 independent fma chains).
  * AMX (BENCH_ONLY=amx, a CPU with AMX-INT8): the measured AMX int8 peak (TDPBSSD on register
  * tiles, one thread and all threads), then R16 products at BENCH_N rows (default 512) and the
  * routed-expert prefill (64 cold q4 experts, 32 per kn_matmul_many) at 4..64 rows per expert,
  * each as isa avx512 and isa amx in alternation, as GMAC/s and as a fraction of the all-thread
  * peak; the rows where amx overtakes avx512 give KN_AMX_MIN_ROWS. bf16 [2048 x 6144] under
  * amx-bf16 too (not exact).
- * Env: BENCH_ONLY=decode|prefill|dispatch|experts|attn|amx, BENCH_ISA=avx2|scalar, BENCH_ACTQ=0|1 (int8
+ * Env: BENCH_ONLY=decode|prefill|dispatch|experts|attn|dsa|amx, BENCH_ISA=avx2|scalar, BENCH_ACTQ=0|1 (int8
  * activations: 0 off, 1 q4, 2 q4+q8 (default here)), BENCH_Q=q4_g64,... (formats to run). */
 #include <immintrin.h>
 #include <stdio.h>
@@ -328,6 +331,46 @@ static void bench_attn(int N) {
 }
 
 
+/* ---- DSA indexer scores (BENCH_ONLY=dsa) ---- */
+__attribute__((target("avx512f"))) static double fma_peak_1core(void) {
+    __m512 a[24], m = _mm512_set1_ps(0.999f), b = _mm512_set1_ps(1e-3f);
+    for (int i = 0; i < 24; i++) a[i] = _mm512_set1_ps((float)i);
+    const long it = 20000000;
+    double t0 = now();
+    for (long k = 0; k < it; k++) {
+#pragma GCC unroll 24
+        for (int i = 0; i < 24; i++) a[i] = _mm512_fmadd_ps(a[i], m, b);
+        __asm__ volatile("" : "+v"(m));
+    }
+    double t = now() - t0;
+    __m512 s = a[0];
+    for (int i = 1; i < 24; i++) s = _mm512_add_ps(s, a[i]);
+    volatile float sink = _mm512_reduce_add_ps(s);
+    (void)sink;
+    return 16.0 * 24 * it / t; /* multiply-adds per second */
+}
+
+static void bench_dsa(int n) {
+    const int Hi = 32, Di = 128, Hp = kn_dsa_heads(Hi);
+    float *qt = calloc((size_t)Di * Hp, 4), *w = calloc((size_t)Hp, 4), *k = malloc(sizeof(float) * (size_t)n * Di), *sc = malloc(sizeof(float) * (size_t)n);
+    for (int i = 0; i < Di * Hp; i++) qt[i] = (float)rnd() / 4294967296.0f - 0.5f;
+    for (int h = 0; h < Hi; h++) w[h] = (float)rnd() / 4294967296.0f;
+    for (size_t i = 0; i < (size_t)n * Di; i++) k[i] = (float)rnd() / 4294967296.0f - 0.5f;
+    kn_dsa a = {Hp, Di, qt, w, k, Di, n, sc};
+    kt_dsa_scores(kn_default(), &a);
+    double best = 1e9;
+    for (int round = 0; round < 30; round++) {
+        double t0 = now();
+        kt_dsa_scores(kn_default(), &a);
+        double t = now() - t0;
+        if (t < best) best = t;
+    }
+    double macs = (double)n * Hi * Di / best, peak = fma_peak_1core();
+    printf("dsa scores, %d heads x %d over %d keys, one thread: %.3f ms = %.1f GMAC/s, %.0f %% of one core's f32 FMA peak (%.1f GMAC/s)\n", Hi, Di, n,
+           best * 1e3, macs * 1e-9, 100.0 * macs / peak, peak * 1e-9);
+    free(qt); free(w); free(k); free(sc);
+}
+
 /* ---- AMX (BENCH_ONLY=amx) ---- */
 /* MAC/s: one thread and all pool threads' count at once (kn_amx_peak_macs: a thread each); best of 3. */
 static void amx_peak(double *one, double *all) {
@@ -472,6 +515,10 @@ int main(int argc, char **argv) {
     if (only && !strcmp(only, "attn")) {
         int n = getenv("BENCH_N") ? atoi(getenv("BENCH_N")) : 512;
         bench_attn(n);
+        return 0;
+    }
+    if (only && !strcmp(only, "dsa")) {
+        bench_dsa(getenv("BENCH_N") ? atoi(getenv("BENCH_N")) : 4096);
         return 0;
     }
     if (only && !strcmp(only, "amx")) {
