@@ -255,7 +255,7 @@ static int absorbed(petrel_session *s, int l, const layer_w *lw, const float *q,
     for (int r = 0, k = 0; r < T; r++) {
         if (m > 1 && k < m && rows[k] == r) { k++; continue; } /* done above */
         gs[ng] = s, gr[ng++] = r;
-        if (ng == FWD_ROWS_GROUP || r == T - 1) {
+        if (ng == FWD_ROWS_GROUP) {
             PT_TRY(mla_attention_rows(s, l, lw, gs, gr, ng, q, sel, sel_n, sel_stride, out, err));
             ng = 0;
         }
