@@ -97,9 +97,16 @@ void cli_progress_fn(void *user, long long done, long long total);
     "  --lora-merge         merge the adapters into the weights at open (f32/bf16 models, resident\n" \
     "                       experts): exact and faster to decode, but every session gets them\n" \
     "  --device D           where the forward runs: cpu (default), cuda or cuda:N (a build with\n" \
-    "                       `make cuda`: build/petrel-cuda; every weight resident in GPU memory)\n" \
+    "                       `make cuda`: build/petrel-cuda; weights in GPU memory, routed experts\n" \
+    "                       that do not fit in HBM slots over host RAM over the SSD)\n" \
     "  --vram-budget SIZE   GPU memory the weights, caches and scratch may take (default: the\n" \
-    "                       GPU's free memory less 1 GiB)\n"
+    "                       GPU's free memory less 1 GiB)\n" \
+    "  --vram-expert-slots N  routed experts kept in GPU memory per MoE layer (default: all when\n" \
+    "                       they fit, else what --vram-budget leaves); the rest are copied from\n" \
+    "                       the host as routed (with --mem-budget: from the expert store)\n" \
+    "  --host-experts auto|off  with routed experts off the GPU: auto splits a decode step's\n" \
+    "                       misses between copies and the host CPU computing them (a measured cost\n" \
+    "                       model; results then match to float rounding, not bitwise); off (default)\n"
 
 #define CLI_CMD(name) int cmd_##name(int argc, char **argv)
 CLI_CMD(info);

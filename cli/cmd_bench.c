@@ -739,10 +739,12 @@ CLI_CMD(bench) {
     if (!rc && (!step_ms || !step_bw || !step_ratio || !bw_buf)) rc = cli_fail("bench: out of memory");
     if (!rc) plan_bw_pass(bw_buf, bw_n, threads); /* page-in */
     xs_stats xs0 = {0}, xs1 = {0};
+    cu_tier_stats ct0 = {0}, ct1 = {0};
     for (int k = 0; !rc && k < 2 + steps; k++) { /* ctx + 2 + steps tokens in all */
         if (k == 2) {
             memset(&s->stats, 0, sizeof s->stats);
             if (eng->xs) xs_store_stats(eng->xs, &xs0);
+            if (eng->cu) cu_model_tier_stats(eng->cu, &ct0);
             if (profile && eng->cu) cu_model_profile(eng->cu, 1);
         }
         if (k >= 2 && eng->cu) step_bw[k - 2] = cu_hbm_probe(eng->cu, 1ull << 30); /* on the GPU: HBM */
@@ -760,6 +762,7 @@ CLI_CMD(bench) {
     }
     /* the single session's store statistics end here, before any batched steps */
     if (eng->xs) xs_store_stats(eng->xs, &xs1);
+    if (eng->cu) cu_model_tier_stats(eng->cu, &ct1);
     if (profile && eng->cu && !rc) {
         char rep[2048];
         cu_model_profile_report(eng->cu, rep, sizeof rep);
@@ -830,9 +833,29 @@ CLI_CMD(bench) {
             printf("ssd read bandwidth: %.2f GB/s = the better of a probe (%.2f GB/s: O_DIRECT, random pieces of expert records, 16 in flight like the store, best of one before and one after decode) and the store's own reads during decode (%.2f GB/s while busy); floor = max(%.2f ms SSD, %.2f ms memory)\n",
                    ssd_gbs, ssd_probe_gbs, ssd_seen_gbs, ssd_ms, (double)bytes_tok / (bw * 1e9) * 1e3);
         }
+        /* the GPU's expert tiers: what came over PCIe per token, against the link's measured
+         * bandwidth (pinned host memory to HBM) */
+        double pcie_gbs = 0, pcie_ms = 0, tier_hit = 1, tier_mb = 0, tier_copies = 0, tier_copy_ms = 0, tier_host = 0;
+        if (ct1.slots) {
+            pcie_gbs = cu_h2d_probe(eng->cu, 256ull << 20);
+            uint64_t uses = ct1.uses - ct0.uses, copies = ct1.copies - ct0.copies;
+            tier_mb = (double)(ct1.bytes - ct0.bytes) / 1e6 / (double)steps;
+            tier_copies = (double)copies / (double)steps;
+            tier_copy_ms = (double)(ct1.copy_ns - ct0.copy_ns) / 1e6 / (double)steps;
+            pcie_ms = pcie_gbs > 0 ? tier_mb * 1e6 / (pcie_gbs * 1e9) * 1e3 : 0;
+            double host_x = (double)(ct1.host - ct0.host) / (double)steps, host_ms = (double)(ct1.host_ns - ct0.host_ns) / 1e6 / (double)steps;
+            tier_hit = uses ? (double)(ct1.hits - ct0.hits) / (double)uses : 1;
+            printf("GPU expert tiers: %d HBM slots/layer; HBM hit rate %.1f%%, %.1f experts/token copied from the host (%.1f MB), %.2f ms/token issuing%s "
+                   "them; %.1f experts/token computed on the host CPU instead (%.2f ms/token); the link: %.1f GB/s (pinned host to HBM, probed); "
+                   "PCIe floor %.2f ms/token\n",
+                   ct1.slots, 100 * tier_hit, tier_copies, tier_mb, tier_copy_ms, eng->xs ? ", reading and waiting for" : "", host_x, host_ms, pcie_gbs, pcie_ms);
+            tier_host = host_x;
+            if (pcie_ms > floor_ms) floor_ms = pcie_ms;
+        }
         /* per step: its time over the floor of its moment (memory floor from the probe right
-         * before it; the SSD floor from the run's SSD probe) */
+         * before it; the SSD floor from the run's SSD probe; the GPU tiers' PCIe floor) */
         double ssd_floor_ms = eng->xs && ssd_gbs > 0 ? miss_bytes_tok / (ssd_gbs * 1e9) * 1e3 : 0;
+        if (pcie_ms > ssd_floor_ms) ssd_floor_ms = pcie_ms;
         for (long i = 0; i < steps; i++) {
             double f = (double)bytes_tok / (step_bw[i] * 1e9) * 1e3;
             step_ratio[i] = step_ms[i] / (f > ssd_floor_ms ? f : ssd_floor_ms);
@@ -882,6 +905,10 @@ CLI_CMD(bench) {
             for (int p = 0; p < FS_COUNT; p++) printf("%s\"%s\": %.4f", p ? ", " : "", fwd_part_names[p], br.part_ms[p]);
             printf("}");
             if (route_pol >= 0) printf(", \"route_replay_hit_rate\": %.5f, \"route_replay_belady\": %.5f", route_pol, route_bel);
+            if (ct1.slots)
+                printf(", \"gpu_expert_slots\": %d, \"gpu_hbm_hit_rate\": %.5f, \"gpu_copies_per_token\": %.3f, \"gpu_copy_mb_per_token\": %.3f, "
+                       "\"gpu_copy_ms_per_token\": %.4f, \"gpu_host_experts_per_token\": %.3f, \"pcie_gbs\": %.3f",
+                       ct1.slots, tier_hit, tier_copies, tier_mb, tier_copy_ms, tier_host, pcie_gbs);
             printf(", \"prefill_breakdown_ms\": {");
             for (int p = 0; p < FS_COUNT; p++) printf("%s\"%s\": %.3f", p ? ", " : "", fwd_part_names[p], (double)pst.ns[p] / 1e6);
             printf("}, \"cpu_amx\": %s, \"device\": \"", cpu_has_amx() ? "true" : "false");

@@ -96,14 +96,23 @@ static int kernel_opt(int argc, char **argv, int *i, cli_model_opts *mo) {
     const char *a = argv[*i];
     int aq = !strcmp(a, "--act-quant"), rl = !strcmp(a, "--relayout"), isa = !strcmp(a, "--isa");
     int kvt = !strcmp(a, "--kv-type"), kvs = !strcmp(a, "--kv-size");
-    int dev = !strcmp(a, "--device"), vram = !strcmp(a, "--vram-budget");
-    if (!aq && !rl && !isa && !kvt && !kvs && !dev && !vram) return 0;
+    int dev = !strcmp(a, "--device"), vram = !strcmp(a, "--vram-budget"), vslots = !strcmp(a, "--vram-expert-slots");
+    int hexp = !strcmp(a, "--host-experts");
+    if (!aq && !rl && !isa && !kvt && !kvs && !dev && !vram && !vslots && !hexp) return 0;
     if (*i + 1 >= argc) { cli_fail("%s needs a value", a); return -1; }
     const char *v = argv[++*i];
     if (dev) {
         mo->open.device = v; /* checked by the engine's open before it loads anything */
     } else if (vram) {
         if (cli_opt_size(NULL, "--vram-budget", v, 1, CLI_SIZE_MAX, &mo->open.vram_budget)) return -1;
+    } else if (hexp) {
+        if (!strcmp(v, "auto")) mo->open.host_experts = 1;
+        else if (!strcmp(v, "off")) mo->open.host_experts = 0;
+        else { cli_fail("--host-experts: \"%s\" is not auto or off", v); return -1; }
+    } else if (vslots) {
+        long n;
+        if (cli_opt_count(NULL, "--vram-expert-slots", v, 1, 1 << 16, &n)) return -1;
+        mo->open.vram_expert_slots = (int)n;
     } else if (kvt) {
         if (strcmp(v, "f32") && strcmp(v, "bf16") && strcmp(v, "int8") && strcmp(v, "auto")) {
             cli_fail("--kv-type: \"%s\" is not one of f32, bf16, int8, auto", v);

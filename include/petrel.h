@@ -106,9 +106,15 @@ typedef struct petrel_open_opts {
      * binary built with `make cuda`: every weight resident in HBM, each session's latent cache
      * there too; see src/cuda/cu.h for what the GPU path does not run yet). vram_budget: bytes
      * of GPU memory the weights, caches and scratch may take; 0 = the GPU's free memory less
-     * 1 GiB. */
+     * 1 GiB. Routed experts that do not fit it (or that the host streams under mem_budget)
+     * live in tiers: vram_expert_slots per MoE layer in HBM (0: as many as the budget leaves)
+     * over the host's RAM over the SSD. host_experts 1: a decode step's misses are split
+     * between copies to the GPU and the host CPU computing them (a measured cost model; the
+     * host's results agree with the GPU's to float rounding, not bitwise); 0 (default): copied. */
     const char *device;
     uint64_t vram_budget;
+    int vram_expert_slots;
+    int host_experts;
 } petrel_open_opts;
 
 /* Opens a model folder (Hugging Face checkpoint) or file. */

@@ -13,9 +13,10 @@
  * weights run on tensor cores with bf16 operands (open option act_quant -1, --act-quant off:
  * exact there too), like the CPU's int8 activations for q4.
  * FP8 block-scaled weights are expanded to f32 at upload (exact, 4 bytes a weight).
+ * Routed experts that do not fit HBM live in tiers: HBM slots over the host's RAM over the
+ * pack on the SSD (cu_model_open).
  * Not yet on the GPU (refused with a line saying so): the MTP layer, LoRA adapters,
- * row-interleaved (r16) packs, expert streaming (a memory budget), bf16/int8 KV pages,
- * session files and shared prefixes. */
+ * bf16/int8 KV pages, session files and shared prefixes. */
 #ifndef PETREL_CUDA_CU_H
 #define PETREL_CUDA_CU_H
 #include <stdint.h>
@@ -35,14 +36,30 @@ typedef struct cu_kv cu_kv;       /* one session's latent cache in HBM */
 int cu_device_count(void);
 /* 1 when this binary was built with the CUDA backend. */
 int cu_built(void);
-/* Uploads every weight of the engine (which must be fully resident) to GPU `device`; the
- * VRAM the weights, KV and scratch may take is vram_budget (0: the device's free memory less
- * 1 GiB). Refuses what the GPU path does not handle yet with one line. */
-int cu_model_open(const struct petrel_engine *e, int device, uint64_t vram_budget, cu_model **out, petrel_error *err);
+/* Uploads the engine's weights to GPU `device`; the VRAM the weights, KV and scratch may take
+ * is vram_budget (0: the device's free memory less 1 GiB). The routed experts go to HBM whole
+ * when they fit and the host holds them all; otherwise (they do not fit, the engine streams
+ * them under a memory budget, or vram_expert_slots > 0 asks for that many per layer) each MoE
+ * layer gets HBM slots over the host's tiers (RAM, the store's SSD reads): tiers.cu;
+ * host_experts 1: misses of decode-sized chunks may be computed on the host CPU instead of
+ * copied (a cost model splits them; float-rounding close to the GPU's, not bitwise). Refuses
+ * what the GPU path does not handle yet with one line. */
+int cu_model_open(const struct petrel_engine *e, int device, uint64_t vram_budget, int vram_expert_slots, int host_experts, cu_model **out,
+                  petrel_error *err);
 void cu_model_close(cu_model *m);
 /* One line: "NVIDIA H200 (cuda:0, 139.8 GiB), weights 2.31 GB in HBM". */
 const char *cu_model_describe(const cu_model *m);
 uint64_t cu_model_weight_bytes(const cu_model *m);
+/* The expert tiers' counters since open (all zero when every expert is in HBM): per MoE layer
+ * of a forward, `uses` distinct experts ran, `hits` of them were in an HBM slot, the rest were
+ * copied from the host (`bytes` over PCIe, `copy_ns` of host time issuing and waiting for
+ * them); `waves`: layer passes that needed more than one wave of slots; `host` misses were
+ * computed on the host CPU instead (host_experts), taking `host_ns`. uses = hits + copies + host. */
+typedef struct cu_tier_stats {
+    int slots;              /* HBM slots per MoE layer (0: not tiered) */
+    uint64_t uses, hits, copies, bytes, copy_ns, waves, host, host_ns;
+} cu_tier_stats;
+void cu_model_tier_stats(const cu_model *m, cu_tier_stats *out);
 /* A session's cache for positions 0 .. cap-1 (every layer's c, k_pe and indexer keys, f32). */
 int cu_kv_create(cu_model *m, int cap, cu_kv **out, petrel_error *err);
 void cu_kv_free(cu_kv *k);
@@ -65,6 +82,9 @@ int cu_forward(cu_model *m, const cu_seg *seg, int nseg, const int32_t *ids, int
 /* HBM read bandwidth in GB/s: the best of 3 passes of a read kernel over `bytes` of device
  * memory (0 on failure). For benchmarks' floors. */
 double cu_hbm_probe(cu_model *m, uint64_t bytes);
+/* Host-to-GPU copy bandwidth in GB/s: the best of 3 copies of `bytes` from pinned host memory
+ * (0 on failure). For the expert tiers' PCIe floor. */
+double cu_h2d_probe(cu_model *m, uint64_t bytes);
 /* Kernel-time profile (benchmarks, `petrel bench --profile`): while on, every forward times its
  * parts with events on the stream (a little slower); the report is one line per part with its
  * milliseconds summed since profiling was turned on. */

@@ -111,4 +111,12 @@ void cuk_count_union(cudaStream_t st, const int32_t *idx, int n, int32_t *mark, 
 /* a read of n 16-byte words (the bandwidth probe); the xor of all lands in *sink */
 void cuk_read(cudaStream_t st, const uint4 *p, size_t n, unsigned int *sink);
 void cuk_moe_combine(cudaStream_t st, const float *yk, const int32_t *idx, const float *wts, int T, int K, int H, float *out);
+/* The expert tiers' copies (tiers.cu): one weight's raw host bytes, already in HBM (raw_d: the
+ * row-interleaved data, NULL when the data went straight to d; raw_s: the scales in their
+ * stored dtype, sdt 0 f32 / 1 bf16 / 2 f16, scale_cols per row (or per 16-row block, r16)),
+ * into a slot's plain layout d and f32 scales s [rows][sc]. */
+void cuk_unpack(cudaStream_t st, int qt, int r16, const uint8_t *raw_d, const void *raw_s, int sdt, int64_t rows, int64_t rb, int64_t scale_cols,
+                int64_t sc, uint8_t *d, float *s);
+/* dst[pos[j]] = src[j], rows of n floats, j < m */
+void cuk_scatter_rows(cudaStream_t st, const float *src, int m, int64_t n, const int32_t *pos, float *dst);
 #endif

@@ -1335,3 +1335,53 @@ __global__ void k_read(const uint4 *p, size_t n, unsigned int *sink) {
     if (x == 0x9e3779b9u) atomicXor(sink, x); /* never true for zeroed memory: keeps the loads */
 }
 void cuk_read(cudaStream_t st, const uint4 *p, size_t n, unsigned int *sink) { k_read<<<132 * 8, 512, 0, st>>>(p, n, sink); }
+
+/* ---- the expert tiers' copies (tiers.cu) ---- */
+
+/* scales: one thread an entry of [rows][sc] */
+__global__ void k_unpack_scales(const void *raw, int sdt, int r16, int64_t rows, int64_t scale_cols, int64_t sc, float *s) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= rows * sc) return;
+    int64_t r = i / sc, g = i % sc;
+    int64_t j = r16 ? ((r / 16) * scale_cols + g) * 16 + r % 16 : r * scale_cols + g;
+    float v;
+    if (sdt == QF32) v = ((const float *)raw)[j];
+    else if (sdt == QBF16) v = __uint_as_float((uint32_t)((const uint16_t *)raw)[j] << 16);
+    else v = __half2float(((const __half *)raw)[j]);
+    s[i] = v;
+}
+/* row-interleaved data (PT_LAYOUT_R16, quant/qtypes.h) into the plain layout: one thread an
+ * output byte (q8: w + 128 -> int8 w; q4: two columns' nibbles, w + 8 kept) */
+__global__ void k_unpack_r16(const uint8_t *raw, int q4, int64_t rows, int64_t rb, uint8_t *d) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= rows * rb) return;
+    int64_t r = i / rb, ob = i % rb;
+    const uint8_t *blk = raw + (r / 16) * 16 * rb + (r % 16) * 4;
+    if (!q4) {
+        int64_t g = ob / 32, w = ob % 32;
+        d[i] = (uint8_t)(blk[g * 512 + (w / 4) * 64 + w % 4] ^ 0x80);
+        return;
+    }
+    uint8_t out = 0;
+    for (int h = 0; h < 2; h++) {
+        int64_t c = 2 * ob + h, g = c / 64, w = c % 64, w8 = w % 8;
+        uint8_t b = blk[g * 512 + (w / 8) * 64 + (w8 & 3)];
+        out |= (uint8_t)(((w8 >= 4) ? b >> 4 : b & 15) << (4 * h));
+    }
+    d[i] = out;
+}
+void cuk_unpack(cudaStream_t st, int qt, int r16, const uint8_t *raw_d, const void *raw_s, int sdt, int64_t rows, int64_t rb, int64_t scale_cols,
+                int64_t sc, uint8_t *d, float *s) {
+    if (raw_d && r16) k_unpack_r16<<<(unsigned)((rows * rb + 255) / 256), 256, 0, st>>>(raw_d, qt == QQ4G, rows, rb, d);
+    if (raw_s && sc) k_unpack_scales<<<(unsigned)((rows * sc + 255) / 256), 256, 0, st>>>(raw_s, sdt, r16, rows, scale_cols, sc, s);
+}
+
+__global__ void k_scatter_rows(const float *src, int64_t n, const int32_t *pos, float *dst) {
+    int j = blockIdx.y;
+    const float *a = src + (int64_t)j * n;
+    float *b = dst + (int64_t)pos[j] * n;
+    for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < n; c += (int64_t)gridDim.x * blockDim.x) b[c] = a[c];
+}
+void cuk_scatter_rows(cudaStream_t st, const float *src, int m, int64_t n, const int32_t *pos, float *dst) {
+    if (m > 0) k_scatter_rows<<<dim3((unsigned)((n + 255) / 256 < 64 ? (n + 255) / 256 : 64), (unsigned)m), 256, 0, st>>>(src, n, pos, dst);
+}

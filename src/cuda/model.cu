@@ -13,80 +13,20 @@
 #include <string.h>
 
 extern "C" {
-#include "base/err.h"
-#include "model/engine.h"
 #include "model/ops.h"
 #include "quant/quant.h"
 }
-#include "cuda/cu.h"
-#include "cuda/cu_kernels.h"
+#include "cuda/cu_model.h"
 
-#define CU_ROWS 256      /* rows per chunk of a forward */
-#define CU_EXP_GEMV 64   /* routed choices per chunk up to which experts take the GEMV form */
-#define PIN_BYTES ((size_t)CU_ROWS * 64) /* the rows' ids, flags, row info, logits rows */
-
-enum { P_EMBED, P_ATTN_PROJ, P_INDEXER, P_HEADS, P_ATTN_CORE, P_O_PROJ, P_DENSE, P_ROUTER, P_EXPERTS, P_EXPERTS_DOWN, P_COMBINE, P_SHARED, P_HEAD,
-       P_COPY, PROF_PARTS };
 static const char *const prof_names[PROF_PARTS] = {"embed", "attention projections + norms", "indexer + top-k", "head products (W_UK, W_UV)",
                                                    "attention core (scores, softmax, P C)", "o_proj + residual + norm", "dense mlp",
                                                    "router", "routed experts: gate, up", "routed experts: down", "routed experts: combine",
                                                    "shared expert + residual + norm", "lm_head", "copies"};
-#define PROF_EVENTS 1024
-
-struct cu_layer {
-    float *in_norm, *post_norm, *q_a_norm, *kv_a_norm;
-    dw q_a, q_b, kv_a, kv_b, o;
-    dw uk_t; /* [NH][Rkv][Dn] f32: W_UK^T per head, for the GEMV form of q~ (decode) */
-    int has_idx;
-    dw iq, ik, iwp;
-    float *ik_w, *ik_b;
-    int is_moe;
-    dw gate, up, down, router;
-    float *bias;
-    dw eg, eu, ed;
-    int has_shared;
-    dw sg, su, sd;
-};
-
-struct cu_model {
-    const petrel_config *c;
-    int dev;
-    cudaStream_t st;
-    pthread_mutex_t mu;
-    cu_layer *L;
-    dw embed, head;
-    float *norm;
-    void **allocs;
-    int n_allocs, cap_allocs;
-    uint64_t budget, used, wbytes;
-    float *rope_cos, *rope_sin; /* [rope_cap][Dr/2] */
-    int32_t *heads;             /* [8 * NH]: i % NH (the head products' GEMV slots, up to 8 rows) */
-    int rope_cap;
-    uint8_t *scr;               /* the forward's scratch (grown on demand) */
-    size_t scr_cap;
-    char desc[256];
-    /* the profile (cu_model_profile): events between the parts of a forward, and their sums */
-    int tc; /* products of more than 8 rows on tensor cores (bf16 operands) for q4/q8/bf16 weights:
-               the engine's act_quant is not -1 (exact f32 activations) */
-    int prof, n_ev;
-    cudaEvent_t ev[PROF_EVENTS];
-    int ev_part[PROF_EVENTS];
-    double prof_ms[PROF_PARTS];
-    /* pinned staging for the rows' small arrays */
-    uint8_t *pin;
-};
-
-struct cu_kv {
-    cu_model *m;
-    float *kv, *ix;
-    int cap;
-};
-
-static int cu_fail(petrel_error *err, cudaError_t rc, const char *what) {
+int cu_fail(petrel_error *err, cudaError_t rc, const char *what) {
     return pt_err(err, rc == cudaErrorMemoryAllocation ? PETREL_ENOMEM : PETREL_EIO, "cuda: %s: %s", what, cudaGetErrorString(rc));
 }
 
-static void *dalloc(cu_model *m, size_t bytes, const char *what, petrel_error *err) {
+void *dalloc(cu_model *m, size_t bytes, const char *what, petrel_error *err) {
     if (bytes == 0) bytes = 16;
     if (m->budget && m->used + bytes > m->budget) {
         pt_err(err, PETREL_ENOMEM, "cuda: %s (%.2f GB) does not fit the VRAM budget: %.2f of %.2f GB taken", what, bytes / 1e9, m->used / 1e9,
@@ -301,11 +241,6 @@ static int up_layer(cu_model *m, const layer_w *lw, int l, cu_layer *G, petrel_e
     } else {
         PT_TRY(UPW(router, router));
         PT_TRY(up_vec(m, lw->e_score_correction_bias, c->n_routed_experts, &G->bias, err));
-        int E = c->n_routed_experts;
-        snprintf(nm, sizeof nm, "layer %d routed experts", l);
-        PT_TRY(up_stack(m, lw->exp_gate, E, nm, &G->eg, err));
-        PT_TRY(up_stack(m, lw->exp_up, E, nm, &G->eu, err));
-        PT_TRY(up_stack(m, lw->exp_down, E, nm, &G->ed, err));
         G->has_shared = lw->has_shared;
         if (lw->has_shared) {
             PT_TRY(UPW(sg, sh_gate));
@@ -315,6 +250,16 @@ static int up_layer(cu_model *m, const layer_w *lw, int l, cu_layer *G, petrel_e
     }
 #undef UPW
     return 0;
+}
+
+/* layer l's routed experts, all of them, stacked (the model is not tiered) */
+static int up_experts(cu_model *m, const layer_w *lw, int l, cu_layer *G, petrel_error *err) {
+    char nm[96];
+    int E = m->c->n_routed_experts;
+    snprintf(nm, sizeof nm, "layer %d routed experts", l);
+    PT_TRY(up_stack(m, lw->exp_gate, E, nm, &G->eg, err));
+    PT_TRY(up_stack(m, lw->exp_up, E, nm, &G->eu, err));
+    return up_stack(m, lw->exp_down, E, nm, &G->ed, err);
 }
 
 extern "C" void cu_model_close(cu_model *m) {
@@ -327,13 +272,15 @@ extern "C" void cu_model_close(cu_model *m) {
     if (m->st) cudaStreamDestroy(m->st);
     for (int i = 0; i < PROF_EVENTS && m->prof; i++) cudaEventDestroy(m->ev[i]);
     if (m->pin) cudaFreeHost(m->pin);
+    cut_close(m);
     free(m->allocs);
     free(m->L);
     pthread_mutex_destroy(&m->mu);
     free(m);
 }
 
-extern "C" int cu_model_open(const petrel_engine *e, int device, uint64_t vram_budget, cu_model **out, petrel_error *err) {
+extern "C" int cu_model_open(const petrel_engine *e, int device, uint64_t vram_budget, int vram_expert_slots, int host_experts, cu_model **out,
+                             petrel_error *err) {
     *out = NULL;
     int nd = cu_device_count();
     if (nd <= 0) return pt_err(err, PETREL_EUNSUPPORTED, "--device cuda: no CUDA GPU is visible to this process");
@@ -345,7 +292,7 @@ extern "C" int cu_model_open(const petrel_engine *e, int device, uint64_t vram_b
     cu_model *m = (cu_model *)calloc(1, sizeof *m);
     if (!m) return pt_err(err, PETREL_ENOMEM, "out of memory");
     pthread_mutex_init(&m->mu, NULL);
-    m->c = c, m->dev = device;
+    m->e = e, m->c = c, m->dev = device;
     m->tc = e->kt.act_quant != 0;
     cudaError_t rc = cudaSetDevice(device);
     if (rc != cudaSuccess) {
@@ -378,13 +325,18 @@ extern "C" int cu_model_open(const petrel_engine *e, int device, uint64_t vram_b
         free(hh);
     }
     for (int l = 0; l < L && !r; l++) r = up_layer(m, &w->layers[l], l, &m->L[l], err);
+    int tiered = 0;
+    if (!r) r = cut_open(m, vram_expert_slots, host_experts, &tiered, err);
+    for (int l = 0; l < L && !r && !tiered; l++)
+        if (m->L[l].is_moe) r = up_experts(m, &w->layers[l], l, &m->L[l], err);
     if (r) {
         cu_model_close(m);
         return r;
     }
     cudaDeviceProp p;
     cudaGetDeviceProperties(&p, device);
-    snprintf(m->desc, sizeof m->desc, "%.120s (cuda:%d, %.1f GiB), weights %.2f GB in HBM", p.name, device, tot / 1073741824.0, m->wbytes / 1e9);
+    int dn = snprintf(m->desc, sizeof m->desc, "%.120s (cuda:%d, %.1f GiB), weights %.2f GB in HBM", p.name, device, tot / 1073741824.0, m->wbytes / 1e9);
+    if (m->tiers && dn > 0 && (size_t)dn < sizeof m->desc) cut_describe(m, m->desc + dn, sizeof m->desc - (size_t)dn);
     *out = m;
     return 0;
 }
@@ -485,16 +437,7 @@ extern "C" int cu_kv_copy(cu_model *m, cu_kv *dst, const cu_kv *src, int n, petr
 
 /* ---- the forward ---- */
 
-/* the scratch of one chunk, carved from m->scr (a sizing pass first: base NULL) */
-typedef struct fscr {
-    int32_t *ids, *always, *sel, *seln, *idx, *slot_x, *list, *tiles, *ntiles, *mark;
-    unsigned long long *count;
-    cu_rowinfo *ri;
-    float *h, *x, *y, *qa, *q, *kva, *o, *qt, *lat, *S, *partial, *qi, *ki, *iw, *sc, *lg, *wts, *gb, *ub, *yk, *mo, *xl, *logits;
-    int need_xl; /* the final norm is read (hidden states or logits) */
-} fscr;
-
-static size_t carve(uint8_t *base, const petrel_config *c, int T, int nmax, int nall, int nlog, fscr *f) {
+static size_t carve(uint8_t *base, const petrel_config *c, int T, int nmax, int nall, int nlog, int tiered, fscr *f) {
     size_t off = 0;
 #define TAKE(p, type, n) (off = (off + 255) / 256 * 256, f->p = base ? (type *)(base + off) : NULL, off += sizeof(type) * (size_t)(n))
     int H = c->hidden_size, NH = c->num_attention_heads, K = c->num_experts_per_tok, E = c->n_routed_experts;
@@ -538,6 +481,11 @@ static size_t carve(uint8_t *base, const petrel_config *c, int T, int nmax, int 
     TAKE(yk, float, (size_t)T * K * H);
     TAKE(xl, float, (size_t)T * H);
     TAKE(logits, float, (size_t)(nlog > 0 ? nlog : 1) * c->vocab_size);
+    /* the expert tiers' waves: a wave's choices (slot, x row, place in yk) and its outputs */
+    TAKE(w_idx, int32_t, tiered ? (size_t)T * K : 1);
+    TAKE(w_x, int32_t, tiered ? (size_t)T * K : 1);
+    TAKE(w_pos, int32_t, tiered ? (size_t)T * K : 1);
+    TAKE(w_y, float, tiered ? (size_t)T * K * H : 1);
 #undef TAKE
     return off + 256;
 }
@@ -571,6 +519,25 @@ static void residual_norm(const cu_model *m, int l, float *a, const float *b, co
         if (b) cuk_add(m->st, a, b, (int64_t)t * H);
         cuk_add(m->st, f.h, a, (int64_t)t * H);
     }
+}
+
+void experts_compute(cu_model *m, const cu_layer &G, const fscr &f, const int32_t *idx, const int32_t *xrow, int n, int sort_t, int sort_k,
+                     int sort_e, float *y, int gemv) {
+    cudaStream_t st = m->st;
+    int H = m->c->hidden_size, I = (int)G.eg.rows;
+    if (gemv) {
+        cuk_gemv_swiglu(st, G.eg, G.eu, f.x, H, f.gb, I, n, idx, xrow, f.ub);
+        prof_mark(m, P_EXPERTS);
+        cuk_gemv(st, G.ed, f.gb, I, y, H, n, idx, NULL);
+        return;
+    }
+    int mt = (n + 63) / 64 + sort_e + 1;
+    cuk_moe_sort(st, idx, sort_t, sort_k, sort_e, f.list, f.tiles, f.ntiles);
+    cuk_gemm(st, G.eg, f.x, H, f.gb, I, n, f.tiles, f.ntiles, mt, f.list, xrow, m->tc);
+    cuk_gemm(st, G.eu, f.x, H, f.ub, I, n, f.tiles, f.ntiles, mt, f.list, xrow, m->tc);
+    cuk_silu_mul(st, f.gb, f.ub, (int64_t)n * I);
+    prof_mark(m, P_EXPERTS);
+    cuk_gemm(st, G.ed, f.gb, I, y, H, n, f.tiles, f.ntiles, mt, f.list, NULL, m->tc);
 }
 
 /* one piece of a segment: rows [r0, r0 + n) of the call at positions pos0.. of kv */
@@ -612,10 +579,10 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
             hl[nl++] = k;
             (*lnext)++;
         }
-#define PROF(part) (m->prof && m->n_ev < PROF_EVENTS ? (void)(cudaEventRecord(m->ev[m->n_ev], st), m->ev_part[m->n_ev++] = (part)) : (void)0)
+#define PROF(part) prof_mark(m, part)
     m->n_ev = 0;
     fscr f;
-    size_t need = carve(NULL, c, t, nmax, need_q ? nall : 1, nl, &f);
+    size_t need = carve(NULL, c, t, nmax, need_q ? nall : 1, nl, m->tiers != NULL, &f);
     if (need > m->scr_cap) {
         cudaStreamSynchronize(st);
         if (m->scr) cudaFree(m->scr), m->used -= m->scr_cap;
@@ -630,7 +597,7 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
         }
         m->scr_cap = want, m->used += want;
     }
-    carve(m->scr, c, t, nmax, need_q ? nall : 1, nl, &f);
+    carve(m->scr, c, t, nmax, need_q ? nall : 1, nl, m->tiers != NULL, &f);
     f.need_xl = hidden || nl;
     /* the rows' arrays through pinned memory (the previous forward has finished with it) */
     uint8_t *pin = m->pin;
@@ -694,20 +661,9 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
         cudaMemsetAsync(f.mark, 0, sizeof(int32_t) * E, st);
         cuk_count_union(st, f.idx, t * K, f.mark, f.count);
         PROF(P_ROUTER);
-        int ns = t * K, I = (int)G.eg.rows;
-        if (ns <= CU_EXP_GEMV) {
-            cuk_gemv_swiglu(st, G.eg, G.eu, f.x, H, f.gb, I, ns, f.idx, f.slot_x, f.ub);
-            PROF(P_EXPERTS);
-            cuk_gemv(st, G.ed, f.gb, I, f.yk, H, ns, f.idx, NULL);
-        } else {
-            int mt = (ns + 63) / 64 + E + 1;
-            cuk_moe_sort(st, f.idx, t, K, E, f.list, f.tiles, f.ntiles);
-            cuk_gemm(st, G.eg, f.x, H, f.gb, I, ns, f.tiles, f.ntiles, mt, f.list, f.slot_x, m->tc);
-            cuk_gemm(st, G.eu, f.x, H, f.ub, I, ns, f.tiles, f.ntiles, mt, f.list, f.slot_x, m->tc);
-            cuk_silu_mul(st, f.gb, f.ub, (int64_t)ns * I);
-            PROF(P_EXPERTS);
-            cuk_gemm(st, G.ed, f.gb, I, f.yk, H, ns, f.tiles, f.ntiles, mt, f.list, NULL, m->tc);
-        }
+        int ns = t * K;
+        if (m->tiers) PT_TRY(cut_experts(m, l, f, t, ns <= CU_EXP_GEMV, err));
+        else experts_compute(m, G, f, f.idx, f.slot_x, ns, t, K, E, f.yk, ns <= CU_EXP_GEMV);
         PROF(P_EXPERTS_DOWN);
         cuk_moe_combine(st, f.yk, f.idx, f.wts, t, K, H, f.mo);
         PROF(P_COMBINE);
@@ -803,6 +759,33 @@ extern "C" double cu_hbm_probe(cu_model *m, uint64_t bytes) {
     cudaGetLastError();
     cudaFree(buf);
     cudaFree(sink);
+    pthread_mutex_unlock(&m->mu);
+    return best;
+}
+
+extern "C" double cu_h2d_probe(cu_model *m, uint64_t bytes) {
+    pthread_mutex_lock(&m->mu);
+    cudaSetDevice(m->dev);
+    uint8_t *dev = NULL, *host = NULL;
+    double best = 0;
+    if (cudaMalloc(&dev, bytes) == cudaSuccess && cudaMallocHost(&host, bytes) == cudaSuccess) {
+        memset(host, 1, bytes);
+        cudaEvent_t a, b;
+        cudaEventCreate(&a), cudaEventCreate(&b);
+        for (int rep = 0; rep < 4; rep++) { /* the first warms the link */
+            cudaEventRecord(a, m->st);
+            cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, m->st);
+            cudaEventRecord(b, m->st);
+            cudaEventSynchronize(b);
+            float ms = 0;
+            cudaEventElapsedTime(&ms, a, b);
+            if (rep && ms > 0 && bytes / (ms * 1e6) > best) best = bytes / (ms * 1e6);
+        }
+        cudaEventDestroy(a), cudaEventDestroy(b);
+    }
+    cudaGetLastError();
+    cudaFree(dev);
+    if (host) cudaFreeHost(host);
     pthread_mutex_unlock(&m->mu);
     return best;
 }

@@ -1,5 +1,7 @@
 /* none.c: the CUDA backend's seam (cu.h) in a build without it (the default `make`): no GPUs,
  * and every call says how to get one. `make cuda` links src/cuda/model.cu + kernels.cu instead. */
+#include <string.h>
+
 #include "base/err.h"
 #include "cuda/cu.h"
 
@@ -7,14 +9,19 @@
 
 int cu_built(void) { return 0; }
 int cu_device_count(void) { return 0; }
-int cu_model_open(const struct petrel_engine *e, int device, uint64_t vram_budget, cu_model **out, petrel_error *err) {
-    (void)e, (void)device, (void)vram_budget;
+int cu_model_open(const struct petrel_engine *e, int device, uint64_t vram_budget, int vram_expert_slots, int host_experts, cu_model **out,
+                  petrel_error *err) {
+    (void)e, (void)device, (void)vram_budget, (void)vram_expert_slots, (void)host_experts;
     *out = NULL;
     return pt_err(err, PETREL_EUNSUPPORTED, "--device cuda: " NO_CUDA);
 }
 void cu_model_close(cu_model *m) { (void)m; }
 const char *cu_model_describe(const cu_model *m) { (void)m; return ""; }
 uint64_t cu_model_weight_bytes(const cu_model *m) { (void)m; return 0; }
+void cu_model_tier_stats(const cu_model *m, cu_tier_stats *out) {
+    (void)m;
+    memset(out, 0, sizeof *out);
+}
 int cu_kv_create(cu_model *m, int cap, cu_kv **out, petrel_error *err) {
     (void)m, (void)cap;
     *out = NULL;
@@ -31,6 +38,10 @@ int cu_forward(cu_model *m, const cu_seg *seg, int nseg, const int32_t *ids, int
     return pt_err(err, PETREL_EUNSUPPORTED, NO_CUDA);
 }
 double cu_hbm_probe(cu_model *m, uint64_t bytes) {
+    (void)m, (void)bytes;
+    return 0;
+}
+double cu_h2d_probe(cu_model *m, uint64_t bytes) {
     (void)m, (void)bytes;
     return 0;
 }

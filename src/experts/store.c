@@ -461,6 +461,10 @@ int xs_store_warm_pins(xs_store *s, petrel_error *err) {
 }
 
 int xs_store_slots(const xs_store *s) { return s->S; }
+void xs_store_memory(const xs_store *s, uint8_t **base, size_t *bytes) {
+    *base = s->mem;
+    *bytes = (size_t)s->L * s->S * s->slot_bytes;
+}
 int xs_store_direct(const xs_store *s) { return xs_io_direct(s->io); }
 int xs_store_uring(const xs_store *s) { return xs_io_uring(s->io); }
 

@@ -269,6 +269,8 @@ int xs_store_state(const xs_store *s, int layer, int expert, uint64_t *seq);
 /* Waits for every read in flight (tests, shutdown, timing). */
 void xs_store_drain(xs_store *s);
 int xs_store_slots(const xs_store *s);
+/* The one block every slot lives in (a GPU registers it for direct copies out of the slots). */
+void xs_store_memory(const xs_store *s, uint8_t **base, size_t *bytes);
 int xs_store_experts(const xs_store *s); /* experts per layer */
 int xs_store_layers(const xs_store *s);
 int xs_store_direct(const xs_store *s);   /* 1 if reads use O_DIRECT */

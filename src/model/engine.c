@@ -254,8 +254,7 @@ static int engine_device(const petrel_open_opts *o, int *out, petrel_error *err)
         if (!d[5] || *end || v < 0 || v > 1023) return pt_err(err, PETREL_EINVAL, "device \"%s\": want cuda:N with N a GPU index (0, 1, ...)", d);
         dev = (int)v;
     }
-    const char *no = o->mem_budget || o->expert_slots ? "expert streaming (--mem-budget, --expert-slots): the GPU path needs every weight resident"
-                     : o->n_lora                    ? "LoRA adapters"
+    const char *no = o->n_lora                    ? "LoRA adapters"
                      : o->route_trace               ? "trace-driven routing (--route-trace)"
                      : o->trace_out                 ? "recording a routing trace (--trace-out)"
                      : o->kv_type && strcmp(o->kv_type, "f32") ? "bf16 / int8 KV pages (--kv-type): the GPU cache is f32"
@@ -334,7 +333,7 @@ int petrel_engine_open(const char *path, const petrel_open_opts *opts, petrel_en
         petrel_engine_close(e);
         return rc;
     }
-    if (dev >= 0 && (rc = cu_model_open(e, dev, opts->vram_budget, &e->cu, err)) < 0) {
+    if (dev >= 0 && (rc = cu_model_open(e, dev, opts->vram_budget, opts->vram_expert_slots, opts->host_experts, &e->cu, err)) < 0) {
         petrel_engine_close(e);
         return rc;
     }

@@ -1,0 +1,119 @@
+/* cu_model.h: the CUDA backend's host-side state, shared by model.cu (upload, caches, the
+ * forward's schedule) and tiers.cu (the expert tiers). Private to src/cuda; C++ (nvcc) only. */
+#ifndef PETREL_CUDA_CU_MODEL_H
+#define PETREL_CUDA_CU_MODEL_H
+#include <cuda_runtime.h>
+#include <pthread.h>
+
+extern "C" {
+#include "base/err.h"
+#include "model/engine.h"
+}
+#include "cuda/cu.h"
+#include "cuda/cu_kernels.h"
+
+#define CU_ROWS 256      /* rows per chunk of a forward */
+#define CU_EXP_GEMV 64   /* routed choices per chunk up to which experts take the GEMV form */
+#define PIN_BYTES ((size_t)CU_ROWS * 64) /* the rows' ids, flags, row info, logits rows */
+
+enum { P_EMBED, P_ATTN_PROJ, P_INDEXER, P_HEADS, P_ATTN_CORE, P_O_PROJ, P_DENSE, P_ROUTER, P_EXPERTS, P_EXPERTS_DOWN, P_COMBINE, P_SHARED, P_HEAD,
+       P_COPY, PROF_PARTS };
+#define PROF_EVENTS 1024
+
+struct cu_layer {
+    float *in_norm, *post_norm, *q_a_norm, *kv_a_norm;
+    dw q_a, q_b, kv_a, kv_b, o;
+    dw uk_t; /* [NH][Rkv][Dn] f32: W_UK^T per head, for the GEMV form of q~ (decode) */
+    int has_idx;
+    dw iq, ik, iwp;
+    float *ik_w, *ik_b;
+    int is_moe;
+    dw gate, up, down, router;
+    float *bias;
+    dw eg, eu, ed;
+    int has_shared;
+    dw sg, su, sd;
+};
+
+struct cu_model {
+    const petrel_engine *e;
+    const petrel_config *c;
+    int dev;
+    cudaStream_t st;
+    pthread_mutex_t mu;
+    cu_layer *L;
+    dw embed, head;
+    float *norm;
+    void **allocs;
+    int n_allocs, cap_allocs;
+    uint64_t budget, used, wbytes;
+    float *rope_cos, *rope_sin; /* [rope_cap][Dr/2] */
+    int32_t *heads;             /* [8 * NH]: i % NH (the head products' GEMV slots, up to 8 rows) */
+    int rope_cap;
+    uint8_t *scr;               /* the forward's scratch (grown on demand) */
+    size_t scr_cap;
+    char desc[256];
+    /* the profile (cu_model_profile): events between the parts of a forward, and their sums */
+    int tc; /* products of more than 8 rows on tensor cores (bf16 operands) for q4/q8/bf16 weights:
+               the engine's act_quant is not -1 (exact f32 activations) */
+    int prof, n_ev;
+    cudaEvent_t ev[PROF_EVENTS];
+    int ev_part[PROF_EVENTS];
+    double prof_ms[PROF_PARTS];
+    /* pinned staging for the rows' small arrays */
+    uint8_t *pin;
+    struct cu_tiers *tiers; /* the expert tiers (tiers.cu), NULL when every expert is in HBM */
+};
+
+struct cu_kv {
+    cu_model *m;
+    float *kv, *ix;
+    int cap;
+};
+
+
+/* the scratch of one chunk, carved from m->scr (a sizing pass first: base NULL) */
+struct fscr {
+    int32_t *ids, *always, *sel, *seln, *idx, *slot_x, *list, *tiles, *ntiles, *mark;
+    unsigned long long *count;
+    cu_rowinfo *ri;
+    float *h, *x, *y, *qa, *q, *kva, *o, *qt, *lat, *S, *partial, *qi, *ki, *iw, *sc, *lg, *wts, *gb, *ub, *yk, *mo, *xl, *logits;
+    int32_t *w_idx, *w_x, *w_pos; /* the expert tiers' waves (tiered models only) */
+    float *w_y;
+    int need_xl; /* the final norm is read (hidden states or logits) */
+};
+
+/* the profile's mark between parts of a forward (cu_model_profile) */
+static inline void prof_mark(cu_model *m, int part) {
+    if (m->prof && m->n_ev < PROF_EVENTS) cudaEventRecord(m->ev[m->n_ev], m->st), m->ev_part[m->n_ev++] = part;
+}
+int cu_fail(petrel_error *err, cudaError_t rc, const char *what);
+/* device memory counted against the VRAM budget, freed at close */
+void *dalloc(cu_model *m, size_t bytes, const char *what, petrel_error *err);
+
+/* ---- the expert tiers (tiers.cu) ----
+ * When the routed experts do not all fit the VRAM budget (or the host streams them under a
+ * memory budget, or vram_expert_slots asks for fewer), each MoE layer keeps S of them in HBM
+ * slots; the rest come from the host: the engine's resident experts in RAM or its expert store
+ * (RAM slots over the pack on the SSD). Per MoE layer of a forward the routing comes back to
+ * the host, the misses are copied over PCIe into slots chosen by the store's eviction policy
+ * (converted to the plain layout with f32 scales on the GPU), and the experts run on their
+ * slots: the same kernels over the same bytes, so the logits are bitwise those of the fully
+ * resident GPU path. A chunk whose experts outnumber the slots runs in waves. */
+typedef struct cu_tiers cu_tiers;
+/* Decides the slots per layer (vram_slots: asked for, 0 = what the budget leaves after the
+ * other weights and a reserve) and allocates them; *tiered 0: every expert fits, upload as
+ * before (the layers' expert weights are not touched). host_experts: misses of small chunks
+ * may run on the host CPU (the cost model of tiers.cu). */
+int cut_open(cu_model *m, int vram_slots, int host_experts, int *tiered, petrel_error *err);
+void cut_close(cu_model *m);
+/* Layer l's routed experts of the chunk's t rows (routing in f.idx on the device; gemv: the
+ * form the resident path would take): gate, up (SwiGLU) and down into yk [t*K][H]. */
+int cut_experts(cu_model *m, int l, const struct fscr &f, int t, int gemv, petrel_error *err);
+/* One line of statistics ("" when not tiered). */
+void cut_describe(const cu_model *m, char *buf, size_t n);
+/* the expert product of n choices (idx: slot per choice, xrow: x row per choice) into y [n][H];
+ * the GEMM form's tiles from cuk_moe_sort over idx as (sort_t rows x sort_k, sort_e experts) */
+void experts_compute(cu_model *m, const cu_layer &G, const struct fscr &f, const int32_t *idx, const int32_t *xrow, int n, int sort_t, int sort_k,
+                     int sort_e, float *y, int gemv);
+#endif
