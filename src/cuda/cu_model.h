@@ -12,9 +12,10 @@ extern "C" {
 #include "cuda/cu.h"
 #include "cuda/cu_kernels.h"
 
-#define CU_ROWS 256      /* rows per chunk of a forward */
+#define CU_ROWS 256      /* rows per chunk of a forward (m->rows: more for tiered models) */
+#define CU_ROWS_MAX 2048 /* the most a tiered model's chunks take (each chunk copies its experts once) */
 #define CU_EXP_GEMV 64   /* routed choices per chunk up to which experts take the GEMV form */
-#define PIN_BYTES ((size_t)CU_ROWS * 64) /* the rows' ids, flags, row info, logits rows */
+#define PIN_ROW_BYTES 64 /* pinned staging per chunk row: its id, flag, row info */
 
 enum { P_EMBED, P_ATTN_PROJ, P_INDEXER, P_HEADS, P_ATTN_CORE, P_O_PROJ, P_DENSE, P_ROUTER, P_EXPERTS, P_EXPERTS_DOWN, P_COMBINE, P_SHARED, P_HEAD,
        P_COPY, PROF_PARTS };
@@ -60,8 +61,14 @@ struct cu_model {
     cudaEvent_t ev[PROF_EVENTS];
     int ev_part[PROF_EVENTS];
     double prof_ms[PROF_PARTS];
-    /* pinned staging for the rows' small arrays */
+    /* rows per chunk of a forward: CU_ROWS, or up to CU_ROWS_MAX for tiered models (tiers.cu) */
+    int rows;
+    /* pinned staging for the rows' small arrays [rows * PIN_ROW_BYTES]; the host's per-chunk row
+     * arrays (ids, flags, logits rows, call rows: 4 x rows; row info; pieces) */
     uint8_t *pin;
+    int32_t *hrow;
+    cu_rowinfo *hri;
+    void *pieces;
     struct cu_tiers *tiers; /* the expert tiers (tiers.cu), NULL when every expert is in HBM */
 };
 
@@ -112,6 +119,9 @@ void cut_close(cu_model *m);
 int cut_experts(cu_model *m, int l, const struct fscr &f, int t, int gemv, petrel_error *err);
 /* One line of statistics ("" when not tiered). */
 void cut_describe(const cu_model *m, char *buf, size_t n);
+/* device scratch a chunk of `rows` rows may need (prefill of a fresh chunk at a topk context,
+ * every row's logits): for choosing a tiered model's chunk rows */
+size_t cu_chunk_scratch_bytes(const petrel_config *c, int rows);
 /* the expert product of n choices (idx: slot per choice, xrow: x row per choice) into y [n][H];
  * the GEMM form's tiles from cuk_moe_sort over idx as (sort_t rows x sort_k, sort_e experts) */
 void experts_compute(cu_model *m, const cu_layer &G, const struct fscr &f, const int32_t *idx, const int32_t *xrow, int n, int sort_t, int sort_k,

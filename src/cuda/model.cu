@@ -3,7 +3,7 @@
  *
  * The schedule is src/model/forward.c's layer loop, step for step (same operations, same
  * order, same row semantics), with every row's cache given by its segment; a forward of more
- * rows than CU_ROWS runs in chunks of whole segments' pieces, one after another, so a later
+ * rows than m->rows runs in chunks of whole segments' pieces, one after another, so a later
  * piece sees the keys an earlier one wrote. Products take the GEMV form for up to 8 rows (and
  * for routed experts while a chunk's choices are at most 64), the tiled GEMM form above. */
 #include <cuda_runtime.h>
@@ -22,6 +22,12 @@ static const char *const prof_names[PROF_PARTS] = {"embed", "attention projectio
                                                    "attention core (scores, softmax, P C)", "o_proj + residual + norm", "dense mlp",
                                                    "router", "routed experts: gate, up", "routed experts: down", "routed experts: combine",
                                                    "shared expert + residual + norm", "lm_head", "copies"};
+/* one piece of a segment: rows [r0, r0 + n) of the call at positions pos0.. of kv */
+typedef struct piece {
+    const cu_seg *s;
+    int r0, pos0, n;
+} piece;
+
 int cu_fail(petrel_error *err, cudaError_t rc, const char *what) {
     return pt_err(err, rc == cudaErrorMemoryAllocation ? PETREL_ENOMEM : PETREL_EIO, "cuda: %s: %s", what, cudaGetErrorString(rc));
 }
@@ -272,6 +278,7 @@ extern "C" void cu_model_close(cu_model *m) {
     if (m->st) cudaStreamDestroy(m->st);
     for (int i = 0; i < PROF_EVENTS && m->prof; i++) cudaEventDestroy(m->ev[i]);
     if (m->pin) cudaFreeHost(m->pin);
+    free(m->hrow), free(m->hri), free(m->pieces);
     cut_close(m);
     free(m->allocs);
     free(m->L);
@@ -308,7 +315,7 @@ extern "C" int cu_model_open(const petrel_engine *e, int device, uint64_t vram_b
     }
     int L = c->num_hidden_layers, r = 0;
     if (!(m->L = (cu_layer *)calloc((size_t)L, sizeof(cu_layer)))) r = pt_err(err, PETREL_ENOMEM, "out of memory");
-    if (!r && (rc = cudaMallocHost(&m->pin, PIN_BYTES)) != cudaSuccess) r = cu_fail(err, rc, "pinned staging");
+    m->rows = CU_ROWS;
     const model_w *w = &e->w;
     if (!r) r = up_w(m, &w->embed_tokens, "embed_tokens", &m->embed, err);
     if (!r) {
@@ -329,6 +336,13 @@ extern "C" int cu_model_open(const petrel_engine *e, int device, uint64_t vram_b
     if (!r) r = cut_open(m, vram_expert_slots, host_experts, &tiered, err);
     for (int l = 0; l < L && !r && !tiered; l++)
         if (m->L[l].is_moe) r = up_experts(m, &w->layers[l], l, &m->L[l], err);
+    if (!r && (rc = cudaMallocHost(&m->pin, (size_t)m->rows * PIN_ROW_BYTES)) != cudaSuccess) r = cu_fail(err, rc, "pinned staging");
+    if (!r) {
+        m->hrow = (int32_t *)malloc(sizeof(int32_t) * 4 * (size_t)m->rows);
+        m->hri = (cu_rowinfo *)malloc(sizeof(cu_rowinfo) * (size_t)m->rows);
+        m->pieces = malloc(sizeof(piece) * (size_t)m->rows);
+        if (!m->hrow || !m->hri || !m->pieces) r = pt_err(err, PETREL_ENOMEM, "out of memory");
+    }
     if (r) {
         cu_model_close(m);
         return r;
@@ -490,6 +504,12 @@ static size_t carve(uint8_t *base, const petrel_config *c, int T, int nmax, int 
     return off + 256;
 }
 
+size_t cu_chunk_scratch_bytes(const petrel_config *c, int rows) {
+    fscr f;
+    int topk = c->index_topk > 0 ? c->index_topk : rows;
+    return carve(NULL, c, rows, rows < topk ? rows : topk, rows + topk, rows, 1, &f);
+}
+
 /* y[n][W.rows] = x[n][W.cols] W^T by the form for n rows */
 /* (tc: above 8 rows, the tensor-core form where the format allows) */
 static void mm(cudaStream_t st, const dw &W, const float *x, float *y, int n, int tc) {
@@ -540,12 +560,6 @@ void experts_compute(cu_model *m, const cu_layer &G, const fscr &f, const int32_
     cuk_gemm(st, G.ed, f.gb, I, y, H, n, f.tiles, f.ntiles, mt, f.list, NULL, m->tc);
 }
 
-/* one piece of a segment: rows [r0, r0 + n) of the call at positions pos0.. of kv */
-typedef struct piece {
-    const cu_seg *s;
-    int r0, pos0, n;
-} piece;
-
 static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *ids, int T, float *logits, const int32_t *lrows, int nlog,
                          int *lnext, float *hidden, uint64_t *experts_run, petrel_error *err) {
     const petrel_config *c = m->c;
@@ -554,8 +568,8 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
     int Rq = c->q_lora_rank, Rkv = c->kv_lora_rank, Dqk = c->qk_head_dim, K = c->num_experts_per_tok, E = c->n_routed_experts;
     int Hi = c->index_n_heads, Di = c->index_head_dim, topk = c->index_topk, V = c->vocab_size;
     /* the chunk's rows: ids, row info, the logits rows */
-    int32_t hid[CU_ROWS], hal[CU_ROWS], hl[CU_ROWS], hcall[CU_ROWS];
-    cu_rowinfo hri[CU_ROWS];
+    int32_t *hid = m->hrow, *hal = hid + m->rows, *hl = hal + m->rows, *hcall = hl + m->rows;
+    cu_rowinfo *hri = m->hri;
     int t = 0, nmax = 1, nall = 1, need_q = 0, nl = 0;
     for (int p = 0; p < np; p++)
         for (int i = 0; i < pc[p].n; i++, t++) {
@@ -602,11 +616,11 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
     /* the rows' arrays through pinned memory (the previous forward has finished with it) */
     uint8_t *pin = m->pin;
     memcpy(pin, hid, sizeof(int32_t) * t);
-    memcpy(pin + 4 * CU_ROWS, hal, sizeof(int32_t) * t);
-    memcpy(pin + 8 * CU_ROWS, hri, sizeof(cu_rowinfo) * t);
+    memcpy(pin + 4 * (size_t)m->rows, hal, sizeof(int32_t) * t);
+    memcpy(pin + 8 * (size_t)m->rows, hri, sizeof(cu_rowinfo) * t);
     cudaMemcpyAsync(f.ids, pin, sizeof(int32_t) * t, cudaMemcpyHostToDevice, st);
-    cudaMemcpyAsync(f.always, pin + 4 * CU_ROWS, sizeof(int32_t) * t, cudaMemcpyHostToDevice, st);
-    cudaMemcpyAsync(f.ri, pin + 8 * CU_ROWS, sizeof(cu_rowinfo) * t, cudaMemcpyHostToDevice, st);
+    cudaMemcpyAsync(f.always, pin + 4 * (size_t)m->rows, sizeof(int32_t) * t, cudaMemcpyHostToDevice, st);
+    cudaMemcpyAsync(f.ri, pin + 8 * (size_t)m->rows, sizeof(cu_rowinfo) * t, cudaMemcpyHostToDevice, st);
     PROF(P_COPY);
     cu_rope rope = {m->rope_cos, m->rope_sin, c->rope_interleave};
     cu_rope irope = {m->rope_cos, m->rope_sin, c->indexer_rope_interleave};
@@ -715,15 +729,15 @@ extern "C" int cu_forward(cu_model *m, const cu_seg *seg, int nseg, const int32_
             return pt_err(err, PETREL_ERANGE, "cuda: rows at positions %d..%d exceed the session's %d", seg[g].pos0, seg[g].pos0 + seg[g].n - 1, seg[g].kv->cap);
     pthread_mutex_lock(&m->mu);
     cudaSetDevice(m->dev);
-    piece pc[CU_ROWS];
-    int np = 0, rows = 0, lnext = 0, rc = 0;
+    piece *pc = (piece *)m->pieces;
+    int np = 0, rows = 0, lnext = 0, rc = 0, R = m->rows;
     for (int g = 0; g < nseg && !rc; g++)
         for (int i = 0; i < seg[g].n && !rc;) {
-            int take = seg[g].n - i < CU_ROWS - rows ? seg[g].n - i : CU_ROWS - rows;
+            int take = seg[g].n - i < R - rows ? seg[g].n - i : R - rows;
             pc[np].s = &seg[g], pc[np].r0 = seg[g].r0 + i, pc[np].pos0 = seg[g].pos0 + i, pc[np].n = take;
             np++, rows += take, i += take;
             int last = g == nseg - 1 && i == seg[g].n;
-            if (rows == CU_ROWS || last) {
+            if (rows == R || last) {
                 rc = chunk_forward(m, pc, np, ids, T, logits, lrows, nlog, &lnext, hidden, experts_run, err);
                 np = 0, rows = 0;
             }

@@ -58,8 +58,8 @@ struct cu_tiers {
     cu_tier_layer *L;      /* [num_hidden_layers]; MoE layers only */
     uint8_t *raw;          /* device: one weight's raw bytes (row-interleaved data, stored scales) */
     size_t raw_data;       /* where the scales start in raw */
-    int32_t *h_idx;        /* pinned [CU_ROWS * K]: the chunk's routing */
-    int32_t *h_w;          /* pinned [3][CU_ROWS * K]: the waves' choices (slot, x row, place) */
+    int32_t *h_idx;        /* pinned [rows * K]: the chunk's routing */
+    int32_t *h_w;          /* pinned [3][rows * K]: the waves' choices (slot, x row, place) */
     int32_t *u, *miss;     /* [E]: the chunk's experts ascending, a wave's misses */
     uint8_t *chosen, *inwave; /* [E] */
     xs_expert_ref *refs;   /* [E] */
@@ -75,7 +75,7 @@ struct cu_tiers {
     kn_table kt;           /* the host's kernels: the engine's, exact f32 activations */
     double link_ns_b;      /* ns per byte over PCIe (probed at open) */
     double host_ns_b;      /* ns per expert byte on the host (running average) */
-    float *hx, *hy;        /* pinned [CU_ROWS][H] the chunk's x rows, [CU_HOST_ROWS][H] host outputs */
+    float *hx, *hy;        /* pinned [CU_HOST_ROWS / K][H] the chunk's x rows, [CU_HOST_ROWS][H] host outputs */
     float *xs, *gb, *ub;   /* [CU_HOST_ROWS][H], [CU_HOST_ROWS][I] x 2 */
     int32_t *hsel;         /* [E]: the wave's misses that run on the host */
     uint64_t expert_bytes; /* host bytes of one expert (gate, up, down) */
@@ -202,9 +202,9 @@ static int host_open(cu_model *m, uint64_t per, petrel_error *err) {
     if (lw->exp_gate[0].rows > I) I = (int)lw->exp_gate[0].rows;
     T->kt = m->e->kt;
     T->kt.act_quant = 0;
-    cudaError_t ce = cudaMallocHost(&T->hx, sizeof(float) * ((size_t)CU_ROWS + CU_HOST_ROWS) * H);
+    cudaError_t ce = cudaMallocHost(&T->hx, sizeof(float) * 2 * (size_t)CU_HOST_ROWS * H);
     if (ce != cudaSuccess) return cu_fail(err, ce, "pinned host-expert buffers");
-    T->hy = T->hx + (size_t)CU_ROWS * H;
+    T->hy = T->hx + (size_t)CU_HOST_ROWS * H;
     T->xs = (float *)malloc(sizeof(float) * CU_HOST_ROWS * ((size_t)H + 2 * (size_t)I));
     T->hsel = (int32_t *)malloc(sizeof(int32_t) * (size_t)T->E);
     if (!T->xs || !T->hsel) return pt_err(err, PETREL_ENOMEM, "out of memory");
@@ -244,6 +244,18 @@ int cut_open(cu_model *m, int vram_slots, int host_experts, int *tiered, petrel_
     uint64_t reserve = m->budget / 20 > (1ull << 30) ? m->budget / 20 : (1ull << 30); /* sessions' KV and the forward's scratch */
     uint64_t avail = left > reserve ? left - reserve : 0;
     if (!streams && (vram_slots == 0 || vram_slots >= E) && (vram_slots >= E || (uint64_t)nmoe * E * per <= avail)) return 0;
+    /* Chunks of a prompt copy (or read) every expert they route to once: the more rows a chunk
+     * has, the fewer passes over the experts a prompt makes. The largest chunk whose scratch
+     * takes at most a quarter of what is left; its scratch joins the reserve. */
+    for (int r = CU_ROWS_MAX; r > m->rows; r /= 2) {
+        uint64_t sb = cu_chunk_scratch_bytes(c, r);
+        if (4 * sb <= left) {
+            m->rows = r;
+            reserve += sb;
+            break;
+        }
+    }
+    avail = left > reserve ? left - reserve : 0;
     avail = avail > rd + rs ? avail - rd - rs : 0;
     int S = vram_slots ? (vram_slots < E ? vram_slots : E) : (int)(avail / ((uint64_t)nmoe * per) < (uint64_t)E ? avail / ((uint64_t)nmoe * per) : E);
     if (S < 1 || (!vram_slots && S < K))
@@ -261,9 +273,9 @@ int cut_open(cu_model *m, int vram_slots, int host_experts, int *tiered, petrel_
     T->refs = (xs_expert_ref *)calloc((size_t)E, sizeof(xs_expert_ref));
     if (!T->L || !T->u || !T->chosen || !T->refs) return pt_err(err, PETREL_ENOMEM, "out of memory");
     T->miss = T->u + E, T->inwave = T->chosen + E;
-    cudaError_t ce = cudaMallocHost(&T->h_idx, sizeof(int32_t) * 4 * CU_ROWS * K);
+    cudaError_t ce = cudaMallocHost(&T->h_idx, sizeof(int32_t) * 4 * (size_t)m->rows * K);
     if (ce != cudaSuccess) return cu_fail(err, ce, "pinned routing staging");
-    T->h_w = T->h_idx + CU_ROWS * K;
+    T->h_w = T->h_idx + (size_t)m->rows * K;
     T->raw_data = rd;
     if (!(T->raw = (uint8_t *)dalloc(m, rd + rs, "the expert tiers' copy staging", err))) return PETREL_ENOMEM;
     xs_policy_params prm;
@@ -320,9 +332,9 @@ void cut_describe(const cu_model *m, char *buf, size_t n) {
         if (n) buf[0] = 0;
         return;
     }
-    snprintf(buf, n, "; routed experts in %d HBM slot%s per MoE layer over the host's %s (%.2f GB of it pinned for copies)%s", T->S,
+    snprintf(buf, n, "; routed experts in %d HBM slot%s per MoE layer over the host's %s (%.2f GB of it pinned for copies)%s; chunks of %d rows", T->S,
              T->S == 1 ? "" : "s", m->e->xs ? "expert store (RAM slots over the SSD)" : "RAM", T->reg_bytes / 1e9,
-             T->host ? ", misses split between copies and the host CPU" : "");
+             T->host ? ", misses split between copies and the host CPU" : "", m->rows);
 }
 
 extern "C" void cu_model_tier_stats(const cu_model *m, cu_tier_stats *out) {
@@ -408,12 +420,16 @@ static int host_run(cu_model *m, int l, const int32_t *hs, int h, const int32_t 
     const petrel_engine *e = m->e;
     const layer_w *lw = &e->w.layers[l];
     int H = m->c->hidden_size, K = T->K, ml = e->moe_index[l], cap = e->xs ? xs_store_slots(e->xs) : h, j = 0;
-    uint64_t t0 = pt_now_ns();
+    uint64_t t0 = pt_now_ns(), wait = 0; /* (the store's reads are not the host's compute: the model leaves them out) */
     kn_job jobs[2 * CU_HOST_ROWS];
     int st[CU_HOST_ROWS], cnt[CU_HOST_ROWS];
     for (int i0 = 0; i0 < h; i0 += cap) {
         int k = h - i0 < cap ? h - i0 : cap, j0 = j;
-        if (e->xs) PT_TRY(xs_acquire(e->xs, ml, hs + i0, k, T->refs, err));
+        if (e->xs) {
+            uint64_t a = pt_now_ns();
+            PT_TRY(xs_acquire(e->xs, ml, hs + i0, k, T->refs, err));
+            wait += pt_now_ns() - a;
+        }
         int64_t I = e->xs ? T->refs[0].gate.rows : lw->exp_gate[hs[i0]].rows;
         for (int b = 0; b < k; b++) { /* gather each expert's rows */
             int x = hs[i0 + b];
@@ -435,7 +451,7 @@ static int host_run(cu_model *m, int l, const int32_t *hs, int h, const int32_t 
         if (e->xs) xs_release(e->xs, ml, T->refs, k);
     }
     uint64_t dt = pt_now_ns() - t0;
-    double per = (double)dt / ((double)h * (double)T->expert_bytes);
+    double per = (double)(dt - wait) / ((double)h * (double)T->expert_bytes);
     T->host_ns_b = 0.7 * T->host_ns_b + 0.3 * per;
     T->st.host += (uint64_t)h;
     T->st.host_ns += dt;
