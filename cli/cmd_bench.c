@@ -850,6 +850,13 @@ CLI_CMD(bench) {
                    "PCIe floor %.2f ms/token\n",
                    ct1.slots, 100 * tier_hit, tier_copies, tier_mb, tier_copy_ms, eng->xs ? ", reading and waiting for" : "", host_x, host_ms, pcie_gbs, pcie_ms);
             tier_host = host_x;
+            if (eng->route) { /* the HBM tier against the offline replay of the same tokens at its slots */
+                double rp = 0, rl = 0, rb = 0;
+                if (route_replay(eng, ctx + 2, steps, ct1.slots, &rp, &rl, &rb, &err)) rc = cli_fail_err("bench", &err);
+                else printf("route trace: HBM hit rate %.1f%%; offline replay of the same tokens at %d slots: policy %.1f%%, LRU %.1f%%, Belady %.1f%%\n",
+                            100 * tier_hit, ct1.slots, 100 * rp, 100 * rl, 100 * rb);
+                if (!eng->xs) route_pol = rp, route_bel = rb;
+            }
             if (pcie_ms > floor_ms) floor_ms = pcie_ms;
         }
         /* per step: its time over the floor of its moment (memory floor from the probe right

@@ -435,6 +435,56 @@ TEST(cuda, tiers_streamed) {
     check_tiers(pk, vs + 1, 1, 0, 0);
 }
 
+/* trace-driven routing on the GPU (benchmarks' --route-trace): the trace's choices replace the
+ * routers' as on the CPU (within 1e-5 of the CPU's exact path), tiered equal to resident bitwise,
+ * and the trace changes the logits (it is applied) */
+TEST(cuda, route_trace) {
+    if (!need_gpu()) return;
+    const char *tp = test_tmp("gpu-route.txt");
+    FILE *fp = fopen(tp, "w");
+    CHECK(fp != NULL);
+    if (!fp) return;
+    int L = 3, E = 32, K = 4, N = 64;
+    fprintf(fp, "# petrel-trace v1 layers=%d experts=%d topk=%d tokens=%d\n", L, E, K, N);
+    for (int t = 0; t < N; t++)
+        for (int l = 0; l < L; l++) {
+            fprintf(fp, "%d %d", t, l);
+            int base = (t * 7 + l * 5) % E; /* K distinct experts, skewed towards low ids */
+            for (int k = 0; k < K; k++) fprintf(fp, " %d", (base * (k + 1) + k * 3) % 8 + 8 * k);
+            fprintf(fp, "\n");
+        }
+    fclose(fp);
+    petrel_engine *e[4] = {NULL, NULL, NULL, NULL}; /* cpu exact, gpu, gpu tiered, gpu without the trace */
+    petrel_error err = {0};
+    for (int k = 0; k < 4; k++) {
+        petrel_open_opts o = {0};
+        o.device = k ? "cuda" : NULL;
+        if (k == 0) o.act_quant = -1, o.relayout = -1;
+        if (k == 2) o.vram_expert_slots = 6;
+        if (k < 3) o.route_trace = tp;
+        CHECK_MSG(petrel_engine_open(test_data("trained"), &o, &e[k], &err) == 0, "open %d: %s", k, err.msg);
+    }
+    if (e[0] && e[1] && e[2] && e[3]) {
+        int V = e[0]->cfg.vocab_size, T = 40, steps = 12;
+        size_t n = (size_t)(T + steps) * V;
+        int32_t ids[40];
+        for (int i = 0; i < T; i++) ids[i] = (i * 37 + 11) % V;
+        float *lg[4];
+        for (int k = 0; k < 4; k++) lg[k] = malloc(sizeof(float) * n);
+        int ok = 1;
+        for (int k = 0; k < 4 && ok; k++) ok = !run_mixed(e[k], ids, T, steps, lg[k]);
+        if (ok) {
+            double ec = test_rel_l2(lg[1], lg[0], n), en = test_rel_l2(lg[3], lg[1], n);
+            CHECK_MSG(ec < 1e-5, "trace-driven routing: GPU vs CPU rel err %.3g", ec);
+            CHECK_MSG(!memcmp(lg[1], lg[2], sizeof(float) * n), "trace-driven routing: tiered differs from resident (rel err %.3g)",
+                      test_rel_l2(lg[2], lg[1], n));
+            CHECK_MSG(en > 1e-3, "the trace changed nothing on the GPU (rel diff %.3g)", en);
+        }
+        for (int k = 0; k < 4; k++) free(lg[k]);
+    }
+    for (int k = 0; k < 4; k++) petrel_engine_close(e[k]);
+}
+
 /* what the GPU path refuses, and bad device names: one line, nothing opened (runs everywhere) */
 TEST(cuda, refusals) {
     petrel_open_opts o = {0};

@@ -15,7 +15,8 @@
  * FP8 block-scaled weights are expanded to f32 at upload (exact, 4 bytes a weight).
  * Routed experts that do not fit HBM live in tiers: HBM slots over the host's RAM over the
  * pack on the SSD (cu_model_open).
- * Not yet on the GPU (refused with a line saying so): the MTP layer, LoRA adapters,
+ * Trace-driven routing (benchmarks, open option route_trace) replaces the routers' choices as on
+ * the CPU. Not yet on the GPU (refused with a line saying so): the MTP layer, LoRA adapters,
  * bf16/int8 KV pages, session files and shared prefixes. */
 #ifndef PETREL_CUDA_CU_H
 #define PETREL_CUDA_CU_H
@@ -71,6 +72,7 @@ typedef struct cu_seg {
     cu_kv *kv;
     int pos0, r0, n;
     int dsa_always_score; /* test hook of the session: score and top-k even when every key fits */
+    int route_offset;     /* trace-driven routing: row at position p takes trace token p + this */
 } cu_seg;
 /* The forward over rows ids[0..T): writes each row's cache entries, then logits [nlog][V] of
  * rows lrows[0..nlog) (ascending; NULL: the last nlog rows; logits NULL: none) and, when

@@ -55,6 +55,8 @@ struct cu_rowinfo {
     float *kv;   /* the session's latent cache: [L][cap][kv_lora_rank + rope] */
     float *ix;   /* its indexer keys: [L][cap][index_head_dim] */
     int cap, pos;
+    int rtok;    /* trace-driven routing: the trace token the row takes (pos + the session's offset) */
+    int pad_;
 };
 /* RoPE tables: cos/sin [pos][dim/2] (op_rope_table's values). */
 struct cu_rope { const float *cos_, *sin_; int interleave; };
@@ -105,6 +107,10 @@ struct cu_route_cfg {
     float routed_scaling_factor;
 };
 void cuk_route(cudaStream_t st, const float *lg, const float *bias, int T, cu_route_cfg rc, int32_t *idx, float *wts, int32_t *slot_x);
+/* trace-driven routing (benchmarks): idx/wts [T][K] from the trace [n_tok][n_layers][K] at trace
+ * layer tl for each row's token ri[r].rtok (modulo n_tok), weights as moe_route_given */
+void cuk_route_given(cudaStream_t st, const float *lg, int T, cu_route_cfg rc, const int16_t *trace, int n_tok, int n_layers, int tl,
+                     const cu_rowinfo *ri, int32_t *idx, float *wts);
 void cuk_moe_sort(cudaStream_t st, const int32_t *idx, int T, int K, int E, int32_t *list, int32_t *tiles, int *ntiles);
 /* count += the distinct experts among idx[0..n) (mark [E] zeroed by the caller) */
 void cuk_count_union(cudaStream_t st, const int32_t *idx, int n, int32_t *mark, unsigned long long *count);

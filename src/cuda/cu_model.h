@@ -70,6 +70,8 @@ struct cu_model {
     cu_rowinfo *hri;
     void *pieces;
     struct cu_tiers *tiers; /* the expert tiers (tiers.cu), NULL when every expert is in HBM */
+    int16_t *route;         /* trace-driven routing: the trace [n_tokens][n_layers][K] in HBM, or NULL */
+    int route_tokens, route_layers;
 };
 
 struct cu_kv {

@@ -1265,6 +1265,34 @@ void cuk_route(cudaStream_t st, const float *lg, const float *bias, int T, cu_ro
     k_route<<<T, 32, 0, st>>>(lg, bias, T, rc, idx, wts, slot_x);
 }
 
+/* trace-driven routing (benchmarks): row r takes the trace's experts of its token ri[r].rtok
+ * (modulo the trace's length) at trace layer tl, weighted as moe_route_given does */
+__global__ void k_route_given(const float *lg, int T, cu_route_cfg c, const int16_t *trace, int n_tok, int n_layers, int tl, const cu_rowinfo *ri,
+                              int32_t *idx, float *wts) {
+    int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= T) return;
+    int K = c.K;
+    long tok = ((long)ri[r].rtok % n_tok + n_tok) % n_tok;
+    const int16_t *te = trace + ((int64_t)tok * n_layers + tl) * K;
+    const float *l = lg + (int64_t)r * c.E;
+    double sum = 0;
+    for (int k = 0; k < K; k++) {
+        float w = 1.0f / (1.0f + expf(-l[te[k]]));
+        idx[(int64_t)r * K + k] = te[k];
+        wts[(int64_t)r * K + k] = w;
+        sum += w;
+    }
+    for (int k = 0; k < K; k++) {
+        float w = wts[(int64_t)r * K + k];
+        if (c.norm_topk_prob) w = (float)(w / (sum + 1e-20));
+        wts[(int64_t)r * K + k] = w * c.routed_scaling_factor;
+    }
+}
+void cuk_route_given(cudaStream_t st, const float *lg, int T, cu_route_cfg rc, const int16_t *trace, int n_tok, int n_layers, int tl,
+                     const cu_rowinfo *ri, int32_t *idx, float *wts) {
+    if (T > 0) k_route_given<<<(T + 63) / 64, 64, 0, st>>>(lg, T, rc, trace, n_tok, n_layers, tl, ri, idx, wts);
+}
+
 /* counting sort of the T*K choice slots by expert (rows ascending within one), and the GEMM's
  * tiles of up to 64 slots of one expert; one block */
 __global__ void k_moe_sort(const int32_t *idx, int T, int K, int E, int32_t *list, int32_t *tiles, int *ntiles) {

@@ -13,6 +13,7 @@
 #include <string.h>
 
 extern "C" {
+#include "experts/xs.h"
 #include "model/ops.h"
 #include "quant/quant.h"
 }
@@ -332,6 +333,13 @@ extern "C" int cu_model_open(const petrel_engine *e, int device, uint64_t vram_b
         free(hh);
     }
     for (int l = 0; l < L && !r; l++) r = up_layer(m, &w->layers[l], l, &m->L[l], err);
+    if (!r && e->route) { /* trace-driven routing (benchmarks): the trace to HBM */
+        const xs_trace *tr = e->route;
+        size_t n = (size_t)tr->n_tokens * tr->n_layers * tr->topk;
+        m->route_tokens = tr->n_tokens, m->route_layers = tr->n_layers;
+        if (!(m->route = (int16_t *)dalloc(m, sizeof(int16_t) * n, "the routing trace", err))) r = PETREL_ENOMEM;
+        else r = up_copy(m->route, tr->ids, sizeof(int16_t) * n, err);
+    }
     int tiered = 0;
     if (!r) r = cut_open(m, vram_expert_slots, host_experts, &tiered, err);
     for (int l = 0; l < L && !r && !tiered; l++)
@@ -578,6 +586,7 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
             hcall[t] = r;
             hal[t] = pc[p].s->dsa_always_score;
             hri[t].kv = pc[p].s->kv->kv, hri[t].ix = pc[p].s->kv->ix, hri[t].cap = pc[p].s->kv->cap, hri[t].pos = pos;
+            hri[t].rtok = pos + pc[p].s->route_offset, hri[t].pad_ = 0;
             int n = pos + 1, ns = n < topk ? n : topk;
             if (ns > nmax) nmax = ns;
             if (n > nall) nall = n;
@@ -672,6 +681,8 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
         }
         mm(st, G.router, f.x, f.lg, t, m->tc);
         cuk_route(st, f.lg, G.bias, t, rcfg, f.idx, f.wts, f.slot_x);
+        if (m->route) /* trace-driven routing: the trace's choices replace the router's (its layers spread as on the CPU) */
+            cuk_route_given(st, f.lg, t, rcfg, m->route, m->route_tokens, m->route_layers, m->e->route_layer[m->e->moe_index[l]], f.ri, f.idx, f.wts);
         cudaMemsetAsync(f.mark, 0, sizeof(int32_t) * E, st);
         cuk_count_union(st, f.idx, t * K, f.mark, f.count);
         PROF(P_ROUTER);

@@ -255,7 +255,6 @@ static int engine_device(const petrel_open_opts *o, int *out, petrel_error *err)
         dev = (int)v;
     }
     const char *no = o->n_lora                    ? "LoRA adapters"
-                     : o->route_trace               ? "trace-driven routing (--route-trace)"
                      : o->trace_out                 ? "recording a routing trace (--trace-out)"
                      : o->kv_type && strcmp(o->kv_type, "f32") ? "bf16 / int8 KV pages (--kv-type): the GPU cache is f32"
                      : o->inspect_only              ? "inspect-only opens"

@@ -135,7 +135,7 @@ static int fwd_rows_cuda(petrel_session *scr, const fwd_seg *seg, int nseg, cons
     for (int g = 0; g < nseg; g++) {
         petrel_session *s = seg[g].s;
         PT_TRY(kv_seq_reserve(s->kv, s->len, s->len + seg[g].n, err));
-        cs[g] = (cu_seg){s->cu, s->len, seg[g].r0, seg[g].n, s->dsa_always_score};
+        cs[g] = (cu_seg){s->cu, s->len, seg[g].r0, seg[g].n, s->dsa_always_score, s->route_offset};
     }
     uint64_t t0 = pt_now_ns();
     PT_TRY(cu_forward(e->cu, cs, nseg, ids, T, logits, lrows, nlog, hidden, &scr->stats.experts_run, err));
