@@ -493,6 +493,13 @@ int cut_experts(cu_model *m, int l, const fscr &f, int t, int gemv, petrel_error
         int h = 0; /* the last h misses run on the host, the rest are copied: both take about as long */
         if (hosting && nw == nu && nmiss) {
             h = (int)(nmiss * T->link_ns_b / (T->link_ns_b + T->host_ns_b) + 0.5);
+            /* the copies enter HBM and the host's results do not: copy the misses the policy
+             * ranks warmest, leave the coldest to the host (ordered, so the split is deterministic) */
+            for (int i = 1; i < nmiss && h; i++)
+                for (int k = i; k > 0 && xs_pol_evict_before(&TL.pol, T->miss[k - 1], T->miss[k]); k--) {
+                    int32_t x = T->miss[k];
+                    T->miss[k] = T->miss[k - 1], T->miss[k - 1] = x;
+                }
             nmiss -= h;
         }
         for (int i = 0; i < nmiss; i++) { /* a free slot, else the policy's first victim outside the wave */
