@@ -508,6 +508,16 @@ TEST(cuda, refusals) {
     o.device = "cpu";
     CHECK(petrel_engine_open(test_data("tiny"), &o, &e, &err) == 0 && e && !strcmp(petrel_engine_device(e), "cpu"));
     petrel_engine_close(e);
+    e = NULL;
+    /* the GPU's options without the GPU: refused, not ignored */
+    for (int k = 0; k < 3; k++) {
+        petrel_open_opts c = {0};
+        if (k == 0) c.vram_budget = 1ull << 30;
+        if (k == 1) c.vram_expert_slots = 8;
+        if (k == 2) c.host_experts = 1;
+        CHECK_EQ_INT(petrel_engine_open(test_data("tiny"), &c, &e, &err), PETREL_EINVAL);
+        CHECK(e == NULL && strstr(err.msg, "--device cuda") && !strchr(err.msg, '\n'));
+    }
 }
 
 /* on the GPU: what sessions cannot do there yet says so; a session's capacity holds */

@@ -245,7 +245,12 @@ int petrel_session_set_lora(petrel_session *s, const int *idx, const float *scal
 static int engine_device(const petrel_open_opts *o, int *out, petrel_error *err) {
     const char *d = o ? o->device : NULL;
     *out = -1;
-    if (!d || !*d || !strcmp(d, "cpu")) return 0;
+    if (!d || !*d || !strcmp(d, "cpu")) {
+        if (o && (o->vram_budget || o->vram_expert_slots || o->host_experts))
+            return pt_err(err, PETREL_EINVAL, "%s applies to the GPU: add --device cuda (the forward runs on the CPU here)",
+                          o->vram_budget ? "--vram-budget" : o->vram_expert_slots ? "--vram-expert-slots" : "--host-experts");
+        return 0;
+    }
     int dev = 0;
     if (strncmp(d, "cuda", 4) || (d[4] && d[4] != ':')) return pt_err(err, PETREL_EINVAL, "device \"%s\": want cpu, cuda or cuda:N", d);
     if (d[4] == ':') {
