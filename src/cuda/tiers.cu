@@ -77,7 +77,6 @@ struct cu_tiers {
     double host_ns_b;      /* ns per expert byte on the host (running average) */
     float *hx, *hy;        /* pinned [CU_HOST_ROWS / K][H] the chunk's x rows, [CU_HOST_ROWS][H] host outputs */
     float *xs, *gb, *ub;   /* [CU_HOST_ROWS][H], [CU_HOST_ROWS][I] x 2 */
-    int32_t *hsel;         /* [E]: the wave's misses that run on the host */
     uint64_t expert_bytes; /* host bytes of one expert (gate, up, down) */
 };
 
@@ -206,8 +205,7 @@ static int host_open(cu_model *m, uint64_t per, petrel_error *err) {
     if (ce != cudaSuccess) return cu_fail(err, ce, "pinned host-expert buffers");
     T->hy = T->hx + (size_t)CU_HOST_ROWS * H;
     T->xs = (float *)malloc(sizeof(float) * CU_HOST_ROWS * ((size_t)H + 2 * (size_t)I));
-    T->hsel = (int32_t *)malloc(sizeof(int32_t) * (size_t)T->E);
-    if (!T->xs || !T->hsel) return pt_err(err, PETREL_ENOMEM, "out of memory");
+    if (!T->xs) return pt_err(err, PETREL_ENOMEM, "out of memory");
     T->gb = T->xs + (size_t)CU_HOST_ROWS * H, T->ub = T->gb + (size_t)CU_HOST_ROWS * I;
     double gbs = cu_h2d_probe(m, 64ull << 20);
     T->link_ns_b = gbs > 0 ? 1.0 / gbs : 1.0 / 25; /* ns per byte = 1 / (GB/s) */
@@ -316,7 +314,7 @@ void cut_close(cu_model *m) {
     if (T->h_idx) cudaFreeHost(T->h_idx);
     if (T->f32) cudaFreeHost(T->f32);
     if (T->hx) cudaFreeHost(T->hx);
-    free(T->xs), free(T->hsel);
+    free(T->xs);
     for (int l = 0; T->L && l < m->c->num_hidden_layers; l++) {
         if (T->L[l].pol_ok) xs_pol_deinit(&T->L[l].pol);
         free(T->L[l].slot_of);
