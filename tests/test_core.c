@@ -123,6 +123,42 @@ TEST(core, topk_matches_sort) {
     }
 }
 
+/* Long rows (a 64K context's indexer scores): the radix select against a full sort by rank
+ * (value, NaN lowest, -0 == +0, then the later position), with runs of equal scores that share
+ * every digit, NaNs, signed zeros and infinities. */
+static const float *g_rank_v;
+static int rank_cmp(const void *a, const void *b) { /* descending rank */
+    int32_t i = *(const int32_t *)a, j = *(const int32_t *)b;
+    float x = g_rank_v[i], y = g_rank_v[j];
+    int xa = x != x ? (y != y ? i > j : 0) : (y != y ? 1 : (x > y || (x == y && i > j)));
+    return xa ? -1 : 1;
+}
+static int asc_i32(const void *a, const void *b) { return *(const int32_t *)a - *(const int32_t *)b; }
+TEST(core, topk_long_rows_match_full_sort) {
+    for (int trial = 0; trial < 18; trial++) {
+        int n = 1000 + (int)(rnd() % 70000), k = 1 + (int)(rnd() % (uint32_t)(trial % 2 ? n : 4096));
+        float *v = malloc(sizeof(float) * (size_t)n);
+        int32_t *idx = malloc(4 * (size_t)n), *tmp = malloc(4 * (size_t)n), *ord = malloc(4 * (size_t)n);
+        for (int i = 0; i < n; i++) {
+            uint32_t r = rnd() % 100;
+            /* ReLU'd scores (mostly +-0, the cut inside the zeros), few distinct values, or spread */
+            v[i] = trial % 3 == 2 ? (rnd() % 4 ? (rnd() % 2 ? 0.0f : -0.0f) : rndf() + 1.0f) : trial % 2 ? (float)(rnd() % 7) * 0.25f : rndf();
+            if (r == 0) v[i] = __builtin_nanf("");
+            else if (r == 1) v[i] = -0.0f;
+            else if (r == 2) v[i] = 0.0f;
+            else if (r == 3) v[i] = -__builtin_inff();
+            else if (r == 4 && trial % 3 == 0) v[i] = __builtin_inff();
+        }
+        op_topk(v, n, k, idx, tmp);
+        for (int i = 0; i < n; i++) ord[i] = i;
+        g_rank_v = v;
+        qsort(ord, (size_t)n, 4, rank_cmp);
+        qsort(ord, (size_t)k, 4, asc_i32);
+        CHECK_MSG(!memcmp(idx, ord, 4 * (size_t)k), "n=%d k=%d: the selection differs from a full sort by rank", n, k);
+        free(v), free(idx), free(tmp), free(ord);
+    }
+}
+
 /* The DSA tie rule on constructed ties: among equal scores the later position is kept, so the
  * cut inside a run of zeros (a trained indexer's ReLU'd scores) keeps the most recent keys. */
 TEST(core, topk_ties_keep_later) {

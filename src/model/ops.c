@@ -4,6 +4,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 void op_rmsnorm(float *y, const float *x, const float *w, int n, double eps) {
     double ss = 0;
@@ -41,42 +42,52 @@ void op_rope(float *x, const float *cos_, const float *sin_, int dim, int interl
     }
 }
 
-/* "a ranks above b": larger value, then the later position (the DSA reference's tie rule:
- * a trained indexer's ReLU'd scores are often exactly equal, mostly 0, and the cut falls inside
- * the tie). NaN ranks lowest; -0 and +0 are equal. A total order on indices, so the selection
- * is a pure function of the scores, whatever order quickselect visits them in. */
-static int above(const float *v, int32_t a, int32_t b) {
-    float x = v[a], y = v[b];
-    if (x != x) return y != y && a > b;
-    if (y != y) return 1;
-    return x > y || (x == y && a > b);
+/* The rank of op_topk as an unsigned key: a larger value ranks above, -0 and +0 are equal, NaN
+ * ranks lowest (key 0; every number maps above it). Equal keys are ordered by position (the
+ * later wins: the DSA reference's tie rule: a trained indexer's ReLU'd scores are often exactly
+ * equal, mostly 0, and the cut falls inside the tie). */
+static uint32_t rank_key(float x) {
+    if (x != x) return 0;
+    uint32_t u;
+    if (x == 0) x = 0; /* -0 -> +0 */
+    memcpy(&u, &x, 4);
+    return u & 0x80000000u ? ~u : u | 0x80000000u;
 }
 
-static int cmp_i32(const void *a, const void *b) {
-    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    return (x > y) - (x < y);
-}
-
+/* A radix select over the keys (11, 11 and 10 bits: three counting passes find the k-th key),
+ * then one pass in index order takes every key above it and, of the keys equal to it, the
+ * latest ones: O(n) and the same selection as a sort by (key, position). */
 void op_topk(const float *v, int n, int k, int32_t *idx, int32_t *tmp) {
-    for (int i = 0; i < n; i++) tmp[i] = i;
-    /* Quickselect so that tmp[0..k) are the k top-ranked indices. Deterministic pivot. */
-    int lo = 0, hi = n - 1;
-    while (k > 0 && k < n && lo < hi) {
-        int mid = lo + (hi - lo) / 2;
-        /* median of three by rank */
-        int32_t a = tmp[lo], b = tmp[mid], c = tmp[hi], p;
-        if (above(v, a, b)) { if (above(v, b, c)) p = b; else if (above(v, a, c)) p = c; else p = a; }
-        else { if (above(v, a, c)) p = a; else if (above(v, b, c)) p = c; else p = b; }
-        int i = lo, j = hi;
-        while (i <= j) {
-            while (above(v, tmp[i], p)) i++;
-            while (above(v, p, tmp[j])) j--;
-            if (i <= j) { int32_t t = tmp[i]; tmp[i] = tmp[j]; tmp[j] = t; i++; j--; }
-        }
-        if (k - 1 <= j) hi = j;
-        else if (k - 1 >= i) lo = i;
-        else break;
+    if (k <= 0) return;
+    if (k >= n) {
+        for (int i = 0; i < n; i++) idx[i] = i;
+        return;
     }
-    for (int i = 0; i < k; i++) idx[i] = tmp[i];
-    qsort(idx, (size_t)k, sizeof(int32_t), cmp_i32);
+    uint32_t *key = (uint32_t *)tmp, prefix = 0, mask = 0;
+    for (int i = 0; i < n; i++) key[i] = rank_key(v[i]);
+    static const int shift[3] = {21, 10, 0}, width[3] = {11, 11, 10};
+    uint32_t hist[2048];
+    int need = k; /* keys still to take among those matching prefix in the bits decided so far */
+    for (int p = 0; p < 3; p++) {
+        uint32_t dm = (1u << width[p]) - 1;
+        memset(hist, 0, sizeof(uint32_t) * (dm + 1));
+        for (int i = 0; i < n; i++)
+            if ((key[i] & mask) == prefix) hist[(key[i] >> shift[p]) & dm]++;
+        uint32_t d = dm;
+        for (int above = 0;; d--) { /* the digit holding the need-th key from the top */
+            if (above + (int)hist[d] >= need) {
+                need -= above;
+                break;
+            }
+            above += (int)hist[d];
+        }
+        prefix |= d << shift[p];
+        mask |= dm << shift[p];
+    }
+    /* prefix is now the k-th key: every key above it is in, and the `need` latest equal to it */
+    int cut = n;
+    for (int i = n - 1, eq = 0; i >= 0 && eq < need; i--)
+        if (key[i] == prefix) eq++, cut = i;
+    for (int i = 0, j = 0; i < n; i++)
+        if (key[i] > prefix || (key[i] == prefix && i >= cut)) idx[j++] = i;
 }
