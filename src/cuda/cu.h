@@ -1,8 +1,8 @@
 /* cu.h: the CUDA backend's seam (src/cuda/, `make cuda`). The C engine calls these; they are
- * built from model.cu + kernels.cu with nvcc, or from none.c (every call a clear
+ * built from model.cu + kernels.cu + tiers.cu with nvcc, or from none.c (every call a clear
  * PETREL_EUNSUPPORTED, cu_device_count 0) in the default CPU-only build.
  *
- * What runs on the GPU (one device, weights resident in HBM): the whole forward of a batch of
+ * What runs on the GPU (one device, weights in HBM): the whole forward of a batch of
  * rows of one or more sessions: embeddings, norms, MLA attention over each session's latent
  * cache (absorbed form), the DSA indexer with its top-k (the tie rule of op_topk), the dense
  * and shared MLPs, the router and the routed experts, the final norm and the head. Logits (and
@@ -14,10 +14,10 @@
  * exact there too), like the CPU's int8 activations for q4.
  * FP8 block-scaled weights are expanded to f32 at upload (exact, 4 bytes a weight).
  * Routed experts that do not fit HBM live in tiers: HBM slots over the host's RAM over the
- * pack on the SSD (cu_model_open).
+ * pack on the SSD (cu_model_open, tiers.cu); tiered logits equal the resident path's bitwise.
  * Trace-driven routing (benchmarks, open option route_trace) replaces the routers' choices as on
  * the CPU. Not yet on the GPU (refused with a line saying so): the MTP layer, LoRA adapters,
- * bf16/int8 KV pages, session files and shared prefixes. */
+ * bf16/int8 KV pages, recording a routing trace, session files and shared prefixes. */
 #ifndef PETREL_CUDA_CU_H
 #define PETREL_CUDA_CU_H
 #include <stdint.h>
