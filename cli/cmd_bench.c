@@ -458,8 +458,8 @@ static int bench_trace(const char *path, int slots, int json, int history_split)
     return rc ? 1 : 0;
 }
 
-/* SSD read bandwidth: plan_ssd_probe (src/model/plan.h), expert records at random with O_DIRECT
- * the way the store reads them. */
+/* SSD read bandwidth: plan_ssd_probe (src/model/plan.h), expert records at random through the
+ * store's own I/O pool. */
 
 /* Trace-driven routing (--route-trace): the offline replay of the tokens the timed decode steps
  * routed, at the store's slots, after the tokens before them (prompt and untimed steps): the
@@ -830,7 +830,7 @@ CLI_CMD(bench) {
                 route_pol = rp;
                 route_bel = rb;
             }
-            printf("ssd read bandwidth: %.2f GB/s = the better of a probe (%.2f GB/s: O_DIRECT, random pieces of expert records, 16 in flight like the store, best of one before and one after decode) and the store's own reads during decode (%.2f GB/s while busy); floor = max(%.2f ms SSD, %.2f ms memory)\n",
+            printf("ssd read bandwidth: %.2f GB/s = the better of a probe (%.2f GB/s: random expert records through the store's own I/O pool, best of one before and one after decode) and the store's own reads during decode (%.2f GB/s while busy); floor = max(%.2f ms SSD, %.2f ms memory)\n",
                    ssd_gbs, ssd_probe_gbs, ssd_seen_gbs, ssd_ms, (double)bytes_tok / (bw * 1e9) * 1e3);
         }
         /* the GPU's expert tiers: what came over PCIe per token, against the link's measured

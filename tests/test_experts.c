@@ -13,6 +13,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include "base/clock.h"
 #include "experts/xs.h"
 #include "test.h"
 
@@ -748,4 +749,26 @@ TEST(experts, replay_with_history) {
     xs_trace_deinit(&t);
     xs_trace_deinit(&h);
     xs_trace_deinit(&bad);
+}
+
+/* the disk probe through the store's I/O pool: reads the records it is given (GB/s > 0 and
+ * bounded by its limit), and a record it cannot read makes it report 0, not a figure */
+TEST(experts, read_probe) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/probe.bin", test_tmpdir());
+    FILE *f = fopen(path, "wb");
+    CHECK(f != NULL);
+    if (!f) return;
+    static uint8_t block[1 << 20];
+    for (size_t i = 0; i < sizeof block; i++) block[i] = (uint8_t)(i * 31 + 7);
+    for (int i = 0; i < 8; i++) CHECK(fwrite(block, 1, sizeof block, f) == sizeof block);
+    fclose(f);
+    uint64_t off[4] = {0, 2u << 20, 4u << 20, 6u << 20}, len[4] = {2u << 20, 2u << 20, 2u << 20, 2u << 20};
+    uint64_t t0 = pt_now_ns();
+    double g = xs_read_probe(path, off, len, 4, 0, 64u << 20, 5.0);
+    CHECK_MSG(g > 0, "probe of a readable file: %.3f GB/s", g);
+    CHECK_MSG(pt_now_ns() - t0 < 5000000000ull, "the probe ran past its byte limit's time");
+    uint64_t bad_off[1] = {1ull << 30}; /* past the end: the read comes up short */
+    CHECK_EQ_INT(xs_read_probe(path, bad_off, len, 1, 0, 8u << 20, 2.0) > 0, 0);
+    CHECK_EQ_INT(xs_read_probe("/nonexistent/probe.bin", off, len, 4, 0, 8u << 20, 1.0) > 0, 0);
 }

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/clock.h"
 #include "base/err.h"
 #include "experts/xs_io.h"
 
@@ -131,4 +132,82 @@ int xs_load_all(const xs_source *src, uint8_t *base, const xs_store_opts *opts,
     free(ld.free_bufs);
     free(reqs);
     return rc;
+}
+
+/* ---- xs_read_probe: the disk as the store reads it ---- */
+
+typedef struct prober {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int inflight, failed;
+    uint64_t done_bytes;
+    xs_ioreq **idle;            /* requests (each with its buffer) not in flight */
+    int n_idle;
+} prober;
+
+static void on_probed(void *ctx, xs_ioreq *r) {
+    prober *p = ctx;
+    pthread_mutex_lock(&p->mu);
+    p->inflight--;
+    if (r->status) p->failed = 1;
+    else p->done_bytes += r->bytes;
+    p->idle[p->n_idle++] = r;
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+}
+
+double xs_read_probe(const char *path, const uint64_t *off, const uint64_t *bytes, int n, int depth, uint64_t limit, double secs) {
+    if (!path || n <= 0) return 0;
+    if (depth < 1) depth = XS_IO_DEFAULT_DEPTH;
+    uint64_t maxrec = 0;
+    for (int i = 0; i < n; i++)
+        if (bytes[i] > maxrec) maxrec = bytes[i];
+    uint64_t slot = (maxrec + XS_ALIGN - 1) / XS_ALIGN * XS_ALIGN;
+    int window = 2 * depth; /* as the store queues behind its reads in flight */
+    xs_ioreq *reqs = calloc((size_t)window, sizeof *reqs);
+    xs_ioreq **idle = malloc(sizeof(xs_ioreq *) * (size_t)window);
+    uint8_t *bufs = NULL;
+    if (!reqs || !idle || posix_memalign((void **)&bufs, XS_ALIGN, (size_t)(slot * (uint64_t)window))) {
+        free(reqs), free(idle), free(bufs);
+        return 0;
+    }
+    memset(bufs, 0, (size_t)(slot * (uint64_t)window)); /* an O_DIRECT read into untouched pages is slower */
+    prober p = {.idle = idle};
+    for (int i = 0; i < window; i++) reqs[i].buf = bufs + (size_t)i * slot, idle[p.n_idle++] = &reqs[i];
+    pthread_mutex_init(&p.mu, NULL);
+    pthread_cond_init(&p.cv, NULL);
+    xs_io *io = NULL;
+    petrel_error err = {0};
+    double gbs = 0;
+    if (xs_io_open(&io, path, -1, XS_IO_AUTO, XS_BACKEND_AUTO, XS_IO_DEFAULT_THREADS, depth, 0, 0, on_probed, &p, &err) == 0) {
+        int direct = xs_io_direct(io);
+        uint64_t x = 0x9E3779B97F4A7C15ull, queued = 0, t0 = pt_now_ns(), tmax = (uint64_t)(secs * 1e9);
+        pthread_mutex_lock(&p.mu);
+        for (;;) {
+            while (!p.failed && p.n_idle && queued < limit && pt_now_ns() - t0 < tmax) {
+                xs_ioreq *r = p.idle[--p.n_idle];
+                x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+                int k = (int)(x % (uint64_t)n);
+                uint8_t *buf = r->buf;
+                memset(r, 0, sizeof *r);
+                r->buf = buf, r->off = off[k], r->bytes = bytes[k], r->expert = k;
+                r->len = direct ? (r->bytes + XS_ALIGN - 1) / XS_ALIGN * XS_ALIGN : r->bytes;
+                queued += r->bytes;
+                p.inflight++;
+                pthread_mutex_unlock(&p.mu);
+                xs_io_submit(io, &r, 1);
+                pthread_mutex_lock(&p.mu);
+            }
+            if (!p.inflight) break;
+            pthread_cond_wait(&p.cv, &p.mu);
+        }
+        uint64_t dt = pt_now_ns() - t0;
+        if (!p.failed && dt) gbs = (double)p.done_bytes / (double)dt;
+        pthread_mutex_unlock(&p.mu);
+        xs_io_close(io);
+    }
+    pthread_mutex_destroy(&p.mu);
+    pthread_cond_destroy(&p.cv);
+    free(reqs), free(idle), free(bufs);
+    return gbs;
 }

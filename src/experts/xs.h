@@ -307,6 +307,12 @@ int xs_usage_load(xs_store *s, const char *path, int *loaded, petrel_error *err)
 int xs_load_all(const xs_source *src, uint8_t *base, const xs_store_opts *opts,
                 void (*progress)(uint64_t done, uint64_t total, void *ud), void *ud,
                 petrel_error *err);
+/* The disk as the store reads it (benchmarks, `petrel plan --measure`): records (off[i],
+ * bytes[i]) picked at random (a fixed seed) through the same I/O pool (io_uring where it
+ * initialises, O_DIRECT where the file system allows, `depth` whole records in flight as the
+ * store keeps them), no checksums, until `limit` bytes or `secs` seconds; GB/s of record bytes
+ * over the wall time, 0 on any failure. */
+double xs_read_probe(const char *path, const uint64_t *off, const uint64_t *bytes, int n, int depth, uint64_t limit, double secs);
 
 /* ---------------------------------------------------------------- I/O fault seam */
 enum { XS_FAULT_NONE = 0, XS_FAULT_ERROR = 1, XS_FAULT_SHORT = 2 };

@@ -27,6 +27,7 @@
 #include "base/clock.h"
 #include "base/err.h"
 #include "base/outfile.h"
+#include "experts/xs.h"
 #include "io/pack.h"
 #include "kernels/kernels.h"
 #include "model/engine.h"
@@ -177,58 +178,23 @@ static double measure_mem(int threads, int mib) {
     return r[3]; /* the median pass, as the bench's floor takes the median of its probes */
 }
 
-/* SSD: the way the store reads (xs_io.h): 4 records at a time, each as 4 concurrent pieces, so
- * 16 reads in flight, O_DIRECT. Threads come in groups of 4 that walk the same sequence of
- * random records, thread t reading piece t % 4: a record is read whole, as the store reads it
- * (random single pieces measured ~half of what the store's own reads got on the virtio disk). */
-typedef struct { const char *path; const pack *pk; int layer, n_experts, seed, pieces; uint64_t rec, bytes; double secs; } ssdjob;
-static void *ssd_thread(void *a) {
-    ssdjob *j = a;
-    int fd = open(j->path, O_RDONLY | O_DIRECT);
-    if (fd < 0) { j->bytes = 0; return NULL; }
-    uint64_t chunk = ((j->rec + (uint64_t)j->pieces - 1) / (uint64_t)j->pieces + 4095) / 4096 * 4096;
-    void *buf = NULL;
-    if (posix_memalign(&buf, 4096, (size_t)chunk)) { close(fd); j->bytes = 0; return NULL; }
-    memset(buf, 0, (size_t)chunk); /* an O_DIRECT read into untouched pages is much slower */
-    uint64_t x = 0x9E3779B97F4A7C15ull * (uint64_t)(j->seed / j->pieces + 1), done = 0, t0 = pt_now_ns();
-    for (int k = 0; k < 512 && done < j->bytes && pt_now_ns() - t0 < (uint64_t)(j->secs * 1e9); k++) {
-        x ^= x << 13; x ^= x >> 7; x ^= x << 17;
-        uint64_t off, bytes, h;
-        if (pack_expert_record(j->pk, j->layer, (int)(x % (uint64_t)j->n_experts), &off, &bytes, &h)) break;
-        uint64_t piece = (uint64_t)(j->seed % j->pieces), po = piece * chunk;
-        if (po >= bytes) po = 0;
-        uint64_t rem = bytes - po, len = rem < chunk ? (rem + 4095) / 4096 * 4096 : chunk; /* O_DIRECT: whole blocks */
-        ssize_t got = pread(fd, buf, (size_t)len, (off_t)(off + po));
-        if (got <= 0) break;
-        done += (uint64_t)got;
-    }
-    j->bytes = done;
-    free(buf);
-    close(fd);
-    return NULL;
-}
+/* SSD: through the store's own I/O pool (xs_read_probe: io_uring, O_DIRECT, 4 whole records in
+ * flight, each read as 4 concurrent pieces) over the pack's expert records at random; 16 pread
+ * threads reading pieces measured about half of what the store's reads got on the virtio disk. */
 double plan_ssd_probe(const petrel_engine *e, int threads, uint64_t limit, double secs) {
+    (void)threads;
     const pack *pk = e->pack;
-    int layer = -1;
-    for (int l = 0; l < e->cfg.num_hidden_layers && layer < 0; l++)
-        if (e->cfg.layer_is_moe[l]) layer = l;
-    uint64_t off, rec, h;
-    if (!pk || layer < 0 || pack_expert_record(pk, layer, 0, &off, &rec, &h)) return 0;
-    enum { NT = 16 };
-    pthread_t th[NT];
-    ssdjob jobs[NT];
-    int started = 0;
-    if (threads < 1 || threads > NT) threads = NT;
-    uint64_t t0 = pt_now_ns();
-    for (int t = 0; t < threads; t++) {
-        jobs[t] = (ssdjob){pack_path(pk), pk, layer, e->cfg.n_routed_experts, t, 4, rec, limit / (uint64_t)threads, secs};
-        if (pthread_create(&th[t], NULL, ssd_thread, &jobs[t])) break;
-        started++;
-    }
-    uint64_t total = 0;
-    for (int t = 0; t < started; t++) { pthread_join(th[t], NULL); total += jobs[t].bytes; }
-    uint64_t dt = pt_now_ns() - t0;
-    return dt ? (double)total / (double)dt : 0;
+    if (!pk) return 0;
+    int E = e->cfg.n_routed_experts, n = 0, cap = 4096;
+    uint64_t *off = malloc(sizeof(uint64_t) * (size_t)cap), *len = malloc(sizeof(uint64_t) * (size_t)cap);
+    for (int l = 0; off && len && l < e->cfg.num_hidden_layers && n < cap; l++)
+        for (int x = 0; e->cfg.layer_is_moe[l] && x < E && n < cap; x++) {
+            uint64_t h;
+            if (pack_expert_record(pk, l, x, &off[n], &len[n], &h) == 0) n++;
+        }
+    double gbs = n && off && len ? xs_read_probe(pack_path(pk), off, len, n, 0, limit, secs) : 0;
+    free(off), free(len);
+    return gbs;
 }
 
 /* Kernels: one matrix of a routed expert's shape (q4 group-64, laid out for the int8 kernels

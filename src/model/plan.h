@@ -45,9 +45,10 @@ typedef struct pt_mem_plan {
 /* One multi-threaded streaming read of buf[n] (AVX-512 loads and a 4 KiB-ahead prefetch where the
  * CPU has them, as the kernels read weights): GB/s. The memory probe of plan and bench. */
 double plan_bw_pass(const uint64_t *buf, size_t n, int threads);
-/* GB/s reading random routed-expert records of a pack with O_DIRECT the way the store does
- * (threads in groups of 4, each group one record in 4 concurrent pieces), ~limit bytes or secs
- * seconds; 0 when the model is not a pack. The SSD probe of plan and bench. */
+/* GB/s reading random routed-expert records of a pack through the expert store's own I/O pool
+ * (xs_read_probe: io_uring, O_DIRECT, whole records in flight as the store keeps them), ~limit
+ * bytes or secs seconds; 0 when the model is not a pack. The SSD probe of plan and bench
+ * (threads: unused, the pool's own). */
 struct petrel_engine;
 double plan_ssd_probe(const struct petrel_engine *e, int threads, uint64_t limit, double secs);
 
