@@ -83,9 +83,12 @@ int dsa_select(petrel_session *s, int l, const layer_w *lw, const float *x, cons
         PT_TRY(kv_write_index(s->kv, l, P + r, k, err));
         for (int h = 0; h < Hi && need_q; h++) iw[(size_t)r * Hi + h] *= wscale;
     }
-    /* the keys 0 .. P+T-1 as runs of f32 rows (page by page), once for every row of the call */
-    int f32 = kv_index_is_f32(s->kv), nruns = 0, Hp = kn_dsa_heads(Hi);
-    for (int a = 0; f32 && a < P + T && need_q;) {
+    /* the keys 0 .. P+T-1 as runs of f32 rows (page by page), once for every row of the call
+     * (every KV scheme of the engine keeps the index keys f32: kv_engine_opts) */
+    if (need_q && !kv_index_is_f32(s->kv))
+        return pt_err(err, PETREL_EUNSUPPORTED, "the DSA indexer scores f32 index keys; this KV pool stores them below f32");
+    int nruns = 0, Hp = kn_dsa_heads(Hi);
+    for (int a = 0; a < P + T && need_q;) {
         kv_run run;
         int m = kv_run_at(s->kv, l, a, P + T, &run, err);
         if (m < 0) return m;
@@ -109,27 +112,13 @@ int dsa_select(petrel_session *s, int l, const layer_w *lw, const float *x, cons
             for (int e = 0; e < Di; e++) d.qt[(size_t)e * Hp + h] = q[(size_t)h * Di + e];
         }
         kn_dsa base = {Hp, Di, d.qt, d.wp, NULL, Di, 0, NULL};
-        if (f32) {
-            int nr = 0;
-            while (nr < nruns && d.runs[nr].a < n) nr++;
-            ds_job j = {tb, base, d.runs, nr, n, score, 1};
-            int nt = pool_threads(kn_pool());
-            j.ntasks = n >= 256 && nt > 1 ? (nr < 4 * nt ? nr : 4 * nt) : 1;
-            if (j.ntasks > 1) pool_run(kn_pool(), j.ntasks, ds_task, &j);
-            else ds_task(&j, 0, 0);
-        } else {
-            for (int a = 0; a < n;) { /* other schemes: the keys decoded a page at a time */
-                kv_run run;
-                int m = kv_run_at(s->kv, l, a, n, &run, err);
-                if (m < 0) return m;
-                if (m > KV_PAGE_DEFAULT) m = KV_PAGE_DEFAULT; /* the decode buffer's rows */
-                PT_TRY(kv_decode(s->kv, l, a, a + m, NULL, NULL, d.kbuf, err));
-                kn_dsa ka = base;
-                ka.k = d.kbuf, ka.n = m, ka.score = score + a;
-                kt_dsa_scores(tb, &ka);
-                a += m;
-            }
-        }
+        int nr = 0;
+        while (nr < nruns && d.runs[nr].a < n) nr++;
+        ds_job j = {tb, base, d.runs, nr, n, score, 1};
+        int nt = pool_threads(kn_pool());
+        j.ntasks = n >= 256 && nt > 1 ? (nr < 4 * nt ? nr : 4 * nt) : 1;
+        if (j.ntasks > 1) pool_run(kn_pool(), j.ntasks, ds_task, &j);
+        else ds_task(&j, 0, 0);
         int k = n < topk ? n : topk;
         op_topk(score, n, k, out, tmp);
         sel_n[r] = k;

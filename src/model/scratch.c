@@ -56,7 +56,7 @@ size_t pf_carve(uint8_t *base, const petrel_config *c, int M, int kst, rows_scr 
 int dsa_carve(arena *a, const petrel_config *c, int T, int N, dsa_scr *d) {
     size_t t = (size_t)T, Hi = (size_t)c->index_n_heads, Di = (size_t)c->index_head_dim;
     int ok = TAKE(d->qi, 4 * t * Hi * Di) & TAKE(d->ki, 4 * t * Di) & TAKE(d->iw, 4 * t * Hi) & TAKE(d->score, 4 * (size_t)N) &
-             TAKE(d->tmp, 4 * (size_t)N) & TAKE(d->kbuf, 4 * (size_t)KV_PAGE_DEFAULT * Di) &
+             TAKE(d->tmp, 4 * (size_t)N) &
              TAKE(d->qt, 4 * Di * (size_t)kn_dsa_heads(c->index_n_heads)) & TAKE(d->wp, 4 * (size_t)kn_dsa_heads(c->index_n_heads)) &
              TAKE(d->runs, sizeof(dsa_run) * (size_t)(N > 0 ? N : 1));
     return ok ? 0 : -1;

@@ -46,7 +46,6 @@ int attn_carve(arena *a, const petrel_config *c, int T, attn_bufs *b);
 typedef struct dsa_run { const float *k; int a, n; } dsa_run; /* f32 index keys of positions [a, a + n) */
 typedef struct dsa_scr {
     float *qi, *ki, *iw, *score;  /* [T][Hi][Di], [T][Di], [T][Hi], [N] */
-    float *kbuf;                  /* [KV_PAGE_DEFAULT][Di]: a page's keys decoded (bf16 / int8 pools) */
     float *qt, *wp;               /* [Di][Hp], [Hp]: a row's query transposed and weights, heads padded (kn_dsa) */
     dsa_run *runs;                /* [N]: the keys' runs, page by page */
     int32_t *tmp;                 /* [N] */
