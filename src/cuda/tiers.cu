@@ -469,10 +469,9 @@ int cut_experts(cu_model *m, int l, const fscr &f, int t, int gemv, petrel_error
     if (ce == cudaSuccess) ce = cudaStreamSynchronize(st);
     if (ce != cudaSuccess) return cu_fail(err, ce, "routing to the host");
     const int32_t *idx = T->h_idx;
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < n; i++) /* all checked before any is marked: a failure leaves no marks behind */
         if (idx[i] < 0 || idx[i] >= E) return pt_err(err, PETREL_EIO, "cuda: layer %d routed a choice to expert %d of %d", l, idx[i], E);
-        T->chosen[idx[i]] = 1;
-    }
+    for (int i = 0; i < n; i++) T->chosen[idx[i]] = 1;
     int nu = 0;
     xs_pol_begin(&TL.pol);
     for (int x = 0; x < E; x++)
@@ -516,15 +515,15 @@ int cut_experts(cu_model *m, int l, const fscr &f, int t, int gemv, petrel_error
             for (int i = 0; i < nw; i++) T->inwave[wave[i]] = 0;
             return rc;
         }
-        int32_t *hs = T->h_w + used, *hx = hs + n, *hp = hx + n;
+        int32_t *wslot = T->h_w + used, *wrow = wslot + n, *wpos = wrow + n;
         int j = 0, jh = 0;
         for (int i = 0; i < n; i++) /* the GPU's choices (the host's misses have no slot) */
-            if (T->inwave[idx[i]] && TL.slot_of[idx[i]] >= 0) hs[j] = TL.slot_of[idx[i]], hx[j] = i / K, hp[j] = i, j++;
+            if (T->inwave[idx[i]] && TL.slot_of[idx[i]] >= 0) wslot[j] = TL.slot_of[idx[i]], wrow[j] = i / K, wpos[j] = i, j++;
         for (int i = 0; i < nw; i++) T->inwave[wave[i]] = 0;
-        /* (one region of h_w per wave: hs, hx and hp are n apart, so a wave's three arrays sit
-         * at used, used + n, used + 2n within [0, 3n), and the waves' regions do not overlap) */
-        ce = cudaMemcpyAsync(f.w_idx, hs, sizeof(int32_t) * j, cudaMemcpyHostToDevice, st);
-        if (ce == cudaSuccess) ce = cudaMemcpyAsync(f.w_x, hx, sizeof(int32_t) * j, cudaMemcpyHostToDevice, st);
+        /* (one region of h_w per wave: its slot, x row and place arrays are n apart, at used,
+         * used + n, used + 2n within [0, 3n), and the waves' regions do not overlap) */
+        ce = cudaMemcpyAsync(f.w_idx, wslot, sizeof(int32_t) * j, cudaMemcpyHostToDevice, st);
+        if (ce == cudaSuccess) ce = cudaMemcpyAsync(f.w_x, wrow, sizeof(int32_t) * j, cudaMemcpyHostToDevice, st);
         if (ce != cudaSuccess) return cu_fail(err, ce, "wave arrays");
         used += j;
         if (nw == nu && !h) { /* one wave, all on the GPU: every choice in its place */
@@ -533,11 +532,11 @@ int cut_experts(cu_model *m, int l, const fscr &f, int t, int gemv, petrel_error
         }
         if (j) experts_compute(m, G, f, f.w_idx, f.w_x, j, j, 1, S, f.w_y, gemv);
         if (h) { /* while the GPU copies and computes: the host's misses, then their outputs after the GPU's */
-            PT_TRY(host_run(m, l, T->miss + nmiss, h, idx, n, hp + j, &jh, err));
+            PT_TRY(host_run(m, l, T->miss + nmiss, h, idx, n, wpos + j, &jh, err));
             ce = cudaMemcpyAsync(f.w_y + (size_t)j * H, T->hy, sizeof(float) * (size_t)jh * H, cudaMemcpyHostToDevice, st);
             if (ce != cudaSuccess) return cu_fail(err, ce, "host expert outputs");
         }
-        ce = cudaMemcpyAsync(f.w_pos, hp, sizeof(int32_t) * (j + jh), cudaMemcpyHostToDevice, st);
+        ce = cudaMemcpyAsync(f.w_pos, wpos, sizeof(int32_t) * (j + jh), cudaMemcpyHostToDevice, st);
         if (ce != cudaSuccess) return cu_fail(err, ce, "wave arrays");
         used += jh;
         cuk_scatter_rows(st, f.w_y, j + jh, H, f.w_pos, f.yk);

@@ -12,15 +12,12 @@
  * span misses are read from the SSD while the MoE phase computes. Library code: no printing,
  * no environment; the probes run on the engine's kernel pool (kn_*). */
 #include <errno.h>
-#include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <time.h>
-#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
