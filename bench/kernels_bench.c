@@ -419,7 +419,7 @@ static void bench_amx(int n) {
                 double t0 = now();
                 for (int it = 0; it < 50; it++) {
                     if (k) kn_r16_rows_amx(&m.v, 0, 64, xq, xs, nw, y);
-                    else kn_r16_rows_avx512(&m.v, 0, 64, xq, xs, nw, y);
+                    else kn_r16_rows_avx512(&m.v, 0, 64, xq, xs, nw, y, 4096, 0);
                 }
                 double t = (now() - t0) / 50;
                 if (t < best[k]) best[k] = t;

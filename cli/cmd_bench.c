@@ -19,6 +19,7 @@
 
 #include "cuda/cu.h"
 #include "base/err.h"
+#include "base/pool.h"
 #include "cli.h"
 #include "experts/xs.h"
 #include "io/pack.h"
@@ -53,7 +54,10 @@ static const char *usage =
     "                   (the union of the rows' choices), bytes per step, floor ratio of the step\n"
     "  --bw-mib N       size of the bandwidth probe buffer in MiB (default 1024; 128 with --mem-budget)\n"
     "  --json           print the result as one JSON object on the last line\n"
-    "  --profile        with --device cuda: the GPU kernels' time by part over the prefill runs and\n"
+    "  --profile        on the CPU: the timed decode steps by product (each kind of matrix product's\n"
+    "                   ms, MB and GB/s per token against the memory probe of the same steps), the\n"
+    "                   rest of each part, and the thread pool's dispatches and end-of-job waits;\n"
+    "                   with --device cuda: the GPU kernels' time by part over the prefill runs and\n"
     "                   the timed decode steps (events between the parts: a little slower)\n"
     "  --prefix-cache   after prefill, time a new session of the same prompt through the prefix\n"
     "                   cache (its whole pages taken, the rest run): time to the first token's logits\n"
@@ -165,26 +169,16 @@ static uint64_t *bw_buffer(size_t bytes) {
 
 
 /* ---- bytes per decode token ---- */
-/* Payload plus scales of a view (wview_bytes counts scales of FP8 only). */
-static uint64_t vbytes(const pt_wview *W) {
-    uint64_t b = (uint64_t)W->rows * (uint64_t)W->row_bytes;
-    int es = W->scale_dtype == PT_F32 ? 4 : 2;
-    switch (W->qtype) {
-    case PT_Q8_ROW: return b + (uint64_t)W->rows * 4;
-    case PT_Q8_G32: case PT_Q4_G64: return b + (uint64_t)W->rows * (uint64_t)W->scale_cols * (uint64_t)es;
-    default: return wview_bytes(W);
-    }
-}
 static uint64_t layer_bytes(const petrel_config *c, const layer_w *lw, uint64_t *experts) {
-    uint64_t b = vbytes(&lw->q_a_proj) + vbytes(&lw->q_b_proj) + vbytes(&lw->kv_a_proj_with_mqa) +
-                 vbytes(&lw->kv_b_proj) + vbytes(&lw->o_proj);
+    uint64_t b = pt_wview_bytes(&lw->q_a_proj) + pt_wview_bytes(&lw->q_b_proj) + pt_wview_bytes(&lw->kv_a_proj_with_mqa) +
+                 pt_wview_bytes(&lw->kv_b_proj) + pt_wview_bytes(&lw->o_proj);
     b += 4ull * (2 * (uint64_t)c->hidden_size + (uint64_t)c->q_lora_rank + (uint64_t)c->kv_lora_rank);
-    if (lw->has_indexer) b += vbytes(&lw->idx_wq_b) + vbytes(&lw->idx_wk) + vbytes(&lw->idx_weights_proj) + 8ull * (uint64_t)c->index_head_dim;
-    if (!lw->is_moe) return b + vbytes(&lw->gate_proj) + vbytes(&lw->up_proj) + vbytes(&lw->down_proj);
-    b += vbytes(&lw->router) + 4ull * (uint64_t)c->n_routed_experts;
-    if (lw->has_shared) b += vbytes(&lw->sh_gate) + vbytes(&lw->sh_up) + vbytes(&lw->sh_down);
+    if (lw->has_indexer) b += pt_wview_bytes(&lw->idx_wq_b) + pt_wview_bytes(&lw->idx_wk) + pt_wview_bytes(&lw->idx_weights_proj) + 8ull * (uint64_t)c->index_head_dim;
+    if (!lw->is_moe) return b + pt_wview_bytes(&lw->gate_proj) + pt_wview_bytes(&lw->up_proj) + pt_wview_bytes(&lw->down_proj);
+    b += pt_wview_bytes(&lw->router) + 4ull * (uint64_t)c->n_routed_experts;
+    if (lw->has_shared) b += pt_wview_bytes(&lw->sh_gate) + pt_wview_bytes(&lw->sh_up) + pt_wview_bytes(&lw->sh_down);
     /* all routed experts of a layer share one format and shape */
-    uint64_t e1 = vbytes(&lw->exp_gate[0]) + vbytes(&lw->exp_up[0]) + vbytes(&lw->exp_down[0]);
+    uint64_t e1 = pt_wview_bytes(&lw->exp_gate[0]) + pt_wview_bytes(&lw->exp_up[0]) + pt_wview_bytes(&lw->exp_down[0]);
     *experts += e1 * (uint64_t)c->num_experts_per_tok;
     return b;
 }
@@ -494,6 +488,87 @@ static int route_replay(const petrel_engine *eng, long first, long steps, int sl
     return rc;
 }
 
+/* ---- --profile on the CPU: the decode step by product ---- */
+/* The name of the weight whose data is `data` (or, failing that, of the first tensor of its shape
+ * and format, cols / qtype < 0: any; streamed experts live in the store's slots), and its part. */
+static const char *prof_name(const petrel_engine *eng, const uint8_t *data, int64_t rows, int64_t cols, int qtype, fwd_part *part) {
+    const petrel_config *c = &eng->cfg;
+    const model_w *w = &eng->w;
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass ? w->lm_head.rows == rows && (cols < 0 || w->lm_head.cols == cols) && (qtype < 0 || (int)w->lm_head.qtype == qtype) : w->lm_head.data == data)
+            return *part = FS_HEAD, "lm_head";
+        for (int l = 0; l < c->num_hidden_layers; l++) {
+            const layer_w *lw = &w->layers[l];
+            struct { const pt_wview *v; const char *name; fwd_part part; } t[] = {
+                {&lw->q_a_proj, "q_a_proj", FS_ATTN}, {&lw->kv_a_proj_with_mqa, "kv_a_proj_with_mqa", FS_ATTN}, {&lw->q_b_proj, "q_b_proj", FS_ATTN},
+                {&lw->kv_b_proj, "kv_b_proj", FS_ATTN}, {&lw->o_proj, "o_proj", FS_ATTN}, {&lw->idx_wq_b, "indexer wq_b", FS_INDEXER},
+                {&lw->idx_wk, "indexer wk", FS_INDEXER}, {&lw->idx_weights_proj, "indexer weights_proj", FS_INDEXER},
+                {&lw->gate_proj, "mlp gate_proj", FS_DENSE}, {&lw->up_proj, "mlp up_proj", FS_DENSE}, {&lw->down_proj, "mlp down_proj", FS_DENSE},
+                {&lw->router, "router", FS_ROUTER}, {&lw->sh_gate, "shared gate_proj", FS_SHARED}, {&lw->sh_up, "shared up_proj", FS_SHARED},
+                {&lw->sh_down, "shared down_proj", FS_SHARED},
+                {lw->exp_gate ? &lw->exp_gate[0] : NULL, "experts gate_proj", FS_EXPERTS}, {lw->exp_up ? &lw->exp_up[0] : NULL, "experts up_proj", FS_EXPERTS},
+                {lw->exp_down ? &lw->exp_down[0] : NULL, "experts down_proj", FS_EXPERTS},
+            };
+            for (size_t k = 0; k < sizeof t / sizeof t[0]; k++) {
+                const pt_wview *v = t[k].v;
+                if (!v || !v->rows) continue;
+                if (pass ? v->rows == rows && (cols < 0 || v->cols == cols) && (qtype < 0 || (int)v->qtype == qtype) : v->data == data && t[k].part != FS_EXPERTS)
+                    return *part = t[k].part, t[k].name;
+            }
+        }
+    }
+    return *part = FS_OTHER, "(unnamed)";
+}
+
+static int cmp_prof(const void *a, const void *b) {
+    const kn_prof_row *x = a, *y = b;
+    return x->prep_ns + x->run_ns < y->prep_ns + y->run_ns ? 1 : x->prep_ns + x->run_ns > y->prep_ns + y->run_ns ? -1 : 0;
+}
+
+/* Every kind of product of the timed steps (per token: calls, MB of weights, ms, GB/s and the
+ * share of the memory probe), then per part what its products do not explain (attention's
+ * per-head W_UK / W_UV, its core over the cache, norms, RoPE, routing arithmetic) and the pool's
+ * figures. */
+static void print_cpu_profile(const petrel_engine *eng, kn_prof *p, const fwd_stats *st, long steps, double bw, uint64_t kv_step, double jobs,
+                              double tail_ns, double step_ms) {
+    qsort(p->row, (size_t)p->n_rows, sizeof p->row[0], cmp_prof);
+    double part_ms[FS_COUNT] = {0}, part_mb[FS_COUNT] = {0}, sum_ms = 0, sum_mb = 0;
+    printf("decode step by product (--profile; per token, over %ld steps; %% of the memory probe's %.1f GB/s):\n", steps, bw);
+    printf("%-40s %-16s %-6s %4s %5s %7s %9s %8s %8s %6s\n", "product", "shape", "format", "rows", "jobs", "calls", "MB", "ms", "GB/s", "%");
+    for (int i = 0; i < p->n_rows; i++) {
+        const kn_prof_row *r = &p->row[i];
+        fwd_part part;
+        fwd_part part2;
+        char name[48];
+        if (r->rows < 0) snprintf(name, sizeof name, "(others)"), part = FS_OTHER;
+        else if (r->jobs == 1) snprintf(name, sizeof name, "%s", prof_name(eng, r->data, r->rows, r->cols, r->qtype, &part));
+        else if (r->jobs == 2)
+            snprintf(name, sizeof name, "%s + %s", prof_name(eng, r->data, r->rows, r->cols, r->qtype, &part),
+                     prof_name(eng, r->data2, r->rows2, -1, -1, &part2));
+        else snprintf(name, sizeof name, "%s + %d more", prof_name(eng, r->data, r->rows, r->cols, r->qtype, &part), r->jobs - 1);
+        double ms = (double)(r->prep_ns + r->run_ns) / 1e6 / (double)steps, mb = (double)r->wbytes / 1e6 / (double)steps;
+        char shape[48];
+        snprintf(shape, sizeof shape, "%s%lldx%lld", r->transposed ? "T " : "", (long long)r->rows, (long long)r->cols);
+        double gbs = ms > 0 ? mb / ms : 0;
+        printf("%-40s %-16s %-6s %4d %5d %7.1f %9.2f %8.3f %8.1f %6.1f\n", name, shape, pt_qtype_name((pt_qtype)r->qtype), r->n, r->jobs,
+               (double)r->calls / (double)steps, mb, ms, gbs, bw > 0 ? 100 * gbs / bw : 0);
+        part_ms[part] += ms, part_mb[part] += mb, sum_ms += ms, sum_mb += mb;
+    }
+    printf("products: %.3f ms and %.1f MB per token, %.1f GB/s (%.1f%% of the probe); the step: %.3f ms\n", sum_ms, sum_mb,
+           sum_ms > 0 ? sum_mb / sum_ms : 0, bw > 0 && sum_ms > 0 ? 100 * sum_mb / sum_ms / bw : 0, step_ms);
+    printf("what each part's products do not explain (ms per token):");
+    for (int q = 0; q < FS_COUNT; q++) {
+        double rest = (double)st->ns[q] / 1e6 / (double)steps - part_ms[q];
+        printf(" %s %.3f%s", fwd_part_names[q], rest, q + 1 < FS_COUNT ? "," : "\n");
+    }
+    double kvb = 0;
+    for (int l = 0; l < eng->cfg.num_hidden_layers; l++) kvb += (double)pt_wview_bytes(&eng->w.layers[l].kv_b_proj);
+    printf("(attention's rest: the per-head W_UK / W_UV products over %.1f MB of kv_b_proj, the core over %.2f MB of latent KV, norms, "
+           "RoPE; routed experts' rest: their routing bookkeeping and the weighted sum)\n", kvb / 1e6, (double)kv_step / 1e6);
+    printf("thread pool: %.1f dispatches per token; the calling thread waited %.3f ms per token for the last task of a dispatch "
+           "(imbalance and synchronization, inside the figures above)\n", jobs / (double)steps, tail_ns / 1e6 / (double)steps);
+}
+
 CLI_CMD(bench) {
     cli_model_opts mo = {0};
     int json = 0;
@@ -531,8 +606,6 @@ CLI_CMD(bench) {
     if (trace) return bench_trace(trace, mo.open.expert_slots, json, history_split);
     if (!mo.model) return cli_fail("bench: --model is required");
     if (mo.open.mem_budget && bw_mib > 128) bw_mib = 128; /* the probe buffer counts against the budget */
-    if (profile && (!mo.open.device || !strncmp(mo.open.device, "cpu", 3)))
-        return cli_fail("bench: --profile times the GPU's kernels: give it with --device cuda (the CPU's parts are in the table without it)");
     if (ctx < prompt) ctx = prompt;
     if (!mo.open.plan_context) /* the plan (KV pool, scratch) for the sessions this bench runs, whole pages each */
         mo.open.plan_context = (int)((batch + 2) * (ctx + steps + 4 + 64)); /* the timed session, a prefill run's, the batch's */
@@ -556,7 +629,11 @@ CLI_CMD(bench) {
     char cpu[256];
     plan_cpu_model(cpu, sizeof cpu);
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    printf("machine: %s%s, %ld cores online, kernels %s, %d threads\n", cpu, cpu_has_amx() ? " (AMX)" : " (no AMX)", cores, kt_isa_name(&eng->kt), threads);
+    char pfs[48];
+    if (eng->kt.pf_bytes) snprintf(pfs, sizeof pfs, "%d B ahead into %s", eng->kt.pf_bytes, eng->kt.pf_l2 ? "L2" : "L1");
+    else snprintf(pfs, sizeof pfs, "none");
+    printf("machine: %s%s, %ld cores online, kernels %s (prefetch %s), %d threads\n", cpu, cpu_has_amx() ? " (AMX)" : " (no AMX)", cores,
+           kt_isa_name(&eng->kt), pfs, threads);
     if (eng->cu) printf("device: %s (the floor's bandwidth: HBM reads, probed before every timed step)\n", petrel_engine_device(eng));
     printf("model: %s (%d layers, hidden %d, %d experts top-%d)\n", mo.model, c->num_hidden_layers, c->hidden_size, c->n_routed_experts,
            c->num_experts_per_tok);
@@ -566,7 +643,7 @@ CLI_CMD(bench) {
     const model_w *w = &eng->w;
     uint64_t resident = 0, experts = 0;
     for (int l = 0; l < c->num_hidden_layers; l++) resident += layer_bytes(c, &w->layers[l], &experts);
-    uint64_t head = vbytes(&w->lm_head) + (uint64_t)w->embed_tokens.row_bytes + 4ull * (uint64_t)c->hidden_size;
+    uint64_t head = pt_wview_bytes(&w->lm_head) + (uint64_t)w->embed_tokens.row_bytes + 4ull * (uint64_t)c->hidden_size;
     /* the latent KV a decode step at context ctx reads: each layer's attended keys (c and k_pe of
      * min(ctx, index_topk) keys on DSA layers, every key on the others) and the indexer keys
      * every full layer scores past index_topk, in the pool's scheme */
@@ -740,12 +817,18 @@ CLI_CMD(bench) {
     if (!rc) plan_bw_pass(bw_buf, bw_n, threads); /* page-in */
     xs_stats xs0 = {0}, xs1 = {0};
     cu_tier_stats ct0 = {0}, ct1 = {0};
+    static kn_prof kprof; /* --profile on the CPU: the timed steps' products */
+    unsigned long long pool_jobs0 = 0, pool_tail0 = 0, pool_jobs1 = 0, pool_tail1 = 0;
     for (int k = 0; !rc && k < 2 + steps; k++) { /* ctx + 2 + steps tokens in all */
         if (k == 2) {
             memset(&s->stats, 0, sizeof s->stats);
             if (eng->xs) xs_store_stats(eng->xs, &xs0);
             if (eng->cu) cu_model_tier_stats(eng->cu, &ct0);
             if (profile && eng->cu) cu_model_profile(eng->cu, 1);
+            if (profile && !eng->cu) {
+                memset(&kprof, 0, sizeof kprof);
+                pool_stats(kn_pool(), &pool_jobs0, &pool_tail0);
+            }
         }
         if (k >= 2 && eng->cu) step_bw[k - 2] = cu_hbm_probe(eng->cu, 1ull << 30); /* on the GPU: HBM */
         else if (k >= 2) /* best of 3 passes, each over a quarter of a large buffer (~5 ms a pass) */
@@ -754,12 +837,16 @@ CLI_CMD(bench) {
                 if (g > step_bw[k - 2]) step_bw[k - 2] = g;
             }
         uint64_t ts = pt_now_ns();
-        if (petrel_session_forward(s, &tok, 1, lg, 0, &err)) { rc = cli_fail_err("bench", &err); break; }
+        if (k >= 2 && profile && !eng->cu) kn_set_profile(&kprof); /* the steps only, not the probes */
+        int frc = petrel_session_forward(s, &tok, 1, lg, 0, &err);
+        kn_set_profile(NULL);
+        if (frc) { rc = cli_fail_err("bench", &err); break; }
         if (k >= 2) step_ms[k - 2] = (double)(pt_now_ns() - ts) / 1e6;
         int32_t best = 0;
         for (int v = 1; v < V; v++) if (lg[v] > lg[best]) best = v;
         tok = best;
     }
+    if (profile && !eng->cu) pool_stats(kn_pool(), &pool_jobs1, &pool_tail1);
     /* the single session's store statistics end here, before any batched steps */
     if (eng->xs) xs_store_stats(eng->xs, &xs1);
     if (eng->cu) cu_model_tier_stats(eng->cu, &ct1);
@@ -896,6 +983,8 @@ CLI_CMD(bench) {
         for (int p = 0; p < FS_COUNT; p++)
             printf("%-16s %12.3f %12.1f\n", fwd_part_names[p], (double)s->stats.ns[p] / 1e6 / (double)steps, (double)pst.ns[p] / 1e6);
         if (eng->cu) printf("(on the GPU a forward is one stream: all of it counts as \"other\" here; --profile splits it by part)\n");
+        if (profile && !eng->cu)
+            print_cpu_profile(eng, &kprof, &s->stats, steps, bw, kv_step, (double)(pool_jobs1 - pool_jobs0), (double)(pool_tail1 - pool_tail0), dms);
         if (json) {
             printf("{\"decode_ms\": %.4f, \"decode_tok_s\": %.4f, \"prefill_tok_s\": %.3f, \"prefill_best_tok_s\": %.3f, \"prefill_runs\": %ld, \"bytes_per_token\": %" PRIu64
                    ", \"mem_bw_gbs\": %.3f, \"decode_floor_ratio\": %.4f, \"decode_floor_ratio_unpaired\": %.4f, \"floor_ms\": %.4f, \"ctx\": %ld, \"prompt\": %ld, \"steps\": %ld, "
@@ -918,7 +1007,8 @@ CLI_CMD(bench) {
                        ct1.slots, tier_hit, tier_copies, tier_mb, tier_copy_ms, tier_host, pcie_gbs);
             printf(", \"prefill_breakdown_ms\": {");
             for (int p = 0; p < FS_COUNT; p++) printf("%s\"%s\": %.3f", p ? ", " : "", fwd_part_names[p], (double)pst.ns[p] / 1e6);
-            printf("}, \"cpu_amx\": %s, \"device\": \"", cpu_has_amx() ? "true" : "false");
+            printf("}, \"cpu_amx\": %s, \"prefetch_bytes\": %d, \"prefetch_l2\": %d, \"device\": \"", cpu_has_amx() ? "true" : "false", eng->kt.pf_bytes,
+                   eng->kt.pf_l2);
             for (const char *d = petrel_engine_device(eng); *d; d++) /* "cpu" or the GPU's line */
                 if (*d == '"' || *d == '\\') printf("\\%c", *d);
                 else if ((unsigned char)*d >= 0x20) putchar(*d);

@@ -91,17 +91,33 @@ int cli_out_check(const char *cmd, const char *path, const char *input) {
     return cli_fail("%s: %s", cmd, e.msg);
 }
 
-/* Kernel choices: --act-quant on|off|q8, --relayout on|off, --isa NAME (see petrel_open_opts). */
+/* Kernel choices: --act-quant on|off|q8, --relayout on|off, --isa NAME, --prefetch P (see
+ * petrel_open_opts); the KV and GPU options. */
 static int kernel_opt(int argc, char **argv, int *i, cli_model_opts *mo) {
     const char *a = argv[*i];
     int aq = !strcmp(a, "--act-quant"), rl = !strcmp(a, "--relayout"), isa = !strcmp(a, "--isa");
     int kvt = !strcmp(a, "--kv-type"), kvs = !strcmp(a, "--kv-size");
     int dev = !strcmp(a, "--device"), vram = !strcmp(a, "--vram-budget"), vslots = !strcmp(a, "--vram-expert-slots");
-    int hexp = !strcmp(a, "--host-experts");
-    if (!aq && !rl && !isa && !kvt && !kvs && !dev && !vram && !vslots && !hexp) return 0;
+    int hexp = !strcmp(a, "--host-experts"), pf = !strcmp(a, "--prefetch");
+    if (!aq && !rl && !isa && !kvt && !kvs && !dev && !vram && !vslots && !hexp && !pf) return 0;
     if (*i + 1 >= argc) { cli_fail("%s needs a value", a); return -1; }
     const char *v = argv[++*i];
-    if (dev) {
+    if (pf) { /* auto | off | BYTES[:l1|l2] */
+        char *end;
+        long n = 0;
+        int lv = 0;
+        const char *colon = strchr(v, ':');
+        if (colon && !strcmp(colon, ":l1")) lv = 1;
+        else if (colon && !strcmp(colon, ":l2")) lv = 2;
+        if (!strcmp(v, "auto")) n = 0;
+        else if (!strcmp(v, "off")) n = -1;
+        else if (n = strtol(v, &end, 10), end == v || (*end && end != colon) || (colon && !lv) || n < 64 || n > 65536) {
+            cli_fail("--prefetch: \"%s\" is not auto, off or BYTES[:l1|l2] (64 .. 65536)", v);
+            return -1;
+        }
+        mo->open.prefetch = (int)n;
+        mo->open.prefetch_level = lv;
+    } else if (dev) {
         mo->open.device = v; /* checked by the engine's open before it loads anything */
     } else if (vram) {
         if (cli_opt_size(NULL, "--vram-budget", v, 1, CLI_SIZE_MAX, &mo->open.vram_budget)) return -1;

@@ -74,6 +74,11 @@ typedef struct petrel_open_opts {
     int act_quant;
     int relayout;
     const char *isa;
+    /* The R16 kernels' software prefetch (speed only, never the results): prefetch 0 = this CPU
+     * kind's default, -1 = none, else bytes ahead of the weight stream (64 .. 65536);
+     * prefetch_level 0 = default, 1 = into L1, 2 = into L2. */
+    int prefetch;
+    int prefetch_level;
     /* Benchmarks: every main MoE layer's routed choices come from this recorded routing trace
      * (`# petrel-trace v1`, text or .gz: the trace's layers spread evenly over the model's MoE
      * layers; a row at position p takes the trace's token (p + petrel_session_route_offset) mod

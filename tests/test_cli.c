@@ -82,6 +82,27 @@ TEST(cli, info_reports) {
     CHECK(strstr(out, "fp8") != NULL);
 }
 
+/* bench --profile on the CPU: the decode step by product, named after the model's tensors, with
+ * the head's bytes per token those of lm_head */
+TEST(cli, bench_profile) {
+    const char *b = bin();
+    if (!b) return;
+    static char cmd[1024], out[32768], err[4096];
+    snprintf(cmd, sizeof cmd, "%s bench --model %s --steps 3 --prompt 6 --prefill-runs 1 --bw-mib 16 --profile", b, test_data("tiny"));
+    CHECK_EQ_INT(test_sh(cmd, out, sizeof out, err, sizeof err), 0);
+    CHECK_MSG(strstr(out, "decode step by product") && strstr(out, "thread pool:") && strstr(out, "q_b_proj") && strstr(out, "o_proj"),
+              "%s", out);
+    const char *h = strstr(out, "\nlm_head ");
+    CHECK_MSG(h != NULL, "no lm_head row: %s", out);
+    if (h) { /* product shape format rows jobs calls MB: one call per token */
+        char name[32], shape[32], fmt[16];
+        int rows, jobs;
+        double calls, mb;
+        CHECK_EQ_INT(sscanf(h + 1, "%31s %31s %15s %d %d %lf %lf", name, shape, fmt, &rows, &jobs, &calls, &mb), 7);
+        CHECK(rows == 1 && jobs == 1 && calls == 1.0 && mb > 0);
+    }
+}
+
 TEST(cli, failures_are_one_line) {
     const char *b = bin();
     if (!b) return;

@@ -563,8 +563,6 @@ TEST(cuda, cli_device) {
     }
     snprintf(cmd, sizeof cmd, "%s generate --model %s --ids 1,2 -n 2 --device cuda:999", b, test_data("tiny"));
     CHECK_MSG(test_sh(cmd, out, sizeof out, er, sizeof er) == 1 && test_count_lines(er) == 1, "cuda:999: %s", er);
-    snprintf(cmd, sizeof cmd, "%s bench --model %s --steps 2 --prompt 4 --profile", b, test_data("tiny"));
-    CHECK_MSG(test_sh(cmd, out, sizeof out, er, sizeof er) == 1 && test_count_lines(er) == 1 && strstr(er, "--device cuda"), "bench --profile on the CPU: %s", er);
     snprintf(cmd, sizeof cmd, "%s generate --model %s --ids 1,2 -n 2 --device cpu", b, test_data("tiny"));
     CHECK_EQ_INT(test_sh(cmd, out, sizeof out, er, sizeof er), 0);
 }

@@ -544,6 +544,95 @@ TEST(kernels, matmul_many) {
     kn_set_act_quant(aq_saved);
 }
 
+/* kn_set_profile: each top-level dispatch lands in the row of its key with its calls and weight
+ * bytes; products run inside a pool task are not seen; the pool counts its dispatches; off
+ * (NULL) records nothing. */
+typedef struct { const pt_wview *W; const float *x; float *y; } prof_nest;
+static void prof_nested_fn(void *ctx, int task, int thread) {
+    (void)task, (void)thread;
+    const prof_nest *c = ctx;
+    kn_matmul(c->W, c->x, 1, c->y);
+}
+TEST(kernels, profile) {
+    tw a = tw_make(PT_Q8_G32, 64, 256, PT_BF16, 0, 0), b = tw_make(PT_Q8_G32, 32, 256, PT_BF16, 0, 0), c = tw_make(PT_F32, 48, 64, PT_F32, 0, 0);
+    float *xb, *yb, *tb;
+    const float *x = xalloc(2, 256, &xb);
+    float *y = yalloc(2, 64 + 32, &yb), *yt = yalloc(1, 64, &tb);
+    static kn_prof p;
+    memset(&p, 0xab, sizeof p); /* the caller zeroes it: n_rows */
+    p.n_rows = 0;
+    unsigned long long j0, w0, j1, w1;
+    pool_stats(kn_pool(), &j0, &w0);
+    kn_set_profile(&p);
+    for (int r = 0; r < 3; r++) kn_matmul(&a.v, x, 1, y);
+    kn_job jobs[2] = {{&a.v, x, 2, y}, {&b.v, x, 2, y + 2 * 64}};
+    kn_matmul_many(jobs, 2);
+    kn_matmul_t(&c.v, x, 1, yt); /* [1][48] . [48][64] */
+    prof_nest nest = {&b.v, x, y};
+    pool_run(kn_pool(), 4, prof_nested_fn, &nest); /* inside tasks: not recorded */
+    kn_set_profile(NULL);
+    kn_matmul(&a.v, x, 1, y); /* off: not recorded */
+    pool_stats(kn_pool(), &j1, &w1);
+    CHECK_EQ_INT(p.n_rows, 3);
+    int seen = 0;
+    for (int i = 0; i < p.n_rows; i++) {
+        const kn_prof_row *r = &p.row[i];
+        if (r->rows == 64 && r->n == 1 && r->jobs == 1 && !r->transposed) {
+            seen |= 1;
+            CHECK_EQ_INT((int)r->calls, 3);
+            CHECK(r->wbytes == 3 * pt_wview_bytes(&a.v));
+            CHECK(r->data == a.v.data && r->rows2 == 0);
+        } else if (r->rows == 64 && r->n == 2 && r->jobs == 2) {
+            seen |= 2;
+            CHECK_EQ_INT((int)r->calls, 1);
+            CHECK(r->wbytes == pt_wview_bytes(&a.v) + pt_wview_bytes(&b.v));
+            CHECK(r->rows2 == 32 && r->data2 == b.v.data);
+        } else if (r->rows == 48 && r->transposed) {
+            seen |= 4;
+            CHECK_EQ_INT((int)r->calls, 1);
+            CHECK(r->wbytes == 48ull * 64 * 4);
+        }
+        CHECK(r->run_ns > 0);
+    }
+    CHECK_EQ_INT(seen, 7);
+    CHECK(pt_wview_bytes(&a.v) == 64ull * 256 + 64ull * 8 * 2); /* payload + bf16 scale per group of 32 */
+    if (kn_threads() > 1) CHECK_MSG(j1 >= j0 + 1, "pool dispatches %llu -> %llu (the 4-task job counts)", j0, j1); /* one-task jobs run inline, uncounted */
+    free(xb), free(yb), free(tb);
+    tw_free(&a), tw_free(&b), tw_free(&c);
+}
+
+/* The R16 kernels' software prefetch changes speed only: every distance and level gives the
+ * default's bits, at the ends of a matrix too (prefetches past the last block); bad settings are
+ * refused. */
+TEST(kernels, r16_prefetch_invisible) {
+    kn_table t;
+    CHECK_EQ_INT(kn_table_init(&t, NULL, 0, 0), 0);
+    CHECK(kn_table_prefetch(&t, 63, 0) < 0 && kn_table_prefetch(&t, 65537, 0) < 0 && kn_table_prefetch(&t, -2, 0) < 0 &&
+          kn_table_prefetch(&t, 0, 3) < 0);
+    CHECK(kn_table_prefetch(&t, -1, 0) == 0 && t.pf_bytes == 0);
+    CHECK(kn_table_prefetch(&t, 1000, 2) == 0 && t.pf_bytes == 960 && t.pf_l2 == 1);
+    if (!kt_r16_available(&t)) { test_skip("no AVX-512 VNNI: the R16 kernels run as the scalar reference"); return; }
+    const pt_qtype q[2] = {PT_Q4_G64, PT_Q8_G32};
+    const int pf[][2] = {{-1, 0}, {64, 1}, {4096, 1}, {4096, 2}, {65536, 2}, {8192, 1}};
+    for (int f = 0; f < 2; f++)
+        for (int n = 1; n <= 5; n += 2) {
+            tw w = tw_make(q[f], 96, 512, PT_BF16, 0, 0);
+            CHECK(kn_r16_repack(&w.v) == 0);
+            float *xb, *yb, *y2b, *x = xalloc(n, 512, &xb), *y = yalloc(n, 96, &yb), *y2 = yalloc(n, 96, &y2b);
+            kn_table_prefetch(&t, 0, 0);
+            kt_matmul(&t, &w.v, x, n, y);
+            for (size_t k = 0; k < sizeof pf / sizeof pf[0]; k++) {
+                CHECK(kn_table_prefetch(&t, pf[k][0], pf[k][1]) == 0);
+                memset(y2, 0x7f, sizeof(float) * (size_t)n * 96);
+                kt_matmul(&t, &w.v, x, n, y2);
+                CHECK_MSG(!memcmp(y, y2, sizeof(float) * (size_t)n * 96), "%s n %d prefetch %d level %d differs", pt_qtype_name(q[f]), n, pf[k][0],
+                          pf[k][1]);
+            }
+            free(xb), free(yb), free(y2b);
+            tw_free(&w);
+        }
+}
+
 /* ---- kn_matmul_t ---- */
 TEST(kernels, matmul_t) {
     uint64_t seed = rng_seed();

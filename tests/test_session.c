@@ -411,6 +411,8 @@ TEST(session, cli_bad_input) {
     struct { const char *args; const char *want; } cases[] = {
         {"generate --model %s --ids 1,2 -n 2 --kv-type fp4", "--kv-type"},
         {"generate --model %s --ids 1,2 -n 2 --kv-size 0", "--kv-size"},
+        {"generate --model %s --ids 1,2 -n 2 --prefetch 12x", "--prefetch"},
+        {"generate --model %s --ids 1,2 -n 2 --prefetch 4096:l3", "--prefetch"},
         {"generate --model %s --ids 1,2 -n 2 --kv-size 1", "KV pool"},
         {"generate --model %s -n 2 --session-in /nonexistent/x.sess", "x.sess"},
         {"generate --model %s -n 2", "--ids"},

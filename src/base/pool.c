@@ -32,6 +32,7 @@ struct pt_pool {
     _Atomic int done;          /* tasks of the current job finished */
     _Atomic int n_sleep;       /* workers in (or entering) FUTEX_WAIT */
     uint32_t jobs;             /* job counter (caller side) */
+    unsigned long long n_jobs, tail_ns; /* pool_stats (caller side, under run_lock) */
     pt_task_fn fn;
     void *ctx;
 };
@@ -175,6 +176,16 @@ void pool_run(pt_pool *p, int n_tasks, pt_task_fn fn, void *ctx) {
     atomic_fetch_add(&p->gen, 1); /* seq_cst: orders before the n_sleep read */
     if (atomic_load(&p->n_sleep) > 0) futex(&p->gen, FUTEX_WAKE_PRIVATE, INT32_MAX);
     run_tasks(p, 0);
+    double t0 = now_s();
     while (atomic_load_explicit(&p->done, memory_order_acquire) != n_tasks) _mm_pause();
+    p->tail_ns += (unsigned long long)((now_s() - t0) * 1e9);
+    p->n_jobs++;
     pthread_mutex_unlock(&p->run_lock);
 }
+
+void pool_stats(const pt_pool *p, unsigned long long *jobs, unsigned long long *tail_ns) {
+    *jobs = p ? p->n_jobs : 0;
+    *tail_ns = p ? p->tail_ns : 0;
+}
+
+int pool_in_task(void) { return in_pool_task; }

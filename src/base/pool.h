@@ -26,4 +26,10 @@ void pool_destroy(pt_pool *p);
 int pool_threads(const pt_pool *p); /* 1 for NULL */
 /* Runs fn(ctx, t, thread) for t in [0, n_tasks); thread in [0, pool_threads). p may be NULL. */
 void pool_run(pt_pool *p, int n_tasks, pt_task_fn fn, void *ctx);
+/* Counters since pool_create (read between jobs): jobs dispatched to workers, and the caller's
+ * total time from finishing its own share of tasks to the job's last task done (the tail of
+ * load imbalance plus the synchronization). Inline jobs are not counted. */
+/* Whether this thread is running a pool task now (a nested pool_run would go inline). */
+int pool_in_task(void);
+void pool_stats(const pt_pool *p, unsigned long long *jobs, unsigned long long *tail_ns);
 #endif

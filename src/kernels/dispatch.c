@@ -40,10 +40,10 @@
 
 static pthread_once_t detect_once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
-static int best_isa = ISA_SCALAR, has_vnni, has_amx, has_amx_bf16;
+static int best_isa = ISA_SCALAR, has_vnni, has_amx, has_amx_bf16, is_intel;
 /* The process default table (tools, tests): kn_force_isa / kn_set_act_quant / kn_set_r16 change
  * it; engines fill their own (kn_table_init) and never read it. */
-static kn_table g_def = {ISA_SCALAR, 0, 1, 1, 0, 0, KN_AMX_MIN_ROWS};
+static kn_table g_def = {ISA_SCALAR, 0, 1, 1, 0, 0, KN_AMX_MIN_ROWS, 4096, 0};
 static pt_pool *g_pool;
 static int g_threads;
 /* kn_set_observer: a calibration hook (src/io/calib.c) shown every kn_matmul input */
@@ -55,10 +55,40 @@ void kn_set_observer(kn_observer_fn fn, void *ctx) {
     g_obs_ctx = ctx;
 }
 
+/* kn_set_profile: wall time and weight bytes per kind of product (benchmarks) */
+static kn_prof *g_prof;
+void kn_set_profile(kn_prof *p) { g_prof = p; }
+
+static uint64_t prof_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* The row of (the first job's) key; the last row takes what does not fit. */
+static kn_prof_row *prof_row(kn_prof *p, const pt_wview *W, const pt_wview *W2, int n, int jobs, int transposed) {
+    int64_t rows2 = W2 ? W2->rows : 0;
+    for (int i = 0; i < p->n_rows; i++) {
+        kn_prof_row *r = &p->row[i];
+        if (r->rows == W->rows && r->cols == W->cols && r->qtype == (int)W->qtype && r->layout == W->layout && r->n == n && r->jobs == jobs &&
+            r->rows2 == rows2 && r->transposed == transposed)
+            return r;
+    }
+    if (p->n_rows >= KN_PROF_ROWS) {
+        p->row[KN_PROF_ROWS - 1].rows = -1;
+        return &p->row[KN_PROF_ROWS - 1];
+    }
+    kn_prof_row *r = &p->row[p->n_rows++];
+    memset(r, 0, sizeof *r);
+    *r = (kn_prof_row){W->rows, W->cols, rows2, (int)W->qtype, W->layout, n, jobs, transposed, W->data, W2 ? W2->data : NULL, 0, 0, 0, 0};
+    return r;
+}
+
 /* CPUID + XGETBV directly (clang 14's __builtin_cpu_supports rejects "f16c"): the OS must save
  * the YMM (and for AVX-512 the opmask/ZMM) state, XCR0 bits 1-2 and 5-7. */
 static void detect_isa(void) {
     unsigned a, b, c, d;
+    if (__get_cpuid(0, &a, &b, &c, &d)) is_intel = b == 0x756e6547 && d == 0x49656e69 && c == 0x6c65746e; /* "GenuineIntel" */
     if (!__get_cpuid(1, &a, &b, &c, &d)) return;
     int osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, fma = (c >> 12) & 1, f16c = (c >> 29) & 1;
     if (!osxsave || !avx) return;
@@ -151,6 +181,17 @@ int kn_table_init(kn_table *t, const char *isa, int act_quant, int relayout) {
     t->amx_min_rows = KN_AMX_MIN_ROWS;
     t->act_quant = act_quant == 0 ? 1 : act_quant < 0 ? 0 : act_quant;
     t->r16 = relayout >= 0;
+    kn_table_prefetch(t, 0, 0);
+    return 0;
+}
+
+/* Defaults per CPU kind (bench/KERNELS.md, "prefetch"): 4 KB ahead into L1 on both kinds
+ * measured so far. */
+int kn_table_prefetch(kn_table *t, int bytes, int level) {
+    pthread_once(&detect_once, detect);
+    if (bytes < -1 || (bytes > 0 && (bytes < 64 || bytes > 65536)) || level < 0 || level > 2) return -1;
+    t->pf_bytes = bytes == 0 ? 4096 : bytes < 0 ? 0 : bytes / 64 * 64;
+    t->pf_l2 = level == 0 ? (is_intel ? 0 : 0) : level == 2;
     return 0;
 }
 
@@ -321,7 +362,7 @@ static void mm_task(void *ctx, int task, int thread) {
         if (j->t->amx == 2) kn_amx_bf16_rows_emu(j->W, r0, r1, j->xp, j->xs, j->n, j->y);
         else kn_amx_bf16_rows(j->W, r0, r1, j->xp, j->xs, j->n, j->y);
     } else if (j->path == P_R16) {
-        if (j->t->isa == ISA_AVX512 && j->t->vnni) kn_r16_rows_avx512(j->W, r0, r1, j->xp, j->xs, j->n, j->y);
+        if (j->t->isa == ISA_AVX512 && j->t->vnni) kn_r16_rows_avx512(j->W, r0, r1, j->xp, j->xs, j->n, j->y, j->t->pf_bytes, j->t->pf_l2);
         else kn_r16_rows_ref(j->W, r0, r1, j->xp, j->xs, j->n, j->y);
     } else if (j->path == P_ACTQ) kn_actq_rows_avx512(j->W, r0, r1, j->xp, j->xs, j->n, j->y);
     else if (j->path == P_ISA) j->isa->rows(j->W, r0, r1, j->xp, j->xs, j->n, j->y);
@@ -337,6 +378,8 @@ static int64_t part_bytes(const mm_part *p) {
 
 /* Runs parts (already classified) as one pool dispatch. */
 static void run_parts(mm_part *parts, int np) {
+    kn_prof *prof = g_prof && !pool_in_task() ? g_prof : NULL;
+    uint64_t tp0 = prof ? prof_now() : 0;
     /* prepared activations: one buffer; parts with the same x, n, cols and preparation share */
     size_t total = 0;
     for (int k = 0; k < np; k++) total += (size_t)((part_bytes(&parts[k]) + 63) & ~63);
@@ -366,9 +409,9 @@ static void run_parts(mm_part *parts, int np) {
         else if (p->path == P_ACTQ) kn_actq_prep_avx512(p->prep, p->x, p->n, p->W->cols, (uint8_t *)p->xp);
         else prep_x(p->x, p->n, p->W->cols, p->xs, p->prep, (float *)p->xp);
     }
-    /* Tasks: about 4 per thread over all parts (dynamic balance against OS noise), whole
-     * 16-row units (a 64-byte line of y), at least ~64 KB of weights each so tiny matmuls do
-     * not pay for the fan-out. */
+    /* Tasks: about 4 per thread over all parts (dynamic balance against OS noise), at most ~2 MB
+     * of weights each, whole 16-row units (a 64-byte line of y), at least ~64 KB of weights each
+     * so tiny matmuls do not pay for the fan-out. */
     double total_w = 0;
     for (int k = 0; k < np; k++) total_w += (double)parts[k].W->rows * parts[k].W->row_bytes;
     int64_t tasks = 0;
@@ -378,6 +421,11 @@ static void run_parts(mm_part *parts, int np) {
         int64_t units = (W->rows + 15) / 16;
         double share = total_w > 0 ? (double)W->rows * W->row_bytes / total_w : 1.0 / np;
         int64_t want_tasks = (int64_t)((double)g_threads * 4 * share + 0.999);
+        /* and tasks of at most ~2 MB of weights: a large matrix (the head: 1 GB) in four tasks
+         * per thread left the others waiting up to a whole task (milliseconds) for one thread
+         * that a shared core slowed down */
+        int64_t by_bytes = (int64_t)((double)W->rows * (double)W->row_bytes / (double)(2 << 20));
+        if (want_tasks < by_bytes) want_tasks = by_bytes;
         if (want_tasks < 1) want_tasks = 1;
         int64_t min_units =
             (64 << 10) / (16 * (W->row_bytes > 0 ? W->row_bytes : 1) * (int64_t)p->n + 1) + 1;
@@ -388,7 +436,15 @@ static void run_parts(mm_part *parts, int np) {
         tasks += (W->rows + p->rows_per_task - 1) / p->rows_per_task;
     }
     mm_ctx c = {parts, np};
+    uint64_t tp1 = prof ? prof_now() : 0;
     pool_run(g_pool, (int)tasks, mm_task, &c);
+    if (prof) {
+        kn_prof_row *r = prof_row(prof, parts[0].W, np > 1 ? parts[1].W : NULL, parts[0].n, np, 0);
+        r->calls++;
+        r->prep_ns += tp1 - tp0;
+        r->run_ns += prof_now() - tp1;
+        for (int k = 0; k < np; k++) r->wbytes += pt_wview_bytes(parts[k].W);
+    }
 }
 
 static void classify(const kn_table *t, mm_part *p, const pt_wview *W, const float *x, int n, float *y) {
@@ -490,7 +546,15 @@ void kt_matmul_t(const kn_table *t, const pt_wview *W, const float *x, int n, fl
     int64_t min_t = (32 << 10) / ((W->rows * W->row_bytes) / tiles + 1) + 1;
     if (per < min_t) per = min_t;
     mt_ctx c = {W, x, n, simd, per * 64, y};
+    kn_prof *prof = g_prof && !pool_in_task() ? g_prof : NULL;
+    uint64_t tp0 = prof ? prof_now() : 0;
     pool_run(g_pool, (int)((tiles + per - 1) / per), mt_task, &c);
+    if (prof) {
+        kn_prof_row *r = prof_row(prof, W, NULL, n, 1, 1);
+        r->calls++;
+        r->run_ns += prof_now() - tp0;
+        r->wbytes += pt_wview_bytes(W);
+    }
 }
 
 float kt_dot(const kn_table *t, const float *a, const float *b, int64_t n) {

@@ -32,12 +32,17 @@ typedef struct kn_table {
     int amx;        /* AMX-INT8 tiles run R16 products of >= amx_min_rows rows (bitwise = VNNI) */
     int amx_bf16;   /* AMX-BF16 runs plain bf16-weight products of >= amx_min_rows rows (not exact) */
     int amx_min_rows; /* below this many rows the VNNI kernel is faster (measured, bench/KERNELS.md) */
+    int pf_bytes;   /* the R16 kernels' software prefetch: bytes ahead of the weight stream (0: none) */
+    int pf_l2;      /* ... into L2 (1) or L1 (0); both by CPU kind at init (kn_table_prefetch), speed only */
 } kn_table;
 /* isa NULL or "auto": the best this CPU has (AMX-INT8 where the CPU and OS allow it); "scalar",
  * "avx2", "avx512" (AVX-512 without AMX), "amx" (AVX-512 + AMX-INT8: fails without it),
  * "amx-bf16" (amx + the inexact AMX-BF16 path for bf16 weights). act_quant 0 = default (1), -1
  * off, 1, 2; relayout 0 = default (on), -1 off, 1 on. -1: unknown or unavailable. */
 int kn_table_init(kn_table *t, const char *isa, int act_quant, int relayout);
+/* The R16 kernels' software prefetch: bytes 0 = this CPU kind's default, -1 = none, else the
+ * distance (64 .. 65536); level 0 = default, 1 = into L1, 2 = into L2. -1: out of range. */
+int kn_table_prefetch(kn_table *t, int bytes, int level);
 /* This CPU has AMX-INT8 (and AMX-BF16), and the OS granted the tile data permission
  * (arch_prctl ARCH_REQ_XCOMP_PERM, asked once per process at the first call). */
 int kn_amx_available(void);
@@ -116,6 +121,29 @@ void kn_ref_matmul_many(const kn_job *jobs, int n_jobs);
  * (one predictable branch per call). Not thread-safe against running kernels. */
 typedef void (*kn_observer_fn)(void *ctx, const pt_wview *W, const float *x, int n);
 void kn_set_observer(kn_observer_fn fn, void *ctx);
+
+/* Profile (benchmarks: `petrel bench --profile` on the CPU). While set, every kernel dispatch
+ * made outside a pool task (kt_matmul, kt_matmul_many, kt_matmul_t from the model's thread;
+ * products nested in the model's own parallel loops, e.g. MLA's per-head W_UK / W_UV, are not
+ * seen) adds to the row of its key (first job's shape, format, layout, rows n, job count, the
+ * second job's rows, transposed or not): calls, wall time of the activation preparation and of the pool dispatch,
+ * and the bytes of its weights (payload and scales). Rows past KN_PROF_ROWS go to the last row
+ * (key rows = -1). The pool's own figures (jobs, the caller's wait for the last task) are in
+ * pool_stats. Tools only: not thread-safe against running kernels; NULL turns it off (one
+ * predictable branch per call). */
+#define KN_PROF_ROWS 96
+typedef struct kn_prof_row {
+    int64_t rows, cols;    /* the first job's weight shape; -1: the overflow row */
+    int64_t rows2;         /* the second job's rows (0: one job) */
+    int qtype, layout, n, jobs, transposed;
+    const uint8_t *data, *data2; /* the first call's first and second weights (to name them) */
+    uint64_t calls, prep_ns, run_ns, wbytes;
+} kn_prof_row;
+typedef struct kn_prof {
+    kn_prof_row row[KN_PROF_ROWS];
+    int n_rows;
+} kn_prof;
+void kn_set_profile(kn_prof *p);
 
 /* Transposed product: y[n][W->cols] = x[n][W->rows] . W, i.e. y[i][c] = sum_r x[i][r] W[r][c]
  * (each weight row read once, accumulated axpy-style, r ascending, f32 fma). Any pt_qtype;

@@ -13,7 +13,20 @@
 
 #define AI static inline __attribute__((always_inline))
 
-AI void block(const int Q4, const int B, const pt_wview *W, int64_t b, const uint8_t *xq, int64_t xs, int i0, float *y) {
+/* Software prefetch of the weight stream pf bytes ahead: PFL 0 none, 1 into L1 (T0), 2 into L2
+ * (T1); two lines per 512-byte group (the hardware's adjacent-line prefetch takes their pairs). */
+#define PF(PFL, p, pf)                                                                         \
+    do {                                                                                       \
+        if (PFL == 1) {                                                                        \
+            _mm_prefetch((const char *)(p) + (pf), _MM_HINT_T0);                               \
+            _mm_prefetch((const char *)(p) + (pf) + 256, _MM_HINT_T0);                         \
+        } else if (PFL == 2) {                                                                 \
+            _mm_prefetch((const char *)(p) + (pf), _MM_HINT_T1);                               \
+            _mm_prefetch((const char *)(p) + (pf) + 256, _MM_HINT_T1);                         \
+        }                                                                                      \
+    } while (0)
+
+AI void block(const int Q4, const int B, const int PFL, const pt_wview *W, int64_t b, const uint8_t *xq, int64_t xs, int i0, int64_t pf, float *y) {
     const int g = Q4 ? 64 : 32;
     const int64_t cols = W->cols, ng = cols / g, qb = (cols + 63) / 64 * 64, fb = (ng * 4 + 63) / 64 * 64;
     const uint8_t *blk = W->data + b * 16 * W->row_bytes;
@@ -31,8 +44,7 @@ AI void block(const int Q4, const int B, const pt_wview *W, int64_t b, const uin
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     for (int64_t gi = 0; gi < ng; gi++) {
         const uint8_t *wg = blk + gi * 512;
-        _mm_prefetch((const char *)wg + 4096, _MM_HINT_T0);
-        _mm_prefetch((const char *)wg + 4096 + 256, _MM_HINT_T0);
+        PF(PFL, wg, pf);
         __m512i ia[4], ib[4];
 #pragma GCC unroll 4
         for (int a = 0; a < B; a++) {
@@ -76,7 +88,7 @@ AI void block(const int Q4, const int B, const pt_wview *W, int64_t b, const uin
 /* Two adjacent blocks (32 rows) against B activations (1-4): each activation dword is broadcast
  * once for two vpdpbusd, which halves the broadcasts per multiply (+10-20 % at n = 512 on the
  * dev box, bench/KERNELS.md round 4); 2 x B independent int32 chains. */
-AI void block2(const int Q4, const int B, const pt_wview *W, int64_t b, const uint8_t *xq, int64_t xs, int i0, float *y) {
+AI void block2(const int Q4, const int B, const int PFL, const pt_wview *W, int64_t b, const uint8_t *xq, int64_t xs, int i0, int64_t pf, float *y) {
     const int g = Q4 ? 64 : 32;
     const int64_t cols = W->cols, ng = cols / g, qb = (cols + 63) / 64 * 64, fb = (ng * 4 + 63) / 64 * 64;
     const uint8_t *blk0 = W->data + b * 16 * W->row_bytes, *blk1 = blk0 + 16 * W->row_bytes;
@@ -94,10 +106,8 @@ AI void block2(const int Q4, const int B, const pt_wview *W, int64_t b, const ui
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     for (int64_t gi = 0; gi < ng; gi++) {
         const uint8_t *w0 = blk0 + gi * 512, *w1 = blk1 + gi * 512;
-        _mm_prefetch((const char *)w0 + 4096, _MM_HINT_T0);
-        _mm_prefetch((const char *)w0 + 4096 + 256, _MM_HINT_T0);
-        _mm_prefetch((const char *)w1 + 4096, _MM_HINT_T0);
-        _mm_prefetch((const char *)w1 + 4096 + 256, _MM_HINT_T0);
+        PF(PFL, w0, pf);
+        PF(PFL, w1, pf);
         __m512i i0a[4], i1a[4];
 #pragma GCC unroll 4
         for (int a = 0; a < B; a++) i0a[a] = i1a[a] = _mm512_set1_epi32(bias[a][gi]);
@@ -144,28 +154,36 @@ AI void block2(const int Q4, const int B, const pt_wview *W, int64_t b, const ui
     }
 }
 
-AI void rows_q(const int Q4, const pt_wview *W, int64_t r0, int64_t r1, const uint8_t *xq, int64_t xs, int n, float *y) {
+AI void rows_q(const int Q4, const int PFL, const pt_wview *W, int64_t r0, int64_t r1, const uint8_t *xq, int64_t xs, int n, int64_t pf, float *y) {
     int64_t b = r0 / 16, be = r1 / 16;
     if (n > 1) /* pairs of blocks; a single one is left for the loop below */
         for (; b + 1 < be; b += 2)
             for (int i0 = 0; i0 < n; i0 += 4) switch (n - i0 < 4 ? n - i0 : 4) {
-                case 4: block2(Q4, 4, W, b, xq, xs, i0, y); break;
-                case 3: block2(Q4, 3, W, b, xq, xs, i0, y); break;
-                case 2: block2(Q4, 2, W, b, xq, xs, i0, y); break;
-                default: block2(Q4, 1, W, b, xq, xs, i0, y); break;
+                case 4: block2(Q4, 4, PFL, W, b, xq, xs, i0, pf, y); break;
+                case 3: block2(Q4, 3, PFL, W, b, xq, xs, i0, pf, y); break;
+                case 2: block2(Q4, 2, PFL, W, b, xq, xs, i0, pf, y); break;
+                default: block2(Q4, 1, PFL, W, b, xq, xs, i0, pf, y); break;
                 }
     for (; b < be; b++)
         for (int i0 = 0; i0 < n; i0 += 4) switch (n - i0 < 4 ? n - i0 : 4) {
-            case 4: block(Q4, 4, W, b, xq, xs, i0, y); break;
-            case 3: block(Q4, 3, W, b, xq, xs, i0, y); break;
-            case 2: block(Q4, 2, W, b, xq, xs, i0, y); break;
-            default: block(Q4, 1, W, b, xq, xs, i0, y); break;
+            case 4: block(Q4, 4, PFL, W, b, xq, xs, i0, pf, y); break;
+            case 3: block(Q4, 3, PFL, W, b, xq, xs, i0, pf, y); break;
+            case 2: block(Q4, 2, PFL, W, b, xq, xs, i0, pf, y); break;
+            default: block(Q4, 1, PFL, W, b, xq, xs, i0, pf, y); break;
             }
 }
 
-void kn_r16_rows_avx512(const pt_wview *W, int64_t r0, int64_t r1, const uint8_t *xq, int64_t xs, int n, float *y) {
-    if (W->qtype == PT_Q4_G64) rows_q(1, W, r0, r1, xq, xs, n, y);
-    else rows_q(0, W, r0, r1, xq, xs, n, y);
+void kn_r16_rows_avx512(const pt_wview *W, int64_t r0, int64_t r1, const uint8_t *xq, int64_t xs, int n, float *y, int pf, int pf_l2) {
+    int lv = pf <= 0 ? 0 : pf_l2 ? 2 : 1;
+    if (W->qtype == PT_Q4_G64) {
+        if (lv == 1) rows_q(1, 1, W, r0, r1, xq, xs, n, pf, y);
+        else if (lv == 2) rows_q(1, 2, W, r0, r1, xq, xs, n, pf, y);
+        else rows_q(1, 0, W, r0, r1, xq, xs, n, 0, y);
+    } else {
+        if (lv == 1) rows_q(0, 1, W, r0, r1, xq, xs, n, pf, y);
+        else if (lv == 2) rows_q(0, 2, W, r0, r1, xq, xs, n, pf, y);
+        else rows_q(0, 0, W, r0, r1, xq, xs, n, 0, y);
+    }
 }
 
 /* kn_r16_prep with AVX-512, bit-identical to the scalar one (r16.c / kn_actq_quant_row): per

@@ -89,7 +89,6 @@ int engine_check_model_file(const char *path, petrel_error *err) {
                   PACK_MAGIC);
 }
 
-/* The kernel choices of the open options (process-wide, see petrel_open_opts). */
 /* The engine's kernel table from its options (nothing process-wide changes). */
 static int kernel_table(kn_table *t, const petrel_open_opts *o, petrel_error *err) {
     if (o && (o->act_quant < -1 || o->act_quant > 2))
@@ -101,6 +100,9 @@ static int kernel_table(kn_table *t, const petrel_open_opts *o, petrel_error *er
                           "and Linux's tile permission, 5.16+); use avx512 or auto", o->isa, strcmp(o->isa, "amx-bf16") ? "" : "/AMX-BF16");
         return pt_err(err, PETREL_EUNSUPPORTED, "kernel set \"%s\" is unknown or this CPU lacks it (scalar, avx2, avx512, amx, amx-bf16, auto)", o->isa);
     }
+    if (o && kn_table_prefetch(t, o->prefetch, o->prefetch_level) < 0)
+        return pt_err(err, PETREL_EINVAL, "prefetch %d / level %d: want -1 (none), 0 (default) or 64 .. 65536 bytes, and level 0, 1 (L1) or 2 (L2)",
+                      o->prefetch, o->prefetch_level);
     return 0;
 }
 

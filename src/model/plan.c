@@ -329,17 +329,7 @@ int plan_machine_save(const char *path, const pt_machine *m, petrel_error *err) 
 }
 
 /* ---------------------------------------------------------------- prediction */
-/* Payload plus scales of a view (wview_bytes counts the scales of FP8 only). */
-static double vb(const pt_wview *W) {
-    if (!W->data && !W->rows) return 0;
-    double b = (double)W->rows * (double)W->row_bytes;
-    int es = W->scale_dtype == PT_F32 ? 4 : 2;
-    switch (W->qtype) {
-    case PT_Q8_ROW: return b + (double)W->rows * 4;
-    case PT_Q8_G32: case PT_Q4_G64: return b + (double)W->rows * (double)W->scale_cols * es;
-    default: return (double)wview_bytes(W);
-    }
-}
+static double vb(const pt_wview *W) { return (double)pt_wview_bytes(W); }
 static double velems(const pt_wview *W) { return (double)W->rows * (double)W->cols; }
 /* The int8 kernels run q4 matrices, matrices laid out R16 (which an open does where the CPU has
  * VNNI, even though an inspect-only engine keeps the plain layout) and what act_quant selects. */

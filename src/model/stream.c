@@ -94,7 +94,7 @@ void stream_chunk_plan(const petrel_config *c, int ctx, uint64_t budget, int *ch
 /* Bytes of a routed expert's three matrices in the model's own formats (models that are not
  * packs, whose experts cannot stream yet: the plan still says what they would take). */
 static uint64_t expert_view_bytes(const layer_w *lw, int x) {
-    return wview_bytes(&lw->exp_gate[x]) + wview_bytes(&lw->exp_up[x]) + wview_bytes(&lw->exp_down[x]);
+    return pt_wview_bytes(&lw->exp_gate[x]) + pt_wview_bytes(&lw->exp_up[x]) + pt_wview_bytes(&lw->exp_down[x]);
 }
 
 /* Appends the KV bytes per token of every scheme, as engines keep them (--kv-type). */

@@ -33,18 +33,6 @@ static int keep(model_w *w, void *p, petrel_error *err) {
     return 0;
 }
 
-uint64_t wview_bytes(const pt_wview *W) {
-    uint64_t b = (uint64_t)W->rows * (uint64_t)W->row_bytes;
-    uint64_t es = W->scale_dtype == PT_F32 ? 4 : 2;
-    if (W->qtype == PT_FP8_E4M3 && W->block_rows)
-        b += (uint64_t)((W->rows + W->block_rows - 1) / W->block_rows) * (uint64_t)W->scale_cols * es;
-    else if (W->qtype == PT_Q8_ROW)
-        b += (uint64_t)W->rows * es;
-    else if (W->qtype == PT_Q8_G32 || W->qtype == PT_Q4_G64)
-        b += (uint64_t)W->rows * (uint64_t)W->scale_cols * es;
-    return b;
-}
-
 static void shape_str(const st_tensor *t, char *buf, size_t n) {
     size_t o = (size_t)snprintf(buf, n, "[");
     for (int i = 0; i < t->ndim && o < n; i++) o += (size_t)snprintf(buf + o, n - o, i ? ", %lld" : "%lld", (long long)t->shape[i]);
@@ -133,7 +121,7 @@ void wsource_safetensors(wsource *ws, st_wsource *st, const st_set *set, const p
 
 static int bind_matrix(binder *b, const char *name, int64_t rows, int64_t cols, pt_wview *out) {
     PT_TRY(b->src->matrix(b->src->ctx, name, rows, cols, out, b->err));
-    b->w->kind_bytes[b->kind] += wview_bytes(out);
+    b->w->kind_bytes[b->kind] += pt_wview_bytes(out);
     b->w->kind_count[b->kind]++;
     return 0;
 }

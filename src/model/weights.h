@@ -87,6 +87,4 @@ void weights_deinit(model_w *w, const petrel_config *cfg);
  * ones do. */
 void weights_relayout_r16(model_w *w, const petrel_config *c, const uint8_t *lo, const uint8_t *hi);
 int weights_row_view(model_w *w, const pt_wview *W, int64_t r0, int64_t nr, pt_wview *out, petrel_error *err);
-/* Bytes a view's payload and scales occupy. */
-uint64_t wview_bytes(const pt_wview *W);
 #endif

@@ -118,3 +118,15 @@ void pt_dequant_row(const pt_wview *W, int64_t r, float *out) {
     default: memset(out, 0, (size_t)n * 4); break;
     }
 }
+
+uint64_t pt_wview_bytes(const pt_wview *W) {
+    uint64_t b = (uint64_t)W->rows * (uint64_t)W->row_bytes;
+    uint64_t es = W->scale_dtype == PT_F32 ? 4 : 2;
+    if (W->qtype == PT_FP8_E4M3 && W->block_rows)
+        b += (uint64_t)((W->rows + W->block_rows - 1) / W->block_rows) * (uint64_t)W->scale_cols * es;
+    else if (W->qtype == PT_Q8_ROW)
+        b += (uint64_t)W->rows * es;
+    else if (W->qtype == PT_Q8_G32 || W->qtype == PT_Q4_G64)
+        b += (uint64_t)W->rows * (uint64_t)W->scale_cols * es;
+    return b;
+}

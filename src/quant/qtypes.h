@@ -47,6 +47,8 @@ typedef struct pt_wview {
 #define PT_LAYOUT_R16 1
 
 const char *pt_qtype_name(pt_qtype t);
+/* Bytes a view's payload and scales occupy (what a product over it reads). */
+uint64_t pt_wview_bytes(const pt_wview *W);
 
 /* Scalar conversions, exact. */
 static inline float pt_bf16_to_f32(uint16_t h) {
