@@ -27,7 +27,8 @@
  * peak; the rows where amx overtakes avx512 give KN_AMX_MIN_ROWS. bf16 [2048 x 6144] under
  * amx-bf16 too (not exact).
  * Env: BENCH_ONLY=decode|prefill|dispatch|experts|attn|dsa|amx, BENCH_ISA=avx2|scalar, BENCH_ACTQ=0|1 (int8
- * activations: 0 off, 1 q4, 2 q4+q8 (default here)), BENCH_Q=q4_g64,... (formats to run). */
+ * activations: 0 off, 1 q4, 2 q4+q8 (default here)), BENCH_Q=q4_g64,... (formats to run),
+ * BENCH_PF=BYTES (-1: none) and BENCH_PFL=1|2 (into L1 / L2): the R16 kernels' software prefetch. */
 #include <immintrin.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -504,6 +505,10 @@ static void bench_amx(int n) {
 int main(int argc, char **argv) {
     int threads = argc > 1 ? atoi(argv[1]) : 0;
     int64_t head_rows = argc > 2 ? atoll(argv[2]) : 40960;
+    if (getenv("BENCH_PF")) { /* the R16 kernels' prefetch: BYTES (-1 none) and BENCH_PFL 1 (L1) or 2 (L2) */
+        const char *l = getenv("BENCH_PFL");
+        if (kn_set_prefetch(atoi(getenv("BENCH_PF")), l ? atoi(l) : 1)) { fprintf(stderr, "bad BENCH_PF / BENCH_PFL\n"); return 1; }
+    }
     const char *only = getenv("BENCH_ONLY"); /* "decode" or "prefill" */
     kn_init(threads);
     if (getenv("BENCH_ISA")) kn_force_isa(getenv("BENCH_ISA"));

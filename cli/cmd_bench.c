@@ -195,7 +195,7 @@ typedef struct batch_result {
  * each routed expert the step ran (the union of the rows' choices, per layer). The floor ratio
  * is the median over steps of step time / (bytes / bandwidth probed right before the step). */
 static int bench_batch(petrel_engine *eng, int B, long ctx, long steps, uint64_t shared_bytes, uint64_t expert1, const uint64_t *bw_buf,
-                       size_t bw_n, long bw_mib, int threads, batch_result *out, petrel_error *err) {
+                       size_t bw_n, long bw_mib, int threads, kn_prof *prof, batch_result *out, petrel_error *err) {
     const petrel_config *c = &eng->cfg;
     int V = c->vocab_size, rc = 0;
     petrel_session **ss = calloc((size_t)B, sizeof *ss);
@@ -237,7 +237,9 @@ static int bench_batch(petrel_engine *eng, int B, long ctx, long steps, uint64_t
             }
         for (int r = 0; r < B; r++) rows[r] = (petrel_row){ss[r], tok[r], 1};
         uint64_t e0 = st->experts_run, t0 = pt_now_ns();
+        if (k >= 2 && prof) kn_set_profile(prof);
         rc = petrel_batch_forward(b, rows, B, lg, err);
+        kn_set_profile(NULL);
         if (rc) break;
         if (k >= 2) {
             ms[k - 2] = (double)(pt_now_ns() - t0) / 1e6;
@@ -529,11 +531,11 @@ static int cmp_prof(const void *a, const void *b) {
  * share of the memory probe), then per part what its products do not explain (attention's
  * per-head W_UK / W_UV, its core over the cache, norms, RoPE, routing arithmetic) and the pool's
  * figures. */
-static void print_cpu_profile(const petrel_engine *eng, kn_prof *p, const fwd_stats *st, long steps, double bw, uint64_t kv_step, double jobs,
-                              double tail_ns, double step_ms) {
+static void print_cpu_profile(const petrel_engine *eng, kn_prof *p, const char *what, const double *part_ns, long steps, double bw, uint64_t kv_step,
+                              double jobs, double tail_ns, double step_ms) {
     qsort(p->row, (size_t)p->n_rows, sizeof p->row[0], cmp_prof);
     double part_ms[FS_COUNT] = {0}, part_mb[FS_COUNT] = {0}, sum_ms = 0, sum_mb = 0;
-    printf("decode step by product (--profile; per token, over %ld steps; %% of the memory probe's %.1f GB/s):\n", steps, bw);
+    printf("%s by product (--profile; per step, over %ld steps; %% of the memory probe's %.1f GB/s):\n", what, steps, bw);
     printf("%-40s %-16s %-6s %4s %5s %7s %9s %8s %8s %6s\n", "product", "shape", "format", "rows", "jobs", "calls", "MB", "ms", "GB/s", "%");
     for (int i = 0; i < p->n_rows; i++) {
         const kn_prof_row *r = &p->row[i];
@@ -541,31 +543,33 @@ static void print_cpu_profile(const petrel_engine *eng, kn_prof *p, const fwd_st
         fwd_part part2;
         char name[48];
         if (r->rows < 0) snprintf(name, sizeof name, "(others)"), part = FS_OTHER;
+        else if (r->kind == KN_PROF_ATTN) snprintf(name, sizeof name, "attention core (%d queries)", (int)r->rows), part = FS_ATTN;
         else if (r->jobs == 1) snprintf(name, sizeof name, "%s", prof_name(eng, r->data, r->rows, r->cols, r->qtype, &part));
         else if (r->jobs == 2)
             snprintf(name, sizeof name, "%s + %s", prof_name(eng, r->data, r->rows, r->cols, r->qtype, &part),
-                     prof_name(eng, r->data2, r->rows2, -1, -1, &part2));
+                     prof_name(eng, r->data2, r->rows2, r->cols, r->qtype, &part2)); /* (jobs of one dispatch: as a rule one input width and format) */
         else snprintf(name, sizeof name, "%s + %d more", prof_name(eng, r->data, r->rows, r->cols, r->qtype, &part), r->jobs - 1);
         double ms = (double)(r->prep_ns + r->run_ns) / 1e6 / (double)steps, mb = (double)r->wbytes / 1e6 / (double)steps;
         char shape[48];
-        snprintf(shape, sizeof shape, "%s%lldx%lld", r->transposed ? "T " : "", (long long)r->rows, (long long)r->cols);
+        if (r->kind == KN_PROF_ATTN) snprintf(shape, sizeof shape, "latent cache");
+        else snprintf(shape, sizeof shape, "%s%lldx%lld", r->kind == KN_PROF_MATMUL_T ? "T " : "", (long long)r->rows, (long long)r->cols);
         double gbs = ms > 0 ? mb / ms : 0;
         printf("%-40s %-16s %-6s %4d %5d %7.1f %9.2f %8.3f %8.1f %6.1f\n", name, shape, pt_qtype_name((pt_qtype)r->qtype), r->n, r->jobs,
                (double)r->calls / (double)steps, mb, ms, gbs, bw > 0 ? 100 * gbs / bw : 0);
         part_ms[part] += ms, part_mb[part] += mb, sum_ms += ms, sum_mb += mb;
     }
-    printf("products: %.3f ms and %.1f MB per token, %.1f GB/s (%.1f%% of the probe); the step: %.3f ms\n", sum_ms, sum_mb,
+    printf("products: %.3f ms and %.1f MB per step, %.1f GB/s (%.1f%% of the probe); the step: %.3f ms\n", sum_ms, sum_mb,
            sum_ms > 0 ? sum_mb / sum_ms : 0, bw > 0 && sum_ms > 0 ? 100 * sum_mb / sum_ms / bw : 0, step_ms);
-    printf("what each part's products do not explain (ms per token):");
+    printf("what each part's products do not explain (ms per step):");
     for (int q = 0; q < FS_COUNT; q++) {
-        double rest = (double)st->ns[q] / 1e6 / (double)steps - part_ms[q];
+        double rest = part_ns[q] / 1e6 / (double)steps - part_ms[q];
         printf(" %s %.3f%s", fwd_part_names[q], rest, q + 1 < FS_COUNT ? "," : "\n");
     }
     double kvb = 0;
     for (int l = 0; l < eng->cfg.num_hidden_layers; l++) kvb += (double)pt_wview_bytes(&eng->w.layers[l].kv_b_proj);
-    printf("(attention's rest: the per-head W_UK / W_UV products over %.1f MB of kv_b_proj, the core over %.2f MB of latent KV, norms, "
-           "RoPE; routed experts' rest: their routing bookkeeping and the weighted sum)\n", kvb / 1e6, (double)kv_step / 1e6);
-    printf("thread pool: %.1f dispatches per token; the calling thread waited %.3f ms per token for the last task of a dispatch "
+    printf("(attention's rest: the per-head W_UK / W_UV products over %.1f MB of kv_b_proj, the latent KV writes (%.2f MB read per "
+           "step in all), norms, RoPE; routed experts' rest: their routing bookkeeping and the weighted sum)\n", kvb / 1e6, (double)kv_step / 1e6);
+    printf("thread pool: %.1f dispatches per step; the calling thread waited %.3f ms per step for the last task of a dispatch "
            "(imbalance and synchronization, inside the figures above)\n", jobs / (double)steps, tail_ns / 1e6 / (double)steps);
 }
 
@@ -817,7 +821,8 @@ CLI_CMD(bench) {
     if (!rc) plan_bw_pass(bw_buf, bw_n, threads); /* page-in */
     xs_stats xs0 = {0}, xs1 = {0};
     cu_tier_stats ct0 = {0}, ct1 = {0};
-    static kn_prof kprof; /* --profile on the CPU: the timed steps' products */
+    static kn_prof kprof, bprof; /* --profile on the CPU: the timed steps' products, one session's and the batch's */
+    unsigned long long bpool_jobs0 = 0, bpool_tail0 = 0, bpool_jobs1 = 0, bpool_tail1 = 0;
     unsigned long long pool_jobs0 = 0, pool_tail0 = 0, pool_jobs1 = 0, pool_tail1 = 0;
     for (int k = 0; !rc && k < 2 + steps; k++) { /* ctx + 2 + steps tokens in all */
         if (k == 2) {
@@ -858,7 +863,14 @@ CLI_CMD(bench) {
     }
     batch_result br = {0};
     if (!rc && batch > 0) {
-        if (bench_batch(eng, (int)batch, ctx, steps, resident + head, expert1, bw_buf, bw_n, bw_mib, threads, &br, &err)) rc = cli_fail_err("bench", &err);
+        if (profile && !eng->cu) {
+            memset(&bprof, 0, sizeof bprof);
+            pool_stats(kn_pool(), &bpool_jobs0, &bpool_tail0);
+        }
+        if (bench_batch(eng, (int)batch, ctx, steps, resident + head, expert1, bw_buf, bw_n, bw_mib, threads, profile && !eng->cu ? &bprof : NULL, &br,
+                        &err))
+            rc = cli_fail_err("bench", &err);
+        if (profile && !eng->cu) pool_stats(kn_pool(), &bpool_jobs1, &bpool_tail1);
     }
     if (!rc) {
         double mean_ms = 0;
@@ -983,8 +995,16 @@ CLI_CMD(bench) {
         for (int p = 0; p < FS_COUNT; p++)
             printf("%-16s %12.3f %12.1f\n", fwd_part_names[p], (double)s->stats.ns[p] / 1e6 / (double)steps, (double)pst.ns[p] / 1e6);
         if (eng->cu) printf("(on the GPU a forward is one stream: all of it counts as \"other\" here; --profile splits it by part)\n");
+        double dns[FS_COUNT];
+        for (int p = 0; p < FS_COUNT; p++) dns[p] = (double)s->stats.ns[p];
         if (profile && !eng->cu)
-            print_cpu_profile(eng, &kprof, &s->stats, steps, bw, kv_step, (double)(pool_jobs1 - pool_jobs0), (double)(pool_tail1 - pool_tail0), dms);
+            print_cpu_profile(eng, &kprof, "decode step", dns, steps, bw, kv_step, (double)(pool_jobs1 - pool_jobs0), (double)(pool_tail1 - pool_tail0), dms);
+        if (profile && !eng->cu && batch > 0) {
+            double pns[FS_COUNT];
+            for (int p = 0; p < FS_COUNT; p++) pns[p] = br.part_ms[p] * 1e6 * (double)steps;
+            print_cpu_profile(eng, &bprof, "batched step", pns, steps, br.bw, kv_step * (uint64_t)batch, (double)(bpool_jobs1 - bpool_jobs0),
+                              (double)(bpool_tail1 - bpool_tail0), br.step_ms);
+        }
         if (json) {
             printf("{\"decode_ms\": %.4f, \"decode_tok_s\": %.4f, \"prefill_tok_s\": %.3f, \"prefill_best_tok_s\": %.3f, \"prefill_runs\": %ld, \"bytes_per_token\": %" PRIu64
                    ", \"mem_bw_gbs\": %.3f, \"decode_floor_ratio\": %.4f, \"decode_floor_ratio_unpaired\": %.4f, \"floor_ms\": %.4f, \"ctx\": %ld, \"prompt\": %ld, \"steps\": %ld, "

@@ -577,7 +577,7 @@ TEST(kernels, profile) {
     int seen = 0;
     for (int i = 0; i < p.n_rows; i++) {
         const kn_prof_row *r = &p.row[i];
-        if (r->rows == 64 && r->n == 1 && r->jobs == 1 && !r->transposed) {
+        if (r->rows == 64 && r->n == 1 && r->jobs == 1 && r->kind == KN_PROF_MATMUL) {
             seen |= 1;
             CHECK_EQ_INT((int)r->calls, 3);
             CHECK(r->wbytes == 3 * pt_wview_bytes(&a.v));
@@ -587,7 +587,7 @@ TEST(kernels, profile) {
             CHECK_EQ_INT((int)r->calls, 1);
             CHECK(r->wbytes == pt_wview_bytes(&a.v) + pt_wview_bytes(&b.v));
             CHECK(r->rows2 == 32 && r->data2 == b.v.data);
-        } else if (r->rows == 48 && r->transposed) {
+        } else if (r->rows == 48 && r->kind == KN_PROF_MATMUL_T) {
             seen |= 4;
             CHECK_EQ_INT((int)r->calls, 1);
             CHECK(r->wbytes == 48ull * 64 * 4);

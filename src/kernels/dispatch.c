@@ -66,12 +66,12 @@ static uint64_t prof_now(void) {
 }
 
 /* The row of (the first job's) key; the last row takes what does not fit. */
-static kn_prof_row *prof_row(kn_prof *p, const pt_wview *W, const pt_wview *W2, int n, int jobs, int transposed) {
+static kn_prof_row *prof_row(kn_prof *p, const pt_wview *W, const pt_wview *W2, int n, int jobs, int kind) {
     int64_t rows2 = W2 ? W2->rows : 0;
     for (int i = 0; i < p->n_rows; i++) {
         kn_prof_row *r = &p->row[i];
         if (r->rows == W->rows && r->cols == W->cols && r->qtype == (int)W->qtype && r->layout == W->layout && r->n == n && r->jobs == jobs &&
-            r->rows2 == rows2 && r->transposed == transposed)
+            r->rows2 == rows2 && r->kind == kind)
             return r;
     }
     if (p->n_rows >= KN_PROF_ROWS) {
@@ -80,7 +80,7 @@ static kn_prof_row *prof_row(kn_prof *p, const pt_wview *W, const pt_wview *W2, 
     }
     kn_prof_row *r = &p->row[p->n_rows++];
     memset(r, 0, sizeof *r);
-    *r = (kn_prof_row){W->rows, W->cols, rows2, (int)W->qtype, W->layout, n, jobs, transposed, W->data, W2 ? W2->data : NULL, 0, 0, 0, 0};
+    *r = (kn_prof_row){W->rows, W->cols, rows2, (int)W->qtype, W->layout, n, jobs, kind, W->data, W2 ? W2->data : NULL, 0, 0, 0, 0};
     return r;
 }
 
@@ -206,6 +206,11 @@ void kn_set_amx_min_rows(int rows) {
     g_def.amx_min_rows = rows < 1 ? 1 : rows;
 }
 int kn_r16_available(void) { return kt_r16_available(kn_default()); }
+
+int kn_set_prefetch(int bytes, int level) {
+    pthread_once(&detect_once, detect);
+    return kn_table_prefetch(&g_def, bytes, level);
+}
 
 void kn_set_r16(int on) {
     pthread_once(&detect_once, detect);
@@ -439,7 +444,7 @@ static void run_parts(mm_part *parts, int np) {
     uint64_t tp1 = prof ? prof_now() : 0;
     pool_run(g_pool, (int)tasks, mm_task, &c);
     if (prof) {
-        kn_prof_row *r = prof_row(prof, parts[0].W, np > 1 ? parts[1].W : NULL, parts[0].n, np, 0);
+        kn_prof_row *r = prof_row(prof, parts[0].W, np > 1 ? parts[1].W : NULL, parts[0].n, np, KN_PROF_MATMUL);
         r->calls++;
         r->prep_ns += tp1 - tp0;
         r->run_ns += prof_now() - tp1;
@@ -550,7 +555,7 @@ void kt_matmul_t(const kn_table *t, const pt_wview *W, const float *x, int n, fl
     uint64_t tp0 = prof ? prof_now() : 0;
     pool_run(g_pool, (int)((tiles + per - 1) / per), mt_task, &c);
     if (prof) {
-        kn_prof_row *r = prof_row(prof, W, NULL, n, 1, 1);
+        kn_prof_row *r = prof_row(prof, W, NULL, n, 1, KN_PROF_MATMUL_T);
         r->calls++;
         r->run_ns += prof_now() - tp0;
         r->wbytes += pt_wview_bytes(W);
@@ -580,8 +585,19 @@ void kt_silu_mul(const kn_table *t, float *out, const float *gate, const float *
 void kt_attn_core(const kn_table *t, const kn_attn *a, float *scr) {
     if (a->M <= 0) return;
     ensure_init();
+    kn_prof *prof = g_prof && !pool_in_task() ? g_prof : NULL;
+    uint64_t tp0 = prof ? prof_now() : 0;
     if (t->isa == ISA_AVX512) kn_attn_core_avx512(a, scr);
     else kn_ref_attn(a, scr);
+    if (prof) { /* keyed by its queries (M rows; any key count): the bytes are the keys it reads */
+        pt_wview v;
+        memset(&v, 0, sizeof v);
+        v.qtype = PT_F32, v.rows = a->M;
+        kn_prof_row *r = prof_row(prof, &v, NULL, 1, 1, KN_PROF_ATTN);
+        r->calls++;
+        r->run_ns += prof_now() - tp0;
+        r->wbytes += (uint64_t)a->N * (uint64_t)(a->D + a->Dr) * 4;
+    }
 }
 
 float kn_dot(const float *a, const float *b, int64_t n) { return kt_dot(kn_default(), a, b, n); }

@@ -43,6 +43,8 @@ int kn_table_init(kn_table *t, const char *isa, int act_quant, int relayout);
 /* The R16 kernels' software prefetch: bytes 0 = this CPU kind's default, -1 = none, else the
  * distance (64 .. 65536); level 0 = default, 1 = into L1, 2 = into L2. -1: out of range. */
 int kn_table_prefetch(kn_table *t, int bytes, int level);
+/* The same on the process default table (tools and benchmarks). */
+int kn_set_prefetch(int bytes, int level);
 /* This CPU has AMX-INT8 (and AMX-BF16), and the OS granted the tile data permission
  * (arch_prctl ARCH_REQ_XCOMP_PERM, asked once per process at the first call). */
 int kn_amx_available(void);
@@ -123,19 +125,21 @@ typedef void (*kn_observer_fn)(void *ctx, const pt_wview *W, const float *x, int
 void kn_set_observer(kn_observer_fn fn, void *ctx);
 
 /* Profile (benchmarks: `petrel bench --profile` on the CPU). While set, every kernel dispatch
- * made outside a pool task (kt_matmul, kt_matmul_many, kt_matmul_t from the model's thread;
- * products nested in the model's own parallel loops, e.g. MLA's per-head W_UK / W_UV, are not
- * seen) adds to the row of its key (first job's shape, format, layout, rows n, job count, the
- * second job's rows, transposed or not): calls, wall time of the activation preparation and of the pool dispatch,
- * and the bytes of its weights (payload and scales). Rows past KN_PROF_ROWS go to the last row
+ * made outside a pool task (kt_matmul, kt_matmul_many, kt_matmul_t, kt_attn_core from the
+ * model's thread; products nested in the model's own parallel loops, e.g. MLA's per-head W_UK /
+ * W_UV, are not seen) adds to the row of its key (kind, first job's shape, format, layout, rows
+ * n, job count, the second job's rows): calls, wall time of the activation preparation and of
+ * the pool dispatch, and the bytes of its weights (payload and scales; for the attention core
+ * the cached keys it reads, rows = queries, any number of keys). Rows past KN_PROF_ROWS go to the last row
  * (key rows = -1). The pool's own figures (jobs, the caller's wait for the last task) are in
  * pool_stats. Tools only: not thread-safe against running kernels; NULL turns it off (one
  * predictable branch per call). */
 #define KN_PROF_ROWS 96
+enum { KN_PROF_MATMUL, KN_PROF_MATMUL_T, KN_PROF_ATTN };
 typedef struct kn_prof_row {
     int64_t rows, cols;    /* the first job's weight shape; -1: the overflow row */
     int64_t rows2;         /* the second job's rows (0: one job) */
-    int qtype, layout, n, jobs, transposed;
+    int qtype, layout, n, jobs, kind; /* kind: KN_PROF_* */
     const uint8_t *data, *data2; /* the first call's first and second weights (to name them) */
     uint64_t calls, prep_ns, run_ns, wbytes;
 } kn_prof_row;
