@@ -543,7 +543,7 @@ static void print_cpu_profile(const petrel_engine *eng, kn_prof *p, const char *
         fwd_part part2;
         char name[48];
         if (r->rows < 0) snprintf(name, sizeof name, "(others)"), part = FS_OTHER;
-        else if (r->kind == KN_PROF_ATTN) snprintf(name, sizeof name, "attention core (%d queries)", (int)r->rows), part = FS_ATTN;
+        else if (r->kind == KN_PROF_ATTN) snprintf(name, sizeof name, "attention core (%d queries)%s", (int)r->rows, r->jobs > 1 ? ", rows" : ""), part = FS_ATTN;
         else if (r->jobs == 1) snprintf(name, sizeof name, "%s", prof_name(eng, r->data, r->rows, r->cols, r->qtype, &part));
         else if (r->jobs == 2)
             snprintf(name, sizeof name, "%s + %s", prof_name(eng, r->data, r->rows, r->cols, r->qtype, &part),

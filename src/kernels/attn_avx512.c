@@ -44,9 +44,7 @@ static inline int blk_m(const at_job *j, int b) { int m = j->a->M - b * MB; retu
 
 
 /* ---- 0. q^T ---- */
-static void prep_task(void *ctx, int b, int thread) {
-    (void)thread;
-    const at_job *j = ctx;
+static void prep_one(const at_job *j, int b) {
     const kn_attn *a = j->a;
     float *qt = blk_qt(j, b);
     int *nk = blk_nk(j, b), mc = blk_m(j, b), W = a->D + a->Dr;
@@ -104,9 +102,7 @@ AI void sc_range(const int MV, const kn_attn *a, const float *qt, int64_t t0, in
     for (; t < t1; t++) sc_tile(MV, 1, a, qt, t, S);
 }
 
-static void score_task(void *ctx, int task, int thread) {
-    (void)thread;
-    const at_job *j = ctx;
+static void score_one(const at_job *j, int task) {
     int b = task / j->nkc, c = task % j->nkc;
     int64_t t0 = (int64_t)c * j->kchunk, t1 = t0 + j->kchunk < j->a->N ? t0 + j->kchunk : j->a->N;
     if (blk_m(j, b) > 16) sc_range(2, j->a, blk_qt(j, b), t0, t1, blk_s(j, b));
@@ -114,9 +110,7 @@ static void score_task(void *ctx, int task, int thread) {
 }
 
 /* ---- 2. softmax over t, 16 queries per vector ---- */
-static void softmax_task(void *ctx, int task, int thread) {
-    (void)thread;
-    const at_job *j = ctx;
+static void softmax_one(const at_job *j, int task) {
     int b = task / 2, v = task % 2;
     if (v * 16 >= blk_m(j, b)) return;
     float *S = blk_s(j, b) + v * 16;
@@ -172,9 +166,7 @@ AI void lat_tile(const int IB, const kn_attn *a, const float *P, const int *nk, 
         for (int u = 0; u < 4; u++) _mm512_mask_storeu_ps(lat + (int64_t)(m0 + i) * a->lat_stride + c0 + u * 16, mk[u], acc[i][u]);
 }
 
-static void lat_task(void *ctx, int task, int thread) {
-    (void)thread;
-    const at_job *j = ctx;
+static void lat_one(const at_job *j, int task) {
     const kn_attn *a = j->a;
     int b = task / j->ncc, c0 = (task % j->ncc) * 64, mc = blk_m(j, b);
     const float *P = blk_s(j, b);
@@ -192,23 +184,66 @@ static void lat_task(void *ctx, int task, int thread) {
     }
 }
 
-void kn_attn_core_avx512(const kn_attn *a, float *scr) {
+/* Several problems (each its own queries, keys and scratch) phase by phase: every phase's tasks
+ * of all problems in one pool dispatch (a batch's decode rows: 4 dispatches instead of 4 per row),
+ * each task the one it would be alone, so the results are those of the problems one by one. */
+#define MANY_MAX 64
+typedef struct {
+    at_job j[MANY_MAX];
+    int n, t0[4][MANY_MAX + 1]; /* per phase: task offsets of the problems */
+} at_many;
+
+static void many_task(const at_many *m, int phase, int task) {
+    int lo = 0, hi = m->n - 1; /* last problem with t0 <= task */
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (m->t0[phase][mid] <= task) lo = mid;
+        else hi = mid - 1;
+    }
+    const at_job *j = &m->j[lo];
+    int t = task - m->t0[phase][lo];
+    if (phase == 0) prep_one(j, t);
+    else if (phase == 1) score_one(j, t);
+    else if (phase == 2) softmax_one(j, t);
+    else lat_one(j, t);
+}
+static void prep_task(void *ctx, int task, int thread) { (void)thread; many_task(ctx, 0, task); }
+static void score_task(void *ctx, int task, int thread) { (void)thread; many_task(ctx, 1, task); }
+static void softmax_task(void *ctx, int task, int thread) { (void)thread; many_task(ctx, 2, task); }
+static void lat_task(void *ctx, int task, int thread) { (void)thread; many_task(ctx, 3, task); }
+
+void kn_attn_core_many_avx512(const kn_attn *a, int n, float *const *scr) {
     pt_pool *pool = kn_pool();
-    at_job j;
-    j.a = a;
-    j.base = (float *)(((uintptr_t)scr + 63) & ~(uintptr_t)63);
-    j.per = (size_t)MB * ((size_t)a->D + (size_t)a->Dr + (size_t)a->N + 1);
-    j.nmb = (a->M + MB - 1) / MB;
-    /* about 4 score tasks per thread, whole 12-key tiles, at least 48 keys each */
     int nt = pool_threads(pool);
-    int64_t want = ((int64_t)nt * 4 + j.nmb - 1) / j.nmb;
-    int64_t kc = (a->N + want - 1) / (want > 0 ? want : 1);
-    kc = (kc + 11) / 12 * 12;
-    j.kchunk = kc < 48 ? 48 : kc;
-    j.nkc = a->N > 0 ? (int)((a->N + j.kchunk - 1) / j.kchunk) : 0;
-    j.ncc = (a->D + 63) / 64;
-    pool_run(pool, j.nmb, prep_task, &j);
-    if (j.nkc) pool_run(pool, j.nmb * j.nkc, score_task, &j);
-    pool_run(pool, j.nmb * 2, softmax_task, &j);
-    pool_run(pool, j.nmb * j.ncc, lat_task, &j);
+    for (int i0 = 0; i0 < n; i0 += MANY_MAX) {
+        at_many m;
+        m.n = n - i0 < MANY_MAX ? n - i0 : MANY_MAX;
+        int blocks = 0;
+        for (int i = 0; i < m.n; i++) blocks += (a[i0 + i].M + MB - 1) / MB;
+        for (int p = 0; p < 4; p++) m.t0[p][0] = 0;
+        for (int i = 0; i < m.n; i++) {
+            const kn_attn *ai = &a[i0 + i];
+            at_job *j = &m.j[i];
+            j->a = ai;
+            j->base = (float *)(((uintptr_t)scr[i0 + i] + 63) & ~(uintptr_t)63);
+            j->per = (size_t)MB * ((size_t)ai->D + (size_t)ai->Dr + (size_t)ai->N + 1);
+            j->nmb = ai->M > 0 ? (ai->M + MB - 1) / MB : 0;
+            /* about 4 score tasks per thread over all the problems, whole 12-key tiles, at least
+             * 48 keys each (how the keys are split never changes a score) */
+            int64_t want = ((int64_t)nt * 4 + blocks - 1) / (blocks > 0 ? blocks : 1);
+            int64_t kc = (ai->N + want - 1) / (want > 0 ? want : 1);
+            kc = (kc + 11) / 12 * 12;
+            j->kchunk = kc < 48 ? 48 : kc;
+            j->nkc = ai->N > 0 ? (int)((ai->N + j->kchunk - 1) / j->kchunk) : 0;
+            j->ncc = (ai->D + 63) / 64;
+            m.t0[0][i + 1] = m.t0[0][i] + j->nmb;
+            m.t0[1][i + 1] = m.t0[1][i] + j->nmb * j->nkc;
+            m.t0[2][i + 1] = m.t0[2][i] + j->nmb * 2;
+            m.t0[3][i + 1] = m.t0[3][i] + j->nmb * j->ncc;
+        }
+        pool_run(pool, m.t0[0][m.n], prep_task, &m);
+        if (m.t0[1][m.n]) pool_run(pool, m.t0[1][m.n], score_task, &m);
+        pool_run(pool, m.t0[2][m.n], softmax_task, &m);
+        pool_run(pool, m.t0[3][m.n], lat_task, &m);
+    }
 }

@@ -494,8 +494,8 @@ void kn_matmul(const pt_wview *W, const float *x, int n, float *y) { kt_matmul(k
 
 void kt_matmul_many(const kn_table *t, const kn_job *jobs, int n_jobs) {
     ensure_init();
-    mm_part stackp[32];
-    mm_part *parts = n_jobs <= 32 ? stackp : malloc(sizeof(mm_part) * (size_t)n_jobs);
+    mm_part stackp[64]; /* a set of 32 experts: 64 gate / up jobs (no allocation in the token loop) */
+    mm_part *parts = n_jobs <= 64 ? stackp : malloc(sizeof(mm_part) * (size_t)n_jobs);
     if (!parts) { /* out of memory: one at a time (kt_matmul shows each job to the observer) */
         for (int k = 0; k < n_jobs; k++) kt_matmul(t, jobs[k].W, jobs[k].x, jobs[k].n, jobs[k].y);
         return;
@@ -582,22 +582,28 @@ void kt_silu_mul(const kn_table *t, float *out, const float *gate, const float *
     else kn_ref_silu_mul(out, gate, up, n);
 }
 /* The attention core (kernels.h: kn_attn): AVX-512, else the scalar twin (bitwise the same). */
-void kt_attn_core(const kn_table *t, const kn_attn *a, float *scr) {
-    if (a->M <= 0) return;
+void kt_attn_core_many(const kn_table *t, const kn_attn *a, int n, float *const *scr) {
+    if (n <= 0) return;
     ensure_init();
     kn_prof *prof = g_prof && !pool_in_task() ? g_prof : NULL;
     uint64_t tp0 = prof ? prof_now() : 0;
-    if (t->isa == ISA_AVX512) kn_attn_core_avx512(a, scr);
-    else kn_ref_attn(a, scr);
-    if (prof) { /* keyed by its queries (M rows; any key count): the bytes are the keys it reads */
+    if (t->isa == ISA_AVX512) kn_attn_core_many_avx512(a, n, scr);
+    else
+        for (int i = 0; i < n; i++)
+            if (a[i].M > 0) kn_ref_attn(&a[i], scr[i]);
+    if (prof) { /* keyed by the first problem's queries and the problem count: the bytes are the keys read */
         pt_wview v;
         memset(&v, 0, sizeof v);
-        v.qtype = PT_F32, v.rows = a->M;
-        kn_prof_row *r = prof_row(prof, &v, NULL, 1, 1, KN_PROF_ATTN);
+        v.qtype = PT_F32, v.rows = a[0].M;
+        kn_prof_row *r = prof_row(prof, &v, NULL, 1, n, KN_PROF_ATTN);
         r->calls++;
         r->run_ns += prof_now() - tp0;
-        r->wbytes += (uint64_t)a->N * (uint64_t)(a->D + a->Dr) * 4;
+        for (int i = 0; i < n; i++) r->wbytes += (uint64_t)a[i].N * (uint64_t)(a[i].D + a[i].Dr) * 4;
     }
+}
+void kt_attn_core(const kn_table *t, const kn_attn *a, float *scr) {
+    if (a->M <= 0) return;
+    kt_attn_core_many(t, a, 1, &scr);
 }
 
 float kn_dot(const float *a, const float *b, int64_t n) { return kt_dot(kn_default(), a, b, n); }

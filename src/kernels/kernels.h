@@ -189,6 +189,10 @@ size_t kn_attn_scratch_floats(int M, int64_t N, int D, int Dr);
 void kn_attn_core(const kn_attn *a, float *scr);
 void kt_attn_core(const kn_table *t, const kn_attn *a, float *scr);
 void kn_ref_attn(const kn_attn *a, float *scr);
+/* n independent problems a[i] (each with its own keys and scratch scr[i]) at once: each phase's
+ * work of all of them in one pool dispatch (a batch's decode rows of different sessions);
+ * results bitwise those of kt_attn_core on each. */
+void kt_attn_core_many(const kn_table *t, const kn_attn *a, int n, float *const *scr);
 
 /* DSA lightning-indexer scores of one query row over a run of keys (src/model/dsa.c):
  *   score[t] = sum over heads h of (dd > 0 ? w[h] * dd : 0),  dd = q_h . k_t

@@ -138,7 +138,7 @@ void kn_silu_mul_avx512(float *out, const float *gate, const float *up, int64_t 
  * q^T [(D + Dr)][KN_ATTN_MB] (zero past M), scores / probabilities [N][KN_ATTN_MB], nk [KN_ATTN_MB]. */
 #define KN_ATTN_MB 32
 float kn_ref_exp(float x);
-void kn_attn_core_avx512(const kn_attn *a, float *scr);
+void kn_attn_core_many_avx512(const kn_attn *a, int n, float *const *scr);
 void kn_dsa_scores_avx512(const kn_dsa *a);
 
 /* Scale i of W as f32 (dtype from the view). */

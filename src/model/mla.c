@@ -314,13 +314,35 @@ int mla_attention_rows(petrel_session *scr, int l, const layer_w *lw, petrel_ses
     for (int i = 0; i < m && !j.lora; i++) j.lora = lora_set_has(&sess[i]->lora, l, LT_KV_B);
     if (rows_carve_mla(&scr->ar, c, m, nt, &j.QT, &j.LAT, &j.scr)) return pt_err(err, PETREL_ENOMEM, "attention scratch exhausted (layer %d)", l);
     pool_run(kn_pool(), NH, abr_uk_task, &j);
-    for (int i = 0; i < m; i++) {
-        petrel_session *s = sess[i];
-        size_t smark = s->ar.used;
-        int rc = row_core(s, l, q + (size_t)rows[i] * NH * Dqk, j.QT + (size_t)i * NH * Rkv, sel ? sel + (size_t)rows[i] * sel_stride : NULL, sel_n[rows[i]],
-                          j.LAT + (size_t)i * NH * Rkv, err);
-        s->ar.used = smark;
+    /* the attention cores: rows of distinct sessions together (kt_attn_core_many: one dispatch
+     * per phase for all of them, each row's scratch in its own session's arena); a session's
+     * second row starts a new group, so no arena holds two rows' keys at once */
+    const float scale = (float)(1.0 / sqrt((double)Dqk));
+    kn_attn a[FWD_ROWS_GROUP];
+    float *ascr[FWD_ROWS_GROUP];
+    size_t smark[FWD_ROWS_GROUP];
+    int Dr = c->qk_rope_head_dim;
+    for (int i0 = 0; i0 < m;) {
+        int g = 0, rc = 0;
+        for (; i0 + g < m && g < FWD_ROWS_GROUP && !rc; g++) {
+            int i = i0 + g, dup = 0;
+            for (int k = i0; k < i && !dup; k++) dup = sess[k] == sess[i];
+            if (dup) break;
+            petrel_session *s = sess[i];
+            const int32_t *sr = sel ? sel + (size_t)rows[i] * sel_stride : NULL;
+            int n = sel_n[rows[i]];
+            const float *qr = q + (size_t)rows[i] * NH * Dqk;
+            keys_scr k;
+            smark[g] = s->ar.used;
+            if (keys_carve(&s->ar, c, NH, n, !kv_is_f32(s->kv), 1, &k)) rc = pt_err(err, PETREL_ENOMEM, "attention scratch exhausted (layer %d)", l);
+            else rc = kv_rows(s->kv, l, sr, n, k.kc, k.kp, k.cb, k.pb, err); /* sr NULL: dense, keys 0..n-1 */
+            a[g] = (kn_attn){NH, Rkv, Dr, n, j.QT + (size_t)i * NH * Rkv, Rkv, qr + Dn, Dqk, k.kc, k.kp, NULL, scale, j.LAT + (size_t)i * NH * Rkv, Rkv};
+            ascr[g] = k.scr;
+        }
+        if (!rc) kt_attn_core_many(tb, a, g, ascr);
+        for (int k = g - 1; k >= 0; k--) sess[i0 + k]->ar.used = smark[k];
         if (rc) return rc;
+        i0 += g;
     }
     pool_run(kn_pool(), NH, abr_uv_task, &j);
     scr->ar.used = mark;

@@ -286,13 +286,13 @@ int moe_forward(petrel_session *s, int l, const layer_w *lw, int next_l, const f
     moe_scr ms;
     if (lw->exp_gate[0].rows != c->moe_intermediate_size || moe_carve(&s->ar, c, T, C, mode == XS_RUN_READY, rl == NULL, &ms))
         return pt_err(err, PETREL_ENOMEM, "MoE scratch exhausted");
-    int cap = ms.cap;
+    int cap = ms.cap; /* the router's pieces; the gathers take ms.gcap rows */
     float *lg = ms.lg, *scratch = ms.scratch;
     int32_t *start = ms.start, *pos = ms.pos, *order = ms.order;
     xs_expert_ref *refs = ms.refs;
     uint8_t *chosen = ms.chosen;
     if (!rl) rl = ms.rl;
-    moe_rows m = {.tb = &eng->kt, .x = x, .T = T, .K = K, .H = H, .cap = cap, .start = start, .rl = rl, .wts = wts, .out = out,
+    moe_rows m = {.tb = &eng->kt, .x = x, .T = T, .K = K, .H = H, .cap = ms.gcap, .start = start, .rl = rl, .wts = wts, .out = out,
                   .xs = ms.xs, .ys = ms.ys, .gb = ms.gb, .ub = ms.ub, .yk = ms.yk};
     moe_cb cb = {.s = s, .lw = lw, .x = x, .T = T, .next_l = next_l, .ysh = ms.ysh, .l = l};
     m.l = l;

@@ -74,15 +74,23 @@ int la_carve(arena *a, const petrel_config *c, int T, la_scr *l) {
     return ok ? 0 : -1;
 }
 
+/* Up to all the rows' choices, at most max(C, 64) rows: never fewer than the chunk (a prompt
+ * chunk's experts gather as before), and non-decreasing in T, so the plan's largest T bounds it. */
+int moe_gather_rows(int T, int C, int K) {
+    long tk = (long)T * K, lim = C > 64 ? C : 64;
+    return (int)(tk < lim ? tk : lim);
+}
+
 int moe_carve(arena *a, const petrel_config *c, int T, int C, int ready, int own_rl, moe_scr *m) {
     size_t E = (size_t)c->n_routed_experts, H = (size_t)c->hidden_size, K = (size_t)c->num_experts_per_tok;
     size_t I = (size_t)c->moe_intermediate_size;
     memset(m, 0, sizeof *m);
     m->cap = T < C ? T : C;
-    m->wide = m->cap > 32 ? m->cap : 32;
+    m->gcap = moe_gather_rows(T, C, (int)K);
+    m->wide = m->gcap > 32 ? m->gcap : 32;
     size_t cap = (size_t)m->cap, wide = (size_t)m->wide;
     int ok = TAKE(m->lg, 4 * cap * E) & TAKE(m->scratch, 8 * E) & TAKE(m->start, 4 * (E + 1)) & TAKE(m->pos, 4 * E) & TAKE(m->order, 4 * E) &
-             TAKE(m->refs, sizeof(xs_expert_ref) * E) & TAKE(m->chosen, E) & TAKE(m->xs, 4 * cap * H) & TAKE(m->ys, 4 * wide * H) &
+             TAKE(m->refs, sizeof(xs_expert_ref) * E) & TAKE(m->chosen, E) & TAKE(m->xs, 4 * (size_t)m->gcap * H) & TAKE(m->ys, 4 * wide * H) &
              TAKE(m->gb, 4 * wide * I) & TAKE(m->ub, 4 * wide * I) & TAKE(m->gset, sizeof(void *) * wide);
     if (ok && own_rl) ok = TAKE(m->rl, 4 * (size_t)T * K);
     if (ok && ready) ok = TAKE(m->yk, 4 * (size_t)T * K * H) & TAKE(m->ysh, 4 * (size_t)T * H);
@@ -126,7 +134,7 @@ static size_t mlp_phases(const petrel_config *c, size_t base, int T, int C, int 
     mlp_carve(&a, ready ? T : cap, Ish, &ms); /* the shared expert: all rows early, or pieces after */
     top = max2(top, a.used);
     a.used = above;
-    mlp_carve(&a, cap, c->moe_intermediate_size, &ms); /* an expert alone (unequal widths) */
+    mlp_carve(&a, moe_gather_rows(T, C, c->num_experts_per_tok), c->moe_intermediate_size, &ms); /* an expert alone (unequal widths) */
     top = max2(top, a.used);
     a.used = above;
     la_carve(&a, c, T, &ls); /* the next layer's guesses, from inside the run */

@@ -68,14 +68,18 @@ typedef struct moe_scr {
     int32_t *start, *pos, *order; /* [E + 1], [E], [E] */
     xs_expert_ref *refs;          /* [E] */
     uint8_t *chosen;              /* [E] */
-    float *xs, *ys, *gb, *ub;     /* [cap][H], [wide][H], [wide][I] x 2 (wide = max(cap, 32)) */
+    float *xs, *ys, *gb, *ub;     /* [gcap][H], [wide][H], [wide][I] x 2 (wide = max(gcap, 32)) */
     int32_t *rl;                  /* [T][K] when the caller has none */
     float *yk, *ysh;              /* ready-order runs: [T][K][H] each choice's output, [T][H] shared */
     const struct lora_set **gset; /* [wide]: the LoRA set of each gathered row */
-    int cap, wide;
+    int cap, gcap, wide;
 } moe_scr;
-/* T rows, chunk C (cap = min(T, C)); ready: the experts may come in any order; own_rl: carve rl. */
+/* T rows, chunk C (cap = min(T, C): the router's pieces); gcap = moe_gather_rows: the rows a set
+ * of experts gathers (a batch of decode rows spreads its T * K choices over many experts of a
+ * row or two each: gathering them all lets one dispatch run up to 32 experts instead of the few
+ * whose rows fit T); ready: the experts may come in any order; own_rl: carve rl. */
 int moe_carve(arena *a, const petrel_config *c, int T, int C, int ready, int own_rl, moe_scr *m);
+int moe_gather_rows(int T, int C, int K);
 
 int head_carve(arena *a, const petrel_config *c, int n, float **xl);
 
