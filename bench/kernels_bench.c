@@ -25,7 +25,7 @@
  * routed-expert prefill (64 cold q4 experts, 32 per kn_matmul_many) at 4..64 rows per expert,
  * each as isa avx512 and isa amx in alternation, as GMAC/s and as a fraction of the all-thread
  * peak; the rows where amx overtakes avx512 give KN_AMX_MIN_ROWS. bf16 [2048 x 6144] under
- * amx-bf16 too (not exact).
+ * amx-bf16 too (not exact). BENCH_AMX_EXPERTS=0 skips the routed-expert sweep.
  * Env: BENCH_ONLY=decode|prefill|dispatch|experts|attn|dsa|amx, BENCH_ISA=avx2|scalar, BENCH_ACTQ=0|1 (int8
  * activations: 0 off, 1 q4, 2 q4+q8 (default here)), BENCH_Q=q4_g64,... (formats to run),
  * BENCH_PF=BYTES (-1: none) and BENCH_PFL=1|2 (into L1 / L2): the R16 kernels' software prefetch. */
@@ -430,7 +430,8 @@ static void bench_amx(int n) {
                pt_qtype_name(q), nw, macs / best[0] / 1e9, macs / best[1] / 1e9, 100 * macs / best[1] / one, best[0] / best[1]);
         free(x); free(y); free(xq); free(m.data); free(m.scale);
     }
-    /* R16 products at n rows */
+    /* R16 products at n rows (the AMX column on the tile kernel whatever n: threshold 1) */
+    kn_set_amx_min_rows(1);
     const pt_qtype Q[] = {PT_Q8_G32, PT_Q4_G64};
     const int64_t S[][2] = {{6144, 2048}, {2048, 6144}, {16384, 6144}};
     for (int qi = 0; qi < 2; qi++)
@@ -462,6 +463,8 @@ static void bench_amx(int n) {
                macs / ta / 1e9, tv / ta);
         free(x); free(y); free(m.data); free(m.scale);
     }
+    kn_set_amx_min_rows(KN_AMX_MIN_ROWS);
+    if (getenv("BENCH_AMX_EXPERTS") && !atoi(getenv("BENCH_AMX_EXPERTS"))) return; /* BENCH_AMX_EXPERTS=0: skip the sweep below */
     /* routed experts of prefill: 64 cold q4 experts, rows per expert swept */
     enum { NE = 64, EB = 32 };
     mat *g = malloc(sizeof(mat) * NE), *u = malloc(sizeof(mat) * NE), *d = malloc(sizeof(mat) * NE);

@@ -4,9 +4,10 @@
  * at the group's bias, one convert, one multiply (scales x d) and one fma (q4, one row at a
  * time: the high nibbles are masked in place, 16 times their value, and their int32 sum shifted
  * back once per group: one vector op fewer per 64 bytes, the same integers). The activation
- * dword is a broadcast memory operand. Blocks are walked in address order, so a task streams one
- * contiguous range of weights; for n > 1 pairs of blocks (32 rows) are reused from L1/L2 for
- * every group of up to 4 activations (block2). Bitwise equal to kn_r16_rows_ref. */
+ * dword is a broadcast memory operand. Blocks go in pairs (block2: 32 rows, two weight streams in
+ * flight, each activation dword broadcast once for both), reused from L1/L2 for every group of up
+ * to 4 activations; a task's odd last block runs alone (block). Bitwise equal to
+ * kn_r16_rows_ref. */
 #include <immintrin.h>
 #include <string.h>
 
@@ -113,12 +114,14 @@ AI void block2(const int Q4, const int B, const int PFL, const pt_wview *W, int6
         bias[a] = (const int32_t *)(xr[a] + qb + fb);
         acc0[a] = acc1[a] = _mm512_setzero_ps();
     }
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i m4 = _mm512_set1_epi8(0x0F), mh = _mm512_set1_epi8((char)0xF0);
+    /* one activation (decode) and q4: the high nibbles in place into their own sums (as block) */
+    const int HI = Q4 && B == 1;
     for (int64_t gi = 0; gi < ng; gi++) {
         const uint8_t *w0 = blk0 + gi * 512, *w1 = blk1 + gi * 512;
         PF(PFL, w0, pf);
         PF(PFL, w1, pf);
-        __m512i i0a[4], i1a[4];
+        __m512i i0a[4], i1a[4], h0 = _mm512_setzero_si512(), h1 = h0;
 #pragma GCC unroll 4
         for (int a = 0; a < B; a++) i0a[a] = i1a[a] = _mm512_set1_epi32(bias[a][gi]);
 #pragma GCC unroll 8
@@ -133,6 +136,15 @@ AI void block2(const int Q4, const int B, const int PFL, const pt_wview *W, int6
                     i0a[a] = _mm512_dpbusd_epi32(i0a[a], v0, xb);
                     i1a[a] = _mm512_dpbusd_epi32(i1a[a], v1, xb);
                 }
+            } else if (HI) {
+                int32_t x0, x1;
+                memcpy(&x0, xr[0] + gi * 64 + 8 * k, 4);
+                memcpy(&x1, xr[0] + gi * 64 + 8 * k + 4, 4);
+                __m512i xb0 = _mm512_set1_epi32(x0), xb1 = _mm512_set1_epi32(x1);
+                i0a[0] = _mm512_dpbusd_epi32(i0a[0], _mm512_and_si512(v0, m4), xb0);
+                i1a[0] = _mm512_dpbusd_epi32(i1a[0], _mm512_and_si512(v1, m4), xb0);
+                h0 = _mm512_dpbusd_epi32(h0, _mm512_and_si512(v0, mh), xb1);
+                h1 = _mm512_dpbusd_epi32(h1, _mm512_and_si512(v1, mh), xb1);
             } else {
                 __m512i lo0 = _mm512_and_si512(v0, m4), hi0 = _mm512_and_si512(_mm512_srli_epi16(v0, 4), m4);
                 __m512i lo1 = _mm512_and_si512(v1, m4), hi1 = _mm512_and_si512(_mm512_srli_epi16(v1, 4), m4);
@@ -150,6 +162,10 @@ AI void block2(const int Q4, const int B, const int PFL, const pt_wview *W, int6
             }
         }
         __m512 s0 = r16_scales16(W, (b * ng + gi) * 16), s1 = r16_scales16(W, ((b + 1) * ng + gi) * 16);
+        if (HI) { /* 16 x the high nibbles' sums: exact multiples of 16 (block's bound) */
+            i0a[0] = _mm512_add_epi32(i0a[0], _mm512_srai_epi32(h0, 4));
+            i1a[0] = _mm512_add_epi32(i1a[0], _mm512_srai_epi32(h1, 4));
+        }
 #pragma GCC unroll 4
         for (int a = 0; a < B; a++) {
             __m512 da = _mm512_set1_ps(d[a][gi]);
@@ -166,8 +182,9 @@ AI void block2(const int Q4, const int B, const int PFL, const pt_wview *W, int6
 
 AI void rows_q(const int Q4, const int PFL, const pt_wview *W, int64_t r0, int64_t r1, const uint8_t *xq, int64_t xs, int n, int64_t pf, float *y) {
     int64_t b = r0 / 16, be = r1 / 16;
-    if (n > 1) /* pairs of blocks; a single one is left for the loop below */
-        for (; b + 1 < be; b += 2)
+    /* pairs of blocks (one row too: two weight streams in flight); a single one is left for
+     * the loop below */
+    for (; b + 1 < be; b += 2)
             for (int i0 = 0; i0 < n; i0 += 4) switch (n - i0 < 4 ? n - i0 : 4) {
                 case 4: block2(Q4, 4, PFL, W, b, xq, xs, i0, pf, y); break;
                 case 3: block2(Q4, 3, PFL, W, b, xq, xs, i0, pf, y); break;
