@@ -112,6 +112,22 @@ __device__ __forceinline__ float wrow_get(int qt, const uint8_t *row, const floa
     return 0.f;
 }
 
+/* The generic column loop (formats without a vector path): columns c0, c0 + step, ... of RW
+ * weight rows against TR activation rows, one weight at a time. */
+template <int TR, int RW>
+__device__ __forceinline__ void gv_generic(int qt, int g, const uint8_t *const *d, const float *const *sr, const float *const *xr, int ns, int c0,
+                                           int step, int cols, float (&acc)[RW][TR]) {
+    for (int c = c0; c < cols; c += step) {
+#pragma unroll
+        for (int i = 0; i < RW; i++) {
+            float w = wrow_get(qt, d[i], sr[i], g, c);
+#pragma unroll
+            for (int t = 0; t < TR; t++)
+                if (t < ns) acc[i][t] = fmaf(w, xr[t][c], acc[i][t]);
+        }
+    }
+}
+
 /* One lane's chunk of VAL columns at c (c % VAL == 0): 16 bytes of q4 (32 values) or q8 (16),
  * 8 values of the others (VAL 8 also for q4/q8 rows whose width is no multiple of 32 / 16). */
 template <int QT, int VAL> __device__ __forceinline__ void load_raw(const uint8_t *row, int c, uint4 r[2]) {
@@ -261,15 +277,7 @@ __global__ void __launch_bounds__(256, TR <= 2 ? 2 : 1) k_gemv_split(dw W, const
             }
         }
     } else {
-        for (int c = part * 32 + lane; c < cols; c += 32 * kp) {
-#pragma unroll
-            for (int i = 0; i < RW; i++) {
-                float w = wrow_get(W.qt, d[i], sr[i], W.g, c);
-#pragma unroll
-                for (int t = 0; t < TR; t++)
-                    if (t < ns) acc[i][t] = fmaf(w, xr[t][c], acc[i][t]);
-            }
-        }
+        gv_generic<TR, RW>(W.qt, W.g, d, sr, xr, ns, part * 32 + lane, 32 * kp, cols, acc);
     }
 #pragma unroll
     for (int i = 0; i < RW; i++)
@@ -424,15 +432,7 @@ __global__ void __launch_bounds__(256, TR <= 2 ? 2 : 1) k_gemv_stream(dw W, cons
                 d[i] = (i >= RO ? b2 : b1) + r * W.rb;
                 sr[i] = W.s ? (i >= RO ? sb2 : s1) + r * W.sc : nullptr;
             }
-            for (int c = lane; c < cols; c += 32) {
-#pragma unroll
-                for (int i = 0; i < RW; i++) {
-                    float w = wrow_get(W.qt, d[i], sr[i], W.g, c);
-#pragma unroll
-                    for (int t = 0; t < TR; t++)
-                        if (t < ns) acc[i][t] = fmaf(w, xr[t][c], acc[i][t]);
-                }
-            }
+            gv_generic<TR, RW>(W.qt, W.g, d, sr, xr, ns, lane, 32, cols, acc);
 #pragma unroll
             for (int i = 0; i < RW; i++)
 #pragma unroll
