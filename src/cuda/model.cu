@@ -62,8 +62,17 @@ void *dalloc(cu_model *m, size_t bytes, const char *what, petrel_error *err) {
     return p;
 }
 
-static int up_copy(void *dst, const void *src, size_t bytes, petrel_error *err) {
+/* A host-to-device copy that has landed when it returns: cudaMemcpy from pageable memory may
+ * return once the bytes are staged, before the DMA into the device finishes, and the backend's
+ * kernels run on a non-blocking stream that does not wait for the legacy stream's copies (a
+ * test saw a product read a half-uploaded input, once in several runs). */
+static cudaError_t h2d(void *dst, const void *src, size_t bytes) {
     cudaError_t rc = cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice);
+    return rc == cudaSuccess ? cudaStreamSynchronize(0) : rc;
+}
+
+static int up_copy(void *dst, const void *src, size_t bytes, petrel_error *err) {
+    cudaError_t rc = h2d(dst, src, bytes);
     return rc == cudaSuccess ? 0 : cu_fail(err, rc, "upload");
 }
 
@@ -380,8 +389,8 @@ static int rope_grow(cu_model *m, int cap, petrel_error *err) {
     float *dc = NULL, *ds = NULL;
     cudaError_t rc = cudaMalloc(&dc, sizeof(float) * n);
     if (rc == cudaSuccess) rc = cudaMalloc(&ds, sizeof(float) * n);
-    if (rc == cudaSuccess) rc = cudaMemcpy(dc, hc, sizeof(float) * n, cudaMemcpyHostToDevice);
-    if (rc == cudaSuccess) rc = cudaMemcpy(ds, hs, sizeof(float) * n, cudaMemcpyHostToDevice);
+    if (rc == cudaSuccess) rc = h2d(dc, hc, sizeof(float) * n);
+    if (rc == cudaSuccess) rc = h2d(ds, hs, sizeof(float) * n);
     free(hc), free(hs);
     if (rc != cudaSuccess) {
         cudaGetLastError();
