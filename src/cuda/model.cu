@@ -65,7 +65,7 @@ void *dalloc(cu_model *m, size_t bytes, const char *what, petrel_error *err) {
 /* A host-to-device copy that has landed when it returns: cudaMemcpy from pageable memory may
  * return once the bytes are staged, before the DMA into the device finishes, and the backend's
  * kernels run on a non-blocking stream that does not wait for the legacy stream's copies (a
- * test saw a product read a half-uploaded input, once in several runs). */
+ * test failed once in a way a half-uploaded input explains). */
 static cudaError_t h2d(void *dst, const void *src, size_t bytes) {
     cudaError_t rc = cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice);
     return rc == cudaSuccess ? cudaStreamSynchronize(0) : rc;
