@@ -74,9 +74,9 @@ typedef struct petrel_open_opts {
     int act_quant;
     int relayout;
     const char *isa;
-    /* The R16 kernels' software prefetch (speed only, never the results): prefetch 0 = this CPU
-     * kind's default, -1 = none, else bytes ahead of the weight stream (64 .. 65536);
-     * prefetch_level 0 = default, 1 = into L1, 2 = into L2. */
+    /* The R16 kernels' software prefetch (speed only, never the results): prefetch 0 = the
+     * default (4096 bytes into L1, as measured best on both CPU kinds), -1 = none, else bytes
+     * ahead of the weight stream (64 .. 65536); prefetch_level 0 = default, 1 = L1, 2 = L2. */
     int prefetch;
     int prefetch_level;
     /* Benchmarks: every main MoE layer's routed choices come from this recorded routing trace

@@ -40,7 +40,7 @@
 
 static pthread_once_t detect_once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
-static int best_isa = ISA_SCALAR, has_vnni, has_amx, has_amx_bf16, is_intel;
+static int best_isa = ISA_SCALAR, has_vnni, has_amx, has_amx_bf16;
 /* The process default table (tools, tests): kn_force_isa / kn_set_act_quant / kn_set_r16 change
  * it; engines fill their own (kn_table_init) and never read it. */
 static kn_table g_def = {ISA_SCALAR, 0, 1, 1, 0, 0, KN_AMX_MIN_ROWS, 4096, 0};
@@ -88,7 +88,6 @@ static kn_prof_row *prof_row(kn_prof *p, const pt_wview *W, const pt_wview *W2, 
  * the YMM (and for AVX-512 the opmask/ZMM) state, XCR0 bits 1-2 and 5-7. */
 static void detect_isa(void) {
     unsigned a, b, c, d;
-    if (__get_cpuid(0, &a, &b, &c, &d)) is_intel = b == 0x756e6547 && d == 0x49656e69 && c == 0x6c65746e; /* "GenuineIntel" */
     if (!__get_cpuid(1, &a, &b, &c, &d)) return;
     int osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, fma = (c >> 12) & 1, f16c = (c >> 29) & 1;
     if (!osxsave || !avx) return;
@@ -185,13 +184,14 @@ int kn_table_init(kn_table *t, const char *isa, int act_quant, int relayout) {
     return 0;
 }
 
-/* Defaults per CPU kind (bench/KERNELS.md, "prefetch"): 4 KB ahead into L1 on both kinds
- * measured so far. */
+/* The default, 4 KB ahead into L1, is the same on both CPU kinds: on the Intel host no other
+ * distance or level did better (bench/RESULTS.md, 2026-12-04 17:35); on the AMD dev box a
+ * sweep stayed within its noise. */
 int kn_table_prefetch(kn_table *t, int bytes, int level) {
     pthread_once(&detect_once, detect);
     if (bytes < -1 || (bytes > 0 && (bytes < 64 || bytes > 65536)) || level < 0 || level > 2) return -1;
     t->pf_bytes = bytes == 0 ? 4096 : bytes < 0 ? 0 : bytes / 64 * 64;
-    t->pf_l2 = level == 0 ? (is_intel ? 0 : 0) : level == 2;
+    t->pf_l2 = level == 2;
     return 0;
 }
 

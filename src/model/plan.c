@@ -119,7 +119,10 @@ __attribute__((target("avx512f"))) static uint64_t bw_sum_avx512(const uint64_t 
         d = _mm512_add_epi64(d, _mm512_loadu_si512((const void *)(c + o + 128)));
         e = _mm512_add_epi64(e, _mm512_loadu_si512((const void *)(c + o + 192)));
     }
-    return (uint64_t)_mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_add_epi64(a, b), _mm512_add_epi64(d, e)));
+    uint64_t lanes[8], sum = 0; /* an unsigned sum: the intrinsic's reduction adds signed (overflow) */
+    _mm512_storeu_si512((void *)lanes, _mm512_add_epi64(_mm512_add_epi64(a, b), _mm512_add_epi64(d, e)));
+    for (int i = 0; i < 8; i++) sum += lanes[i];
+    return sum;
 }
 #endif
 static void *bw_thread(void *a) {
