@@ -668,8 +668,23 @@ CLI_CMD(bench) {
     for (int l = 0; l < c->num_hidden_layers; l++) n_moe += c->layer_is_moe[l] && eng->w.layers[l].exp_gate;
     if (n_moe) expert1 /= (uint64_t)n_moe;
 
-    /* warm the map so page faults are not timed (when streaming: the resident tensors only) */
-    if (eng->pack && !eng->pack->copy) { /* (a copy made at open is resident already) */
+    /* warm the map so page faults are not timed (when streaming: the resident tensors only);
+     * a copy made at open is read once too: on the dev VMs a first read of memory filled at
+     * open ran at a third to a half of the speed of later reads (bench/RESULTS.md, 2026-12-04
+     * 19:05), which the routed experts, each read every ~16 tokens, kept paying in a short run */
+    if (eng->pack && eng->pack->copy) {
+        volatile uint8_t s = 0;
+        const pack *pk = eng->pack;
+        for (int t = 0; t < pk->n_tensors; t++)
+            if (&pk->tensors[t] != pk->on_disk)
+                for (uint64_t o = 0; o < pk->tensors[t].bytes + pk->tensors[t].scale_bytes; o += 64)
+                    s ^= pk->copy[o < pk->tensors[t].bytes ? pk->tensors[t].offset + o : pk->tensors[t].scale_offset + (o - pk->tensors[t].bytes)];
+        for (int i = 0; pk->copy_experts && i < pk->n_elayers; i++)
+            for (uint64_t o = 0; o < (uint64_t)pk->elayers[i].n_experts * pk->elayers[i].record_bytes; o += 64)
+                s ^= pk->copy[pk->elayers[i].first_offset + o];
+        (void)s;
+    }
+    if (eng->pack && !eng->pack->copy) {
         volatile uint8_t s = 0;
         if (!eng->xs)
             for (uint64_t o = 0; o < eng->pack->file_size; o += 4096) s ^= eng->pack->map[o];
