@@ -6,7 +6,9 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -166,6 +168,52 @@ TEST(pack, q8_equals_quantized_views) {
     petrel_engine_close(pk);
     petrel_engine_close(ref);
     for (int i = 0; i < q.n; i++) free(q.bufs[i]);
+}
+
+/* Pages of the file at path in the page cache, as a fraction (mincore over a fresh map). */
+static double cached_fraction(const char *path) {
+    int fd = open(path, O_RDONLY);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) || st.st_size == 0) {
+        if (fd >= 0) close(fd);
+        return -1;
+    }
+    void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+    long pg = sysconf(_SC_PAGESIZE);
+    size_t n = ((size_t)st.st_size + (size_t)pg - 1) / (size_t)pg, in = 0;
+    unsigned char *v = malloc(n);
+    double f = -1;
+    if (m != MAP_FAILED && v && mincore(m, (size_t)st.st_size, v) == 0) {
+        for (size_t i = 0; i < n; i++) in += v[i] & 1;
+        f = (double)in / (double)n;
+    }
+    free(v);
+    if (m != MAP_FAILED) munmap(m, (size_t)st.st_size);
+    close(fd);
+    return f;
+}
+
+/* A resident open leaves the pack out of the page cache (the copy serves it): cache the whole
+ * file, open, and most of its pages are gone; the engine still runs. */
+TEST(pack, open_drops_the_file_cache) {
+    const char *out = tmp("tiny-q4-cache.pack");
+    if (convert_to("tiny", out, CVQ_Q4, 0, NULL)) return;
+    struct statfs sf;
+    if (statfs(out, &sf) == 0 && sf.f_type == 0x01021994) { test_skip("the test folder is tmpfs: its pages cannot leave the cache"); return; }
+    FILE *f = fopen(out, "rb");
+    char buf[1 << 16];
+    while (f && fread(buf, 1, sizeof buf, f) > 0) {}
+    if (f) fclose(f);
+    double before = cached_fraction(out);
+    petrel_engine *e = open_eng(out);
+    if (!e) return;
+    double after = cached_fraction(out);
+    CHECK_MSG(before > 0.9 && after >= 0 && after < 0.25, "page-cache share of the pack: %.2f before the open, %.2f after", before, after);
+    int32_t ids[3] = {5, 17, 300};
+    float *lg = run_logits(e, ids, 3);
+    CHECK(lg != NULL);
+    free(lg);
+    petrel_engine_close(e);
 }
 
 /* ---- expert records ---- */

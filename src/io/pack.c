@@ -480,6 +480,13 @@ void pack_seal(pack *p) {
     if (p->copy) mprotect(p->copy, (size_t)p->file_size, PROT_READ);
 }
 
+int pack_drop_cache(pack *p, int expert_map) {
+    if (!p->copy || !p->map || p->fd < 0 || expert_map) return 0;
+    madvise((void *)p->map, (size_t)p->file_size, MADV_DONTNEED); /* a later read faults the page in again */
+    posix_fadvise(p->fd, 0, 0, POSIX_FADV_DONTNEED);
+    return 1;
+}
+
 int pack_fd(const pack *p) { return p->fd; }
 const char *pack_path(const pack *p) { return p->path; }
 

@@ -61,6 +61,7 @@ static int open_pack(petrel_engine *e, const char *path, const petrel_open_opts 
     PT_TRY(weights_bind(&e->w, &e->cfg, &ws, err));
     if (e->pack->copy && kt_r16_available(&e->kt)) weights_relayout_r16(&e->w, &e->cfg, e->pack->copy, e->pack->copy + e->pack->file_size);
     pack_seal(e->pack);
+    if (!o || !o->inspect_only) pack_drop_cache(e->pack, !streaming && !e->pack->copy_experts);
     return 0;
 }
 
