@@ -669,9 +669,9 @@ CLI_CMD(bench) {
     if (n_moe) expert1 /= (uint64_t)n_moe;
 
     /* warm the map so page faults are not timed (when streaming: the resident tensors only);
-     * a copy made at open is read once too: on the dev VMs a first read of memory filled at
-     * open ran at a third to a half of the speed of later reads (bench/RESULTS.md, 2026-12-04
-     * 19:05), which the routed experts, each read every ~16 tokens, kept paying in a short run */
+     * a copy made at open is read once too, so that no first read of a page is timed (a
+     * read-only copy's first reads cost kernel time on the dev box: bench/RESULTS.md,
+     * 2026-12-04 19:05; the open no longer makes it read-only) */
     if (eng->pack && eng->pack->copy) {
         volatile uint8_t s = 0;
         const pack *pk = eng->pack;

@@ -476,10 +476,6 @@ int pack_load_resident(pack *p, int experts, int embed_on_disk, uint64_t *copied
     return 0;
 }
 
-void pack_seal(pack *p) {
-    if (p->copy) mprotect(p->copy, (size_t)p->file_size, PROT_READ);
-}
-
 int pack_drop_cache(pack *p, int expert_map) {
     if (!p->copy || !p->map || p->fd < 0 || expert_map) return 0;
     madvise((void *)p->map, (size_t)p->file_size, MADV_DONTNEED); /* a later read faults the page in again */

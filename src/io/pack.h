@@ -137,8 +137,6 @@ void pack_release_on_disk(const pack *p);
 /* Bytes pack_load_resident leaves on disk with embed_on_disk (the embedding when the pack has a
  * separate lm_head, else 0), whether or not it ran: memory plans of inspect-only opens. */
 uint64_t pack_embed_on_disk_bytes(const pack *p);
-/* Makes the copy read-only (after any in-place relayout of its tensors). */
-void pack_seal(pack *p);
 /* Drops the file's pages from this process's map and asks the kernel to drop them from the page
  * cache, once the copy serves every resident tensor and nothing is read through the map but
  * the tensor kept on disk (rows on demand) and streamed experts (O_DIRECT): reading the pack at

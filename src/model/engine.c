@@ -60,7 +60,9 @@ static int open_pack(petrel_engine *e, const char *path, const petrel_open_opts 
     wsource_pack(&ws, e->pack);
     PT_TRY(weights_bind(&e->w, &e->cfg, &ws, err));
     if (e->pack->copy && kt_r16_available(&e->kt)) weights_relayout_r16(&e->w, &e->cfg, e->pack->copy, e->pack->copy + e->pack->file_size);
-    pack_seal(e->pack);
+    /* The copy stays writable: making it read-only (mprotect, as open did before 2026-12-04)
+     * made the first read of each of its huge pages cost kernel time, ~3 GB/s instead of ~30
+     * on the dev box's kernel (bench/RESULTS.md), which every expert paid on its first use. */
     if (!o || !o->inspect_only) pack_drop_cache(e->pack, !streaming && !e->pack->copy_experts);
     return 0;
 }
