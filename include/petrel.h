@@ -75,7 +75,8 @@ typedef struct petrel_open_opts {
     int relayout;
     const char *isa;
     /* The R16 kernels' software prefetch (speed only, never the results): prefetch 0 = the
-     * default (4096 bytes into L1, as measured best on both CPU kinds), -1 = none, else bytes
+     * default (4096 bytes into L1: none did better on the Intel host; on the AMD box a sweep
+     * stayed within its noise), -1 = none, else bytes
      * ahead of the weight stream (64 .. 65536); prefetch_level 0 = default, 1 = L1, 2 = L2. */
     int prefetch;
     int prefetch_level;

@@ -141,8 +141,8 @@ uint64_t pack_embed_on_disk_bytes(const pack *p);
  * cache, once the copy serves every resident tensor and nothing is read through the map but
  * the tensor kept on disk (rows on demand) and streamed experts (O_DIRECT): reading the pack at
  * open left up to its whole size cached beside the copy, and a model near the machine's memory
- * then ran under reclaim (on the 24 GiB dev box the 13 GB slice's experts read at a third of
- * their speed until the cache was dropped). expert_map: routed experts are read through the map
+ * then ran under reclaim (on the 24 GiB dev box the 13 GB slice's experts read at half the speed
+ * they reached once the cache was dropped). expert_map: routed experts are read through the map
  * (resident but not in the copy): then nothing is dropped. Returns 1 if it asked, 0 if not. */
 int pack_drop_cache(pack *p, int expert_map);
 /* 1 if the file at path is a regular file starting with PACK_MAGIC (never blocks on a FIFO). */

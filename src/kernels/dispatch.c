@@ -79,7 +79,6 @@ static kn_prof_row *prof_row(kn_prof *p, const pt_wview *W, const pt_wview *W2, 
         return &p->row[KN_PROF_ROWS - 1];
     }
     kn_prof_row *r = &p->row[p->n_rows++];
-    memset(r, 0, sizeof *r);
     *r = (kn_prof_row){W->rows, W->cols, rows2, (int)W->qtype, W->layout, n, jobs, kind, W->data, W2 ? W2->data : NULL, 0, 0, 0, 0};
     return r;
 }
