@@ -420,7 +420,7 @@ static void bench_amx(int n) {
                 double t0 = now();
                 for (int it = 0; it < 50; it++) {
                     if (k) kn_r16_rows_amx(&m.v, 0, 64, xq, xs, nw, y);
-                    else kn_r16_rows_avx512(&m.v, 0, 64, xq, xs, nw, y, 4096, 0);
+                    else kn_r16_rows_avx512(&m.v, 0, 64, xq, xs, nw, y, 4096, 0, 1);
                 }
                 double t = (now() - t0) / 50;
                 if (t < best[k]) best[k] = t;
@@ -510,7 +510,8 @@ int main(int argc, char **argv) {
     int64_t head_rows = argc > 2 ? atoll(argv[2]) : 40960;
     if (getenv("BENCH_PF")) { /* the R16 kernels' prefetch: BYTES (-1 none) and BENCH_PFL 1 (L1) or 2 (L2) */
         const char *l = getenv("BENCH_PFL");
-        if (kn_set_prefetch(atoi(getenv("BENCH_PF")), l ? atoi(l) : 1)) { fprintf(stderr, "bad BENCH_PF / BENCH_PFL\n"); return 1; }
+        const char *al = getenv("BENCH_PF_LINES");
+        if (kn_set_prefetch(atoi(getenv("BENCH_PF")), l ? atoi(l) : 1, al ? atoi(al) : 0)) { fprintf(stderr, "bad BENCH_PF / BENCH_PFL / BENCH_PF_LINES\n"); return 1; }
     }
     const char *only = getenv("BENCH_ONLY"); /* "decode" or "prefill" */
     kn_init(threads);

@@ -88,8 +88,10 @@ void cli_progress_fn(void *user, long long done, long long total);
     "  --isa NAME           kernel set: auto (default: AMX where the CPU has it), scalar, avx2,\n" \
     "                       avx512 (no AMX), amx (AMX-INT8 tiles, bitwise = avx512), amx-bf16\n" \
     "                       (amx + AMX-BF16 for bf16 weights: faster, not exact)\n"                \
-    "  --prefetch P         the int8 kernels' software prefetch (speed only): auto (default), off,\n" \
-    "                       or BYTES[:l1|l2] ahead of the weight stream, into L1 or L2\n"         \
+    "  --prefetch P         the int8 kernels' software prefetch (speed only): off, or auto (default:\n" \
+    "                       4096) or BYTES ahead of the weight stream, then :l1 or :l2 (where to)\n" \
+    "                       and :half or :all (every other 64-byte line or every line; default:\n" \
+    "                       all on AMD, half elsewhere), e.g. 4096:l1:all\n"                     \
     "  --kv-type T          latent KV storage: f32 (default, exact), bf16, int8 (c int8 with a\n" \
     "                       scale per token and layer), auto (= bf16); indexer keys stay f32\n" \
     "  --kv-size SIZE       the KV page pool (default: the plan's KV under --mem-budget, else room\n" \

@@ -635,7 +635,8 @@ CLI_CMD(bench) {
     plan_cpu_model(cpu, sizeof cpu);
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     char pfs[48];
-    if (eng->kt.pf_bytes) snprintf(pfs, sizeof pfs, "%d B ahead into %s", eng->kt.pf_bytes, eng->kt.pf_l2 ? "L2" : "L1");
+    if (eng->kt.pf_bytes) snprintf(pfs, sizeof pfs, "%d B ahead into %s, %s", eng->kt.pf_bytes, eng->kt.pf_l2 ? "L2" : "L1",
+                                    eng->kt.pf_all ? "every line" : "every other line");
     else snprintf(pfs, sizeof pfs, "none");
     printf("machine: %s%s, %ld cores online, kernels %s (prefetch %s), %d threads\n", cpu, cpu_has_amx() ? " (AMX)" : " (no AMX)", cores,
            kt_isa_name(&eng->kt), pfs, threads);
@@ -1043,8 +1044,8 @@ CLI_CMD(bench) {
                        ct1.slots, tier_hit, tier_copies, tier_mb, tier_copy_ms, tier_host, pcie_gbs);
             printf(", \"prefill_breakdown_ms\": {");
             for (int p = 0; p < FS_COUNT; p++) printf("%s\"%s\": %.3f", p ? ", " : "", fwd_part_names[p], (double)pst.ns[p] / 1e6);
-            printf("}, \"cpu_amx\": %s, \"prefetch_bytes\": %d, \"prefetch_l2\": %d, \"device\": \"", cpu_has_amx() ? "true" : "false", eng->kt.pf_bytes,
-                   eng->kt.pf_l2);
+            printf("}, \"cpu_amx\": %s, \"prefetch_bytes\": %d, \"prefetch_l2\": %d, \"prefetch_all_lines\": %d, \"device\": \"", cpu_has_amx() ? "true" : "false",
+                   eng->kt.pf_bytes, eng->kt.pf_l2, eng->kt.pf_all);
             for (const char *d = petrel_engine_device(eng); *d; d++) /* "cpu" or the GPU's line */
                 if (*d == '"' || *d == '\\') printf("\\%c", *d);
                 else if ((unsigned char)*d >= 0x20) putchar(*d);

@@ -102,21 +102,37 @@ static int kernel_opt(int argc, char **argv, int *i, cli_model_opts *mo) {
     if (!aq && !rl && !isa && !kvt && !kvs && !dev && !vram && !vslots && !hexp && !pf) return 0;
     if (*i + 1 >= argc) { cli_fail("%s needs a value", a); return -1; }
     const char *v = argv[++*i];
-    if (pf) { /* auto | off | BYTES[:l1|l2] */
-        char *end;
+    if (pf) { /* off | auto | BYTES, then :l1 / :l2 and :half / :all (not after off) */
+        char base[32];
         long n = 0;
-        int lv = 0;
+        int lv = 0, lines = 0, bad = 0;
         const char *colon = strchr(v, ':');
-        if (colon && !strcmp(colon, ":l1")) lv = 1;
-        else if (colon && !strcmp(colon, ":l2")) lv = 2;
-        if (!strcmp(v, "auto")) n = 0;
-        else if (!strcmp(v, "off")) n = -1;
-        else if (n = strtol(v, &end, 10), end == v || (*end && end != colon) || (colon && !lv) || n < 64 || n > 65536) {
-            cli_fail("--prefetch: \"%s\" is not auto, off or BYTES[:l1|l2] (64 .. 65536)", v);
+        size_t bl = colon ? (size_t)(colon - v) : strlen(v);
+        if (bl == 0 || bl >= sizeof base) bad = 1;
+        else {
+            memcpy(base, v, bl);
+            base[bl] = 0;
+            char *end;
+            if (!strcmp(base, "auto")) n = 0;
+            else if (!strcmp(base, "off")) n = -1, bad = colon != NULL;
+            else if (n = strtol(base, &end, 10), *end || n < 64 || n > 65536) bad = 1;
+        }
+        for (const char *c = colon; c && !bad; c = strchr(c + 1, ':')) {
+            const char *e = strchr(c + 1, ':');
+            size_t l = e ? (size_t)(e - c - 1) : strlen(c + 1);
+            if (l == 2 && !strncmp(c + 1, "l1", 2) && !lv) lv = 1;
+            else if (l == 2 && !strncmp(c + 1, "l2", 2) && !lv) lv = 2;
+            else if (l == 4 && !strncmp(c + 1, "half", 4) && !lines) lines = 1;
+            else if (l == 3 && !strncmp(c + 1, "all", 3) && !lines) lines = 2;
+            else bad = 1;
+        }
+        if (bad) {
+            cli_fail("--prefetch: \"%s\" is not off, or auto or BYTES (64 .. 65536) with optional :l1 or :l2 and :half or :all", v);
             return -1;
         }
         mo->open.prefetch = (int)n;
         mo->open.prefetch_level = lv;
+        mo->open.prefetch_lines = lines;
     } else if (dev) {
         mo->open.device = v; /* checked by the engine's open before it loads anything */
     } else if (vram) {

@@ -77,9 +77,13 @@ typedef struct petrel_open_opts {
     /* The R16 kernels' software prefetch (speed only, never the results): prefetch 0 = the
      * default (4096 bytes into L1: none did better on the Intel host; on the AMD box a sweep
      * stayed within its noise), -1 = none, else bytes
-     * ahead of the weight stream (64 .. 65536); prefetch_level 0 = default, 1 = L1, 2 = L2. */
+     * ahead of the weight stream (64 .. 65536); prefetch_level 0 = default, 1 = L1, 2 = L2;
+     * prefetch_lines 0 = the CPU kind's default (every line on AMD, where products of several
+     * rows read 30-40 % faster so, every other line elsewhere), 1 = every other 64-byte line,
+     * 2 = every line. */
     int prefetch;
     int prefetch_level;
+    int prefetch_lines;
     /* Benchmarks: every main MoE layer's routed choices come from this recorded routing trace
      * (`# petrel-trace v1`, text or .gz: the trace's layers spread evenly over the model's MoE
      * layers; a row at position p takes the trace's token (p + petrel_session_route_offset) mod

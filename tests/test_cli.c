@@ -5,6 +5,7 @@
 #include <string.h>
 #include <sys/wait.h>
 
+#include "io/convert.h"
 #include "io/safetensors.h"
 #include "test.h"
 
@@ -100,6 +101,22 @@ TEST(cli, bench_profile) {
         double calls, mb;
         CHECK_EQ_INT(sscanf(h + 1, "%31s %31s %15s %d %d %lf %lf", name, shape, fmt, &rows, &jobs, &calls, &mb), 7);
         CHECK(rows == 1 && jobs == 1 && calls == 1.0 && mb > 0);
+    }
+}
+
+/* The int8 kernels' prefetch settings change speed only: a q4 pack (its matrices in the R16
+ * layout where the CPU has VNNI) generates the same ids under every --prefetch form. */
+TEST(cli, prefetch_settings_same_ids) {
+    const char *b = bin();
+    if (!b) return;
+    const char *pk = test_pack_of("trained", CVQ_Q4);
+    if (!pk) return;
+    static const char *pf[] = {"", "--prefetch off", "--prefetch 64:l2:half", "--prefetch auto:all", "--prefetch 8192:l1:all", "--prefetch 4096:half"};
+    static char cmd[1024], ref[4096], out[4096], err[4096];
+    for (size_t i = 0; i < sizeof pf / sizeof pf[0]; i++) {
+        snprintf(cmd, sizeof cmd, "%s generate --model %s --ids 5,17,300,2,9 -n 6 %s", b, pk, pf[i]);
+        CHECK_MSG(test_sh(cmd, i ? out : ref, sizeof out, err, sizeof err) == 0, "%s: %s", pf[i], err);
+        if (i) CHECK_MSG(!strcmp(out, ref), "%s: %s vs %s", pf[i], out, ref);
     }
 }
 

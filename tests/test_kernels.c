@@ -607,26 +607,28 @@ TEST(kernels, profile) {
 TEST(kernels, r16_prefetch_invisible) {
     kn_table t;
     CHECK_EQ_INT(kn_table_init(&t, NULL, 0, 0), 0);
-    CHECK(kn_table_prefetch(&t, 63, 0) < 0 && kn_table_prefetch(&t, 65537, 0) < 0 && kn_table_prefetch(&t, -2, 0) < 0 &&
-          kn_table_prefetch(&t, 0, 3) < 0);
-    CHECK(kn_table_prefetch(&t, -1, 0) == 0 && t.pf_bytes == 0);
-    CHECK(kn_table_prefetch(&t, 1000, 2) == 0 && t.pf_bytes == 960 && t.pf_l2 == 1);
+    CHECK(kn_table_prefetch(&t, 63, 0, 0) < 0 && kn_table_prefetch(&t, 65537, 0, 0) < 0 && kn_table_prefetch(&t, -2, 0, 0) < 0 &&
+          kn_table_prefetch(&t, 0, 3, 0) < 0 && kn_table_prefetch(&t, 0, 0, 3) < 0 && kn_table_prefetch(&t, 0, 0, -1) < 0);
+    CHECK(kn_table_prefetch(&t, -1, 0, 0) == 0 && t.pf_bytes == 0);
+    CHECK(kn_table_prefetch(&t, 1000, 2, 2) == 0 && t.pf_bytes == 960 && t.pf_l2 == 1 && t.pf_all == 1);
+    CHECK(kn_table_prefetch(&t, 0, 1, 1) == 0 && t.pf_bytes == 4096 && t.pf_l2 == 0 && t.pf_all == 0);
     if (!kt_r16_available(&t)) { test_skip("no AVX-512 VNNI: the R16 kernels run as the scalar reference"); return; }
     const pt_qtype q[2] = {PT_Q4_G64, PT_Q8_G32};
-    const int pf[][2] = {{-1, 0}, {64, 1}, {4096, 1}, {4096, 2}, {65536, 2}, {8192, 1}};
+    const int pf[][3] = {{-1, 0, 0}, {64, 1, 1}, {4096, 1, 1}, {4096, 2, 1}, {65536, 2, 1}, {8192, 1, 1},
+                         {64, 1, 2}, {4096, 1, 2}, {4096, 2, 2}, {65536, 1, 2}};
     for (int f = 0; f < 2; f++)
-        for (int n = 1; n <= 5; n += 2) {
+        for (int n = 1; n <= 9; n += 4) {
             tw w = tw_make(q[f], 96, 512, PT_BF16, 0, 0);
             CHECK(kn_r16_repack(&w.v) == 0);
             float *xb, *yb, *y2b, *x = xalloc(n, 512, &xb), *y = yalloc(n, 96, &yb), *y2 = yalloc(n, 96, &y2b);
-            kn_table_prefetch(&t, 0, 0);
+            kn_table_prefetch(&t, 0, 0, 0);
             kt_matmul(&t, &w.v, x, n, y);
             for (size_t k = 0; k < sizeof pf / sizeof pf[0]; k++) {
-                CHECK(kn_table_prefetch(&t, pf[k][0], pf[k][1]) == 0);
+                CHECK(kn_table_prefetch(&t, pf[k][0], pf[k][1], pf[k][2]) == 0);
                 memset(y2, 0x7f, sizeof(float) * (size_t)n * 96);
                 kt_matmul(&t, &w.v, x, n, y2);
-                CHECK_MSG(!memcmp(y, y2, sizeof(float) * (size_t)n * 96), "%s n %d prefetch %d level %d differs", pt_qtype_name(q[f]), n, pf[k][0],
-                          pf[k][1]);
+                CHECK_MSG(!memcmp(y, y2, sizeof(float) * (size_t)n * 96), "%s n %d prefetch %d level %d lines %d differs", pt_qtype_name(q[f]), n,
+                          pf[k][0], pf[k][1], pf[k][2]);
             }
             free(xb), free(yb), free(y2b);
             tw_free(&w);
@@ -692,14 +694,16 @@ TEST(kernels, r16_layout) {
     static const fmt_case RF[] = {{PT_Q8_G32, PT_BF16, 0, 0}, {PT_Q8_G32, PT_F16, 0, 0}, {PT_Q8_G32, PT_F32, 0, 0},
                                   {PT_Q4_G64, PT_BF16, 0, 0}, {PT_Q4_G64, PT_F32, 0, 0}};
     static const int64_t RR[] = {16, 48, 256}, RC[] = {1, 3, 32, 96};
-    static const int RN[] = {1, 2, 3, 4, 5, 9};
+    /* 1-8 activations in one pass over a block pair (above 4 in two halves per group), more in
+     * passes of 8 */
+    static const int RN[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 17};
     int k = 0;
     for (int f = 0; f < 5; f++)
         for (int ri = 0; ri < 3; ri++)
             for (int ci = 0; ci < 4; ci++, k++) {
                 int g = RF[f].q == PT_Q4_G64 ? 64 : 32;
                 int64_t rows = RR[ri], cols = RC[ci] * g;
-                int n = RN[k % 6];
+                int n = RN[k % 12];
                 tw t = tw_make(RF[f].q, rows, cols, RF[f].sdt, 0, 0);
                 tw r = tw_r16(&t);
                 CHECK(kn_r16_supported(&r.v));

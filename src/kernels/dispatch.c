@@ -40,10 +40,10 @@
 
 static pthread_once_t detect_once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
-static int best_isa = ISA_SCALAR, has_vnni, has_amx, has_amx_bf16;
+static int best_isa = ISA_SCALAR, has_vnni, has_amx, has_amx_bf16, cpu_amd;
 /* The process default table (tools, tests): kn_force_isa / kn_set_act_quant / kn_set_r16 change
  * it; engines fill their own (kn_table_init) and never read it. */
-static kn_table g_def = {ISA_SCALAR, 0, 1, 1, 0, 0, KN_AMX_MIN_ROWS, 4096, 0};
+static kn_table g_def = {ISA_SCALAR, 0, 1, 1, 0, 0, KN_AMX_MIN_ROWS, 4096, 0, 0};
 static pt_pool *g_pool;
 static int g_threads;
 /* kn_set_observer: a calibration hook (src/io/calib.c) shown every kn_matmul input */
@@ -114,6 +114,9 @@ static void detect_isa(void) {
 
 static void detect(void) {
     detect_isa();
+    unsigned a, b, c, d;
+    cpu_amd = __get_cpuid(0, &a, &b, &c, &d) && b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u; /* "AuthenticAMD" */
+    g_def.pf_all = cpu_amd;
     g_def.isa = best_isa;
     g_def.vnni = best_isa == ISA_AVX512 && has_vnni;
     g_def.amx = has_amx;
@@ -179,18 +182,20 @@ int kn_table_init(kn_table *t, const char *isa, int act_quant, int relayout) {
     t->amx_min_rows = KN_AMX_MIN_ROWS;
     t->act_quant = act_quant == 0 ? 1 : act_quant < 0 ? 0 : act_quant;
     t->r16 = relayout >= 0;
-    kn_table_prefetch(t, 0, 0);
+    kn_table_prefetch(t, 0, 0, 0);
     return 0;
 }
 
 /* The default, 4 KB ahead into L1, is the same on both CPU kinds: on the Intel host no other
  * distance or level did better (bench/RESULTS.md, 2026-12-04 17:35); on the AMD dev box a
- * sweep stayed within its noise. */
-int kn_table_prefetch(kn_table *t, int bytes, int level) {
+ * sweep stayed within its noise. Every line on AMD (Zen 5 does not complete the 128-byte pairs:
+ * products of 8 rows 30-40 % faster, RESULTS 2026-12-04 20:05), every other line elsewhere. */
+int kn_table_prefetch(kn_table *t, int bytes, int level, int lines) {
     pthread_once(&detect_once, detect);
-    if (bytes < -1 || (bytes > 0 && (bytes < 64 || bytes > 65536)) || level < 0 || level > 2) return -1;
+    if (bytes < -1 || (bytes > 0 && (bytes < 64 || bytes > 65536)) || level < 0 || level > 2 || lines < 0 || lines > 2) return -1;
     t->pf_bytes = bytes == 0 ? 4096 : bytes < 0 ? 0 : bytes / 64 * 64;
     t->pf_l2 = level == 2;
+    t->pf_all = lines == 0 ? cpu_amd : lines == 2;
     return 0;
 }
 
@@ -206,9 +211,9 @@ void kn_set_amx_min_rows(int rows) {
 }
 int kn_r16_available(void) { return kt_r16_available(kn_default()); }
 
-int kn_set_prefetch(int bytes, int level) {
+int kn_set_prefetch(int bytes, int level, int lines) {
     pthread_once(&detect_once, detect);
-    return kn_table_prefetch(&g_def, bytes, level);
+    return kn_table_prefetch(&g_def, bytes, level, lines);
 }
 
 void kn_set_r16(int on) {
@@ -366,7 +371,7 @@ static void mm_task(void *ctx, int task, int thread) {
         if (j->t->amx == 2) kn_amx_bf16_rows_emu(j->W, r0, r1, j->xp, j->xs, j->n, j->y);
         else kn_amx_bf16_rows(j->W, r0, r1, j->xp, j->xs, j->n, j->y);
     } else if (j->path == P_R16) {
-        if (j->t->isa == ISA_AVX512 && j->t->vnni) kn_r16_rows_avx512(j->W, r0, r1, j->xp, j->xs, j->n, j->y, j->t->pf_bytes, j->t->pf_l2);
+        if (j->t->isa == ISA_AVX512 && j->t->vnni) kn_r16_rows_avx512(j->W, r0, r1, j->xp, j->xs, j->n, j->y, j->t->pf_bytes, j->t->pf_l2, j->t->pf_all);
         else kn_r16_rows_ref(j->W, r0, r1, j->xp, j->xs, j->n, j->y);
     } else if (j->path == P_ACTQ) kn_actq_rows_avx512(j->W, r0, r1, j->xp, j->xs, j->n, j->y);
     else if (j->path == P_ISA) j->isa->rows(j->W, r0, r1, j->xp, j->xs, j->n, j->y);

@@ -33,7 +33,9 @@ typedef struct kn_table {
     int amx_bf16;   /* AMX-BF16 runs plain bf16-weight products of >= amx_min_rows rows (not exact) */
     int amx_min_rows; /* below this many rows the VNNI kernel is faster (measured, bench/KERNELS.md) */
     int pf_bytes;   /* the R16 kernels' software prefetch: bytes ahead of the weight stream (0: none) */
-    int pf_l2;      /* ... into L2 (1) or L1 (0); both from the open options (kn_table_prefetch), speed only */
+    int pf_l2;      /* ... into L2 (1) or L1 (0) */
+    int pf_all;     /* ... every line (1) or every other line (0), as the CPU kind wants; all three
+                     * from the open options (kn_table_prefetch), speed only */
 } kn_table;
 /* isa NULL or "auto": the best this CPU has (AMX-INT8 where the CPU and OS allow it); "scalar",
  * "avx2", "avx512" (AVX-512 without AMX), "amx" (AVX-512 + AMX-INT8: fails without it),
@@ -41,11 +43,12 @@ typedef struct kn_table {
  * off, 1, 2; relayout 0 = default (on), -1 off, 1 on. -1: unknown or unavailable. */
 int kn_table_init(kn_table *t, const char *isa, int act_quant, int relayout);
 /* The R16 kernels' software prefetch: bytes 0 = the default (4096), -1 = none, else the distance
- * (64 .. 65536, rounded down to whole lines); level 0 = default (L1), 1 = into L1, 2 = into L2.
- * -1: out of range. */
-int kn_table_prefetch(kn_table *t, int bytes, int level);
+ * (64 .. 65536, rounded down to whole lines); level 0 = default (L1), 1 = into L1, 2 = into L2;
+ * lines 0 = the CPU kind's default (every line on AMD, every other elsewhere), 1 = every other
+ * line, 2 = every line. -1: out of range. */
+int kn_table_prefetch(kn_table *t, int bytes, int level, int lines);
 /* The same on the process default table (tools and benchmarks). */
-int kn_set_prefetch(int bytes, int level);
+int kn_set_prefetch(int bytes, int level, int lines);
 /* This CPU has AMX-INT8 (and AMX-BF16), and the OS granted the tile data permission
  * (arch_prctl ARCH_REQ_XCOMP_PERM, asked once per process at the first call). */
 int kn_amx_available(void);

@@ -17,21 +17,18 @@
 #define AI static inline __attribute__((always_inline))
 
 /* Software prefetch of the weight stream pf bytes ahead: PFL 0 none, 1 into L1 (T0), 2 into L2
- * (T1); every other line of a 512-byte group (the hardware's adjacent-line prefetch completes
- * the 128-byte pairs), as the bandwidth probe does: with two of its eight lines (before
- * 2026-12-04) the kernels read at 85-88 % of the probe on the Intel host at 2 threads. */
+ * (T1), every other line of a 512-byte group (the hardware's adjacent-line prefetch completes the
+ * 128-byte pairs), as the bandwidth probe does: with two of its eight lines (before 2026-12-04)
+ * the kernels read at 85-88 % of the probe on the Intel host at 2 threads; 3 and 4 the same with
+ * every line: on the AMD dev box (Zen 5) the pairs are not completed, and products of several
+ * rows, slower per byte, then read the lines they were not given at the memory's latency, one
+ * after another (one thread, q8 at 8 rows: 14 -> 22 GB/s; bench/RESULTS.md, 2026-12-04 20:05). */
 #define PF(PFL, p, pf)                                                                         \
     do {                                                                                       \
-        if (PFL == 1) {                                                                        \
-            _mm_prefetch((const char *)(p) + (pf), _MM_HINT_T0);                               \
-            _mm_prefetch((const char *)(p) + (pf) + 128, _MM_HINT_T0);                         \
-            _mm_prefetch((const char *)(p) + (pf) + 256, _MM_HINT_T0);                         \
-            _mm_prefetch((const char *)(p) + (pf) + 384, _MM_HINT_T0);                         \
-        } else if (PFL == 2) {                                                                 \
-            _mm_prefetch((const char *)(p) + (pf), _MM_HINT_T1);                               \
-            _mm_prefetch((const char *)(p) + (pf) + 128, _MM_HINT_T1);                         \
-            _mm_prefetch((const char *)(p) + (pf) + 256, _MM_HINT_T1);                         \
-            _mm_prefetch((const char *)(p) + (pf) + 384, _MM_HINT_T1);                         \
+        const int step_ = PFL >= 3 ? 64 : 128;                                                 \
+        for (int l_ = 0; PFL && l_ < 512; l_ += step_) {                                       \
+            if (PFL == 1 || PFL == 3) _mm_prefetch((const char *)(p) + (pf) + l_, _MM_HINT_T0);  \
+            else _mm_prefetch((const char *)(p) + (pf) + l_, _MM_HINT_T1);                     \
         }                                                                                      \
     } while (0)
 
@@ -96,18 +93,22 @@ AI void block(const int Q4, const int B, const int PFL, const pt_wview *W, int64
     for (int a = 0; a < B; a++) _mm512_storeu_ps(y + (int64_t)(i0 + a) * W->rows + b * 16, acc[a]);
 }
 
-/* Two adjacent blocks (32 rows) against B activations (1-4): each activation dword is broadcast
+/* Two adjacent blocks (32 rows) against B activations (1-8): each activation dword is broadcast
  * once for two vpdpbusd, which halves the broadcasts per multiply (+10-20 % at n = 512 on the
- * dev box, bench/KERNELS.md round 4); 2 x B independent int32 chains. */
+ * dev box, bench/KERNELS.md round 4); 2 x 4 independent int32 chains. Above 4 activations a
+ * group runs in halves of up to 4 (the group's 1 KB of weights read again from L1), so the
+ * weights stream from memory once for 8 rows: two passes of 4 over a whole block pair left the
+ * memory idle while the second pass ran from L2 (the head with 8 rows at 47 % of the probe on
+ * the dev box). Per activation the same integer sums and the same float chain either way. */
 AI void block2(const int Q4, const int B, const int PFL, const pt_wview *W, int64_t b, const uint8_t *xq, int64_t xs, int i0, int64_t pf, float *y) {
     const int g = Q4 ? 64 : 32;
     const int64_t cols = W->cols, ng = cols / g, qb = (cols + 63) / 64 * 64, fb = (ng * 4 + 63) / 64 * 64;
     const uint8_t *blk0 = W->data + b * 16 * W->row_bytes, *blk1 = blk0 + 16 * W->row_bytes;
-    const uint8_t *xr[4];
-    const float *d[4];
-    const int32_t *bias[4];
-    __m512 acc0[4], acc1[4];
-#pragma GCC unroll 4
+    const uint8_t *xr[8];
+    const float *d[8];
+    const int32_t *bias[8];
+    __m512 acc0[8], acc1[8];
+#pragma GCC unroll 8
     for (int a = 0; a < B; a++) {
         xr[a] = xq + (int64_t)(i0 + a) * xs;
         d[a] = (const float *)(xr[a] + qb);
@@ -121,59 +122,63 @@ AI void block2(const int Q4, const int B, const int PFL, const pt_wview *W, int6
         const uint8_t *w0 = blk0 + gi * 512, *w1 = blk1 + gi * 512;
         PF(PFL, w0, pf);
         PF(PFL, w1, pf);
-        __m512i i0a[4], i1a[4], h0 = _mm512_setzero_si512(), h1 = h0;
+        __m512 s0 = r16_scales16(W, (b * ng + gi) * 16), s1 = r16_scales16(W, ((b + 1) * ng + gi) * 16);
+#pragma GCC unroll 2
+        for (int h = 0; h < B; h += 4) {
+            const int H = B - h < 4 ? B - h : 4;
+            __m512i i0a[4], i1a[4], h0 = _mm512_setzero_si512(), h1 = h0;
 #pragma GCC unroll 4
-        for (int a = 0; a < B; a++) i0a[a] = i1a[a] = _mm512_set1_epi32(bias[a][gi]);
+            for (int a = 0; a < H; a++) i0a[a] = i1a[a] = _mm512_set1_epi32(bias[h + a][gi]);
 #pragma GCC unroll 8
-        for (int k = 0; k < 8; k++) {
-            __m512i v0 = _mm512_loadu_si512((const void *)(w0 + k * 64)), v1 = _mm512_loadu_si512((const void *)(w1 + k * 64));
-            if (!Q4) {
+            for (int k = 0; k < 8; k++) {
+                __m512i v0 = _mm512_loadu_si512((const void *)(w0 + k * 64)), v1 = _mm512_loadu_si512((const void *)(w1 + k * 64));
+                if (!Q4) {
 #pragma GCC unroll 4
-                for (int a = 0; a < B; a++) {
-                    int32_t xv;
-                    memcpy(&xv, xr[a] + gi * 32 + 4 * k, 4);
-                    __m512i xb = _mm512_set1_epi32(xv);
-                    i0a[a] = _mm512_dpbusd_epi32(i0a[a], v0, xb);
-                    i1a[a] = _mm512_dpbusd_epi32(i1a[a], v1, xb);
-                }
-            } else if (HI) {
-                int32_t x0, x1;
-                memcpy(&x0, xr[0] + gi * 64 + 8 * k, 4);
-                memcpy(&x1, xr[0] + gi * 64 + 8 * k + 4, 4);
-                __m512i xb0 = _mm512_set1_epi32(x0), xb1 = _mm512_set1_epi32(x1);
-                i0a[0] = _mm512_dpbusd_epi32(i0a[0], _mm512_and_si512(v0, m4), xb0);
-                i1a[0] = _mm512_dpbusd_epi32(i1a[0], _mm512_and_si512(v1, m4), xb0);
-                h0 = _mm512_dpbusd_epi32(h0, _mm512_and_si512(v0, mh), xb1);
-                h1 = _mm512_dpbusd_epi32(h1, _mm512_and_si512(v1, mh), xb1);
-            } else {
-                __m512i lo0 = _mm512_and_si512(v0, m4), hi0 = _mm512_and_si512(_mm512_srli_epi16(v0, 4), m4);
-                __m512i lo1 = _mm512_and_si512(v1, m4), hi1 = _mm512_and_si512(_mm512_srli_epi16(v1, 4), m4);
-#pragma GCC unroll 4
-                for (int a = 0; a < B; a++) {
+                    for (int a = 0; a < H; a++) {
+                        int32_t xv;
+                        memcpy(&xv, xr[h + a] + gi * 32 + 4 * k, 4);
+                        __m512i xb = _mm512_set1_epi32(xv);
+                        i0a[a] = _mm512_dpbusd_epi32(i0a[a], v0, xb);
+                        i1a[a] = _mm512_dpbusd_epi32(i1a[a], v1, xb);
+                    }
+                } else if (HI) {
                     int32_t x0, x1;
-                    memcpy(&x0, xr[a] + gi * 64 + 8 * k, 4);
-                    memcpy(&x1, xr[a] + gi * 64 + 8 * k + 4, 4);
+                    memcpy(&x0, xr[0] + gi * 64 + 8 * k, 4);
+                    memcpy(&x1, xr[0] + gi * 64 + 8 * k + 4, 4);
                     __m512i xb0 = _mm512_set1_epi32(x0), xb1 = _mm512_set1_epi32(x1);
-                    i0a[a] = _mm512_dpbusd_epi32(i0a[a], lo0, xb0);
-                    i1a[a] = _mm512_dpbusd_epi32(i1a[a], lo1, xb0);
-                    i0a[a] = _mm512_dpbusd_epi32(i0a[a], hi0, xb1);
-                    i1a[a] = _mm512_dpbusd_epi32(i1a[a], hi1, xb1);
+                    i0a[0] = _mm512_dpbusd_epi32(i0a[0], _mm512_and_si512(v0, m4), xb0);
+                    i1a[0] = _mm512_dpbusd_epi32(i1a[0], _mm512_and_si512(v1, m4), xb0);
+                    h0 = _mm512_dpbusd_epi32(h0, _mm512_and_si512(v0, mh), xb1);
+                    h1 = _mm512_dpbusd_epi32(h1, _mm512_and_si512(v1, mh), xb1);
+                } else {
+                    __m512i lo0 = _mm512_and_si512(v0, m4), hi0 = _mm512_and_si512(_mm512_srli_epi16(v0, 4), m4);
+                    __m512i lo1 = _mm512_and_si512(v1, m4), hi1 = _mm512_and_si512(_mm512_srli_epi16(v1, 4), m4);
+#pragma GCC unroll 4
+                    for (int a = 0; a < H; a++) {
+                        int32_t x0, x1;
+                        memcpy(&x0, xr[h + a] + gi * 64 + 8 * k, 4);
+                        memcpy(&x1, xr[h + a] + gi * 64 + 8 * k + 4, 4);
+                        __m512i xb0 = _mm512_set1_epi32(x0), xb1 = _mm512_set1_epi32(x1);
+                        i0a[a] = _mm512_dpbusd_epi32(i0a[a], lo0, xb0);
+                        i1a[a] = _mm512_dpbusd_epi32(i1a[a], lo1, xb0);
+                        i0a[a] = _mm512_dpbusd_epi32(i0a[a], hi0, xb1);
+                        i1a[a] = _mm512_dpbusd_epi32(i1a[a], hi1, xb1);
+                    }
                 }
             }
-        }
-        __m512 s0 = r16_scales16(W, (b * ng + gi) * 16), s1 = r16_scales16(W, ((b + 1) * ng + gi) * 16);
-        if (HI) { /* 16 x the high nibbles' sums: exact multiples of 16 (block's bound) */
-            i0a[0] = _mm512_add_epi32(i0a[0], _mm512_srai_epi32(h0, 4));
-            i1a[0] = _mm512_add_epi32(i1a[0], _mm512_srai_epi32(h1, 4));
-        }
+            if (HI) { /* 16 x the high nibbles' sums: exact multiples of 16 (block's bound) */
+                i0a[0] = _mm512_add_epi32(i0a[0], _mm512_srai_epi32(h0, 4));
+                i1a[0] = _mm512_add_epi32(i1a[0], _mm512_srai_epi32(h1, 4));
+            }
 #pragma GCC unroll 4
-        for (int a = 0; a < B; a++) {
-            __m512 da = _mm512_set1_ps(d[a][gi]);
-            acc0[a] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i0a[a]), _mm512_mul_ps(s0, da), acc0[a]);
-            acc1[a] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i1a[a]), _mm512_mul_ps(s1, da), acc1[a]);
+            for (int a = 0; a < H; a++) {
+                __m512 da = _mm512_set1_ps(d[h + a][gi]);
+                acc0[h + a] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i0a[a]), _mm512_mul_ps(s0, da), acc0[h + a]);
+                acc1[h + a] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i1a[a]), _mm512_mul_ps(s1, da), acc1[h + a]);
+            }
         }
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int a = 0; a < B; a++) {
         _mm512_storeu_ps(y + (int64_t)(i0 + a) * W->rows + b * 16, acc0[a]);
         _mm512_storeu_ps(y + (int64_t)(i0 + a) * W->rows + b * 16 + 16, acc1[a]);
@@ -182,15 +187,19 @@ AI void block2(const int Q4, const int B, const int PFL, const pt_wview *W, int6
 
 AI void rows_q(const int Q4, const int PFL, const pt_wview *W, int64_t r0, int64_t r1, const uint8_t *xq, int64_t xs, int n, int64_t pf, float *y) {
     int64_t b = r0 / 16, be = r1 / 16;
-    /* pairs of blocks (one row too: two weight streams in flight); a single one is left for
-     * the loop below */
+    /* pairs of blocks (one row too: two weight streams in flight), up to 8 activations a pass;
+     * a single block is left for the loop below */
     for (; b + 1 < be; b += 2)
-            for (int i0 = 0; i0 < n; i0 += 4) switch (n - i0 < 4 ? n - i0 : 4) {
-                case 4: block2(Q4, 4, PFL, W, b, xq, xs, i0, pf, y); break;
-                case 3: block2(Q4, 3, PFL, W, b, xq, xs, i0, pf, y); break;
-                case 2: block2(Q4, 2, PFL, W, b, xq, xs, i0, pf, y); break;
-                default: block2(Q4, 1, PFL, W, b, xq, xs, i0, pf, y); break;
-                }
+        for (int i0 = 0; i0 < n; i0 += 8) switch (n - i0 < 8 ? n - i0 : 8) {
+            case 8: block2(Q4, 8, PFL, W, b, xq, xs, i0, pf, y); break;
+            case 7: block2(Q4, 7, PFL, W, b, xq, xs, i0, pf, y); break;
+            case 6: block2(Q4, 6, PFL, W, b, xq, xs, i0, pf, y); break;
+            case 5: block2(Q4, 5, PFL, W, b, xq, xs, i0, pf, y); break;
+            case 4: block2(Q4, 4, PFL, W, b, xq, xs, i0, pf, y); break;
+            case 3: block2(Q4, 3, PFL, W, b, xq, xs, i0, pf, y); break;
+            case 2: block2(Q4, 2, PFL, W, b, xq, xs, i0, pf, y); break;
+            default: block2(Q4, 1, PFL, W, b, xq, xs, i0, pf, y); break;
+            }
     for (; b < be; b++)
         for (int i0 = 0; i0 < n; i0 += 4) switch (n - i0 < 4 ? n - i0 : 4) {
             case 4: block(Q4, 4, PFL, W, b, xq, xs, i0, pf, y); break;
@@ -200,17 +209,18 @@ AI void rows_q(const int Q4, const int PFL, const pt_wview *W, int64_t r0, int64
             }
 }
 
-void kn_r16_rows_avx512(const pt_wview *W, int64_t r0, int64_t r1, const uint8_t *xq, int64_t xs, int n, float *y, int pf, int pf_l2) {
-    int lv = pf <= 0 ? 0 : pf_l2 ? 2 : 1;
-    if (W->qtype == PT_Q4_G64) {
-        if (lv == 1) rows_q(1, 1, W, r0, r1, xq, xs, n, pf, y);
-        else if (lv == 2) rows_q(1, 2, W, r0, r1, xq, xs, n, pf, y);
-        else rows_q(1, 0, W, r0, r1, xq, xs, n, 0, y);
-    } else {
-        if (lv == 1) rows_q(0, 1, W, r0, r1, xq, xs, n, pf, y);
-        else if (lv == 2) rows_q(0, 2, W, r0, r1, xq, xs, n, pf, y);
-        else rows_q(0, 0, W, r0, r1, xq, xs, n, 0, y);
+void kn_r16_rows_avx512(const pt_wview *W, int64_t r0, int64_t r1, const uint8_t *xq, int64_t xs, int n, float *y, int pf, int pf_l2, int pf_all) {
+    int lv = pf <= 0 ? 0 : (pf_l2 ? 2 : 1) + (pf_all ? 2 : 0);
+#define R16_LEVELS(Q4)                                                                         \
+    switch (lv) {                                                                              \
+    case 1: rows_q(Q4, 1, W, r0, r1, xq, xs, n, pf, y); break;                                 \
+    case 2: rows_q(Q4, 2, W, r0, r1, xq, xs, n, pf, y); break;                                 \
+    case 3: rows_q(Q4, 3, W, r0, r1, xq, xs, n, pf, y); break;                                 \
+    case 4: rows_q(Q4, 4, W, r0, r1, xq, xs, n, pf, y); break;                                 \
+    default: rows_q(Q4, 0, W, r0, r1, xq, xs, n, 0, y); break;                                 \
     }
+    if (W->qtype == PT_Q4_G64) R16_LEVELS(1) else R16_LEVELS(0)
+#undef R16_LEVELS
 }
 
 /* kn_r16_prep with AVX-512, bit-identical to the scalar one (r16.c / kn_actq_quant_row): per

@@ -103,9 +103,9 @@ static int kernel_table(kn_table *t, const petrel_open_opts *o, petrel_error *er
                           "and Linux's tile permission, 5.16+); use avx512 or auto", o->isa, strcmp(o->isa, "amx-bf16") ? "" : "/AMX-BF16");
         return pt_err(err, PETREL_EUNSUPPORTED, "kernel set \"%s\" is unknown or this CPU lacks it (scalar, avx2, avx512, amx, amx-bf16, auto)", o->isa);
     }
-    if (o && kn_table_prefetch(t, o->prefetch, o->prefetch_level) < 0)
-        return pt_err(err, PETREL_EINVAL, "prefetch %d / level %d: want -1 (none), 0 (default) or 64 .. 65536 bytes, and level 0, 1 (L1) or 2 (L2)",
-                      o->prefetch, o->prefetch_level);
+    if (o && kn_table_prefetch(t, o->prefetch, o->prefetch_level, o->prefetch_lines) < 0)
+        return pt_err(err, PETREL_EINVAL, "prefetch %d / level %d / lines %d: want -1 (none), 0 (default) or 64 .. 65536 bytes, level 0, 1 (L1) or 2 (L2), "
+                      "and lines 0 (default), 1 (every other) or 2 (every line)", o->prefetch, o->prefetch_level, o->prefetch_lines);
     return 0;
 }
 
