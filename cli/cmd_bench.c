@@ -189,6 +189,7 @@ typedef struct batch_result {
     double step_ms, tok_s, row_ms, bytes_step, experts_step, floor_ratio, bw;
     double part_ms[FS_COUNT]; /* per step, over the timed steps */
     double reads_step;        /* streaming: expert records read from the SSD per step */
+    unsigned long long pool_jobs, pool_tail_ns; /* --profile: the thread pool over the timed forwards only */
 } batch_result;
 
 /* B sessions filled to ctx tokens (random prompts), then `steps` timed forwards of B decode rows
@@ -238,9 +239,18 @@ static int bench_batch(petrel_engine *eng, int B, long ctx, long steps, uint64_t
             }
         for (int r = 0; r < B; r++) rows[r] = (petrel_row){ss[r], tok[r], 1};
         uint64_t e0 = st->experts_run, t0 = pt_now_ns();
-        if (k >= 2 && prof) kn_set_profile(prof);
+        unsigned long long pj0 = 0, pt0 = 0, pj1 = 0, pt1 = 0;
+        if (k >= 2 && prof) {
+            kn_set_profile(prof);
+            pool_stats(kn_pool(), &pj0, &pt0);
+        }
         rc = petrel_batch_forward(b, rows, B, lg, err);
         kn_set_profile(NULL);
+        if (k >= 2 && prof) { /* not the sessions' prefill above: its chunks' dispatches are not the step's */
+            pool_stats(kn_pool(), &pj1, &pt1);
+            out->pool_jobs += pj1 - pj0;
+            out->pool_tail_ns += pt1 - pt0;
+        }
         if (rc) break;
         if (k >= 2) {
             ms[k - 2] = (double)(pt_now_ns() - t0) / 1e6;
@@ -839,7 +849,6 @@ CLI_CMD(bench) {
     xs_stats xs0 = {0}, xs1 = {0};
     cu_tier_stats ct0 = {0}, ct1 = {0};
     static kn_prof kprof, bprof; /* --profile on the CPU: the timed steps' products, one session's and the batch's */
-    unsigned long long bpool_jobs0 = 0, bpool_tail0 = 0, bpool_jobs1 = 0, bpool_tail1 = 0;
     unsigned long long pool_jobs0 = 0, pool_tail0 = 0, pool_jobs1 = 0, pool_tail1 = 0;
     for (int k = 0; !rc && k < 2 + steps; k++) { /* ctx + 2 + steps tokens in all */
         if (k == 2) {
@@ -880,14 +889,10 @@ CLI_CMD(bench) {
     }
     batch_result br = {0};
     if (!rc && batch > 0) {
-        if (profile && !eng->cu) {
-            memset(&bprof, 0, sizeof bprof);
-            pool_stats(kn_pool(), &bpool_jobs0, &bpool_tail0);
-        }
+        if (profile && !eng->cu) memset(&bprof, 0, sizeof bprof);
         if (bench_batch(eng, (int)batch, ctx, steps, resident + head, expert1, bw_buf, bw_n, bw_mib, threads, profile && !eng->cu ? &bprof : NULL, &br,
                         &err))
             rc = cli_fail_err("bench", &err);
-        if (profile && !eng->cu) pool_stats(kn_pool(), &bpool_jobs1, &bpool_tail1);
     }
     if (!rc) {
         double mean_ms = 0;
@@ -1019,8 +1024,8 @@ CLI_CMD(bench) {
         if (profile && !eng->cu && batch > 0) {
             double pns[FS_COUNT];
             for (int p = 0; p < FS_COUNT; p++) pns[p] = br.part_ms[p] * 1e6 * (double)steps;
-            print_cpu_profile(eng, &bprof, "batched step", pns, steps, br.bw, kv_step * (uint64_t)batch, (double)(bpool_jobs1 - bpool_jobs0),
-                              (double)(bpool_tail1 - bpool_tail0), br.step_ms);
+            print_cpu_profile(eng, &bprof, "batched step", pns, steps, br.bw, kv_step * (uint64_t)batch, (double)br.pool_jobs,
+                              (double)br.pool_tail_ns, br.step_ms);
         }
         if (json) {
             printf("{\"decode_ms\": %.4f, \"decode_tok_s\": %.4f, \"prefill_tok_s\": %.3f, \"prefill_best_tok_s\": %.3f, \"prefill_runs\": %ld, \"bytes_per_token\": %" PRIu64

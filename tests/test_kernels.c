@@ -689,6 +689,32 @@ static tw tw_r16(const tw *t) {
     return c;
 }
 
+/* A dispatch's row tasks cover every row once: a matrix large enough for many tasks at any thread
+ * count, each of 1, 5 and 8 rows, equals the R16 kernel run over all rows in one call (no task
+ * split), bitwise. */
+TEST(kernels, matmul_tasks_cover_rows) {
+    if (!kn_r16_available()) { test_skip("no AVX-512 VNNI: no R16 layout"); return; }
+    const int64_t rows = 16384, cols = 256;
+    tw t = tw_make(PT_Q8_G32, rows, cols, PT_BF16, 0, 0);
+    tw r = tw_r16(&t);
+    CHECK(kn_r16_repack(&r.v) == 0);
+    const int ns[3] = {1, 5, 8};
+    for (int k = 0; k < 3; k++) {
+        int n = ns[k];
+        int64_t xs = kn_r16_xs(&r.v);
+        float *xb, *yb, *x = xalloc(n, cols, &xb), *y = yalloc(n, rows, &yb), *ys = malloc((size_t)(n * rows) * 4);
+        uint8_t *xq = malloc((size_t)(xs * n));
+        kn_matmul(&r.v, x, n, y);
+        kn_r16_prep(&r.v, x, n, xq);
+        kn_r16_rows_ref(&r.v, 0, rows, xq, xs, n, ys);
+        int64_t bad = 0;
+        for (int64_t i = 0; i < n * rows; i++) bad += memcmp(&y[i], &ys[i], 4) != 0;
+        CHECK_MSG(bad == 0, "n %d: %lld of %lld outputs differ from one call over all rows", n, (long long)bad, (long long)(n * rows));
+        free(xb), free(yb), free(ys), free(xq);
+    }
+    tw_free(&t), tw_free(&r);
+}
+
 TEST(kernels, r16_layout) {
     uint64_t seed = rng_seed();
     static const fmt_case RF[] = {{PT_Q8_G32, PT_BF16, 0, 0}, {PT_Q8_G32, PT_F16, 0, 0}, {PT_Q8_G32, PT_F32, 0, 0},
