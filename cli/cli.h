@@ -90,8 +90,7 @@ void cli_progress_fn(void *user, long long done, long long total);
     "                       (amx + AMX-BF16 for bf16 weights: faster, not exact)\n"                \
     "  --prefetch P         the int8 kernels' software prefetch (speed only): off, or auto (default:\n" \
     "                       4096) or BYTES ahead of the weight stream, then :l1 or :l2 (where to)\n" \
-    "                       and :half or :all (every other 64-byte line or every line; default:\n" \
-    "                       all on AMD, half elsewhere), e.g. 4096:l1:all\n"                     \
+    "                       and :all or :half (every 64-byte line, the default, or every other)\n" \
     "  --kv-type T          latent KV storage: f32 (default, exact), bf16, int8 (c int8 with a\n" \
     "                       scale per token and layer), auto (= bf16); indexer keys stay f32\n" \
     "  --kv-size SIZE       the KV page pool (default: the plan's KV under --mem-budget, else room\n" \

@@ -78,9 +78,9 @@ typedef struct petrel_open_opts {
      * default (4096 bytes into L1: none did better on the Intel host; on the AMD box a sweep
      * stayed within its noise), -1 = none, else bytes
      * ahead of the weight stream (64 .. 65536); prefetch_level 0 = default, 1 = L1, 2 = L2;
-     * prefetch_lines 0 = the CPU kind's default (every line on AMD, where products of several
-     * rows read 30-40 % faster so, every other line elsewhere), 1 = every other 64-byte line,
-     * 2 = every line. */
+     * prefetch_lines 0 = default (every 64-byte line: products of several rows read 15-40 %
+     * faster so on both CPU kinds than with every other line), 1 = every other line, 2 = every
+     * line. */
     int prefetch;
     int prefetch_level;
     int prefetch_lines;

@@ -40,10 +40,10 @@
 
 static pthread_once_t detect_once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
-static int best_isa = ISA_SCALAR, has_vnni, has_amx, has_amx_bf16, cpu_amd;
+static int best_isa = ISA_SCALAR, has_vnni, has_amx, has_amx_bf16;
 /* The process default table (tools, tests): kn_force_isa / kn_set_act_quant / kn_set_r16 change
  * it; engines fill their own (kn_table_init) and never read it. */
-static kn_table g_def = {ISA_SCALAR, 0, 1, 1, 0, 0, KN_AMX_MIN_ROWS, 4096, 0, 0};
+static kn_table g_def = {ISA_SCALAR, 0, 1, 1, 0, 0, KN_AMX_MIN_ROWS, 4096, 0, 1};
 static pt_pool *g_pool;
 static int g_threads;
 /* kn_set_observer: a calibration hook (src/io/calib.c) shown every kn_matmul input */
@@ -114,9 +114,6 @@ static void detect_isa(void) {
 
 static void detect(void) {
     detect_isa();
-    unsigned a, b, c, d;
-    cpu_amd = __get_cpuid(0, &a, &b, &c, &d) && b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u; /* "AuthenticAMD" */
-    g_def.pf_all = cpu_amd;
     g_def.isa = best_isa;
     g_def.vnni = best_isa == ISA_AVX512 && has_vnni;
     g_def.amx = has_amx;
@@ -186,16 +183,18 @@ int kn_table_init(kn_table *t, const char *isa, int act_quant, int relayout) {
     return 0;
 }
 
-/* The default, 4 KB ahead into L1, is the same on both CPU kinds: on the Intel host no other
- * distance or level did better (bench/RESULTS.md, 2026-12-04 17:35); on the AMD dev box a
- * sweep stayed within its noise. Every line on AMD (Zen 5 does not complete the 128-byte pairs:
- * products of 8 rows 30-40 % faster, RESULTS 2026-12-04 20:05), every other line elsewhere. */
+/* The default, 4 KB ahead into L1 and every line, is the same on both CPU kinds: on the Intel
+ * host no other distance or level did better (bench/RESULTS.md, 2026-12-04 17:35); on the AMD
+ * dev box a sweep stayed within its noise. Every line rather than every other (RESULTS,
+ * 2026-12-04 21:20): on both kinds the hardware did not complete the 128-byte pairs for products
+ * of several rows, which then waited for the lines they were not given (the Intel host at 2
+ * threads: decode 1.17-1.18 -> 1.10-1.11 of its floor, 8 batched rows 254-262 -> 226-227 ms). */
 int kn_table_prefetch(kn_table *t, int bytes, int level, int lines) {
     pthread_once(&detect_once, detect);
     if (bytes < -1 || (bytes > 0 && (bytes < 64 || bytes > 65536)) || level < 0 || level > 2 || lines < 0 || lines > 2) return -1;
     t->pf_bytes = bytes == 0 ? 4096 : bytes < 0 ? 0 : bytes / 64 * 64;
     t->pf_l2 = level == 2;
-    t->pf_all = lines == 0 ? cpu_amd : lines == 2;
+    t->pf_all = lines != 1;
     return 0;
 }
 

@@ -34,7 +34,7 @@ typedef struct kn_table {
     int amx_min_rows; /* below this many rows the VNNI kernel is faster (measured, bench/KERNELS.md) */
     int pf_bytes;   /* the R16 kernels' software prefetch: bytes ahead of the weight stream (0: none) */
     int pf_l2;      /* ... into L2 (1) or L1 (0) */
-    int pf_all;     /* ... every line (1) or every other line (0), as the CPU kind wants; all three
+    int pf_all;     /* ... every 64-byte line (1, the default) or every other line (0); all three
                      * from the open options (kn_table_prefetch), speed only */
 } kn_table;
 /* isa NULL or "auto": the best this CPU has (AMX-INT8 where the CPU and OS allow it); "scalar",
@@ -44,8 +44,7 @@ typedef struct kn_table {
 int kn_table_init(kn_table *t, const char *isa, int act_quant, int relayout);
 /* The R16 kernels' software prefetch: bytes 0 = the default (4096), -1 = none, else the distance
  * (64 .. 65536, rounded down to whole lines); level 0 = default (L1), 1 = into L1, 2 = into L2;
- * lines 0 = the CPU kind's default (every line on AMD, every other elsewhere), 1 = every other
- * line, 2 = every line. -1: out of range. */
+ * lines 0 = default (every line), 1 = every other line, 2 = every line. -1: out of range. */
 int kn_table_prefetch(kn_table *t, int bytes, int level, int lines);
 /* The same on the process default table (tools and benchmarks). */
 int kn_set_prefetch(int bytes, int level, int lines);

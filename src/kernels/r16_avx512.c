@@ -20,9 +20,10 @@
  * (T1), every other line of a 512-byte group (the hardware's adjacent-line prefetch completes the
  * 128-byte pairs), as the bandwidth probe does: with two of its eight lines (before 2026-12-04)
  * the kernels read at 85-88 % of the probe on the Intel host at 2 threads; 3 and 4 the same with
- * every line: on the AMD dev box (Zen 5) the pairs are not completed, and products of several
- * rows, slower per byte, then read the lines they were not given at the memory's latency, one
- * after another (one thread, q8 at 8 rows: 14 -> 22 GB/s; bench/RESULTS.md, 2026-12-04 20:05). */
+ * every line (the default): on both CPU kinds the pairs were not completed in time for products
+ * of several rows, slower per byte, which then read the lines they were not given at the
+ * memory's latency, one after another (AMD, one thread, q8 at 8 rows: 14 -> 22 GB/s; bench/
+ * RESULTS.md, 2026-12-04 20:05 and 21:20). */
 #define PF(PFL, p, pf)                                                                         \
     do {                                                                                       \
         const int step_ = PFL >= 3 ? 64 : 128;                                                 \
