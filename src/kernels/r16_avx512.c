@@ -188,10 +188,12 @@ AI void block2(const int Q4, const int B, const int PFL, const pt_wview *W, int6
 
 AI void rows_q(const int Q4, const int PFL, const pt_wview *W, int64_t r0, int64_t r1, const uint8_t *xq, int64_t xs, int n, int64_t pf, float *y) {
     int64_t b = r0 / 16, be = r1 / 16;
-    /* pairs of blocks (one row too: two weight streams in flight), up to 8 activations a pass;
-     * a single block is left for the loop below */
+    /* pairs of blocks (one row too: two weight streams in flight), up to 8 activations a pass
+     * for q8, 4 for q4 (whose 8 would hold 34 vectors live: spilled, 8-12 % slower from L2 on
+     * the dev box); a single block is left for the loop below */
+    const int maxb = Q4 ? 4 : 8;
     for (; b + 1 < be; b += 2)
-        for (int i0 = 0; i0 < n; i0 += 8) switch (n - i0 < 8 ? n - i0 : 8) {
+        for (int i0 = 0; i0 < n; i0 += maxb) switch (n - i0 < maxb ? n - i0 : maxb) {
             case 8: block2(Q4, 8, PFL, W, b, xq, xs, i0, pf, y); break;
             case 7: block2(Q4, 7, PFL, W, b, xq, xs, i0, pf, y); break;
             case 6: block2(Q4, 6, PFL, W, b, xq, xs, i0, pf, y); break;
