@@ -673,6 +673,38 @@ TEST(kernels, matmul_t) {
     kn_force_isa("auto");
 }
 
+/* The transposed product of several rows (the MLA absorption of a batch's decode rows: W_UK^T q
+ * per head, q8_g32) gives every row the bits of that row alone, at 1-9 rows, whole and partial
+ * 64-column tiles, and stays near the reference. */
+TEST(kernels, matmul_t_rows_alone) {
+    const int64_t shapes[][2] = {{192, 512}, {64, 96}, {33, 128}};
+    for (int si = 0; si < 3; si++)
+        for (int n = 1; n <= 9; n++) {
+            int64_t rows = shapes[si][0], cols = shapes[si][1];
+            tw t = tw_make(PT_Q8_G32, rows, cols, PT_BF16, 0, 0);
+            float *wrow = malloc((size_t)cols * 4); /* every 32-column group its own scale */
+            for (int64_t r = 0; r < rows; r++) {
+                for (int64_t j = 0; j < cols; j++) wrow[j] = frand() * (float)(1 + (j / 32 + r) % 7);
+                pt_quant_row(PT_Q8_G32, wrow, cols, (uint8_t *)t.v.data + r * t.v.row_bytes, (uint8_t *)t.v.scale + r * t.v.scale_cols * 2, PT_BF16);
+            }
+            free(wrow);
+            float *xb, *yb, *y1b, *x = xalloc(n, rows, &xb), *y = yalloc(n, cols, &yb), *y1 = yalloc(1, cols, &y1b);
+            float *yr = malloc((size_t)(n * cols) * 4);
+            kn_matmul_t(&t.v, x, n, y);
+            kn_ref_matmul_t(&t.v, x, n, yr);
+            int bad = 0, far = 0;
+            for (int i = 0; i < n; i++) {
+                kn_matmul_t(&t.v, x + (int64_t)i * rows, 1, y1);
+                bad += memcmp(y1, y + (int64_t)i * cols, (size_t)cols * 4) != 0;
+            }
+            for (int64_t e = 0; e < n * cols; e++) far += !(fabs((double)y[e] - yr[e]) <= 1e-4 * (fabs((double)yr[e]) + 1.0));
+            CHECK_MSG(bad == 0 && far == 0, "[%lld x %lld] n %d: %d rows differ from alone, %d outputs off the reference", (long long)rows,
+                      (long long)cols, n, bad, far);
+            free(xb), free(yb), free(y1b), free(yr);
+            tw_free(&t);
+        }
+}
+
 /* ---- row-interleaved layout (PT_LAYOUT_R16) ---- */
 /* A copy of t's view in fresh buffers, repacked to R16. */
 static tw tw_r16(const tw *t) {
