@@ -324,12 +324,20 @@ AI void t_tile(const int F, const int B, const pt_wview *W, int64_t c0, int64_t 
             _mm512_mask_storeu_ps(y + (int64_t)(i0 + b) * W->cols + c0 + u * 16, m[u], acc[u][b]);
 }
 
-/* The decode case of the MLA absorption (W_UK^T q per head, n = 1, q8_g32, whole 64-column
+/* The MLA absorption (W_UK^T q per head) for B activation rows (1-6; q8_g32, whole 64-column
  * tiles): the same arithmetic as t_tile (w = q * s rounded, then fma(x, w, acc), r ascending)
- * with the four accumulators in registers and one scale load per 32 columns. */
-static void t_tile_q8g_1(const pt_wview *W, int64_t c0, const float *x, float *y) {
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+ * with each row's four accumulators in registers and one scale load per 32 columns, so every
+ * output element is the same chain whatever B: bitwise t_tile's and a row run alone. For
+ * several rows this is faster than staging the tile's floats through t_tile_many's buffer (one
+ * dev-box core, 64 heads of [192 x 512]: 2 rows 1.19 -> 0.45 ms, 6 rows 1.2-1.5 -> 0.7-0.85,
+ * 8 rows 1.6-2.0 -> 1.1-1.3; in the engine the batched step's W_UK^T products 6.0 -> 3.2 ms at
+ * 8 rows). */
+AI void t_tile_q8g_m(const int B, const pt_wview *W, int64_t c0, const float *x, int i0, float *y) {
+    __m512 a[6][4];
+#pragma GCC unroll 6
+    for (int b = 0; b < B; b++) a[b][0] = a[b][1] = a[b][2] = a[b][3] = _mm512_setzero_ps();
     const int64_t g0 = c0 / 32;
+    const float *xr = x + (int64_t)i0 * W->rows;
     /* the first tile pulls whole rows (a few ahead) into L2, so the later tiles of the same rows
      * hit the cache instead of each walking memory with a stride of one row */
     const int pull = c0 == 0;
@@ -337,39 +345,6 @@ static void t_tile_q8g_1(const pt_wview *W, int64_t c0, const float *x, float *y
         const uint8_t *p = W->data + r * W->row_bytes + c0;
         if (pull && r + 16 < W->rows)
             for (int64_t b = 0; b < W->row_bytes; b += 64) _mm_prefetch((const char *)W->data + (r + 16) * W->row_bytes + b, _MM_HINT_T1);
-        const int64_t si = r * W->scale_cols + g0;
-        __m512 s0 = _mm512_set1_ps(kn_scale_at(W, si)), s1 = _mm512_set1_ps(kn_scale_at(W, si + 1));
-        __m512 xb = _mm512_set1_ps(x[r]);
-        __m512 w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p))), s0);
-        __m512 w1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 16)))), s0);
-        __m512 w2 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 32)))), s1);
-        __m512 w3 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 48)))), s1);
-        a0 = _mm512_fmadd_ps(xb, w0, a0);
-        a1 = _mm512_fmadd_ps(xb, w1, a1);
-        a2 = _mm512_fmadd_ps(xb, w2, a2);
-        a3 = _mm512_fmadd_ps(xb, w3, a3);
-    }
-    _mm512_storeu_ps(y + c0, a0);
-    _mm512_storeu_ps(y + c0 + 16, a1);
-    _mm512_storeu_ps(y + c0 + 32, a2);
-    _mm512_storeu_ps(y + c0 + 48, a3);
-}
-
-/* The same for B activation rows (2-6, q8_g32, whole 64-column tiles: the MLA absorption of a
- * batch's decode rows): each row's four accumulators in registers, the weights dequantized per
- * r and pass (one scale load per 32 columns) as t_tile_q8g_1 does, so each output element is the
- * same chain: bitwise t_tile's and a row run alone. Faster than staging the tile's floats through
- * t_tile_many's buffer (one dev-box core, 64 heads of [192 x 512]: 2 rows 1.19 -> 0.45 ms,
- * 6 rows 1.2-1.5 -> 0.7-0.85, 8 rows 1.6-2.0 -> 1.1-1.3; in the engine the batched step's
- * W_UK^T products 6.0 -> 3.2 ms at 8 rows). */
-AI void t_tile_q8g_m(const int B, const pt_wview *W, int64_t c0, const float *x, int i0, float *y) {
-    __m512 a[6][4];
-#pragma GCC unroll 6
-    for (int b = 0; b < B; b++) a[b][0] = a[b][1] = a[b][2] = a[b][3] = _mm512_setzero_ps();
-    const int64_t g0 = c0 / 32;
-    const float *xr = x + (int64_t)i0 * W->rows;
-    for (int64_t r = 0; r < W->rows; r++) {
-        const uint8_t *p = W->data + r * W->row_bytes + c0;
         const int64_t si = r * W->scale_cols + g0;
         __m512 s0 = _mm512_set1_ps(kn_scale_at(W, si)), s1 = _mm512_set1_ps(kn_scale_at(W, si + 1));
         __m512 w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p))), s0);
@@ -394,6 +369,7 @@ AI void t_tile_q8g_m(const int B, const pt_wview *W, int64_t c0, const float *x,
         _mm512_storeu_ps(yr + 48, a[b][3]);
     }
 }
+
 
 /* Several activation rows (n >= 2): a 64-column tile's weights are dequantized once per chunk
  * of TW_R rows (tw_vec: the floats t_tile uses) into a stack buffer, then every activation row
@@ -458,41 +434,19 @@ AI void t_tile_many(const int F, const pt_wview *W, int64_t c0, int64_t c1, cons
 
 AI void t_cols(const int F, const pt_wview *W, int64_t c0, int64_t c1, const float *x, int n,
                float *y) {
-    if (n >= 2 && n <= 8 && F == T_Q8G) { /* passes of up to 6 rows (8 = 6 + 2; 6 + 2 and 4 + 4 measured alike) */
-        for (int64_t c = c0; c < c1; c += 64) {
-            if (c + 64 > c1 || c % 32) {
-                t_tile_many(F, W, c, c1, x, n, y);
-                continue;
-            }
+    for (int64_t c = c0; c < c1; c += 64) {
+        if (F == T_Q8G && n <= 8 && c + 64 <= c1 && c % 32 == 0) { /* passes of up to 6 rows (8 = 6 + 2; 6 + 2 and 4 + 4 measured alike) */
             for (int i0 = 0; i0 < n; i0 += 6) switch (n - i0 < 6 ? n - i0 : 6) {
                 case 6: t_tile_q8g_m(6, W, c, x, i0, y); break;
                 case 5: t_tile_q8g_m(5, W, c, x, i0, y); break;
                 case 4: t_tile_q8g_m(4, W, c, x, i0, y); break;
                 case 3: t_tile_q8g_m(3, W, c, x, i0, y); break;
                 case 2: t_tile_q8g_m(2, W, c, x, i0, y); break;
-                default: t_tile_q8g_1(W, c, x + (int64_t)i0 * W->rows, y + (int64_t)i0 * W->cols); break;
+                default: t_tile_q8g_m(1, W, c, x, i0, y); break;
                 }
-        }
-        return;
+        } else if (n >= 2) t_tile_many(F, W, c, c1, x, n, y);
+        else t_tile(F, 1, W, c, c1, x, 0, y);
     }
-    if (n >= 2) {
-        for (int64_t c = c0; c < c1; c += 64) t_tile_many(F, W, c, c1, x, n, y);
-        return;
-    }
-    for (int64_t c = c0; c < c1; c += 64)
-        for (int i0 = 0; i0 < n; i0 += 4) {
-            if (F == T_Q8G && n == 1 && c + 64 <= c1 && c % 32 == 0) {
-                t_tile_q8g_1(W, c, x, y);
-                continue;
-            }
-            int B = n - i0 < 4 ? n - i0 : 4;
-            switch (B) {
-            case 4: t_tile(F, 4, W, c, c1, x, i0, y); break;
-            case 3: t_tile(F, 3, W, c, c1, x, i0, y); break;
-            case 2: t_tile(F, 2, W, c, c1, x, i0, y); break;
-            default: t_tile(F, 1, W, c, c1, x, i0, y); break;
-            }
-        }
 }
 
 void kn_matmul_t_cols_avx512(const pt_wview *W, int64_t c0, int64_t c1, const float *x, int n,
