@@ -43,8 +43,11 @@ typedef struct pt_mem_plan {
 } pt_mem_plan;
 
 /* One multi-threaded streaming read of buf[n] (AVX-512 loads and a 4 KiB-ahead prefetch where the
- * CPU has them, as the kernels read weights): GB/s. The memory probe of plan and bench. */
-double plan_bw_pass(const uint64_t *buf, size_t n, int threads);
+ * CPU has them, as the kernels read weights; of every 64-byte line, or of every other one,
+ * leaving the rest to the hardware's adjacent-line prefetch): GB/s. The memory probe of plan and
+ * bench, which take the best of passes of both kinds (on the AMD dev box every line reads 2-8 %
+ * faster; the floor is the faster read). */
+double plan_bw_pass(const uint64_t *buf, size_t n, int threads, int every_line);
 /* GB/s reading random routed-expert records of a pack through the expert store's own I/O pool
  * (xs_read_probe: io_uring, O_DIRECT, whole records in flight as the store keeps them), ~limit
  * bytes or secs seconds; 0 when the model is not a pack. The SSD probe of plan and bench
