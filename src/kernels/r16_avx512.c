@@ -5,9 +5,9 @@
  * time: the high nibbles are masked in place, 16 times their value, and their int32 sum shifted
  * back once per group: one vector op fewer per 64 bytes, the same integers). The activation
  * dword is a broadcast memory operand. Blocks go in pairs (block2: 32 rows, two weight streams in
- * flight, each activation dword broadcast once for both), reused from L1/L2 for every group of up
- * to 4 activations; a task's odd last block runs alone (block). Bitwise equal to
- * kn_r16_rows_ref. */
+ * flight, each activation dword broadcast once for both), one pass over the weights for up to 8
+ * activations (q8; q4 4), more in further passes from L2; a task's odd last block runs alone
+ * (block). Bitwise equal to kn_r16_rows_ref. */
 #include <immintrin.h>
 #include <string.h>
 
