@@ -75,12 +75,11 @@ typedef struct petrel_open_opts {
     int relayout;
     const char *isa;
     /* The R16 kernels' software prefetch (speed only, never the results): prefetch 0 = the
-     * default (4096 bytes into L1: none did better on the Intel host; on the AMD box a sweep
-     * stayed within its noise), -1 = none, else bytes
-     * ahead of the weight stream (64 .. 65536); prefetch_level 0 = default, 1 = L1, 2 = L2;
-     * prefetch_lines 0 = default (every 64-byte line: products of several rows read 15-40 %
-     * faster so on both CPU kinds than with every other line), 1 = every other line, 2 = every
-     * line. */
+     * default (4096 bytes ahead: none did better on the Intel host; on the AMD box a sweep
+     * stayed within its noise), -1 = none, else bytes ahead of the weight stream (64 .. 65536);
+     * prefetch_level 0 = default (L1), 1 = L1, 2 = L2; prefetch_lines 0 = default (every 64-byte
+     * line: on both CPU kinds products of several rows read 15-40 % faster than with every other
+     * line), 1 = every other line, 2 = every line. */
     int prefetch;
     int prefetch_level;
     int prefetch_lines;

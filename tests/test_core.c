@@ -442,6 +442,31 @@ TEST(core, bad_prompts) {
     petrel_engine_close(e);
 }
 
+/* The kernels' prefetch open options out of range are refused by the open with one message
+ * naming them, and no engine is returned; the edges of the range open. */
+TEST(core, bad_prefetch_options) {
+    static const int bad[][3] = {{63, 0, 0}, {65537, 0, 0}, {-2, 0, 0}, {0, 3, 0}, {0, -1, 0}, {0, 0, 3}, {0, 0, -1}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        petrel_open_opts o = {0};
+        o.prefetch = bad[i][0], o.prefetch_level = bad[i][1], o.prefetch_lines = bad[i][2];
+        petrel_engine *e = (petrel_engine *)&o;
+        petrel_error err = {0};
+        CHECK_MSG(petrel_engine_open(test_data("tiny"), &o, &e, &err) == PETREL_EINVAL && strstr(err.msg, "prefetch") && !strchr(err.msg, '\n'),
+                  "prefetch %d level %d lines %d: %s", bad[i][0], bad[i][1], bad[i][2], err.msg);
+        CHECK(e == NULL);
+    }
+    static const int good[][3] = {{-1, 0, 0}, {64, 2, 1}, {65536, 1, 2}};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        petrel_open_opts o = {0};
+        o.prefetch = good[i][0], o.prefetch_level = good[i][1], o.prefetch_lines = good[i][2];
+        petrel_engine *e = NULL;
+        petrel_error err = {0};
+        CHECK_MSG(petrel_engine_open(test_data("tiny"), &o, &e, &err) == 0, "prefetch %d level %d lines %d: %s", good[i][0], good[i][1], good[i][2],
+                  err.msg);
+        petrel_engine_close(e);
+    }
+}
+
 /* Truncate-and-rerun gives the same logits as a fresh session (rollback correctness). */
 TEST(core, truncate_then_continue) {
     petrel_engine *e = open_tiny("tiny");

@@ -102,8 +102,8 @@ void kn_r16_prep_avx512(const pt_wview *W, const float *x, int n, uint8_t *xq); 
 /* Rows [r0, r1) (multiples of 16) of y; the reference and its AVX-512 VNNI twin (bitwise equal). */
 void kn_r16_rows_ref(const pt_wview *W, int64_t r0, int64_t r1, const uint8_t *xq, int64_t xs, int n, float *y);
 /* pf: software prefetch distance in bytes ahead of the weight stream (0: none), pf_l2: into L2
- * rather than L1, pf_all: every 64-byte line rather than every other (kn_table's choices per CPU
- * kind); results do not depend on them. */
+ * rather than L1, pf_all: every 64-byte line rather than every other (kn_table's choices, from
+ * the open options); results do not depend on them. */
 void kn_r16_rows_avx512(const pt_wview *W, int64_t r0, int64_t r1, const uint8_t *xq, int64_t xs, int n, float *y, int pf, int pf_l2, int pf_all);
 
 /* ---- AMX (r16_amx.c; *_emu: the same code with the tile instructions emulated, for tests) ----
