@@ -1,6 +1,6 @@
 /* io.c: the expert store's I/O pool. One thread drives an io_uring (at most `depth` whole-expert
- * reads in flight, default 4, so reads finish roughly in queue order and what is still queued
- * can be cancelled; each read goes as up to 4 concurrent pieces, xs_io.h) and hands
+ * reads in flight, default 2, so reads finish roughly in queue order and what is still queued
+ * can be cancelled; each read goes as up to 8 concurrent pieces, xs_io.h) and hands
  * each completed read to `threads` checker threads (XXH64 of a 19 MB GLM-5.2 expert takes ~2 ms,
  * as long as the read itself at 8 GB/s: checked serially on the ring's thread it became the
  * bottleneck); where io_uring cannot be set up, `threads` threads each pread and check.

@@ -156,7 +156,7 @@ typedef struct xs_store_opts {
     int io_mode;              /* XS_IO_AUTO: O_DIRECT if the probe works, else buffered */
     int backend;              /* XS_BACKEND_AUTO: io_uring if it initialises, else pread */
     int io_threads;           /* pread threads, or checksum threads beside io_uring's (1-8; 0 = 4) */
-    int io_depth;             /* io_uring: whole-expert reads in flight (0 = 4) */
+    int io_depth;             /* io_uring: whole-expert reads in flight (0 = XS_IO_DEFAULT_DEPTH, 2) */
     int retries;              /* extra attempts after a failed or short read; default 1 */
     int verify;               /* checksum every read (default 1; -1 = off) */
     xs_policy_params policy;  /* zero = defaults */

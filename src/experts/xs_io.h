@@ -7,8 +7,10 @@
 #include "experts/xs.h"
 
 /* io_uring reads one record as up to XS_IO_PARTS concurrent pieces of at least 1 MiB: one 19 MB
- * read alone in flight got about half of what four concurrent ones do on this disk. */
-#define XS_IO_PARTS 4
+ * read alone in flight got about half of what four concurrent ones do on the dev box's disk
+ * (2 GB/s then); with 8 pieces and 2 records in flight (below) the device sees the same 16
+ * requests as with 4 x 4, and each record lands in half the time. */
+#define XS_IO_PARTS 8
 
 struct xs_ioreq;
 typedef struct xs_iopart {
@@ -38,9 +40,13 @@ typedef struct xs_ioreq {
  * 4 measured best on a 2-core machine streaming GLM-5.2 experts (bench/RESULTS.md). */
 #define XS_IO_MAX_THREADS 8
 #define XS_IO_DEFAULT_THREADS 4
-/* io_uring: whole-expert reads in flight at once (0 = this default; as many as the 4 pread
- * threads keep busy, which measured best; fewer in flight leave more queued reads cancellable). */
-#define XS_IO_DEFAULT_DEPTH 4
+/* io_uring: whole-expert reads in flight at once (0 = this default). 2 records of 8 pieces: a
+ * layer's first miss is ready sooner (the others keep the disk busy meanwhile) and more of
+ * what is queued stays cancellable. Dev box (AMD, 2 cores, disk 5-7 GB/s), 1-dense + 6-MoE
+ * GLM-5.2 slice under 6 GiB, 6 paired rounds: decode 1-26 % faster than 4 records of 4 in
+ * every round, prefill the same; 8 records of 4 were 10-30 % slower (reads finished together,
+ * not in order); bench/RESULTS.md, 2026-12-04 23:40. */
+#define XS_IO_DEFAULT_DEPTH 2
 
 typedef struct xs_io xs_io;
 typedef void (*xs_io_done_fn)(void *ctx, xs_ioreq *r);
