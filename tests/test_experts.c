@@ -660,6 +660,42 @@ TEST(experts, trace_roundtrip) {
     xs_trace_deinit(&t);
 }
 
+/* Traces are outside input (bench --route-trace / --trace, plan --route-trace): a header may ask
+ * for any top-k or size, a line may hold any count of numbers. */
+TEST(experts, trace_read_hostile) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/hostile.txt", test_tmpdir());
+    petrel_error err = {0};
+    xs_trace u;
+    /* top-k wider than any fixed line buffer: a full line is read, one number more is refused */
+    FILE *f = fopen(path, "w");
+    fprintf(f, "# petrel-trace v1 layers=1 experts=300 topk=100 tokens=1\n0 0");
+    for (int e = 0; e < 100; e++) fprintf(f, " %d", e * 3);
+    fprintf(f, "\n");
+    fclose(f);
+    CHECK_MSG(xs_trace_read(&u, path, &err) == 0, "%s", err.msg);
+    CHECK(u.ids && u.ids[99] == 297);
+    xs_trace_deinit(&u);
+    f = fopen(path, "w");
+    fprintf(f, "# petrel-trace v1 layers=1 experts=300 topk=100 tokens=1\n0 0");
+    for (int e = 0; e < 101; e++) fprintf(f, " %d", e);
+    fprintf(f, "\n");
+    fclose(f);
+    CHECK_EQ_INT(xs_trace_read(&u, path, &err), PETREL_EFORMAT);
+    CHECK_MSG(strstr(err.msg, ":2:") != NULL, "%s", err.msg);
+    /* sizes that do not fit: refused by the header, nothing allocated for them */
+    static const char *big[] = {"layers=100000000 experts=32767 topk=32767 tokens=100000000",
+                                "layers=75 experts=256 topk=8 tokens=100000000", "layers=4096 experts=30000 topk=30000 tokens=4"};
+    for (int i = 0; i < 3; i++) {
+        f = fopen(path, "w");
+        fprintf(f, "# petrel-trace v1 %s\n0 0 1\n", big[i]);
+        fclose(f);
+        CHECK_EQ_INT(xs_trace_read(&u, path, &err), PETREL_EFORMAT);
+        CHECK_MSG(strstr(err.msg, "entries") != NULL, "%s: %s", big[i], err.msg);
+        CHECK(u.ids == NULL);
+    }
+}
+
 TEST(experts, belady_textbook) {
     /* The classic reference string with 3 frames: OPT 9 faults, LRU 12 (of 20). */
     int ref[20] = {7, 0, 1, 2, 0, 3, 0, 4, 2, 3, 0, 3, 2, 1, 2, 0, 1, 7, 0, 1};

@@ -107,13 +107,24 @@ int xs_trace_read(xs_trace *t, const char *path, petrel_error *err) {
         fclose(f);
         return pt_err(err, PETREL_EFORMAT, "trace %s: bad dimensions layers=%d experts=%d topk=%d", path, L, E, K);
     }
+    /* the header sizes what is allocated: bounded before anything is (the header is outside input) */
+    if ((double)L * K * T > XS_TRACE_MAX_ENTRIES) {
+        fclose(f);
+        memset(t, 0, sizeof *t);
+        return pt_err(err, PETREL_EFORMAT, "trace %s: layers=%d x topk=%d x tokens=%d entries, more than the %d a trace may hold", path,
+                      L, K, T, XS_TRACE_MAX_ENTRIES);
+    }
+    long *v = malloc(sizeof(long) * (size_t)(2 + K)); /* one line: token, layer and up to K ids */
+    if (!v) {
+        fclose(f);
+        return pt_err(err, PETREL_ENOMEM, "trace: out of memory");
+    }
     if ((rc = reserve(t, T, err))) goto fail;
     t->n_tokens = T;
     while (fgets(line, sizeof line, f)) {
         ln++;
         if (line[0] == '#' || line[0] == '\n') continue;
         char *p = line, *end;
-        long v[2 + 64];
         int n = 0;
         for (;;) {
             long x = strtol(p, &end, 10);
@@ -142,9 +153,11 @@ int xs_trace_read(xs_trace *t, const char *path, petrel_error *err) {
             d[i] = (int16_t)v[2 + i];
         }
     }
+    free(v);
     fclose(f);
     return 0;
 fail:
+    free(v);
     fclose(f);
     xs_trace_deinit(t);
     return rc;
