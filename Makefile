@@ -17,7 +17,7 @@ OPT    ?= -O2
 SAN    ?=
 CFLAGS_BASE = -std=c11 $(OPT) -g -Wall -Wextra -Werror -D_GNU_SOURCE -fno-strict-aliasing \
               -Iinclude -Isrc -pthread $(SAN)
-LDLIBS = -lcjson -lpcre2-8 -lutf8proc -luring -lxxhash -lmicrohttpd -lm -lpthread
+LDLIBS = -lcjson -lpcre2-8 -lutf8proc -luring -lxxhash -lmicrohttpd -lz -lm -lpthread
 
 # Instruction-set files get their flags by name; the rest of the code stays baseline x86-64 and
 # picks kernels at run time from CPUID (src/kernels/dispatch.c).

@@ -368,23 +368,6 @@ static double measure_peak_gflops(int threads, int vnni) {
 }
 
 /* ---- routing-trace replay (--trace): the policy against LRU and Belady at equal capacity ---- */
-/* A plain-text copy of a routing trace: path itself, or (.gz) a decompressed file in /tmp that
- * the caller unlinks (tmp[0] != 0 then). */
-static const char *trace_plain(const char *path, char *tmp, size_t n_tmp) {
-    size_t n = strlen(path);
-    tmp[0] = 0;
-    if (n <= 3 || strcmp(path + n - 3, ".gz")) return path;
-    snprintf(tmp, n_tmp, "/tmp/petrel-trace-%d.txt", (int)getpid());
-    char cmd[1200];
-    snprintf(cmd, sizeof cmd, "gzip -dc '%s' > '%s'", path, tmp);
-    if (system(cmd) != 0) {
-        unlink(tmp);
-        tmp[0] = 0;
-        return NULL;
-    }
-    return tmp;
-}
-
 /* tokens [a, b) of t as a trace of their own */
 static int sub_trace(const xs_trace *t, int a, int b, xs_trace *out, petrel_error *err) {
     PT_TRY(xs_trace_init(out, t->n_layers, t->n_experts, t->topk));
@@ -430,13 +413,9 @@ static int bench_trace_history(const xs_trace *t, int slots, petrel_error *err) 
 }
 
 static int bench_trace(const char *path, int slots, int json, int history_split) {
-    char tmp[512];
-    const char *file = trace_plain(path, tmp, sizeof tmp);
-    if (!file) return cli_fail("bench: cannot decompress %s (gzip -dc failed)", path);
     xs_trace t;
     petrel_error err = {0};
-    int rc = xs_trace_read(&t, file, &err);
-    if (tmp[0]) unlink(tmp);
+    int rc = xs_trace_read(&t, path, &err);
     if (rc) return cli_fail_err("bench", &err);
     printf("trace: %s: %d tokens x %d MoE layers, %d experts, top-%d\n", path, t.n_tokens, t.n_layers, t.n_experts, t.topk);
     if (history_split) {
@@ -626,11 +605,8 @@ CLI_CMD(bench) {
         mo.open.plan_context = (int)((batch + 2) * (ctx + steps + 4 + 64)); /* the timed session, a prefill run's, the batch's */
     petrel_error err = {0};
     petrel_engine *eng;
-    char route_tmp[512] = "";
-    if (route && !(mo.open.route_trace = trace_plain(route, route_tmp, sizeof route_tmp)))
-        return cli_fail("bench: --route-trace: cannot decompress %s (gzip -dc failed)", route);
+    mo.open.route_trace = route;
     int orc = cli_engine_open(&mo, &eng, &err);
-    if (route_tmp[0]) unlink(route_tmp); /* read at open */
     if (orc) return cli_fail_err("bench", &err);
     if (route) printf("routing: every MoE layer's choices from %s (%d tokens, trace layers spread over the %d MoE layers)\n", route, eng->route->n_tokens,
                       eng->n_moe);

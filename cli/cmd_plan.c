@@ -71,21 +71,6 @@ static const char *shipped_trace(char *buf, size_t n) {
     return access(buf, R_OK) == 0 ? buf : NULL;
 }
 
-/* Reads a trace, decompressing .gz through gzip into a temporary file. */
-static int read_trace(const char *path, xs_trace *t, petrel_error *err) {
-    size_t n = strlen(path);
-    if (n <= 3 || strcmp(path + n - 3, ".gz")) return xs_trace_read(t, path, err);
-    char tmp[] = "/tmp/petrel-plan-trace-XXXXXX";
-    int fd = mkstemp(tmp);
-    if (fd < 0) return pt_err(err, PETREL_EIO, "cannot make a temporary file for %s", path);
-    close(fd);
-    char cmd[9000];
-    snprintf(cmd, sizeof cmd, "gzip -dc '%s' > '%s' 2>/dev/null", path, tmp);
-    int rc = system(cmd) == 0 ? xs_trace_read(t, tmp, err) : pt_err(err, PETREL_EIO, "cannot decompress %s (gzip -dc failed)", path);
-    unlink(tmp);
-    return rc;
-}
-
 static int cache_path(const char *opt, char *buf, size_t n) {
     if (opt) { snprintf(buf, n, "%s", opt); return 0; }
     const char *x = getenv("XDG_CACHE_HOME"), *h = getenv("HOME");
@@ -216,7 +201,7 @@ CLI_CMD(plan) {
             const char *tp = trace_opt ? trace_opt : shipped_trace(tbuf, sizeof tbuf);
             xs_trace t;
             if (!tp) snprintf(hit_src, sizeof hit_src, "unknown: no usage history and the shipped trace bench/data/glm5-like-2048.txt.gz was not found");
-            else if (read_trace(tp, &t, &ue)) {
+            else if (xs_trace_read(&t, tp, &ue)) {
                 if (trace_opt) { rc = cli_fail("plan: --route-trace: %s", ue.msg); goto done; }
                 snprintf(hit_src, sizeof hit_src, "unknown: %s", ue.msg);
             } else {

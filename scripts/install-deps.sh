@@ -2,7 +2,7 @@
 # install-deps.sh: installs the Debian packages petrel builds against, if any is missing.
 # Runs apt-get directly as root, through sudo otherwise; says what it does and why.
 set -e
-PKGS="gcc make libcjson-dev libpcre2-dev libutf8proc-dev liburing-dev libxxhash-dev libmicrohttpd-dev"
+PKGS="gcc make libcjson-dev libpcre2-dev libutf8proc-dev liburing-dev libxxhash-dev libmicrohttpd-dev zlib1g-dev"
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

@@ -694,6 +694,34 @@ TEST(experts, trace_read_hostile) {
         CHECK_MSG(strstr(err.msg, "entries") != NULL, "%s: %s", big[i], err.msg);
         CHECK(u.ids == NULL);
     }
+    /* an empty file, and gzip data damaged in the middle: one line each, nothing kept */
+    f = fopen(path, "w");
+    fclose(f);
+    CHECK_EQ_INT(xs_trace_read(&u, path, &err), PETREL_EFORMAT);
+    CHECK_MSG(strstr(err.msg, "line 1") != NULL, "%s", err.msg);
+    char gz[700], cmd[1500];
+    snprintf(gz, sizeof gz, "%s/hostile.txt.gz", test_tmpdir());
+    f = fopen(path, "w");
+    fprintf(f, "# petrel-trace v1 layers=2 experts=64 topk=2 tokens=4000\n");
+    for (int tok = 0; tok < 4000; tok++)
+        for (int l = 0; l < 2; l++) fprintf(f, "%d %d %d %d\n", tok, l, (tok * 7 + l) % 32, 32 + (tok * 13 + l) % 32);
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "gzip -c '%s' > '%s'", path, gz);
+    CHECK(system(cmd) == 0);
+    CHECK_MSG(xs_trace_read(&u, gz, &err) == 0, "%s", err.msg);
+    CHECK(u.ids && u.n_tokens == 4000 && u.ids[(3999 * 2 + 1) * 2 + 1] == 32 + (3999 * 13 + 1) % 32);
+    xs_trace_deinit(&u);
+    f = fopen(gz, "r+b");
+    CHECK(f && fseek(f, 0, SEEK_END) == 0);
+    long sz = f ? ftell(f) : 0;
+    if (f) {
+        fseek(f, sz / 2, SEEK_SET);
+        for (int i = 0; i < 64; i++) fputc(0x55 ^ i, f);
+        fclose(f);
+    }
+    CHECK_EQ_INT(xs_trace_read(&u, gz, &err), PETREL_EFORMAT);
+    CHECK_MSG(strstr(err.msg, "hostile.txt.gz") != NULL && !strchr(err.msg, '\n'), "%s", err.msg);
+    CHECK(u.ids == NULL);
 }
 
 TEST(experts, belady_textbook) {
@@ -725,10 +753,15 @@ TEST(experts, replay_glm5_trace_vs_belady) {
         CHECK_MSG(0, "could not gunzip the trace: %s", cmd);
         return;
     }
-    xs_trace t;
+    xs_trace t, z;
     petrel_error err = {0};
     CHECK_MSG(xs_trace_read(&t, txt, &err) == 0, "%s", err.msg);
     if (!t.ids) return;
+    /* the .gz itself reads as the same trace (zlib) */
+    CHECK_MSG(xs_trace_read(&z, test_data("traces/glm5-like-2048.txt.gz"), &err) == 0, "%s", err.msg);
+    CHECK(z.ids && z.n_tokens == t.n_tokens && z.n_layers == t.n_layers && z.topk == t.topk &&
+          !memcmp(z.ids, t.ids, sizeof(int16_t) * (size_t)t.n_tokens * t.n_layers * t.topk));
+    xs_trace_deinit(&z);
     CHECK_EQ_INT(t.n_layers, 75);
     CHECK_EQ_INT(t.n_experts, 256);
     CHECK_EQ_INT(t.n_tokens, 2048);

@@ -1,5 +1,5 @@
 /* trace.c: expert-routing traces and offline policy replay.
- * Format (text, same as /work/shared/traces): a header
+ * Format (text, same as /work/shared/traces; read plain or gzip-compressed): a header
  *   # petrel-trace v1 layers=L experts=E topk=K tokens=T [other key=value ...]
  * then one line per (token, layer): `token layer e1 ... ek`, ids ascending and distinct.
  * Invariants: ids[] holds n_tokens * n_layers * topk entries, -1 where a (token, layer) has no
@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <zlib.h>
 
 #include "base/err.h"
 #include "base/outfile.h"
@@ -89,39 +90,43 @@ static int header_int(const char *line, const char *key, int *out) {
     return 0;
 }
 
+/* The file gives a line that did not fit in the buffer whole as several; each is refused by the
+ * line check below, as a line that long is no trace line anyway. */
 int xs_trace_read(xs_trace *t, const char *path, petrel_error *err) {
     memset(t, 0, sizeof *t);
-    FILE *f = fopen(path, "r");
-    if (!f) return pt_err(err, PETREL_EIO, "trace: cannot open %s: %s", path, strerror(errno));
+    gzFile f = gzopen(path, "rb"); /* gzip or plain text: zlib reads a plain file as it is */
+    if (!f) return pt_err(err, PETREL_EIO, "trace: cannot open %s: %s", path, errno ? strerror(errno) : "out of memory");
     char line[4096];
-    int L, E, K, T, rc = 0;
+    line[0] = 0;
+    int L, E, K, T, rc = 0, zerr;
     long ln = 1;
-    if (!fgets(line, sizeof line, f) || strncmp(line, "# petrel-trace v1", 17) || header_int(line, " layers=", &L) ||
+    if (!gzgets(f, line, sizeof line) || strncmp(line, "# petrel-trace v1", 17) || header_int(line, " layers=", &L) ||
         header_int(line, " experts=", &E) || header_int(line, " topk=", &K) || header_int(line, " tokens=", &T)) {
-        fclose(f);
-        return pt_err(err, PETREL_EFORMAT,
-                      "trace %s: line 1 is not a '# petrel-trace v1 layers= experts= topk= tokens=' header%s", path,
-                      (unsigned char)line[0] == 0x1f ? " (gzip data: gunzip it first)" : "");
+        const char *ze = gzerror(f, &zerr);
+        rc = zerr != Z_OK ? pt_err(err, PETREL_EFORMAT, "trace %s: not readable as gzip or text: %s", path, ze)
+                          : pt_err(err, PETREL_EFORMAT, "trace %s: line 1 is not a '# petrel-trace v1 layers= experts= topk= tokens=' header", path);
+        gzclose(f);
+        return rc;
     }
     if (xs_trace_init(t, L, E, K)) {
-        fclose(f);
+        gzclose(f);
         return pt_err(err, PETREL_EFORMAT, "trace %s: bad dimensions layers=%d experts=%d topk=%d", path, L, E, K);
     }
     /* the header sizes what is allocated: bounded before anything is (the header is outside input) */
     if ((double)L * K * T > XS_TRACE_MAX_ENTRIES) {
-        fclose(f);
+        gzclose(f);
         memset(t, 0, sizeof *t);
         return pt_err(err, PETREL_EFORMAT, "trace %s: layers=%d x topk=%d x tokens=%d entries, more than the %d a trace may hold", path,
                       L, K, T, XS_TRACE_MAX_ENTRIES);
     }
     long *v = malloc(sizeof(long) * (size_t)(2 + K)); /* one line: token, layer and up to K ids */
     if (!v) {
-        fclose(f);
+        gzclose(f);
         return pt_err(err, PETREL_ENOMEM, "trace: out of memory");
     }
     if ((rc = reserve(t, T, err))) goto fail;
     t->n_tokens = T;
-    while (fgets(line, sizeof line, f)) {
+    while (gzgets(f, line, sizeof line)) {
         ln++;
         if (line[0] == '#' || line[0] == '\n') continue;
         char *p = line, *end;
@@ -153,12 +158,17 @@ int xs_trace_read(xs_trace *t, const char *path, petrel_error *err) {
             d[i] = (int16_t)v[2 + i];
         }
     }
+    const char *ze = gzerror(f, &zerr); /* the loop ends at the end of the data or at a bad stream */
+    if (zerr != Z_OK) {
+        rc = pt_err(err, PETREL_EFORMAT, "trace %s: gzip data damaged after line %ld: %s", path, ln, ze);
+        goto fail;
+    }
     free(v);
-    fclose(f);
+    gzclose(f);
     return 0;
 fail:
     free(v);
-    fclose(f);
+    gzclose(f);
     xs_trace_deinit(t);
     return rc;
 }

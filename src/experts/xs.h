@@ -339,7 +339,7 @@ void xs_trace_deinit(xs_trace *t);
 /* Records the experts of (token, layer); tokens must arrive in order (token <= n_tokens). */
 int xs_trace_add(xs_trace *t, int token, int layer, const int32_t *ids, int k, petrel_error *err);
 int xs_trace_write(const xs_trace *t, const char *path, petrel_error *err);
-/* Reads the text format (plain; gunzip .gz first). At most XS_TRACE_MAX_ENTRIES (layers x topk x
+/* Reads the text format, plain or gzip-compressed (zlib). At most XS_TRACE_MAX_ENTRIES (layers x topk x
  * tokens, 512 MiB of ids; the shipped GLM-5-like trace holds 1.2 M): a header asking for more is
  * refused before anything is allocated. */
 #define XS_TRACE_MAX_ENTRIES (1 << 28)
