@@ -694,6 +694,12 @@ TEST(experts, trace_read_hostile) {
         CHECK_MSG(strstr(err.msg, "entries") != NULL, "%s: %s", big[i], err.msg);
         CHECK(u.ids == NULL);
     }
+    /* a (token, layer) listed twice */
+    f = fopen(path, "w");
+    fprintf(f, "# petrel-trace v1 layers=1 experts=8 topk=3 tokens=1\n0 0 1 2 3\n0 0 5\n");
+    fclose(f);
+    CHECK_EQ_INT(xs_trace_read(&u, path, &err), PETREL_EFORMAT);
+    CHECK_MSG(strstr(err.msg, ":3:") && strstr(err.msg, "twice"), "%s", err.msg);
     /* an empty file, and gzip data damaged in the middle: one line each, nothing kept */
     f = fopen(path, "w");
     fclose(f);

@@ -145,6 +145,10 @@ int xs_trace_read(xs_trace *t, const char *path, petrel_error *err) {
             goto fail;
         }
         int16_t *d = t->ids + ((size_t)v[0] * L + v[1]) * K;
+        if (d[0] >= 0) { /* a second line would leave the first one's ids behind its own */
+            rc = pt_err(err, PETREL_EFORMAT, "trace %s:%ld: token %ld layer %ld listed twice", path, ln, v[0], v[1]);
+            goto fail;
+        }
         for (int i = 0; i < n - 2; i++) {
             if (v[2 + i] < 0 || v[2 + i] >= E) {
                 rc = pt_err(err, PETREL_EFORMAT, "trace %s:%ld: expert %ld out of range", path, ln, v[2 + i]);
