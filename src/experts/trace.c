@@ -94,6 +94,7 @@ static int header_int(const char *line, const char *key, int *out) {
  * line check below, as a line that long is no trace line anyway. */
 int xs_trace_read(xs_trace *t, const char *path, petrel_error *err) {
     memset(t, 0, sizeof *t);
+    errno = 0; /* zlib sets it when the open fails, not when its own allocation does */
     gzFile f = gzopen(path, "rb"); /* gzip or plain text: zlib reads a plain file as it is */
     if (!f) return pt_err(err, PETREL_EIO, "trace: cannot open %s: %s", path, errno ? strerror(errno) : "out of memory");
     char line[4096];

@@ -63,7 +63,7 @@ int plan_usage_hit_rate(const char *path, int n_layers, int n_experts, int slots
         for (int e = 0; e < E && !rc; e++) {
             unsigned long long v;
             if (fscanf(f, "%llu", &v) != 1) rc = pt_err(err, PETREL_EFORMAT, "usage history %s: layer %d has fewer than %d counts", path, l, E);
-            cnt[e] = v;
+            else cnt[e] = v;
         }
         if (rc) break;
         qsort(cnt, (size_t)E, sizeof *cnt, cmp_u64_desc);
