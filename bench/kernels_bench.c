@@ -3,7 +3,7 @@
  *   gcc -std=c11 -O2 -D_GNU_SOURCE -Iinclude -Isrc -mavx512f -pthread \
  *       bench/kernels_bench.c build-kern/libpetrel.a -lm -o build-kern/kernels_bench
  *   ./build-kern/kernels_bench [threads] [lm_head_rows]
- * Decode (n=1): GB/s of weight bytes (+ scales) streamed, cycling through enough copies of each
+ * Decode (n = BENCH_DROWS activation rows, default 1): GB/s of weight bytes (+ scales) streamed, cycling through enough copies of each
  * matrix (>= 768 MB in total) that nothing is served from cache, like a forward pass over many
  * layers. Floor: summing a 1 GB buffer with AVX-512 on the same threads (pool), with the same
  * software prefetch (4 KB ahead) the kernels use; best of 5.
@@ -127,30 +127,39 @@ static void bench_decode(pt_qtype q, int64_t rows, int64_t cols, double floor_gb
     mat *ms = malloc(sizeof(mat) * (size_t)copies);
     ms[0] = probe;
     for (int i = 1; i < copies; i++) ms[i] = make_mat(q, rows, cols);
-    float *x = malloc((size_t)cols * 4), *y = malloc((size_t)rows * 4);
-    for (int64_t j = 0; j < cols; j++) x[j] = (float)(rnd() % 1000) / 1000.f - 0.5f;
+    int n = getenv("BENCH_DROWS") ? atoi(getenv("BENCH_DROWS")) : 1; /* activation rows per call */
+    if (n < 1) n = 1;
+    float *x = malloc((size_t)(cols * n) * 4), *y = malloc((size_t)(rows * n) * 4);
+    for (int64_t j = 0; j < cols * n; j++) x[j] = (float)(rnd() % 1000) / 1000.f - 0.5f;
     int r16 = getenv("BENCH_R16") && kn_r16_available() && kn_r16_supported(&ms[0].v);
     if (r16) for (int i = 0; i < copies; i++) kn_r16_repack(&ms[i].v);
-    for (int i = 0; i < copies; i++) kn_matmul(&ms[i].v, x, 1, y); /* warm-up, page-in */
+    for (int i = 0; i < copies; i++) kn_matmul(&ms[i].v, x, n, y); /* warm-up, page-in */
     int user = kn_act_quant(), ab = !r16 && user && kn_act_quant_active(&probe.v);
+    /* BENCH_PF_B=BYTES (-1 none): R16 rounds alternate the prefetch set at start (BENCH_PF or the
+     * default) with this one, into L1, every line; the second figure is printed as "pf B" */
+    const char *pfb = r16 ? getenv("BENCH_PF_B") : NULL;
+    int pfa = kn_default()->pf_bytes;
+    if (pfb) ab = 1;
     double best[2] = {0, 0};
     for (int rep = 0; rep < 12; rep++)
         for (int m = 0; m <= ab; m++) {
-            kn_set_act_quant(ab && m ? 0 : user); /* m = 0: int8 activations (if available) */
+            if (pfb) kn_set_prefetch(m ? atoi(pfb) : (pfa ? pfa : -1), 1, 0);
+            else kn_set_act_quant(ab && m ? 0 : user); /* m = 0: int8 activations (if available) */
             int calls = 0;
             double t0 = now(), t;
             do {
-                for (int i = 0; i < copies; i++) kn_matmul(&ms[i].v, x, 1, y);
+                for (int i = 0; i < copies; i++) kn_matmul(&ms[i].v, x, n, y);
                 calls += copies;
             } while ((t = now() - t0) < 0.1);
             double gbs = (double)probe.bytes * calls / t / 1e9;
             if (gbs > best[m]) best[m] = gbs;
         }
     kn_set_act_quant(user);
-    printf("decode  %-9s [%6lld x %5lld] %7.1f MB x%-3d  %6.2f GB/s  %6.1f us/call  %.2fx floor",
-           pt_qtype_name(q), (long long)rows, (long long)cols, probe.bytes / 1e6, copies, best[0],
+    printf("decode%-2d%-9s [%6lld x %5lld] %7.1f MB x%-3d  %6.2f GB/s  %6.1f us/call  %.2fx floor",
+           n, pt_qtype_name(q), (long long)rows, (long long)cols, probe.bytes / 1e6, copies, best[0],
            probe.bytes / best[0] / 1e3, floor_gbs / best[0]);
-    if (ab) printf("   (f32 act: %6.2f GB/s %.2fx)", best[1], floor_gbs / best[1]);
+    if (pfb) printf("   (pf %s: %6.2f GB/s %.2fx)", pfb, best[1], floor_gbs / best[1]);
+    else if (ab) printf("   (f32 act: %6.2f GB/s %.2fx)", best[1], floor_gbs / best[1]);
     printf("%s\n", ab ? "  int8 act" : r16 ? "  r16 (int8 act)" : "");
     for (int i = 0; i < copies; i++) { free(ms[i].data); free(ms[i].scale); }
     free(ms); free(x); free(y);

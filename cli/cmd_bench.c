@@ -307,6 +307,7 @@ __attribute__((target("avx512f"))) static double fma_loop_avx512(long iters) {
         a6 = _mm512_fmadd_ps(a6, b, c); a7 = _mm512_fmadd_ps(a7, b, c); a8 = _mm512_fmadd_ps(a8, b, c);
         a9 = _mm512_fmadd_ps(a9, b, c); a10 = _mm512_fmadd_ps(a10, b, c); a11 = _mm512_fmadd_ps(a11, b, c);
         __asm__ volatile("" : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5));
+        __asm__ volatile("" : "+v"(a6), "+v"(a7), "+v"(a8), "+v"(a9), "+v"(a10), "+v"(a11));
     }
     __m512 sum = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
                                _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7)));
@@ -316,17 +317,22 @@ __attribute__((target("avx512f"))) static double fma_loop_avx512(long iters) {
     return out[0];
 }
 /* int8 dot products (vpdpbusd: 16 lanes x 4 multiply-adds = 128 ops) with 12 independent
- * accumulators: the VNNI peak the int8-activation kernels run against. */
+ * accumulators: the VNNI peak the int8-activation kernels run against. The accumulators start
+ * different and all twelve pass through the asm barrier: before 2026-12-05 six of them started
+ * equal outside it, the compiler merged those into one chain, and the loop ran 7 vpdpbusd per
+ * iteration while counting 12 (a peak 1.7x too high; bench/RESULTS.md, 2026-12-05). */
 __attribute__((target("avx512f,avx512vnni"))) static double vnni_loop(long iters) {
     __m512i b = _mm512_set1_epi8(3), c = _mm512_set1_epi8(-2);
-    __m512i a0 = _mm512_set1_epi32(0), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0, a8 = a0, a9 = a0, a10 = a0,
-            a11 = a0;
+    __m512i a0 = _mm512_set1_epi32(0), a1 = _mm512_set1_epi32(1), a2 = _mm512_set1_epi32(2), a3 = _mm512_set1_epi32(3),
+            a4 = _mm512_set1_epi32(4), a5 = _mm512_set1_epi32(5), a6 = _mm512_set1_epi32(6), a7 = _mm512_set1_epi32(7),
+            a8 = _mm512_set1_epi32(8), a9 = _mm512_set1_epi32(9), a10 = _mm512_set1_epi32(10), a11 = _mm512_set1_epi32(11);
     for (long k = 0; k < iters; k++) {
         a0 = _mm512_dpbusd_epi32(a0, b, c); a1 = _mm512_dpbusd_epi32(a1, b, c); a2 = _mm512_dpbusd_epi32(a2, b, c);
         a3 = _mm512_dpbusd_epi32(a3, b, c); a4 = _mm512_dpbusd_epi32(a4, b, c); a5 = _mm512_dpbusd_epi32(a5, b, c);
         a6 = _mm512_dpbusd_epi32(a6, b, c); a7 = _mm512_dpbusd_epi32(a7, b, c); a8 = _mm512_dpbusd_epi32(a8, b, c);
         a9 = _mm512_dpbusd_epi32(a9, b, c); a10 = _mm512_dpbusd_epi32(a10, b, c); a11 = _mm512_dpbusd_epi32(a11, b, c);
         __asm__ volatile("" : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5));
+        __asm__ volatile("" : "+v"(a6), "+v"(a7), "+v"(a8), "+v"(a9), "+v"(a10), "+v"(a11));
     }
     __m512i s = _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(a0, a1), _mm512_add_epi32(a2, a3)),
                                  _mm512_add_epi32(_mm512_add_epi32(a4, a5), _mm512_add_epi32(a6, a7)));
