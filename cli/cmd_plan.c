@@ -410,8 +410,12 @@ CLI_CMD(plan) {
     printf("\nmachine     ");
     if (!have_m) printf("no measurement of this machine (%s): run petrel plan --measure for the speed figures\n", cpu);
     else {
-        printf("%s, %d threads (%s): memory %.1f GB/s, SSD %.2f GB/s (O_DIRECT random expert reads), int8 matmul %.0f GOP/s, f32-activation matmul %.0f GFLOP/s\n",
-               m.cpu, m.threads, msrc, m.mem_gbs, m.ssd_gbs, m.int8_gops, m.f32_gflops);
+        char ssd[48], i8[48], f32[48]; /* a figure the cache lacks (0) says so */
+        if (m.ssd_gbs > 0) snprintf(ssd, sizeof ssd, "%.2f GB/s", m.ssd_gbs); else snprintf(ssd, sizeof ssd, "not measured");
+        if (m.int8_gops > 0) snprintf(i8, sizeof i8, "%.0f GOP/s", m.int8_gops); else snprintf(i8, sizeof i8, "not measured");
+        if (m.f32_gflops > 0) snprintf(f32, sizeof f32, "%.0f GFLOP/s", m.f32_gflops); else snprintf(f32, sizeof f32, "not measured");
+        printf("%s, %d threads (%s): memory %.1f GB/s, SSD %s (O_DIRECT random expert reads), int8 matmul %s, f32-activation matmul %s\n",
+               m.cpu, m.threads, msrc, m.mem_gbs, ssd, i8, f32);
         if (pr.decode_tok_s > 0) {
             printf("decode      %.2f tok/s predicted (%.1f ms/token at a %ld-token context", pr.decode_tok_s, pr.decode_ms, prompt);
             if (p->streaming)

@@ -161,6 +161,15 @@ TEST(plan, machine_cache_round_trip) {
     fputs("not json", o);
     fclose(o);
     CHECK_EQ_INT(plan_machine_load(f, "CPU A", &got, &found, &err), PETREL_EFORMAT);
+    /* rates that are not positive count as not measured: no memory figure, no entry */
+    o = fopen(f, "w");
+    fputs("{\"CPU A\": {\"threads\": -4, \"mem_gbs\": 40, \"ssd_gbs\": -3, \"int8_gops\": 0, \"f32_gflops\": 1e300},"
+          " \"CPU B\": {\"mem_gbs\": -1, \"ssd_gbs\": 2}}", o);
+    fclose(o);
+    CHECK(plan_machine_load(f, "CPU A", &got, &found, &err) == 0 && found);
+    CHECK_NEAR(got.mem_gbs, 40, 1e-9);
+    CHECK(got.ssd_gbs == 0 && got.int8_gops == 0 && got.f32_gflops == 0 && got.threads == 0);
+    CHECK(plan_machine_load(f, "CPU B", &got, &found, &err) == 0 && !found);
 }
 
 TEST(plan, predict_follows_the_model) {

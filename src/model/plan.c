@@ -288,12 +288,13 @@ int plan_machine_load(const char *path, const char *cpu, pt_machine *m, int *fou
     if (cJSON_IsObject(o)) {
         cJSON *v;
         snprintf(m->cpu, sizeof m->cpu, "%s", cpu);
-#define NUM(field, key) if (cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(o, key))) m->field = v->valuedouble
+        /* a rate that is not positive (a hand-edited or damaged file) counts as not measured */
+#define NUM(field, key) if (cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(o, key)) && v->valuedouble > 0 && v->valuedouble < 1e12) m->field = v->valuedouble
         NUM(mem_gbs, "mem_gbs");
         NUM(ssd_gbs, "ssd_gbs");
         NUM(int8_gops, "int8_gops");
         NUM(f32_gflops, "f32_gflops");
-        if (cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(o, "threads"))) m->threads = v->valueint;
+        if (cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(o, "threads")) && v->valuedouble >= 1 && v->valuedouble <= 1 << 20) m->threads = v->valueint;
         if (cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(o, "when"))) m->when = (int64_t)v->valuedouble;
         if (cJSON_IsString(v = cJSON_GetObjectItemCaseSensitive(o, "ssd_file"))) snprintf(m->ssd_file, sizeof m->ssd_file, "%s", v->valuestring);
 #undef NUM
