@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "kernels/kernels.h"
 #include "model/config.h"
 #include "model/engine.h"
 #include "runtime/sampler.h"
@@ -105,13 +106,6 @@ static int read_lines(const char *path, char ***lines, int *n) {
         *n = 0;
     }
     return bad ? -1 : 0;
-}
-
-static int argmax(const float *lg, int V) {
-    int best = 0;
-    for (int v = 1; v < V; v++)
-        if (lg[v] > lg[best]) best = v;
-    return best;
 }
 
 CLI_CMD(batch) {
@@ -233,7 +227,7 @@ CLI_CMD(batch) {
                     next++;
                     continue;
                 }
-                first = argmax(lg, V);
+                first = (int32_t)kn_argmax(lg, V);
                 j->fed = j->n_prompt;
                 j->ids[j->n_prompt + j->n_out++] = first;
                 if (j->n_out == ngen || (stop_eos && config_is_eos(cfg, first))) j->done = 1;
@@ -333,7 +327,7 @@ CLI_CMD(batch) {
             job *j = &jobs[owner[r]];
             if (j->fed < j->n_prompt && ++j->fed == j->n_prompt) petrel_session_prefix_put(j->s, &(petrel_error){0}); /* a hint */
             if (!rows[r].want_logits) continue;
-            int32_t best = argmax(lg + (size_t)li++ * V, V);
+            int32_t best = (int32_t)kn_argmax(lg + (size_t)li++ * V, V);
             j->ids[j->n_prompt + j->n_out++] = best;
             if (j->n_out == ngen || (stop_eos && config_is_eos(cfg, best))) j->done = 1;
         }

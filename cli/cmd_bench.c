@@ -260,9 +260,7 @@ static int bench_batch(petrel_engine *eng, int B, long ctx, long steps, uint64_t
         }
         for (int r = 0; r < B; r++) {
             const float *l = lg + (size_t)r * V;
-            int32_t best = 0;
-            for (int v = 1; v < V; v++) if (l[v] > l[best]) best = v;
-            tok[r] = best;
+            tok[r] = (int32_t)kn_argmax(l, V);
         }
     }
     if (!rc) {
@@ -856,9 +854,7 @@ CLI_CMD(bench) {
         kn_set_profile(NULL);
         if (frc) { rc = cli_fail_err("bench", &err); break; }
         if (k >= 2) step_ms[k - 2] = (double)(pt_now_ns() - ts) / 1e6;
-        int32_t best = 0;
-        for (int v = 1; v < V; v++) if (lg[v] > lg[best]) best = v;
-        tok = best;
+        tok = (int32_t)kn_argmax(lg, V);
     }
     if (profile && !eng->cu) pool_stats(kn_pool(), &pool_jobs1, &pool_tail1);
     /* the single session's store statistics end here, before any batched steps */

@@ -6,6 +6,7 @@
 
 #include "base/outfile.h"
 #include "cli.h"
+#include "kernels/kernels.h"
 #include "model/config.h"
 #include "model/engine.h"
 #include "runtime/sampler.h"
@@ -159,8 +160,7 @@ CLI_CMD(generate) {
     }
     int32_t best = -1;
     for (long g = 0; !rc && g < ngen; g++) {
-        best = 0;
-        for (int v = 1; v < V; v++) if (lg[v] > lg[best]) best = v;
+        best = (int32_t)kn_argmax(lg, V);
         printf(g ? " %d" : "%d", best);
         if (fflush(stdout) != 0) { rc = cli_fail("generate: writing to stdout failed: %s", strerror(errno)); break; } /* stop at once */
         if (stop_eos && config_is_eos(cfg, best)) break;

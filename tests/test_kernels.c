@@ -298,6 +298,39 @@ TEST(kernels, pool) {
 /* ---- vector helpers ---- */
 static const int64_t HN[] = {1, 7, 15, 16, 17, 31, 33, 100, 1000, 6144};
 
+/* kn_argmax against the scalar rule on values built to tie: few distinct levels (so the maximum
+ * repeats, within and across 16-lane vectors), -0 beside +0, infinities, NaNs in front, behind
+ * and everywhere; every length 1..70 plus a vocabulary's; every table the same index. */
+TEST(kernels, argmax_vs_ref) {
+    static const float lv[] = {-1.5f, 0.f, -0.f, 2.f, 2.f, INFINITY, -INFINITY, NAN, 3.25f, -7.f};
+    const int64_t big = 154880;
+    float *x = malloc(sizeof(float) * (size_t)big);
+    for (int isa = 0; isa < NISA; isa++) {
+        if (kn_force_isa(ISAS[isa]) != 0) continue;
+        for (int trial = 0; trial < 400; trial++) {
+            int64_t n = trial < 350 ? 1 + trial % 70 : big;
+            int mode = trial % 7, levels = 2 + trial % 9;
+            for (int64_t j = 0; j < n; j++) {
+                x[j] = mode == 0 ? frand() : lv[(uint32_t)(frand() * 1e6f + 1e6f) % (uint32_t)levels];
+                if (mode == 1 && j < n / 2) x[j] = NAN;                          /* NaNs first */
+                if (mode == 2) x[j] = NAN;                                       /* all NaN */
+                if (mode == 3 && j == n - 1) x[j] = 9.f;                         /* the last wins */
+                if (mode == 4) x[j] = j % 2 ? -0.f : 0.f;                        /* signed zeros */
+                if (mode == 5) x[j] = -INFINITY;                                 /* only -inf */
+            }
+            int64_t want = kn_ref_argmax(x, n), got = kn_argmax(x, n);
+            if (got != want) fprintf(stderr, "  argmax %s n=%lld mode %d: %lld, want %lld\n", ISAS[isa], (long long)n, mode, (long long)got, (long long)want);
+            CHECK_EQ_INT(got, want);
+        }
+    }
+    x[0] = NAN, x[1] = 1.f, x[2] = NAN, x[3] = 1.f;
+    CHECK_EQ_INT(kn_ref_argmax(x, 4), 1); /* the rule itself: NaN loses, ties go to the lower index */
+    x[0] = x[1] = NAN;
+    CHECK_EQ_INT(kn_ref_argmax(x, 2), 1);
+    free(x);
+    kn_force_isa("auto");
+}
+
 TEST(kernels, helpers_vs_ref) {
     uint64_t seed = rng_seed();
     for (int isa = 0; isa < NISA; isa++) {

@@ -1,7 +1,7 @@
 /* actq_avx512.c: AVX-512 kernels beyond the f32-activation matmul (matmul_avx512.c):
  *   1. the int8-activation matmul for q4_g64 / q8_g32 / q8_row with VNNI (vpdpbusd);
  *   2. the transposed product y = x W (kn_matmul_t), all formats;
- *   3. the vector helpers (dot, axpy, rmsnorm, softmax, silu_mul).
+ *   3. the vector helpers (dot, axpy, rmsnorm, softmax, silu_mul, argmax).
  * Built with -mavx512* -mavx512vnni (Makefile, by file name); only called after dispatch.c saw
  * the CPU support it.
  *
@@ -549,4 +549,35 @@ void kn_silu_mul_avx512(float *out, const float *gate, const float *up, int64_t 
         __m512 s = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), e));
         _mm512_mask_storeu_ps(out + j, k, _mm512_mul_ps(s, u));
     }
+}
+
+/* kn_argmax (kernels.h): the largest value that is not NaN in one pass (ordered lanes only),
+ * then the first index holding it (== treats -0 and +0 alike, as the scalar's > does). */
+int64_t kn_argmax_avx512(const float *x, int64_t n) {
+    __m512 mx = _mm512_set1_ps(-__builtin_inff());
+    __mmask16 seen = 0;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 v = _mm512_loadu_ps(x + i);
+        __mmask16 ok = _mm512_cmp_ps_mask(v, v, _CMP_ORD_Q);
+        mx = _mm512_mask_max_ps(mx, ok, mx, v);
+        seen |= ok;
+    }
+    if (i < n) {
+        __mmask16 t = (__mmask16)((1u << (n - i)) - 1);
+        __m512 v = _mm512_maskz_loadu_ps(t, x + i);
+        __mmask16 ok = _mm512_mask_cmp_ps_mask(t, v, v, _CMP_ORD_Q);
+        mx = _mm512_mask_max_ps(mx, ok, mx, v);
+        seen |= ok;
+    }
+    if (!seen) return n - 1;
+    const float m = _mm512_reduce_max_ps(mx);
+    const __m512 mv = _mm512_set1_ps(m);
+    for (i = 0; i + 16 <= n; i += 16) {
+        __mmask16 eq = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + i), mv, _CMP_EQ_OQ);
+        if (eq) return i + __builtin_ctz(eq);
+    }
+    __mmask16 t = (__mmask16)((1u << (n - i)) - 1);
+    __mmask16 eq = _mm512_mask_cmp_ps_mask(t, _mm512_maskz_loadu_ps(t, x + i), mv, _CMP_EQ_OQ);
+    return eq ? i + __builtin_ctz(eq) : n - 1; /* the maximum is among them (eq is never 0 here) */
 }

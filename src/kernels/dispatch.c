@@ -584,6 +584,10 @@ void kt_silu_mul(const kn_table *t, float *out, const float *gate, const float *
     if (t->isa == ISA_AVX512) kn_silu_mul_avx512(out, gate, up, n);
     else kn_ref_silu_mul(out, gate, up, n);
 }
+int64_t kt_argmax(const kn_table *t, const float *x, int64_t n) {
+    if (n <= 0) return 0;
+    return t->isa == ISA_AVX512 ? kn_argmax_avx512(x, n) : kn_ref_argmax(x, n);
+}
 /* The attention core (kernels.h: kn_attn): AVX-512, else the scalar twin (bitwise the same). */
 void kt_attn_core_many(const kn_table *t, const kn_attn *a, int n, float *const *scr) {
     if (n <= 0) return;
@@ -614,6 +618,7 @@ void kn_axpy(float *y, float a, const float *x, int64_t n) { kt_axpy(kn_default(
 void kn_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps) { kt_rmsnorm(kn_default(), out, x, w, n, eps); }
 void kn_softmax(float *x, int64_t n) { kt_softmax(kn_default(), x, n); }
 void kn_silu_mul(float *out, const float *gate, const float *up, int64_t n) { kt_silu_mul(kn_default(), out, gate, up, n); }
+int64_t kn_argmax(const float *x, int64_t n) { return kt_argmax(kn_default(), x, n); }
 void kn_attn_core(const kn_attn *a, float *scr) { kt_attn_core(kn_default(), a, scr); }
 /* DSA scores (kernels.h: kn_dsa): AVX-512 for up to 64 padded heads, else the scalar twin. */
 void kt_dsa_scores(const kn_table *t, const kn_dsa *a) {

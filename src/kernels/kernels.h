@@ -247,11 +247,16 @@ void kn_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps
 void kn_softmax(float *x, int64_t n);
 /* out = silu(gate) * up, silu(g) = g / (1 + exp(-g)). out may equal gate or up. */
 void kn_silu_mul(float *out, const float *gate, const float *up, int64_t n);
+/* Greedy choice over x[n] (n >= 1): the lowest index of the largest value that is not NaN; n - 1
+ * when every value is NaN (the rule of `best = i when x[i] > x[best] or x[best] is NaN`, which the
+ * sampler always used). Exact: every table gives the same index. */
+int64_t kn_argmax(const float *x, int64_t n);
 float kt_dot(const kn_table *t, const float *a, const float *b, int64_t n);
 void kt_axpy(const kn_table *t, float *y, float a, const float *x, int64_t n);
 void kt_rmsnorm(const kn_table *t, float *out, const float *x, const float *w, int64_t n, float eps);
 void kt_softmax(const kn_table *t, float *x, int64_t n);
 void kt_silu_mul(const kn_table *t, float *out, const float *gate, const float *up, int64_t n);
+int64_t kt_argmax(const kn_table *t, const float *x, int64_t n);
 /* Indices of the k largest values of v[n], largest first; ties: lower index first. NaNs rank
  * below everything. k is clamped to [0, n]; returns the number written. O(n log k). */
 int kn_topk(const float *v, int n, int k, int32_t *idx);
@@ -261,4 +266,5 @@ void kn_ref_axpy(float *y, float a, const float *x, int64_t n);
 void kn_ref_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps);
 void kn_ref_softmax(float *x, int64_t n);
 void kn_ref_silu_mul(float *out, const float *gate, const float *up, int64_t n);
+int64_t kn_ref_argmax(const float *x, int64_t n);
 #endif

@@ -133,6 +133,7 @@ void kn_axpy_avx512(float *y, float a, const float *x, int64_t n);
 void kn_rmsnorm_avx512(float *out, const float *x, const float *w, int64_t n, float eps);
 void kn_softmax_avx512(float *x, int64_t n);
 void kn_silu_mul_avx512(float *out, const float *gate, const float *up, int64_t n);
+int64_t kn_argmax_avx512(const float *x, int64_t n);
 
 /* ---- attention core (kernels.h: kn_attn) ----
  * Queries go in blocks of KN_ATTN_MB (two 16-lane vectors, a query per lane). Scratch per block:

@@ -318,3 +318,10 @@ void kn_ref_dsa_scores(const kn_dsa *a) {
         a->score[t] = b2[0] + b2[1];
     }
 }
+
+int64_t kn_ref_argmax(const float *x, int64_t n) {
+    int64_t best = 0;
+    for (int64_t i = 1; i < n; i++)
+        if (x[i] > x[best] || x[best] != x[best]) best = i;
+    return best;
+}

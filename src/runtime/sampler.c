@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "base/err.h"
+#include "kernels/kernels.h"
 
 void sampler_params_default(sampler_params *p) {
     memset(p, 0, sizeof *p);
@@ -260,12 +261,7 @@ int32_t sampler_sample(sampler *s, float *logits, int vocab) {
     if (vocab > s->vocab) vocab = s->vocab;
     if (vocab <= 0) return 0;
     sampler_apply_penalties(s, logits, vocab);
-    if (s->p.temperature <= 0.0f || s->p.top_k == 1) {
-        int32_t best = 0;
-        for (int i = 1; i < vocab; i++)
-            if (logits[i] > logits[best] || logits[best] != logits[best]) best = i;
-        return best;
-    }
+    if (s->p.temperature <= 0.0f || s->p.top_k == 1) return (int32_t)kn_argmax(logits, vocab); /* NaN never wins; ties: lowest id */
     int n = filter_core(s, logits, vocab, s->p.temperature);
     double r = sampler_uniform(s) * s->kept_sum, cum = 0;
     for (int i = 0; i < n; i++) {
