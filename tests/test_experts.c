@@ -694,6 +694,20 @@ TEST(experts, trace_read_hostile) {
         CHECK_MSG(strstr(err.msg, "entries") != NULL, "%s: %s", big[i], err.msg);
         CHECK(u.ids == NULL);
     }
+    /* a header promising more tokens than the lines hold (it once sized the allocation: 77 M
+     * tokens filled 537 MB for a two-line file), and a line that jumps ahead of token order */
+    f = fopen(path, "w");
+    fprintf(f, "# petrel-trace v1 layers=2 experts=10 topk=1 tokens=77777729\n0 0 9\n0 1 2\n");
+    fclose(f);
+    CHECK_EQ_INT(xs_trace_read(&u, path, &err), PETREL_EFORMAT);
+    CHECK_MSG(strstr(err.msg, "tokens=77777729") && strstr(err.msg, "end at token 0"), "%s", err.msg);
+    CHECK(u.ids == NULL);
+    f = fopen(path, "w");
+    fprintf(f, "# petrel-trace v1 layers=1 experts=10 topk=1 tokens=3000000\n0 0 9\n2999999 0 1\n");
+    fclose(f);
+    CHECK_EQ_INT(xs_trace_read(&u, path, &err), PETREL_EFORMAT);
+    CHECK_MSG(strstr(err.msg, ":3:") && strstr(err.msg, "token order"), "%s", err.msg);
+    CHECK(u.ids == NULL);
     /* a (token, layer) listed twice */
     f = fopen(path, "w");
     fprintf(f, "# petrel-trace v1 layers=1 experts=8 topk=3 tokens=1\n0 0 1 2 3\n0 0 5\n");

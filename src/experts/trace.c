@@ -125,8 +125,9 @@ int xs_trace_read(xs_trace *t, const char *path, petrel_error *err) {
         gzclose(f);
         return pt_err(err, PETREL_ENOMEM, "trace: out of memory");
     }
-    if ((rc = reserve(t, T, err))) goto fail;
-    t->n_tokens = T;
+    /* storage grows with the lines read, never from the header's count alone: lines come in
+     * token order (a token at most one past the highest so far), and the last must reach T - 1 */
+    int top = -1;
     while (gzgets(f, line, sizeof line)) {
         ln++;
         if (line[0] == '#' || line[0] == '\n') continue;
@@ -144,6 +145,15 @@ int xs_trace_read(xs_trace *t, const char *path, petrel_error *err) {
             rc = pt_err(err, PETREL_EFORMAT, "trace %s:%ld: expected 'token layer e1..e%d' within tokens=%d layers=%d",
                         path, ln, K, T, L);
             goto fail;
+        }
+        if (v[0] > top + 1) {
+            rc = pt_err(err, PETREL_EFORMAT, "trace %s:%ld: token %ld before token %d (lines go in token order)", path, ln, v[0], top + 1);
+            goto fail;
+        }
+        if (v[0] > top) {
+            if ((rc = reserve(t, (int)v[0] + 1, err))) goto fail;
+            top = (int)v[0];
+            t->n_tokens = top + 1;
         }
         int16_t *d = t->ids + ((size_t)v[0] * L + v[1]) * K;
         if (d[0] >= 0) { /* a second line would leave the first one's ids behind its own */
@@ -166,6 +176,10 @@ int xs_trace_read(xs_trace *t, const char *path, petrel_error *err) {
     const char *ze = gzerror(f, &zerr); /* the loop ends at the end of the data or at a bad stream */
     if (zerr != Z_OK) {
         rc = pt_err(err, PETREL_EFORMAT, "trace %s: gzip data damaged after line %ld: %s", path, ln, ze);
+        goto fail;
+    }
+    if (top + 1 != T) {
+        rc = pt_err(err, PETREL_EFORMAT, "trace %s: the header says tokens=%d, the lines end at token %d", path, T, top);
         goto fail;
     }
     free(v);

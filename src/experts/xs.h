@@ -341,7 +341,8 @@ int xs_trace_add(xs_trace *t, int token, int layer, const int32_t *ids, int k, p
 int xs_trace_write(const xs_trace *t, const char *path, petrel_error *err);
 /* Reads the text format, plain or gzip-compressed (zlib). At most XS_TRACE_MAX_ENTRIES (layers x topk x
  * tokens, 512 MiB of ids; the shipped GLM-5-like trace holds 1.2 M): a header asking for more is
- * refused before anything is allocated. */
+ * refused before anything is allocated. Lines come in token order (a token at most one past the
+ * highest so far) and must reach the header's last token; storage grows with the lines read. */
 #define XS_TRACE_MAX_ENTRIES (1 << 28)
 int xs_trace_read(xs_trace *t, const char *path, petrel_error *err);
 
