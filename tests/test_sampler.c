@@ -286,6 +286,47 @@ TEST(sampler, top_k_set) {
     sampler_free(&s);
 }
 
+/* The one-pass heap for top-k up to 4096 against a full sort, over GLM-5.2's vocabulary: values
+ * on a coarse grid (ties everywhere), NaNs and -inf among them, k from 1 to 4096 (and past the
+ * heap's range: the quickselect path); the kept ids come best first. */
+TEST(sampler, top_k_large_vocab) {
+    enum { V = 154880 };
+    float *l = malloc(sizeof(float) * V), *c = malloc(sizeof(float) * V);
+    int32_t *ids = malloc(sizeof(int32_t) * V), *order = malloc(sizeof(int32_t) * V);
+    uint64_t r = 12345;
+    for (int i = 0; i < V; i++) {
+        r = r * 6364136223846793005ull + 1442695040888963407ull;
+        uint32_t u = (uint32_t)(r >> 33);
+        l[i] = u % 53 == 0 ? NAN : u % 61 == 0 ? -INFINITY : (float)(u % 300) * 0.25f - 40.f;
+    }
+    /* the reference ranks NaN as -inf, as the sampler does */
+    float *rk = malloc(sizeof(float) * V);
+    for (int i = 0; i < V; i++) rk[i] = l[i] != l[i] ? -INFINITY : l[i];
+    for (int i = 0; i < V; i++) order[i] = i;
+    g_ref = rk;
+    qsort(order, V, sizeof(int32_t), cmp_desc);
+    static const int ks[] = {1, 2, 3, 40, 97, 1000, 4096, 5000};
+    for (int ki = 0; ki < 8; ki++) {
+        sampler s;
+        sampler_params p = neutral();
+        p.top_k = ks[ki];
+        CHECK(sampler_init(&s, &p, V, NULL) == 0);
+        memcpy(c, l, sizeof(float) * V);
+        int n = sampler_filter(&s, c, V);
+        CHECK_EQ_INT(n, ks[ki]);
+        int same = 1;
+        for (int i = 0; i < n; i++) same &= ks[ki] > 4096 || s.cand[i] == order[i]; /* best first in the heap path */
+        CHECK_MSG(same, "k=%d: kept ids not the reference's best-first order", ks[ki]);
+        memset(ids, 0, sizeof(int32_t) * V);
+        for (int i = 0; i < n; i++) ids[s.cand[i]] = 1;
+        int lost = 0;
+        for (int i = 0; i < n; i++) lost += !ids[order[i]];
+        CHECK_MSG(lost == 0, "k=%d: %d of the top ids lost", ks[ki], lost);
+        sampler_free(&s);
+    }
+    free(l); free(c); free(ids); free(order); free(rk);
+}
+
 TEST(sampler, min_p_threshold) {
     enum { V = 6 };
     const double prob[V] = {0.04, 0.5, 0.1, 0.2, 0.06, 0.1};

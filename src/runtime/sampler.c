@@ -168,6 +168,25 @@ static void select_top(int32_t *c, int n, int k, const float *l) {
 }
 
 /* Heapsort of c[0..n), best first (no allocation). */
+static void sift(int32_t *c, int root, int n, const float *l);
+static void sort_best_first(int32_t *c, int n, const float *l);
+/* c[0..k) = the k best ids of l[0..V) (0 < k < V), best first: one pass keeping the k best so far
+ * in a heap whose root is the worst of them. Ids come ascending, so a later id ties below every id
+ * kept and beats the root only with a larger value: one float compare per id in the common case.
+ * The same set as select_top over all V ids (which touches each id several times through the
+ * candidate array: ~1 ms over GLM-5.2's 154880 ids, ~0.1 ms here). */
+static void heap_top(int32_t *c, int V, int k, const float *l) {
+    for (int i = 0; i < k; i++) c[i] = i;
+    for (int i = k / 2 - 1; i >= 0; i--) sift(c, i, k, l);
+    float thr = l[c[0]];
+    for (int i = k; i < V; i++)
+        if (l[i] > thr) {
+            c[0] = i;
+            sift(c, 0, k, l);
+            thr = l[c[0]];
+        }
+}
+
 static void sift(int32_t *c, int root, int n, const float *l) {
     for (;;) {
         int ch = 2 * root + 1;
@@ -191,16 +210,22 @@ static void sort_best_first(int32_t *c, int n, const float *l) {
 static int filter_core(sampler *s, float *l, int V, float temp) {
     const sampler_params *p = &s->p;
     float inv = 1.0f / temp;
+    int32_t *c = s->cand;
+    int n = V, small_k = p->top_k > 0 && p->top_k < V && p->top_k <= 4096;
     for (int i = 0; i < V; i++) {
         float x = l[i];
         l[i] = x != x ? -INFINITY : x * inv;
-        s->cand[i] = i;
     }
-    int32_t *c = s->cand;
-    int n = V;
-    if (p->top_k > 0 && p->top_k < V) {
-        select_top(c, V, p->top_k, l);
+    if (small_k) {
+        heap_top(c, V, p->top_k, l);
         n = p->top_k;
+        sort_best_first(c, n, l); /* a canonical order for the sums below */
+    } else {
+        for (int i = 0; i < V; i++) c[i] = i;
+        if (p->top_k > 0 && p->top_k < V) {
+            select_top(c, V, p->top_k, l);
+            n = p->top_k;
+        }
     }
     int32_t best = c[0];
     for (int i = 1; i < n; i++)
