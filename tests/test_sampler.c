@@ -286,6 +286,52 @@ TEST(sampler, top_k_set) {
     sampler_free(&s);
 }
 
+/* Top-p over a whole large vocabulary (the histogram front, then the incremental search) against
+ * the rule computed directly: the best-first order, expf(l / T - max) per id, the total summed in
+ * id order and the nucleus summed best first in double; the same kept ids in the same order and
+ * the same mass, bit for bit. */
+TEST(sampler, top_p_exact_large_vocab) {
+    enum { V = 154880 };
+    float *l = malloc(sizeof(float) * V), *c = malloc(sizeof(float) * V), *sc = malloc(sizeof(float) * V);
+    int32_t *order = malloc(sizeof(int32_t) * V);
+    const float ps[] = {0.05f, 0.5f, 0.9f, 0.95f, 0.999f};
+    const float temps[] = {0.7f, 1.0f, 0.2f};
+    for (int t = 0; t < 5; t++) {
+        rand_logits(l, V, 4 + 3 * t);
+        for (int i = 0; i < V; i += 97) l[i] = NAN;
+        for (int i = 5; i < V; i += 101) l[i] = -INFINITY;
+        for (int i = 7; i < V; i += 7) l[i] = l[i - 7]; /* ties */
+        float T = temps[t % 3], inv = 1.0f / T;
+        for (int i = 0; i < V; i++) sc[i] = l[i] != l[i] ? -INFINITY : l[i] * inv;
+        for (int i = 0; i < V; i++) order[i] = i;
+        g_ref = sc;
+        qsort(order, V, sizeof(int32_t), cmp_desc);
+        float mx = sc[order[0]];
+        double sum = 0;
+        for (int i = 0; i < V; i++) sum += expf(sc[i] - mx);
+        double target = (double)ps[t] * sum, cum = 0;
+        int want = V;
+        for (int i = 0; i < V; i++) {
+            cum += expf(sc[order[i]] - mx);
+            if (cum >= target) { want = i + 1; break; }
+        }
+        sampler s;
+        sampler_params p = neutral();
+        p.temperature = T;
+        p.top_p = ps[t];
+        CHECK(sampler_init(&s, &p, V, NULL) == 0);
+        memcpy(c, l, sizeof(float) * V);
+        int n = sampler_filter(&s, c, V);
+        CHECK_EQ_INT(n, want);
+        int same = n == want;
+        for (int i = 0; i < n && same; i++) same = s.cand[i] == order[i];
+        CHECK_MSG(same, "top_p %g: kept ids differ from the best-first order", (double)ps[t]);
+        CHECK_MSG(s.kept_sum == cum, "top_p %g: kept mass %.17g, want %.17g", (double)ps[t], s.kept_sum, cum);
+        sampler_free(&s);
+    }
+    free(l); free(c); free(sc); free(order);
+}
+
 /* The one-pass heap for top-k up to 4096 against a full sort, over GLM-5.2's vocabulary: values
  * on a coarse grid (ties everywhere), NaNs and -inf among them, k from 1 to 4096 (and past the
  * heap's range: the quickselect path); the kept ids come best first. */

@@ -206,6 +206,34 @@ static void sort_best_first(int32_t *c, int n, const float *l) {
     }
 }
 
+/* Top-p over many candidates (no top-k, or a large one): a histogram of the probabilities by
+ * d = mx - l (16 buckets per unit, exp(-d) falling by e per unit; -inf in the last) finds the
+ * buckets that hold the nucleus' mass, with one bucket to spare; their ids are moved to the
+ * front, sorted best first, and summed in that order as the incremental search below would.
+ * Larger l means a lower bucket and equal l the same one, so the front is the head of the
+ * best-first order, and the kept set, its order and its sum are the ones the incremental search
+ * finds alone (it goes on from the front when rounding left the mass short). Over GLM-5.2's
+ * 154880 ids the incremental search alone took ~6 ms per token. Returns the front's size. */
+enum { NUC_B = 2048, NUC_PER_UNIT = 16 };
+static inline int nuc_bucket(float d) { return d < (float)(NUC_B - 1) / NUC_PER_UNIT ? (int)(d * NUC_PER_UNIT) : NUC_B - 1; }
+static int nucleus_front(sampler *s, int32_t *c, int n, const float *l, float mx, double target, double *cum, int *m, int *hit) {
+    double mass[NUC_B] = {0};
+    for (int i = 0; i < n; i++) mass[nuc_bucket(mx - l[c[i]])] += s->prob[c[i]];
+    int b = 0;
+    for (double acc = 0; b < NUC_B - 1; b++)
+        if ((acc += mass[b]) >= target) break;
+    if (b < NUC_B - 1) b++; /* one bucket to spare against rounding */
+    int f = 0;
+    for (int i = 0; i < n; i++)
+        if (nuc_bucket(mx - l[c[i]]) <= b) swp(c, f++, i);
+    sort_best_first(c, f, l);
+    for (int i = 0; i < f && !*hit; i++) {
+        *cum += s->prob[c[i]];
+        if (*cum >= target) { *m = i + 1; *hit = 1; }
+    }
+    return f;
+}
+
 /* Steps 3-6 on already-penalized logits. */
 static int filter_core(sampler *s, float *l, int V, float temp) {
     const sampler_params *p = &s->p;
@@ -246,6 +274,7 @@ static int filter_core(sampler *s, float *l, int V, float temp) {
     if (p->top_p > 0.0f && p->top_p < 1.0f) {
         double target = (double)p->top_p * sum, cum = 0;
         int sorted = 0, m = n, hit = 0;
+        if (n > 4096) sorted = nucleus_front(s, c, n, l, mx, target, &cum, &m, &hit);
         while (sorted < n && !hit) {
             int want = sorted < 32 ? 64 : sorted * 2;
             if (want > n) want = n;
