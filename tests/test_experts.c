@@ -694,26 +694,21 @@ TEST(experts, trace_read_hostile) {
         CHECK_MSG(strstr(err.msg, "entries") != NULL, "%s: %s", big[i], err.msg);
         CHECK(u.ids == NULL);
     }
-    /* a header promising more tokens than the lines hold (it once sized the allocation: 77 M
-     * tokens filled 537 MB for a two-line file), and a line that jumps ahead of token order */
-    f = fopen(path, "w");
-    fprintf(f, "# petrel-trace v1 layers=2 experts=10 topk=1 tokens=77777729\n0 0 9\n0 1 2\n");
-    fclose(f);
-    CHECK_EQ_INT(xs_trace_read(&u, path, &err), PETREL_EFORMAT);
-    CHECK_MSG(strstr(err.msg, "tokens=77777729") && strstr(err.msg, "end at token 0"), "%s", err.msg);
-    CHECK(u.ids == NULL);
-    f = fopen(path, "w");
-    fprintf(f, "# petrel-trace v1 layers=1 experts=10 topk=1 tokens=3000000\n0 0 9\n2999999 0 1\n");
-    fclose(f);
-    CHECK_EQ_INT(xs_trace_read(&u, path, &err), PETREL_EFORMAT);
-    CHECK_MSG(strstr(err.msg, ":3:") && strstr(err.msg, "token order"), "%s", err.msg);
-    CHECK(u.ids == NULL);
-    /* a (token, layer) listed twice */
-    f = fopen(path, "w");
-    fprintf(f, "# petrel-trace v1 layers=1 experts=8 topk=3 tokens=1\n0 0 1 2 3\n0 0 5\n");
-    fclose(f);
-    CHECK_EQ_INT(xs_trace_read(&u, path, &err), PETREL_EFORMAT);
-    CHECK_MSG(strstr(err.msg, ":3:") && strstr(err.msg, "twice"), "%s", err.msg);
+    /* refused with one line naming it, nothing kept: a header promising more tokens than the lines
+     * hold (it once sized the allocation: 77 M tokens filled 537 MB for a two-line file), a line
+     * that jumps ahead of token order, a (token, layer) listed twice */
+    static const char *bad[][3] = {
+        {"# petrel-trace v1 layers=2 experts=10 topk=1 tokens=77777729\n0 0 9\n0 1 2\n", "tokens=77777729", "end at token 0"},
+        {"# petrel-trace v1 layers=1 experts=10 topk=1 tokens=3000000\n0 0 9\n2999999 0 1\n", ":3:", "token order"},
+        {"# petrel-trace v1 layers=1 experts=8 topk=3 tokens=1\n0 0 1 2 3\n0 0 5\n", ":3:", "twice"}};
+    for (int i = 0; i < 3; i++) {
+        f = fopen(path, "w");
+        fputs(bad[i][0], f);
+        fclose(f);
+        CHECK_EQ_INT(xs_trace_read(&u, path, &err), PETREL_EFORMAT);
+        CHECK_MSG(strstr(err.msg, bad[i][1]) && strstr(err.msg, bad[i][2]), "%s", err.msg);
+        CHECK(u.ids == NULL);
+    }
     /* an empty file, and gzip data damaged in the middle: one line each, nothing kept */
     f = fopen(path, "w");
     fclose(f);

@@ -227,6 +227,13 @@ static int cmp_desc(const void *a, const void *b) {
     return x < y ? -1 : 1;
 }
 
+/* A sampler for p, and sampler_filter over a copy c of l: the kept count, -1 if init failed. */
+static int filtered(sampler *s, const sampler_params *p, const float *l, float *c, int V) {
+    if (sampler_init(s, p, V, NULL) != 0) return -1;
+    memcpy(c, l, sizeof(float) * (size_t)V);
+    return sampler_filter(s, c, V);
+}
+
 /* On a large vocabulary (the chunked partial sort), against a full sort. */
 TEST(sampler, top_p_large_vocab) {
     enum { V = 50000 };
@@ -249,9 +256,8 @@ TEST(sampler, top_p_large_vocab) {
         sampler s;
         sampler_params p = neutral();
         p.top_p = ps[t];
-        CHECK(sampler_init(&s, &p, V, NULL) == 0);
-        memcpy(c, l, sizeof(float) * V);
-        int n = sampler_filter(&s, c, V);
+        int n = filtered(&s, &p, l, c, V);
+        CHECK(n >= 0);
         /* float vs double sums may move the edge by one token whose mass is tiny */
         CHECK_MSG(abs(n - want) <= 1, "top_p %g: kept %d, want %d", (double)ps[t], n, want);
         int m = n < want ? n : want, same = 1;
@@ -319,9 +325,8 @@ TEST(sampler, top_p_exact_large_vocab) {
         sampler_params p = neutral();
         p.temperature = T;
         p.top_p = ps[t];
-        CHECK(sampler_init(&s, &p, V, NULL) == 0);
-        memcpy(c, l, sizeof(float) * V);
-        int n = sampler_filter(&s, c, V);
+        int n = filtered(&s, &p, l, c, V);
+        CHECK(n >= 0);
         CHECK_EQ_INT(n, want);
         int same = n == want;
         for (int i = 0; i < n && same; i++) same = s.cand[i] == order[i];
@@ -356,9 +361,8 @@ TEST(sampler, top_k_large_vocab) {
         sampler s;
         sampler_params p = neutral();
         p.top_k = ks[ki];
-        CHECK(sampler_init(&s, &p, V, NULL) == 0);
-        memcpy(c, l, sizeof(float) * V);
-        int n = sampler_filter(&s, c, V);
+        int n = filtered(&s, &p, l, c, V);
+        CHECK(n >= 0);
         CHECK_EQ_INT(n, ks[ki]);
         int same = 1;
         for (int i = 0; i < n; i++) same &= ks[ki] > 4096 || s.cand[i] == order[i]; /* best first in the heap path */
