@@ -700,8 +700,9 @@ TEST(experts, trace_read_hostile) {
     static const char *bad[][3] = {
         {"# petrel-trace v1 layers=2 experts=10 topk=1 tokens=77777729\n0 0 9\n0 1 2\n", "tokens=77777729", "end at token 0"},
         {"# petrel-trace v1 layers=1 experts=10 topk=1 tokens=3000000\n0 0 9\n2999999 0 1\n", ":3:", "token order"},
-        {"# petrel-trace v1 layers=1 experts=8 topk=3 tokens=1\n0 0 1 2 3\n0 0 5\n", ":3:", "twice"}};
-    for (int i = 0; i < 3; i++) {
+        {"# petrel-trace v1 layers=1 experts=8 topk=3 tokens=1\n0 0 1 2 3\n0 0 5\n", ":3:", "twice"},
+        {"# petrel-trace v1 layers=1 experts=8 topk=3 tokens=5\n# only a comment\n", "tokens=5", "no line follows"}};
+    for (int i = 0; i < 4; i++) {
         f = fopen(path, "w");
         fputs(bad[i][0], f);
         fclose(f);

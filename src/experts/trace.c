@@ -179,7 +179,8 @@ int xs_trace_read(xs_trace *t, const char *path, petrel_error *err) {
         goto fail;
     }
     if (top + 1 != T) {
-        rc = pt_err(err, PETREL_EFORMAT, "trace %s: the header says tokens=%d, the lines end at token %d", path, T, top);
+        rc = top < 0 ? pt_err(err, PETREL_EFORMAT, "trace %s: the header says tokens=%d, and no line follows it", path, T)
+                     : pt_err(err, PETREL_EFORMAT, "trace %s: the header says tokens=%d, the lines end at token %d", path, T, top);
         goto fail;
     }
     free(v);
