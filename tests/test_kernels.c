@@ -263,6 +263,65 @@ static void *pool_thread(void *arg) {
     return NULL;
 }
 
+/* A prompt chunk's activations are prepared by the pool in row ranges when a product is large
+ * (dispatch.c, PREP_SPLIT_MIN values): every row's result bitwise the row run alone (which is
+ * prepared whole on the calling thread), for the R16 kernels (q8, q4), the int8-activation kernel
+ * of plain q4 and the emulated AMX kernel, at row counts that split unevenly. */
+TEST(kernels, prep_split_invisible) {
+    if (kn_threads() < 2) { test_skip("one thread: the preparation is never split"); return; }
+    const char *isas[] = {"auto", "amx-emu"};
+    const int ns[] = {48, 37, 200};
+    int ran = 0;
+    for (int ii = 0; ii < 2; ii++) {
+        kn_table t;
+        if (kn_table_init(&t, isas[ii], 0, 0) < 0) continue;
+        t.amx_min_rows = 1;
+        for (int f = 0; f < 3; f++) {
+            pt_qtype q = f == 0 ? PT_Q8_G32 : PT_Q4_G64;
+            tw w = tw_make(q, 48, 4096, PT_BF16, 0, 0);
+            if (f < 2 && kt_r16_available(&t)) CHECK(kn_r16_repack(&w.v) == 0); /* f == 2: plain q4, int8 activations */
+            for (int k = 0; k < 3; k++) {
+                int n = ns[k];
+                float *xb, *yb, *y1b, *x = xalloc(n, 4096, &xb), *y = yalloc(n, 48, &yb), *y1 = yalloc(1, 48, &y1b);
+                kt_matmul(&t, &w.v, x, n, y);
+                int bad = 0;
+                for (int i = 0; i < n; i++) {
+                    kt_matmul(&t, &w.v, x + (int64_t)i * 4096, 1, y1);
+                    bad += memcmp(y1, y + (int64_t)i * 48, 48 * 4) != 0;
+                }
+                CHECK_MSG(bad == 0, "%s %s (%s) n=%d: %d rows differ from the row alone", isas[ii], pt_qtype_name(q),
+                          w.v.layout == PT_LAYOUT_R16 ? "r16" : "plain", n, bad);
+                ran++;
+                free(xb), free(yb), free(y1b);
+            }
+            tw_free(&w);
+        }
+    }
+    CHECK(ran >= 9);
+    /* a set of experts: many small parts (16 rows each), together over the split threshold */
+    kn_table t;
+    CHECK_EQ_INT(kn_table_init(&t, NULL, 0, 0), 0);
+    enum { NJ = 12, NR = 16 };
+    tw w[NJ];
+    kn_job jobs[NJ];
+    float *xb[NJ], *yb[NJ];
+    for (int j = 0; j < NJ; j++) {
+        w[j] = tw_make(j % 2 ? PT_Q4_G64 : PT_Q8_G32, 32, 2048, PT_BF16, 0, 0);
+        if (kt_r16_available(&t) && j % 3) CHECK(kn_r16_repack(&w[j].v) == 0);
+        jobs[j] = (kn_job){&w[j].v, xalloc(NR, 2048, &xb[j]), NR, yalloc(NR, 32, &yb[j])};
+    }
+    kt_matmul_many(&t, jobs, NJ);
+    int bad = 0;
+    for (int j = 0; j < NJ; j++) {
+        float *y1b, *y1 = yalloc(NR, 32, &y1b);
+        kt_matmul(&t, &w[j].v, jobs[j].x, NR, y1);
+        bad += memcmp(y1, jobs[j].y, sizeof(float) * NR * 32) != 0;
+        free(y1b), free(xb[j]), free(yb[j]);
+        tw_free(&w[j]);
+    }
+    CHECK_MSG(bad == 0, "%d of %d jobs of a set differ from the job alone", bad, NJ);
+}
+
 TEST(kernels, pool) {
     for (int nt = 1; nt <= 4; nt++) {
         pt_pool *p = pool_create(nt);

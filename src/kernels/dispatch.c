@@ -384,6 +384,51 @@ static int64_t part_bytes(const mm_part *p) {
          : p->path == P_ISA ? p->xs * p->n * 4 : 0;
 }
 
+/* Prepared activations of rows [i0, i1) of part p (each row's bytes depend on its own x row only). */
+static void prep_rows(const mm_part *p, int i0, int i1) {
+    const float *x = p->x + (int64_t)i0 * p->W->cols;
+    int n = i1 - i0;
+    if (n <= 0) return;
+    if (p->path == P_R16 || p->path == P_AMX) {
+        uint8_t *xq = (uint8_t *)p->xp + p->xs * i0;
+        if (p->t->isa == ISA_AVX512 && p->t->vnni) kn_r16_prep_avx512(p->W, x, n, xq);
+        else kn_r16_prep(p->W, x, n, xq);
+    } else if (p->path == P_AMXBF) kn_amx_bf16_prep(x, n, p->W->cols, (uint16_t *)((uint8_t *)p->xp + p->xs * i0), p->xs);
+    else if (p->path == P_ACTQ) kn_actq_prep_avx512(p->prep, x, n, p->W->cols, (uint8_t *)p->xp + p->xs * i0);
+    else prep_x(x, n, p->W->cols, p->xs, p->prep, (float *)p->xp + p->xs * i0);
+}
+
+/* Preparing a prompt chunk's activations (512 rows x 6144 columns: 3 M values; 0.3-3 ms a
+ * product on one core) ran on the calling thread while the others waited, and so did the many
+ * small preparations of a set of experts (16 rows each at 512 tokens). When a dispatch prepares
+ * at least PREP_SPLIT_MIN values, the pool prepares them in row ranges of at least
+ * PREP_TASK_MIN values (prep_ctx: task t belongs to part big[b] for t0[b] <= t < t0[b + 1]). */
+#define PREP_SPLIT_MIN (1 << 17)
+#define PREP_TASK_MIN (1 << 14)
+#define KN_PREP_PARTS 64
+typedef struct {
+    mm_part *parts;
+    const int *big;
+    int n_big;
+    int64_t t0[KN_PREP_PARTS + 1];
+    int64_t tasks;
+    int rows[KN_PREP_PARTS];
+} prep_ctx;
+static void prep_task(void *ctx, int task, int thread) {
+    (void)thread;
+    const prep_ctx *c = ctx;
+    int lo = 0, hi = c->n_big - 1; /* the last part with t0 <= task */
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (c->t0[mid] <= task) lo = mid;
+        else hi = mid - 1;
+    }
+    int b = lo;
+    const mm_part *p = &c->parts[c->big[b]];
+    int i0 = (int)(task - c->t0[b]) * c->rows[b], i1 = i0 + c->rows[b] < p->n ? i0 + c->rows[b] : p->n;
+    prep_rows(p, i0, i1);
+}
+
 /* Runs parts (already classified) as one pool dispatch. */
 static void run_parts(mm_part *parts, int np) {
     kn_prof *prof = g_prof && !pool_in_task() ? g_prof : NULL;
@@ -393,6 +438,8 @@ static void run_parts(mm_part *parts, int np) {
     for (int k = 0; k < np; k++) total += (size_t)((part_bytes(&parts[k]) + 63) & ~63);
     uint8_t *buf = total ? (uint8_t *)xp_get((total + 3) / 4) : NULL;
     size_t off = 0;
+    int big[KN_PREP_PARTS], n_big = 0; /* int8-activation parts: prepared together, below */
+    int64_t big_vals = 0;
     for (int k = 0; k < np; k++) {
         mm_part *p = &parts[k];
         if (p->path == P_REF) continue;
@@ -405,17 +452,32 @@ static void run_parts(mm_part *parts, int np) {
         if (shared >= 0) { p->xp = parts[shared].xp; continue; }
         p->xp = buf + off;
         off += (size_t)((part_bytes(p) + 63) & ~63);
-        if (p->path == P_R16 || p->path == P_AMX) {
-            if (p->t->isa == ISA_AVX512 && p->t->vnni) kn_r16_prep_avx512(p->W, p->x, p->n, (uint8_t *)p->xp);
-            else kn_r16_prep(p->W, p->x, p->n, (uint8_t *)p->xp);
+        if ((p->path == P_R16 || p->path == P_AMX || p->path == P_ACTQ) && n_big < (int)(sizeof big / sizeof big[0])) {
+            big[n_big++] = k; /* prepared below, by the pool when the dispatch's preparation is large */
+            big_vals += (int64_t)p->n * p->W->cols;
+            continue;
+        }
+        prep_rows(p, 0, p->n);
+        if (part_rows(p) > p->n) memset((uint8_t *)p->xp + p->xs * p->n, 0, (size_t)(p->xs * (part_rows(p) - p->n)));
+    }
+    if (n_big) { /* rows are prepared independently, so any split gives the same bytes */
+        prep_ctx pc = {parts, big, n_big, {0}, 0, {0}};
+        int split = big_vals >= PREP_SPLIT_MIN && g_threads > 1 && !pool_in_task();
+        for (int b = 0; b < n_big; b++) {
+            const mm_part *p = &parts[big[b]];
+            int64_t per = (p->n + 2 * g_threads - 1) / (2 * g_threads), min_rows = PREP_TASK_MIN / p->W->cols + 1;
+            pc.rows[b] = !split ? p->n : (int)(per > min_rows ? per : min_rows);
+            pc.t0[b] = pc.tasks;
+            pc.tasks += (p->n + pc.rows[b] - 1) / pc.rows[b];
+        }
+        pc.t0[n_big] = pc.tasks;
+        if (split) pool_run(g_pool, (int)pc.tasks, prep_task, &pc);
+        else
+            for (int64_t task = 0; task < pc.tasks; task++) prep_task(&pc, (int)task, 0);
+        for (int b = 0; b < n_big; b++) {
+            mm_part *p = &parts[big[b]];
             if (part_rows(p) > p->n) memset((uint8_t *)p->xp + p->xs * p->n, 0, (size_t)(p->xs * (part_rows(p) - p->n)));
         }
-        else if (p->path == P_AMXBF) {
-            kn_amx_bf16_prep(p->x, p->n, p->W->cols, (uint16_t *)p->xp, p->xs);
-            memset((uint8_t *)p->xp + p->xs * p->n, 0, (size_t)(p->xs * (part_rows(p) - p->n)));
-        }
-        else if (p->path == P_ACTQ) kn_actq_prep_avx512(p->prep, p->x, p->n, p->W->cols, (uint8_t *)p->xp);
-        else prep_x(p->x, p->n, p->W->cols, p->xs, p->prep, (float *)p->xp);
     }
     /* Tasks: about 4 per thread over all parts (dynamic balance against OS noise), at most ~2 MB
      * of weights each, whole 16-row units (a 64-byte line of y), at least ~64 KB of weights each
