@@ -402,14 +402,14 @@ static void prep_rows(const mm_part *p, int i0, int i1) {
  * product on one core) ran on the calling thread while the others waited, and so did the many
  * small preparations of a set of experts (16 rows each at 512 tokens). When a dispatch prepares
  * at least PREP_SPLIT_MIN values, the pool prepares them in row ranges of at least
- * PREP_TASK_MIN values (prep_ctx: task t belongs to part big[b] for t0[b] <= t < t0[b + 1]). */
+ * PREP_TASK_MIN values (prep_ctx: task t belongs to part pend[b] for t0[b] <= t < t0[b + 1]). */
 #define PREP_SPLIT_MIN (1 << 17)
 #define PREP_TASK_MIN (1 << 14)
 #define KN_PREP_PARTS 64
 typedef struct {
     mm_part *parts;
-    const int *big;
-    int n_big;
+    const int *pend;
+    int n_pend;
     int64_t t0[KN_PREP_PARTS + 1];
     int64_t tasks;
     int rows[KN_PREP_PARTS];
@@ -417,14 +417,14 @@ typedef struct {
 static void prep_task(void *ctx, int task, int thread) {
     (void)thread;
     const prep_ctx *c = ctx;
-    int lo = 0, hi = c->n_big - 1; /* the last part with t0 <= task */
+    int lo = 0, hi = c->n_pend - 1; /* the last part with t0 <= task */
     while (lo < hi) {
         int mid = (lo + hi + 1) / 2;
         if (c->t0[mid] <= task) lo = mid;
         else hi = mid - 1;
     }
     int b = lo;
-    const mm_part *p = &c->parts[c->big[b]];
+    const mm_part *p = &c->parts[c->pend[b]];
     int i0 = (int)(task - c->t0[b]) * c->rows[b], i1 = i0 + c->rows[b] < p->n ? i0 + c->rows[b] : p->n;
     prep_rows(p, i0, i1);
 }
@@ -438,8 +438,8 @@ static void run_parts(mm_part *parts, int np) {
     for (int k = 0; k < np; k++) total += (size_t)((part_bytes(&parts[k]) + 63) & ~63);
     uint8_t *buf = total ? (uint8_t *)xp_get((total + 3) / 4) : NULL;
     size_t off = 0;
-    int big[KN_PREP_PARTS], n_big = 0; /* int8-activation parts: prepared together, below */
-    int64_t big_vals = 0;
+    int pend[KN_PREP_PARTS], n_pend = 0; /* int8-activation parts: prepared together, below */
+    int64_t pend_vals = 0;
     for (int k = 0; k < np; k++) {
         mm_part *p = &parts[k];
         if (p->path == P_REF) continue;
@@ -452,30 +452,30 @@ static void run_parts(mm_part *parts, int np) {
         if (shared >= 0) { p->xp = parts[shared].xp; continue; }
         p->xp = buf + off;
         off += (size_t)((part_bytes(p) + 63) & ~63);
-        if ((p->path == P_R16 || p->path == P_AMX || p->path == P_ACTQ) && n_big < (int)(sizeof big / sizeof big[0])) {
-            big[n_big++] = k; /* prepared below, by the pool when the dispatch's preparation is large */
-            big_vals += (int64_t)p->n * p->W->cols;
+        if ((p->path == P_R16 || p->path == P_AMX || p->path == P_ACTQ) && n_pend < (int)(sizeof pend / sizeof pend[0])) {
+            pend[n_pend++] = k; /* prepared below, by the pool when the dispatch's preparation is large */
+            pend_vals += (int64_t)p->n * p->W->cols;
             continue;
         }
         prep_rows(p, 0, p->n);
         if (part_rows(p) > p->n) memset((uint8_t *)p->xp + p->xs * p->n, 0, (size_t)(p->xs * (part_rows(p) - p->n)));
     }
-    if (n_big) { /* rows are prepared independently, so any split gives the same bytes */
-        prep_ctx pc = {parts, big, n_big, {0}, 0, {0}};
-        int split = big_vals >= PREP_SPLIT_MIN && g_threads > 1 && !pool_in_task();
-        for (int b = 0; b < n_big; b++) {
-            const mm_part *p = &parts[big[b]];
+    if (n_pend) { /* rows are prepared independently, so any split gives the same bytes */
+        prep_ctx pc = {parts, pend, n_pend, {0}, 0, {0}};
+        int split = pend_vals >= PREP_SPLIT_MIN && g_threads > 1 && !pool_in_task();
+        for (int b = 0; b < n_pend; b++) {
+            const mm_part *p = &parts[pend[b]];
             int64_t per = (p->n + 2 * g_threads - 1) / (2 * g_threads), min_rows = PREP_TASK_MIN / p->W->cols + 1;
             pc.rows[b] = !split ? p->n : (int)(per > min_rows ? per : min_rows);
             pc.t0[b] = pc.tasks;
             pc.tasks += (p->n + pc.rows[b] - 1) / pc.rows[b];
         }
-        pc.t0[n_big] = pc.tasks;
+        pc.t0[n_pend] = pc.tasks;
         if (split) pool_run(g_pool, (int)pc.tasks, prep_task, &pc);
         else
             for (int64_t task = 0; task < pc.tasks; task++) prep_task(&pc, (int)task, 0);
-        for (int b = 0; b < n_big; b++) {
-            mm_part *p = &parts[big[b]];
+        for (int b = 0; b < n_pend; b++) {
+            mm_part *p = &parts[pend[b]];
             if (part_rows(p) > p->n) memset((uint8_t *)p->xp + p->xs * p->n, 0, (size_t)(p->xs * (part_rows(p) - p->n)));
         }
     }
