@@ -57,7 +57,8 @@ static const char *usage =
     "  --profile        on the CPU: the timed decode steps by product (each kind of matrix product's\n"
     "                   ms, MB and GB/s per step against the memory probe of the same steps, and the\n"
     "                   attention core), the rest of each part, and the thread pool's dispatches and\n"
-    "                   end-of-job waits; with --batch, the batched steps the same way;\n"
+    "                   end-of-job waits; the last prefill run the same way (its products' ms);\n"
+    "                   with --batch, the batched steps too;\n"
     "                   with --device cuda: the GPU kernels' time by part over the prefill runs and\n"
     "                   the timed decode steps (events between the parts: a little slower)\n"
     "  --prefix-cache   after prefill, time a new session of the same prompt through the prefix\n"
@@ -719,13 +720,25 @@ CLI_CMD(bench) {
     fwd_stats pre_st[100], pst;
     memset(&pst, 0, sizeof pst);
     if (profile && eng->cu) cu_model_profile(eng->cu, 1);
+    static kn_prof pprof; /* --profile on the CPU: the last prefill run's products */
+    unsigned long long pp_jobs0 = 0, pp_tail0 = 0, pp_jobs1 = 0, pp_tail1 = 0;
     for (long r = 0; r < prefill_runs && !rc; r++) {
         if (r && petrel_session_truncate(s, 0, &err)) { rc = cli_fail_err("bench", &err); break; }
         memset(&s->stats, 0, sizeof s->stats);
+        int prof_run = profile && !eng->cu && r == prefill_runs - 1;
+        if (prof_run) {
+            memset(&pprof, 0, sizeof pprof);
+            pool_stats(kn_pool(), &pp_jobs0, &pp_tail0);
+            kn_set_profile(&pprof);
+        }
         uint64_t t0 = pt_now_ns();
         if (petrel_session_forward(s, ids, (int)prompt, lg, 0, &err)) rc = cli_fail_err("bench", &err);
         pre_s[r] = (double)(pt_now_ns() - t0) / 1e9;
         pre_st[r] = s->stats;
+        if (prof_run) {
+            kn_set_profile(NULL);
+            pool_stats(kn_pool(), &pp_jobs1, &pp_tail1);
+        }
     }
     if (profile && eng->cu && !rc) {
         char rep[2048];
@@ -998,6 +1011,14 @@ CLI_CMD(bench) {
         if (eng->cu) printf("(on the GPU a forward is one stream: all of it counts as \"other\" here; --profile splits it by part)\n");
         double dns[FS_COUNT];
         for (int p = 0; p < FS_COUNT; p++) dns[p] = (double)s->stats.ns[p];
+        if (profile && !eng->cu && prefill_runs > 0 && prompt > 0) { /* the last prefill run (profiled: a little slower) */
+            double pns[FS_COUNT];
+            const fwd_stats *lst = &pre_st[prefill_runs - 1];
+            for (int p = 0; p < FS_COUNT; p++) pns[p] = (double)lst->ns[p];
+            printf("(the prefill below: its last run, %.3f s; GB/s are weight bytes over the product's time, not a bound here)\n", pre_s[prefill_runs - 1]);
+            print_cpu_profile(eng, &pprof, "prefill run", pns, 1, bw, 0, (double)(pp_jobs1 - pp_jobs0), (double)(pp_tail1 - pp_tail0),
+                              pre_s[prefill_runs - 1] * 1e3);
+        }
         if (profile && !eng->cu)
             print_cpu_profile(eng, &kprof, "decode step", dns, steps, bw, kv_step, (double)(pool_jobs1 - pool_jobs0), (double)(pool_tail1 - pool_tail0), dms);
         if (profile && !eng->cu && batch > 0) {

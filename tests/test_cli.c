@@ -93,6 +93,16 @@ TEST(cli, bench_profile) {
     CHECK_EQ_INT(test_sh(cmd, out, sizeof out, err, sizeof err), 0);
     CHECK_MSG(strstr(out, "decode step by product") && strstr(out, "thread pool:") && strstr(out, "q_b_proj") && strstr(out, "o_proj"),
               "%s", out);
+    /* the prefill run by product too, before the decode step's table, with the prompt's rows */
+    const char *pf = strstr(out, "prefill run by product"), *ds = strstr(out, "decode step by product");
+    CHECK_MSG(pf && ds && pf < ds, "%s", out);
+    if (pf && ds) {
+        const char *q = strstr(pf, "\nq_b_proj ");
+        CHECK_MSG(q && q < ds, "no q_b_proj row in the prefill table: %s", out);
+        char name[32], shape[32], fmt[16];
+        int rows = 0;
+        if (q && sscanf(q + 1, "%31s %31s %15s %d", name, shape, fmt, &rows) == 4) CHECK_EQ_INT(rows, 6);
+    }
     const char *h = strstr(out, "\nlm_head ");
     CHECK_MSG(h != NULL, "no lm_head row: %s", out);
     if (h) { /* product shape format rows jobs calls MB: one call per token */
