@@ -398,6 +398,11 @@ static void prep_rows(const mm_part *p, int i0, int i1) {
     else prep_x(x, n, p->W->cols, p->xs, p->prep, (float *)p->xp + p->xs * i0);
 }
 
+/* The AMX paths read whole 16-row tiles: the prepared rows past n are zeros. */
+static void zero_pad_rows(const mm_part *p) {
+    if (part_rows(p) > p->n) memset((uint8_t *)p->xp + p->xs * p->n, 0, (size_t)(p->xs * (part_rows(p) - p->n)));
+}
+
 /* Preparing a prompt chunk's activations (512 rows x 6144 columns: 3 M values; 0.3-3 ms a
  * product on one core) ran on the calling thread while the others waited, and so did the many
  * small preparations of a set of experts (16 rows each at 512 tokens). When a dispatch prepares
@@ -458,27 +463,23 @@ static void run_parts(mm_part *parts, int np) {
             continue;
         }
         prep_rows(p, 0, p->n);
-        if (part_rows(p) > p->n) memset((uint8_t *)p->xp + p->xs * p->n, 0, (size_t)(p->xs * (part_rows(p) - p->n)));
+        zero_pad_rows(p);
     }
-    if (n_pend) { /* rows are prepared independently, so any split gives the same bytes */
+    if (pend_vals >= PREP_SPLIT_MIN && g_threads > 1 && !pool_in_task()) {
+        /* rows are prepared independently, so any split gives the same bytes */
         prep_ctx pc = {parts, pend, n_pend, {0}, 0, {0}};
-        int split = pend_vals >= PREP_SPLIT_MIN && g_threads > 1 && !pool_in_task();
         for (int b = 0; b < n_pend; b++) {
             const mm_part *p = &parts[pend[b]];
             int64_t per = (p->n + 2 * g_threads - 1) / (2 * g_threads), min_rows = PREP_TASK_MIN / p->W->cols + 1;
-            pc.rows[b] = !split ? p->n : (int)(per > min_rows ? per : min_rows);
+            pc.rows[b] = (int)(per > min_rows ? per : min_rows);
             pc.t0[b] = pc.tasks;
             pc.tasks += (p->n + pc.rows[b] - 1) / pc.rows[b];
         }
         pc.t0[n_pend] = pc.tasks;
-        if (split) pool_run(g_pool, (int)pc.tasks, prep_task, &pc);
-        else
-            for (int64_t task = 0; task < pc.tasks; task++) prep_task(&pc, (int)task, 0);
-        for (int b = 0; b < n_pend; b++) {
-            mm_part *p = &parts[pend[b]];
-            if (part_rows(p) > p->n) memset((uint8_t *)p->xp + p->xs * p->n, 0, (size_t)(p->xs * (part_rows(p) - p->n)));
-        }
-    }
+        pool_run(g_pool, (int)pc.tasks, prep_task, &pc);
+    } else
+        for (int b = 0; b < n_pend; b++) prep_rows(&parts[pend[b]], 0, parts[pend[b]].n);
+    for (int b = 0; b < n_pend; b++) zero_pad_rows(&parts[pend[b]]);
     /* Tasks: about 4 per thread over all parts (dynamic balance against OS noise), at most ~2 MB
      * of weights each, whole 16-row units (a 64-byte line of y), at least ~64 KB of weights each
      * so tiny matmuls do not pay for the fan-out. */
