@@ -7,7 +7,7 @@ O=${1:-build-kbench}
 mkdir -p "$O"
 CF="-std=c11 -O2 -g -Wall -Wextra -D_GNU_SOURCE -fno-strict-aliasing -Iinclude -Isrc -pthread"
 A512="-mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx512bf16"
-for f in src/base/pool.c src/base/err.c src/kernels/dispatch.c src/kernels/ref.c src/kernels/r16.c src/quant/qtypes.c src/quant/quant.c; do
+for f in src/base/pool.c src/base/err.c src/base/mem.c src/kernels/dispatch.c src/kernels/ref.c src/kernels/r16.c src/quant/qtypes.c src/quant/quant.c; do
   ${CC:-gcc} $CF -c $f -o "$O/$(basename $f .c).o"
 done
 for f in src/kernels/*_avx2.c; do ${CC:-gcc} $CF -mavx2 -mfma -mf16c -c $f -o "$O/$(basename $f .c).o"; done

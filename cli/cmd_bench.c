@@ -14,11 +14,11 @@
 #include <unistd.h>
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 
 #include "cuda/cu.h"
 #include "base/err.h"
+#include "base/mem.h"
 #include "base/pool.h"
 #include "cli.h"
 #include "experts/xs.h"
@@ -159,12 +159,8 @@ static int cmp_double(const void *a, const void *b) {
 
 static uint64_t *bw_buffer(size_t bytes) {
     size_t n = bytes / 8;
-    void *buf = NULL;
-    if (posix_memalign(&buf, 2u << 20, (n * 8 + (2u << 20) - 1) / (2u << 20) * (2u << 20))) return NULL;
-#ifdef MADV_HUGEPAGE
-    madvise(buf, n * 8, MADV_HUGEPAGE);
-#endif
-    uint64_t *b = buf;
+    uint64_t *b = pt_alloc_big(n * 8, 64);
+    if (!b) return NULL;
     for (size_t i = 0; i < n; i++) b[i] = i * 2654435761u;
     return b;
 }

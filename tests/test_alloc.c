@@ -3,9 +3,13 @@
  * __libc_*), counting calls from any thread while a window is open; decode steps and batched
  * steps of several sessions run inside the window after a warm-up. Under the sanitizers (which
  * own malloc) the test is skipped and says so. */
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "base/mem.h"
 #include "io/convert.h"
 #include "model/engine.h"
 #include "test.h"
@@ -122,4 +126,58 @@ TEST(alloc, token_loop_q4_streamed) {
 #else
     test_skip("the sanitizers own malloc: allocations cannot be counted");
 #endif
+}
+
+/* Whether the mapping holding p carries the huge-page advice (VmFlags "hg" in /proc/self/smaps):
+ * 1 yes, 0 no, -1 unknown (no smaps). */
+static int advised_huge(const void *p) {
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f) return -1;
+    char line[512];
+    int in = 0, found = 0;
+    uintptr_t a = (uintptr_t)p;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2) {
+            in = a >= lo && a < hi;
+            continue;
+        }
+        if (in && !strncmp(line, "VmFlags:", 8)) {
+            found = strstr(line, " hg") != NULL;
+            break;
+        }
+    }
+    fclose(f);
+    return found;
+}
+
+/* Big buffers (src/base/mem.h): 2 MiB-aligned and advised into huge pages from 2 MiB up, the
+ * asked alignment below; no buffer for 0 bytes or an impossible size; and a session's scratch comes from there (a batch's the same way) (their first touch faulted page by page in 4 KiB pages). */
+TEST(alloc, big_buffers_in_huge_pages) {
+    uint8_t *big = pt_alloc_big(PT_HUGE_PAGE * 3 + 100, 64), *small = pt_alloc_big(5000, 4096);
+    CHECK(big != NULL && small != NULL);
+    CHECK_EQ_INT((int)((uintptr_t)big % PT_HUGE_PAGE), 0);
+    CHECK_EQ_INT((int)((uintptr_t)small % 4096), 0);
+    memset(big, 1, PT_HUGE_PAGE * 3 + 100); /* all of it is ours */
+    memset(small, 1, 5000);
+    CHECK(pt_alloc_big(0, 64) == NULL);
+#if ALLOC_COUNTING /* the sanitizers' allocator aborts on an impossible size instead */
+    CHECK(pt_alloc_big(SIZE_MAX / 2, 64) == NULL);
+#endif
+    int thp = access("/sys/kernel/mm/transparent_hugepage/enabled", F_OK) == 0;
+    if (thp && advised_huge(big) >= 0) {
+        CHECK_EQ_INT(advised_huge(big), 1);
+        petrel_engine *e = NULL;
+        petrel_error err = {0};
+        CHECK(petrel_engine_open(test_data("trained"), NULL, &e, &err) == 0);
+        petrel_session *s = NULL;
+        CHECK(petrel_session_create(e, 1024, &s, &err) == 0);
+        CHECK(s->ar.cap >= PT_HUGE_PAGE); /* else the check says nothing */
+        CHECK_EQ_INT(advised_huge(s->ar.base), 1);
+        petrel_session_free(s);
+        petrel_engine_close(e);
+    }
+    free(big);
+    free(small);
+    if (!thp) test_skip("no transparent huge pages in this kernel: alignment checked, the advice not");
 }

@@ -13,13 +13,13 @@
  * still loading from a prefetch); prefetch_used counts prefetched experts later acquired. */
 #include <errno.h>
 #include <pthread.h>
-#include <sys/mman.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/clock.h"
 #include "base/err.h"
+#include "base/mem.h"
 #include "base/outfile.h"
 #include "experts/xs_io.h"
 
@@ -127,19 +127,17 @@ int xs_store_create(const xs_source *src, const xs_plan *plan, const xs_store_op
     int rc = 0;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
-    void *mem = NULL;
-    if (posix_memalign(&mem, XS_ALIGN, LS * s->slot_bytes)) {
+    void *mem = pt_alloc_big(LS * s->slot_bytes, XS_ALIGN);
+    if (!mem) {
         free(s);
         return pt_err(err, PETREL_ENOMEM, "expert store: cannot allocate %zu slots of %llu bytes", LS,
                       (unsigned long long)plan->slot_bytes);
     }
     s->mem = mem;
-    /* Fault the slots in now (huge pages where the kernel gives them): an O_DIRECT read into
-     * never-touched memory makes the kernel fault and pin page by page inside the read, which
-     * measured ~5x slower than into touched memory (a prefill's first pass over a large bank). */
-#ifdef MADV_HUGEPAGE
-    madvise(mem, LS * s->slot_bytes, MADV_HUGEPAGE);
-#endif
+    /* Fault the slots in now (in huge pages where the kernel gives them: pt_alloc_big): an
+     * O_DIRECT read into never-touched memory makes the kernel fault and pin page by page inside
+     * the read, which measured ~5x slower than into touched memory (a prefill's first pass over
+     * a large bank). */
     for (size_t o = 0; o < LS * s->slot_bytes; o += 4096) ((volatile uint8_t *)mem)[o] = 0;
     s->slots = calloc(LS, sizeof *s->slots);
     s->map = malloc(LE * sizeof *s->map);

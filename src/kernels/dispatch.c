@@ -24,12 +24,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/mem.h"
 #include "base/pool.h"
 #include "kernels/kernels.h"
 #include "kernels/kn_internal.h"
 
 #include <cpuid.h>
-#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -291,9 +291,7 @@ static float *xp_get(size_t floats) {
         /* large buffers (prefill) on 2 MB pages where the OS allows: the AMX kernel's tile loads
          * read 16 rows of one activation tile at a stride of a whole row (kilobytes), 16 pages a
          * load with 4 KB pages */
-        size_t bytes = (cap * sizeof(float) + 63) & ~(size_t)63, al = bytes >= ((size_t)4 << 20) ? (size_t)2 << 20 : 64;
-        xp_buf = aligned_alloc(al, (bytes + al - 1) & ~(al - 1));
-        if (xp_buf && al > 64) madvise(xp_buf, (bytes + al - 1) & ~(al - 1), MADV_HUGEPAGE);
+        xp_buf = pt_alloc_big((cap * sizeof(float) + 63) & ~(size_t)63, 64);
         xp_cap = xp_buf ? cap : 0;
         pthread_setspecific(xp_key, xp_buf);
     }

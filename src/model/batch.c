@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "base/err.h"
+#include "base/mem.h"
 #include "model/engine.h"
 #include "model/scratch.h"
 
@@ -40,7 +41,7 @@ int petrel_batch_create(petrel_engine *eng, int max_rows, petrel_batch **out, pe
     b->scr.max_batch = max_rows;
     /* the rows' state and the phases above it (scratch.h; attention runs in the sessions' arenas) */
     b->scr.ar.cap = plan_batch_arena(c, max_rows);
-    b->scr.ar.base = malloc(b->scr.ar.cap);
+    b->scr.ar.base = pt_alloc_big(b->scr.ar.cap, 64);
     b->seg = malloc(sizeof(fwd_seg) * (size_t)max_rows);
     b->ids = malloc(sizeof(int32_t) * (size_t)max_rows);
     b->lrows = malloc(sizeof(int32_t) * (size_t)max_rows);

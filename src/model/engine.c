@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "base/err.h"
+#include "base/mem.h"
 #include "cuda/cu.h"
 #include "io/colibri.h"
 #include "io/pack.h"
@@ -401,14 +402,14 @@ int petrel_session_create(petrel_engine *e, int max_tokens, petrel_session **out
     int ok = 1;
     if (ok) {
         s->ar.cap = plan_session_arena(c, s->max_batch, max_tokens);
-        ok = (s->ar.base = malloc(s->ar.cap)) != NULL;
+        ok = (s->ar.base = pt_alloc_big(s->ar.cap, 64)) != NULL;
     }
     int M = (max_tokens < e->pf_rows ? max_tokens : e->pf_rows) / s->max_batch * s->max_batch; /* whole chunks */
     if (ok && M > s->max_batch) {
         int kst = c->index_topk < max_tokens ? c->index_topk : max_tokens;
         s->pf.rows = M;
         s->pf.sel_stride = kst;
-        ok = (s->pf.block = malloc(pf_carve(NULL, c, M, kst, NULL))) != NULL; /* laid out by pf_carve at each span */
+        ok = (s->pf.block = pt_alloc_big(pf_carve(NULL, c, M, kst, NULL), 64)) != NULL; /* laid out by pf_carve at each span */
     }
     s->lora = e->lora_default;
     s->kv->salt = s->lora.id;

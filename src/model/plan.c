@@ -23,6 +23,7 @@
 
 #include "base/clock.h"
 #include "base/err.h"
+#include "base/mem.h"
 #include "base/outfile.h"
 #include "experts/xs.h"
 #include "io/pack.h"
@@ -166,16 +167,12 @@ static int cmp_double(const void *a, const void *b) {
 }
 static double measure_mem(int threads, int mib) {
     size_t bytes = (size_t)mib << 20, n = bytes / 8;
-    void *buf = NULL;
-    if (posix_memalign(&buf, 2u << 20, bytes)) return 0;
-#ifdef MADV_HUGEPAGE
-    madvise(buf, bytes, MADV_HUGEPAGE);
-#endif
-    uint64_t *b = buf;
+    uint64_t *b = pt_alloc_big(bytes, 64);
+    if (!b) return 0;
     for (size_t i = 0; i < n; i++) b[i] = i * 2654435761u;
     double r[7];
     for (int k = 0; k < 7; k++) r[k] = plan_bw_pass(b, n, threads, !(k & 1));
-    free(buf);
+    free(b);
     qsort(r, 7, sizeof r[0], cmp_double);
     return r[5]; /* the second best of 7: the bench's floor takes the median over steps of each step's best of 3 passes */
 }
