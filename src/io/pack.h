@@ -131,6 +131,19 @@ typedef struct pack {
  * Call before binding weights. */
 int pack_load_resident(pack *p, int experts, int embed_on_disk, uint64_t *copied_bytes, void (*progress)(uint64_t done, uint64_t total, void *ud),
                        void *ud, petrel_error *err);
+/* Byte ranges [a, b) of the file, for pack_read_ranges. */
+typedef struct pack_range {
+    uint64_t a, b;
+} pack_range;
+/* Reads the file's bytes of the ranges rg[0..n) into dst at their file offsets (dst mirrors the
+ * file: page-aligned, at least the file's size rounded up to 4 KiB). Ranges are widened to whole
+ * pages and merged where they touch (rg is reordered and rewritten), so dst gets some bytes of
+ * the neighbours too, each in its own place. direct: O_DIRECT reads where the file system takes
+ * them (no page-cache copy; falls back to buffered reads when it does not), else buffered.
+ * progress (may be NULL) gets (done, total) bytes of the merged ranges. pack_load_resident reads
+ * the resident tensors this way, direct. */
+int pack_read_ranges(const pack *p, uint8_t *dst, pack_range *rg, int n, int direct, void (*progress)(uint64_t done, uint64_t total, void *ud),
+                     void *ud, petrel_error *err);
 /* Drops this process's pages of the tensor kept on disk (no-op without one): its rows were read
  * through the map; the kernel keeps them in the page cache, not in our resident set. */
 void pack_release_on_disk(const pack *p);
