@@ -16,6 +16,7 @@
  *     acc = fmaf((float)I_g, s_g * d_g, acc)      for g ascending, acc starting at 0,
  * with s_g the row's weight scale. |I_g| < 2^24, so the convert is exact; per row the order
  * is fixed, so results do not depend on n, batching or threads. */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -39,24 +40,28 @@ int kn_r16_repack(pt_wview *W) {
     uint8_t *tmp = malloc((size_t)blk + (size_t)(16 * ng) * es);
     if (!tmp) return -1;
     uint8_t *data = (uint8_t *)W->data, *sc = (uint8_t *)W->scale, *tsc = tmp + blk;
+    const int q8 = W->qtype == PT_Q8_G32;
     for (int64_t b = 0; b < W->rows / 16; b++) {
         uint8_t *d = data + b * blk, *s = sc + (size_t)(b * 16 * ng) * es;
         memcpy(tmp, d, (size_t)blk);
         memcpy(tsc, s, (size_t)(16 * ng) * es);
+        /* group g, step k, row i: the 4 bytes d[g * 512 + k * 64 + i * 4 + t], t = 0..3, come
+         * from one 4-byte word of row i (q8: columns 32g + 4k + t, each w + 128; q4: the word at
+         * byte 32g + 4k holds columns 64g + 8k .. +7, two per byte, the even one low, and byte t
+         * pairs column 64g + 8k + t (low nibble) with column 64g + 8k + t + 4 (high nibble)) */
         for (int64_t g = 0; g < ng; g++)
             for (int k = 0; k < 8; k++)
-                for (int i = 0; i < 16; i++)
-                    for (int t = 0; t < 4; t++) {
-                        const uint8_t *row = tmp + i * rb;
-                        uint8_t v;
-                        if (W->qtype == PT_Q8_G32) v = (uint8_t)(row[32 * g + 4 * k + t] ^ 0x80); /* w + 128 */
-                        else {
-                            int64_t c0 = 64 * g + 8 * k + t, c1 = c0 + 4; /* plain: even column low */
-                            uint8_t n0 = (row[c0 >> 1] >> ((c0 & 1) * 4)) & 15, n1 = (row[c1 >> 1] >> ((c1 & 1) * 4)) & 15;
-                            v = (uint8_t)(n0 | n1 << 4);
-                        }
-                        d[g * 512 + k * 64 + i * 4 + t] = v;
+                for (int i = 0; i < 16; i++) {
+                    uint32_t w, o;
+                    memcpy(&w, tmp + i * rb + 32 * g + 4 * k, 4);
+                    if (q8) o = w ^ 0x80808080u;
+                    else {
+                        uint32_t b0 = w & 0xFF, b1 = (w >> 8) & 0xFF, b2 = (w >> 16) & 0xFF, b3 = w >> 24;
+                        o = ((b0 & 15) | (b2 & 15) << 4) | ((b0 >> 4) | (b2 & 0xF0)) << 8 | ((b1 & 15) | (b3 & 15) << 4) << 16 |
+                            (uint32_t)((b1 >> 4) | (b3 & 0xF0)) << 24;
                     }
+                    memcpy(d + g * 512 + k * 64 + i * 4, &o, 4);
+                }
         for (int64_t g = 0; g < ng; g++)
             for (int i = 0; i < 16; i++) memcpy(s + (size_t)(g * 16 + i) * es, tsc + (size_t)(i * ng + g) * es, es);
     }
