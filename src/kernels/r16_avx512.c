@@ -136,10 +136,14 @@ AI void block2(const int Q4, const int B, const int PFL, const pt_wview *W, int6
     const int HI = Q4 && B == 1;
     for (int64_t gi = 0; gi < ng; gi++) {
         const uint8_t *w0 = blk0 + gi * 512, *w1 = blk1 + gi * 512;
-        PF(PFL, w0, pf);
-        PF(PFL, w1, pf);
-        pf_scales(PFL, W, (b * ng + gi) * 16, pf);
-        pf_scales(PFL, W, ((b + 1) * ng + gi) * 16, pf);
+        /* each stream's prefetch runs on into its own block of the next pair (b + 2, b + 3),
+         * over the other stream's block: straight on, the first stream's ran into the second's
+         * block (read already) and the next pair's second block started unprefetched */
+        const int64_t pfa = gi * 512 + pf >= ng * 512 ? pf + ng * 512 : pf;
+        PF(PFL, w0, pfa);
+        PF(PFL, w1, pfa);
+        pf_scales(PFL, W, (b * ng + gi) * 16, pfa);
+        pf_scales(PFL, W, ((b + 1) * ng + gi) * 16, pfa);
         __m512 s0 = r16_scales16(W, (b * ng + gi) * 16), s1 = r16_scales16(W, ((b + 1) * ng + gi) * 16);
 #pragma GCC unroll 2
         for (int h = 0; h < B; h += 4) {
