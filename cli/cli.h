@@ -27,11 +27,12 @@ int cli_opt_count(const char *cmd, const char *flag, const char *v, long lo, lon
 int cli_opt_size(const char *cmd, const char *flag, const char *v, uint64_t lo, uint64_t hi, uint64_t *out);
 /* --draft VALUE: "auto" (-1, SPEC_AUTO) or 0..16; -1 with the one line printed. */
 int cli_opt_draft(const char *cmd, const char *v, int *out);
+/* --stats, then --draft last: a command's own line about its default follows it */
 #define CLI_DRAFT_HELP                                                                             \
-    "  --draft K|auto       speculative decoding with the model's MTP head: K drafts per step\n"   \
-    "                       (1..16), 0 = off, auto = a cost model picks K per step (0 included)\n"\
     "  --stats              print one JSON line on stderr at the end: tokens, forwards,\n"         \
-    "                       tokens_per_forward, acceptance_by_position, steps and ms by K\n"
+    "                       tokens_per_forward, acceptance_by_position, steps and ms by K\n"       \
+    "  --draft K|auto       speculative decoding with the model's MTP head: K drafts per step\n"   \
+    "                       (1..16), 0 = off, auto = a cost model picks K per step (0 included)\n"
 /* Short forms without the message: 0 or -1. cli_parse_size allows 0..CLI_SIZE_MAX. */
 int cli_parse_size(const char *s, uint64_t *out);
 int cli_parse_int(const char *s, long lo, long hi, long *out);
