@@ -27,8 +27,9 @@ static const char *usage =
     "usage: petrel plan --model M [--mem-budget SIZE] [--ctx N] [--measure] [--json]\n"
     "Prints the memory plan for the budget without loading the weights (resident weights by\n"
     "class, KV for the context, scratch, expert slots per layer), the expected hit rate of the\n"
-    "slots, the expected disk bytes per token and the predicted decode and prefill speed on this\n"
-    "machine; suggests how to split the budget; refuses a budget that cannot work, naming the\n"
+    "slots, the expected disk bytes per token, the predicted decode and prefill speed on this\n"
+    "machine and how long opening the model takes (a pack: its resident bytes at the SSD's rate);\n"
+    "suggests how to split the budget; refuses a budget that cannot work, naming the\n"
     "minimum.\n"
     "  --model DIR|FILE     petrel pack, Hugging Face folder or colibri folder (experts stream\n"
     "                       only from a pack: for the others the plan uses their own formats)\n"
@@ -354,6 +355,8 @@ CLI_CMD(plan) {
             cJSON_AddNumberToObject(j, "decode_attn_ms", pr.decode_attn_ms);
             cJSON_AddNumberToObject(j, "decode_disk_ms", pr.decode_io_ms);
             cJSON_AddNumberToObject(j, "prefill_tok_s", pr.prefill_tok_s);
+            if (pr.open_s > 0) cJSON_AddNumberToObject(j, "open_s", pr.open_s);
+            else cJSON_AddNullToObject(j, "open_s");
             cJSON_AddNumberToObject(j, "prompt", prompt);
         } else cJSON_AddNullToObject(j, "machine");
         cJSON_AddNumberToObject(j, "int4_rest_saving_bytes", (double)save);
@@ -428,6 +431,9 @@ CLI_CMD(plan) {
         if (pr.prefill_tok_s > 0)
             printf("prefill     %.1f tok/s predicted (a %ld-token prompt: compute %.2f s%s)\n", pr.prefill_tok_s, prompt, pr.prefill_compute_s,
                    p->streaming ? ", expert reads overlapped with the MoE phase" : "");
+        if (pr.open_s > 0)
+            printf("open        ~%.1f s predicted (%.2f GB of resident weights read at the SSD's %.2f GB/s; zeroing the pages they go to adds "
+                   "a little)\n", pr.open_s, (double)p->resident_bytes / 1e9, m.ssd_gbs);
     }
     printf("\nsuggestions\n");
     if (min_budget) printf("  minimum budget at a %d-token context: %.2f GiB (one expert slot per layer)\n", p->ctx, gib((double)min_budget));

@@ -3,6 +3,7 @@
  * (text and slots); plan_min_budget is the boundary (it plans, 1 MiB less does not); the usage
  * history estimate, the machine cache and the prediction follow their definitions; the CLI
  * refuses a budget below the minimum naming it, and bad flags, with one line. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -200,6 +201,8 @@ TEST(plan, predict_follows_the_model) {
     CHECK_NEAR(a.decode_attn_ms, flop / 50e9 * 1e3, 1e-12);
     CHECK_NEAR(a.kv_read_bytes, 4.0 * c->num_hidden_layers * sel * (c->kv_lora_rank + c->qk_rope_head_dim) + 4.0 * nfull * 64 * c->index_head_dim, 1e-6);
     CHECK(a.misses_tok == 0 && a.prefill_tok_s > 0);
+    /* opening: the resident bytes at the SSD's rate on a pack, nothing claimed for a folder */
+    CHECK(e->pack ? fabs(a.open_s - (double)res.resident_bytes / 1e9) < 1e-9 && a.open_s > 0 : a.open_s == 0);
     plan_predict(e, &str, &m, 1, 64, 64, &h1);
     plan_predict(e, &str, &m, 0, 64, 64, &h0);
     CHECK(h1.misses_tok == 0 && h1.decode_io_ms == 0);
@@ -277,6 +280,8 @@ TEST(plan, cli_json_and_text) {
         CHECK_NEAR(cJSON_GetObjectItem(j, "hit_rate")->valuedouble, 0.5, 1e-12);
         CHECK(cJSON_GetObjectItem(j, "decode_tok_s")->valuedouble > 0);
         CHECK(cJSON_IsObject(cJSON_GetObjectItem(j, "machine")));
+        const cJSON *os = cJSON_GetObjectItem(j, "open_s"); /* a pack, SSD at 2 GB/s: its resident bytes over that */
+        CHECK(cJSON_IsNumber(os) && os->valuedouble > 0 && fabs(os->valuedouble - (double)p.resident_bytes / 2e9) < 1e-6 * os->valuedouble);
         cJSON_Delete(j);
     }
     /* the trained fixture has 32 experts: the shipped 256-expert trace cannot estimate it, and

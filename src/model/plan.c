@@ -474,4 +474,5 @@ void plan_predict(const petrel_engine *e, const pt_mem_plan *p, const pt_machine
     out->prefill_io_s = io;
     double pf_s = comp + (io > moe_comp ? io : moe_comp) + head.bytes / bw; /* logits of the last row */
     out->prefill_tok_s = pf_s > 0 && (!p->streaming || ssd > 0) ? prompt / pf_s : 0;
+    out->open_s = e->pack && ssd > 0 ? (double)p->resident_bytes / ssd : 0;
 }

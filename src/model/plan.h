@@ -111,6 +111,11 @@ typedef struct pt_predict {
     double decode_io_ms;              /* disk time per token */
     double prefill_tok_s;             /* predicted, for a prompt of `prompt` tokens */
     double prefill_compute_s, prefill_io_s;
+    double open_s;                    /* opening a pack: its resident bytes read at the SSD's rate
+                                         (O_DIRECT, as the open reads them; 0 when not a pack or
+                                         the SSD is not measured). The copy's pages are zeroed on
+                                         top: the 1d2m slice opened in 3.6-4.4 s where this says
+                                         3.1 (bench/RESULTS.md 2026-12-05) */
 } pt_predict;
 /* hit: the expected hit rate of a streamed plan (ignored when resident); at: decode context;
  * prompt: prefill length. */
