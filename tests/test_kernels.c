@@ -813,6 +813,40 @@ static tw tw_r16(const tw *t) {
     return c;
 }
 
+/* Repacking at open goes over the pool for large matrices: the same bytes as a repack run alone
+ * (inside a pool task, where it is inline), and every row dequantizes as before. */
+typedef struct { tw *r; int rc; } repack_in_task;
+static void repack_task_fn(void *ctx, int task, int thread) {
+    (void)task, (void)thread;
+    repack_in_task *j = ctx;
+    j->rc = kn_r16_repack(&j->r->v);
+}
+TEST(kernels, r16_repack_threaded) {
+    static const pt_qtype Q[2] = {PT_Q8_G32, PT_Q4_G64};
+    for (int f = 0; f < 2; f++) {
+        const int64_t rows = 16 * 300, cols = f ? 192 : 96; /* 300 blocks: split over the pool */
+        tw t = tw_make(Q[f], rows, cols, PT_BF16, 0, 0);
+        tw a = tw_r16(&t), b = tw_r16(&t);
+        CHECK(kn_r16_repack(&a.v) == 0 && a.v.layout == PT_LAYOUT_R16);
+        repack_in_task j = {&b, -1};
+        pool_run(kn_pool(), 1, repack_task_fn, &j); /* inline in the task: one block buffer, in order */
+        CHECK(j.rc == 0 && b.v.layout == PT_LAYOUT_R16);
+        size_t es = 2, db = (size_t)(rows * t.v.row_bytes), sb = (size_t)(rows * t.v.scale_cols) * es;
+        CHECK(!memcmp(a.v.data, b.v.data, db) && !memcmp(a.v.scale, b.v.scale, sb));
+        float *x = malloc((size_t)cols * 4), *y = malloc((size_t)cols * 4);
+        int64_t bad = 0;
+        for (int64_t r = 0; r < rows; r++) {
+            pt_dequant_row(&t.v, r, x);
+            pt_dequant_row(&a.v, r, y);
+            bad += memcmp(x, y, (size_t)cols * 4) != 0;
+        }
+        CHECK_MSG(bad == 0, "%s: %lld of %lld rows dequantize differently after the threaded repack", pt_qtype_name(Q[f]), (long long)bad, (long long)rows);
+        free(x), free(y);
+        tw_free(&t), tw_free(&a), tw_free(&b);
+    }
+    if (pool_threads(kn_pool()) < 2) test_skip("one thread: the repack did not split (checked alone)");
+}
+
 /* A dispatch's row tasks cover every row once: a matrix large enough for many tasks at any thread
  * count, each of 1, 5 and 8 rows, equals the R16 kernel run over all rows in one call (no task
  * split), bitwise. */

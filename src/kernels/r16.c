@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/pool.h"
 #include "kernels/kernels.h"
 #include "kernels/kn_internal.h"
 
@@ -33,15 +34,13 @@ int kn_r16_supported(const pt_wview *W) {
            (W->scale_dtype == PT_BF16 || W->scale_dtype == PT_F16 || W->scale_dtype == PT_F32);
 }
 
-int kn_r16_repack(pt_wview *W) {
-    if (!kn_r16_supported(W)) return -1;
+/* Blocks [b0, b1) of W laid out in place; tmp holds one block and its scales. */
+static void repack_blocks(const pt_wview *W, int64_t b0, int64_t b1, uint8_t *tmp) {
     const int64_t rb = W->row_bytes, ng = W->scale_cols, blk = 16 * rb;
     const size_t es = W->scale_dtype == PT_F32 ? 4 : 2;
-    uint8_t *tmp = malloc((size_t)blk + (size_t)(16 * ng) * es);
-    if (!tmp) return -1;
     uint8_t *data = (uint8_t *)W->data, *sc = (uint8_t *)W->scale, *tsc = tmp + blk;
     const int q8 = W->qtype == PT_Q8_G32;
-    for (int64_t b = 0; b < W->rows / 16; b++) {
+    for (int64_t b = b0; b < b1; b++) {
         uint8_t *d = data + b * blk, *s = sc + (size_t)(b * 16 * ng) * es;
         memcpy(tmp, d, (size_t)blk);
         memcpy(tsc, s, (size_t)(16 * ng) * es);
@@ -56,16 +55,48 @@ int kn_r16_repack(pt_wview *W) {
                     memcpy(&w, tmp + i * rb + 32 * g + 4 * k, 4);
                     if (q8) o = w ^ 0x80808080u;
                     else {
-                        uint32_t b0 = w & 0xFF, b1 = (w >> 8) & 0xFF, b2 = (w >> 16) & 0xFF, b3 = w >> 24;
-                        o = ((b0 & 15) | (b2 & 15) << 4) | ((b0 >> 4) | (b2 & 0xF0)) << 8 | ((b1 & 15) | (b3 & 15) << 4) << 16 |
-                            (uint32_t)((b1 >> 4) | (b3 & 0xF0)) << 24;
+                        uint32_t c0 = w & 0xFF, c1 = (w >> 8) & 0xFF, c2 = (w >> 16) & 0xFF, c3 = w >> 24;
+                        o = ((c0 & 15) | (c2 & 15) << 4) | ((c0 >> 4) | (c2 & 0xF0)) << 8 | ((c1 & 15) | (c3 & 15) << 4) << 16 |
+                            (uint32_t)((c1 >> 4) | (c3 & 0xF0)) << 24;
                     }
                     memcpy(d + g * 512 + k * 64 + i * 4, &o, 4);
                 }
         for (int64_t g = 0; g < ng; g++)
             for (int i = 0; i < 16; i++) memcpy(s + (size_t)(g * 16 + i) * es, tsc + (size_t)(i * ng + g) * es, es);
     }
+}
+
+/* Large matrices (the head, o_proj: opening a model relays every resident q8/q4 projection) go
+ * over the kernels' pool in ranges of blocks, each thread with its own block buffer (all of them
+ * allocated before anything moves, so a failure leaves W as it was); inline inside a pool task. */
+typedef struct {
+    const pt_wview *W;
+    int64_t nb, per;
+    uint8_t **tmp;
+} repack_job;
+static void repack_task(void *ctx, int task, int thread) {
+    const repack_job *j = ctx;
+    int64_t b0 = (int64_t)task * j->per, b1 = b0 + j->per < j->nb ? b0 + j->per : j->nb;
+    repack_blocks(j->W, b0, b1, j->tmp[thread]);
+}
+
+int kn_r16_repack(pt_wview *W) {
+    if (!kn_r16_supported(W)) return -1;
+    const int64_t nb = W->rows / 16;
+    const size_t tb = (size_t)(16 * W->row_bytes) + (size_t)(16 * W->scale_cols) * (W->scale_dtype == PT_F32 ? 4 : 2);
+    pt_pool *pool = kn_pool();
+    int nt = nb >= 256 && !pool_in_task() ? pool_threads(pool) : 1;
+    uint8_t **tmp = calloc((size_t)nt, sizeof *tmp);
+    int ok = tmp != NULL;
+    for (int t = 0; t < nt && ok; t++) ok = (tmp[t] = malloc(tb)) != NULL;
+    if (ok && nt > 1) {
+        repack_job j = {W, nb, (nb + 4 * nt - 1) / (4 * nt), tmp};
+        pool_run(pool, (int)((nb + j.per - 1) / j.per), repack_task, &j);
+    } else if (ok)
+        repack_blocks(W, 0, nb, tmp[0]);
+    for (int t = 0; tmp && t < nt; t++) free(tmp[t]);
     free(tmp);
+    if (!ok) return -1;
     W->layout = PT_LAYOUT_R16;
     return 0;
 }
