@@ -813,6 +813,19 @@ static tw tw_r16(const tw *t) {
     return c;
 }
 
+/* Rows of a and b (same shape) whose dequantized values differ bitwise. */
+static int64_t rows_dequant_differ(const pt_wview *a, const pt_wview *b) {
+    float *x = malloc((size_t)a->cols * 4), *y = malloc((size_t)a->cols * 4);
+    int64_t bad = 0;
+    for (int64_t r = 0; r < a->rows; r++) {
+        pt_dequant_row(a, r, x);
+        pt_dequant_row(b, r, y);
+        bad += memcmp(x, y, (size_t)a->cols * 4) != 0;
+    }
+    free(x), free(y);
+    return bad;
+}
+
 /* Repacking at open goes over the pool for large matrices: the same bytes as a repack run alone
  * (inside a pool task, where it is inline), and every row dequantizes as before. */
 typedef struct { tw *r; int rc; } repack_in_task;
@@ -833,15 +846,8 @@ TEST(kernels, r16_repack_threaded) {
         CHECK(j.rc == 0 && b.v.layout == PT_LAYOUT_R16);
         size_t es = 2, db = (size_t)(rows * t.v.row_bytes), sb = (size_t)(rows * t.v.scale_cols) * es;
         CHECK(!memcmp(a.v.data, b.v.data, db) && !memcmp(a.v.scale, b.v.scale, sb));
-        float *x = malloc((size_t)cols * 4), *y = malloc((size_t)cols * 4);
-        int64_t bad = 0;
-        for (int64_t r = 0; r < rows; r++) {
-            pt_dequant_row(&t.v, r, x);
-            pt_dequant_row(&a.v, r, y);
-            bad += memcmp(x, y, (size_t)cols * 4) != 0;
-        }
+        int64_t bad = rows_dequant_differ(&t.v, &a.v);
         CHECK_MSG(bad == 0, "%s: %lld of %lld rows dequantize differently after the threaded repack", pt_qtype_name(Q[f]), (long long)bad, (long long)rows);
-        free(x), free(y);
         tw_free(&t), tw_free(&a), tw_free(&b);
     }
     if (pool_threads(kn_pool()) < 2) test_skip("one thread: the repack did not split (checked alone)");
@@ -894,15 +900,10 @@ TEST(kernels, r16_layout) {
                 CHECK(kn_r16_repack(&r.v) == 0 && r.v.layout == PT_LAYOUT_R16);
                 CHECK(!kn_r16_supported(&r.v)); /* never twice */
                 /* same weights: every row dequantizes bitwise as before */
-                float *a = malloc((size_t)cols * 4), *b = malloc((size_t)cols * 4);
-                int bad_rows = 0;
-                for (int64_t row = 0; row < rows; row++) {
-                    pt_dequant_row(&t.v, row, a);
-                    pt_dequant_row(&r.v, row, b);
-                    bad_rows += memcmp(a, b, (size_t)cols * 4) != 0;
-                }
-                CHECK_MSG(bad_rows == 0, "%s [%lld x %lld]: %d rows dequantize differently after repacking",
-                          pt_qtype_name(t.v.qtype), (long long)rows, (long long)cols, bad_rows);
+                int64_t bad_rows = rows_dequant_differ(&t.v, &r.v);
+                float *a = malloc((size_t)cols * 4); /* a row for the oracle below */
+                CHECK_MSG(bad_rows == 0, "%s [%lld x %lld]: %lld rows dequantize differently after repacking",
+                          pt_qtype_name(t.v.qtype), (long long)rows, (long long)cols, (long long)bad_rows);
                 float *xb, *yb, *x = xalloc(n, cols, &xb), *y = yalloc(n, rows, &yb);
                 if (k % 5 == 2) for (int64_t j = 0; j < g && j < cols; j++) x[j] = 0.f; /* a zero group */
                 kn_matmul(&r.v, x, n, y);
@@ -941,7 +942,7 @@ TEST(kernels, r16_layout) {
                 kn_ref_matmul(&t.v, x, n, yo);
                 kn_ref_matmul(&r.v, x, n, ys);
                 CHECK(memcmp(yo, ys, (size_t)(n * rows) * 4) == 0);
-                free(a); free(b); free(ys); free(yo); free(y1); free(xb); free(yb);
+                free(a); free(ys); free(yo); free(y1); free(xb); free(yb);
                 tw_free(&t); tw_free(&r);
             }
     /* the AVX-512 activation preparation is bit-identical to the scalar one, special values too */
