@@ -3,7 +3,7 @@
  * large and advised into transparent huge pages where the OS gives them (THP "madvise" or
  * "always"; elsewhere the advice is a no-op). In 4 KiB pages every first touch is a fault of its
  * own: a 512-token prefill's 0.27 GiB of scratch paid ~0.7 s of faults on its first run in a VM
- * (bench/RESULTS.md, 2026-12-05 06:50), none in huge pages. */
+ * (bench/RESULTS.md, 2026-12-05 06:20-06:55), none in huge pages. */
 #ifndef PETREL_BASE_MEM_H
 #define PETREL_BASE_MEM_H
 #include <stddef.h>

@@ -363,7 +363,7 @@ static uint64_t mem_available(void) {
 
 /* (pack.h) O_DIRECT for the resident load: straight from the disk into the huge-page copy, no
  * page-cache copy, and nothing of the rest of the model evicted from the cache: 1d1m's 2.68 GB
- * of tensors in 0.6 s instead of 1.2-2.5 s (bench/RESULTS.md, 2026-12-05 07:40). */
+ * of tensors in 0.6 s instead of 1.2-2.5 s (bench/RESULTS.md, 2026-12-05 06:20-06:55). */
 static int range_cmp(const void *x, const void *y) {
     const pack_range *r = x, *q = y;
     return r->a < q->a ? -1 : r->a > q->a;

@@ -47,7 +47,8 @@ static void repack_blocks(const pt_wview *W, int64_t b0, int64_t b1, uint8_t *tm
         /* group g, step k, row i: the 4 bytes d[g * 512 + k * 64 + i * 4 + t], t = 0..3, come
          * from one 4-byte word of row i (q8: columns 32g + 4k + t, each w + 128; q4: the word at
          * byte 32g + 4k holds columns 64g + 8k .. +7, two per byte, the even one low, and byte t
-         * pairs column 64g + 8k + t (low nibble) with column 64g + 8k + t + 4 (high nibble)) */
+         * pairs column 64g + 8k + t (low nibble) with column 64g + 8k + t + 4 (high nibble));
+         * the word's bytes read little-endian, as on every CPU petrel builds for (x86-64) */
         for (int64_t g = 0; g < ng; g++)
             for (int k = 0; k < 8; k++)
                 for (int i = 0; i < 16; i++) {
