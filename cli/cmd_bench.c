@@ -607,8 +607,10 @@ CLI_CMD(bench) {
     petrel_error err = {0};
     petrel_engine *eng;
     mo.open.route_trace = route;
+    uint64_t open_t0 = pt_now_ns();
     int orc = cli_engine_open(&mo, &eng, &err);
     if (orc) return cli_fail_err("bench", &err);
+    double open_s = (double)(pt_now_ns() - open_t0) / 1e9; /* reading, checking and laying out the weights */
     if (route) printf("routing: every MoE layer's choices from %s (%d tokens, trace layers spread over the %d MoE layers)\n", route, eng->route->n_tokens,
                       eng->n_moe);
     if (draft_set && bd.draft == 0) { petrel_engine_close(eng); return cli_fail("bench: --draft 0: nothing to compare (give 1..16 or auto)"); }
@@ -628,8 +630,8 @@ CLI_CMD(bench) {
     printf("machine: %s%s, %ld cores online, kernels %s (prefetch %s), %d threads\n", cpu, cpu_has_amx() ? " (AMX)" : " (no AMX)", cores,
            kt_isa_name(&eng->kt), pfs, threads);
     if (eng->cu) printf("device: %s (the floor's bandwidth: HBM reads, probed before every timed step)\n", petrel_engine_device(eng));
-    printf("model: %s (%d layers, hidden %d, %d experts top-%d)\n", mo.model, c->num_hidden_layers, c->hidden_size, c->n_routed_experts,
-           c->num_experts_per_tok);
+    printf("model: %s (%d layers, hidden %d, %d experts top-%d), opened in %.2f s\n", mo.model, c->num_hidden_layers, c->hidden_size,
+           c->n_routed_experts, c->num_experts_per_tok, open_s);
     fflush(stdout);
 
     /* bytes per decode token */
@@ -1024,11 +1026,11 @@ CLI_CMD(bench) {
                               (double)br.pool_tail_ns, br.step_ms);
         }
         if (json) {
-            printf("{\"decode_ms\": %.4f, \"decode_tok_s\": %.4f, \"prefill_tok_s\": %.3f, \"prefill_best_tok_s\": %.3f, \"prefill_runs\": %ld, \"bytes_per_token\": %" PRIu64
+            printf("{\"open_s\": %.3f, \"decode_ms\": %.4f, \"decode_tok_s\": %.4f, \"prefill_tok_s\": %.3f, \"prefill_best_tok_s\": %.3f, \"prefill_runs\": %ld, \"bytes_per_token\": %" PRIu64
                    ", \"mem_bw_gbs\": %.3f, \"decode_floor_ratio\": %.4f, \"decode_floor_ratio_unpaired\": %.4f, \"floor_ms\": %.4f, \"ctx\": %ld, \"prompt\": %ld, \"steps\": %ld, "
                    "\"decode_mean_ms\": %.4f, \"decode_min_ms\": %.4f, \"threads\": %d, \"isa\": \"%s\", \"cpu\": \"%s\", \"cores\": %ld, "
                    "\"expert_hit_rate\": %.5f, \"ssd_bw_gbs\": %.3f, \"ssd_probe_gbs\": %.3f, \"ssd_seen_gbs\": %.3f, \"miss_bytes_per_token\": %.0f, \"prefill_expert_gflops\": %.2f, \"fma_peak_gflops\": %.1f, \"int8_peak_gops\": %.1f, \"amx_peak_gops\": %.1f, \"prefill_expert_peak_fraction\": %.4f, \"prefill_expert_reads\": %" PRIu64 ", \"prefill_chunk\": %d, \"prefill_span\": %d, \"decode_breakdown_ms\": {",
-                   dms, 1e3 / dms, pf, prefill_best > 0 ? (double)prompt / prefill_best : 0, prefill_runs, bytes_tok, bw, ratio, ratio_unpaired, floor_ms, ctx, prompt, steps, mean_ms, min_ms, threads, kt_isa_name(&eng->kt), cpu, cores,
+                   open_s, dms, 1e3 / dms, pf, prefill_best > 0 ? (double)prompt / prefill_best : 0, prefill_runs, bytes_tok, bw, ratio, ratio_unpaired, floor_ms, ctx, prompt, steps, mean_ms, min_ms, threads, kt_isa_name(&eng->kt), cpu, cores,
                    hit_rate, ssd_gbs, ssd_probe_gbs, ssd_seen_gbs, miss_bytes_tok, expert_gflops, peak, peak_int8, amx_peak, expert_peak_frac, prefill_reads,
                    s->max_batch, s->pf.rows);
             for (int p = 0; p < FS_COUNT; p++) printf("%s\"%s\": %.4f", p ? ", " : "", fwd_part_names[p], (double)s->stats.ns[p] / 1e6 / (double)steps);

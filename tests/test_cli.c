@@ -5,6 +5,8 @@
 #include <string.h>
 #include <sys/wait.h>
 
+#include <cjson/cJSON.h>
+
 #include "io/convert.h"
 #include "io/safetensors.h"
 #include "test.h"
@@ -112,6 +114,27 @@ TEST(cli, bench_profile) {
         CHECK_EQ_INT(sscanf(h + 1, "%31s %31s %15s %d %d %lf %lf", name, shape, fmt, &rows, &jobs, &calls, &mb), 7);
         CHECK(rows == 1 && jobs == 1 && calls == 1.0 && mb > 0);
     }
+}
+
+/* bench --json: one JSON object on the last line, the open's time in it (reading, checking and
+ * laying out the weights) and on the model line of the text report */
+TEST(cli, bench_json_open_time) {
+    const char *b = bin();
+    if (!b) return;
+    static char cmd[1024], out[32768], err[4096];
+    snprintf(cmd, sizeof cmd, "%s bench --model %s --steps 2 --prompt 6 --prefill-runs 1 --bw-mib 16 --json", b, test_data("tiny"));
+    CHECK_EQ_INT(test_sh(cmd, out, sizeof out, err, sizeof err), 0);
+    size_t n = strlen(out);
+    while (n && out[n - 1] == '\n') out[--n] = 0;
+    const char *last = strrchr(out, '\n');
+    last = last ? last + 1 : out;
+    cJSON *j = cJSON_Parse(last);
+    CHECK_MSG(j != NULL, "last line is not JSON: %s", last);
+    const cJSON *o = j ? cJSON_GetObjectItem(j, "open_s") : NULL;
+    CHECK_MSG(cJSON_IsNumber(o) && o->valuedouble > 0 && o->valuedouble < 600, "open_s: %s", last);
+    cJSON_Delete(j);
+    const char *m = strstr(out, "\nmodel: ");
+    CHECK_MSG(m && strstr(m, "opened in ") && strstr(m, "opened in ") < strchr(m + 1, '\n'), "%s", out);
 }
 
 /* The int8 kernels' prefetch settings change speed only: a q4 pack (its matrices in the R16
