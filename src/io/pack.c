@@ -22,6 +22,7 @@
 #include <xxhash.h>
 
 #include "base/err.h"
+#include "base/pool.h"
 #include "quant/quant.h"
 
 static const char *const qkeys[PT_QTYPE_COUNT] = {"f32", "bf16", "f16", "fp8_e4m3", "q8_row", "q8_g32", "q4_g64"};
@@ -467,6 +468,36 @@ static int check_from_map(const pack *p, petrel_error *err) {
     return 0;
 }
 
+/* The copied tensors' checksums on the kernels' pool (an open of the full model hashes ~19 GB of
+ * them; one thread took ~0.1 s a GB). HASH_OOM marks a state that could not be allocated (an
+ * XXH64 of that exact value would be reported as out of memory: never a wrong "corrupted"). */
+#define HASH_OOM UINT64_MAX
+typedef struct {
+    const pack *p;
+    const pack_tensor *skip;
+    const int *order;
+    uint64_t *h;
+} hash_job;
+static void hash_task(void *ctx, int k, int thread) {
+    (void)thread;
+    const hash_job *j = ctx;
+    int i = j->order[k];
+    const pack_tensor *t = &j->p->tensors[i];
+    if (t == j->skip) return;
+    XXH64_state_t *st = XXH64_createState();
+    if (!st) { j->h[i] = HASH_OOM; return; }
+    XXH64_reset(st, 0);
+    XXH64_update(st, j->p->copy + t->offset, (size_t)t->bytes);
+    if (t->scale_bytes) XXH64_update(st, j->p->copy + t->scale_offset, (size_t)t->scale_bytes);
+    j->h[i] = XXH64_digest(st);
+    XXH64_freeState(st);
+}
+static int tensor_bytes_desc(const void *a, const void *b, void *ctx) {
+    const pack *p = ctx;
+    uint64_t x = p->tensors[*(const int *)a].bytes, y = p->tensors[*(const int *)b].bytes;
+    return x > y ? -1 : x < y;
+}
+
 int pack_load_resident(pack *p, int experts, int embed_on_disk, uint64_t *copied_bytes, void (*progress)(uint64_t, uint64_t, void *),
                        void *ud, petrel_error *err) {
     *copied_bytes = 0;
@@ -495,24 +526,27 @@ int pack_load_resident(pack *p, int experts, int embed_on_disk, uint64_t *copied
     }
     if (!rc) rc = pack_read_ranges(p, p->copy, rg, nr, 1, progress, ud, err);
     free(rg);
-    for (int i = 0; i < p->n_tensors && !rc; i++) {
+    uint64_t *hs = rc ? NULL : malloc(sizeof *hs * (size_t)p->n_tensors);
+    int *order = rc ? NULL : malloc(sizeof *order * (size_t)p->n_tensors);
+    if (!rc && (!hs || !order)) rc = pt_err(err, PETREL_ENOMEM, "out of memory");
+    if (!rc) { /* every copied tensor's checksum over the pool, the largest first */
+        for (int i = 0; i < p->n_tensors; i++) order[i] = i;
+        hash_job hj = {p, skip, order, hs};
+        qsort_r(order, (size_t)p->n_tensors, sizeof *order, tensor_bytes_desc, (void *)p);
+        pool_run(kn_pool(), p->n_tensors, hash_task, &hj);
+    }
+    for (int i = 0; i < p->n_tensors && !rc; i++) { /* the first mismatch in file order is the one named */
         const pack_tensor *t = &p->tensors[i];
-        if (t == skip) {
+        uint64_t h = hs[i];
+        if (t == skip) { /* through the map in steps released as they go */
             int oom = 0;
-            uint64_t h = hash_from_map(p, t, &oom);
-            if (oom) rc = pt_err(err, PETREL_ENOMEM, "out of memory");
-            else if (h != t->xxh64) rc = pt_err(err, PETREL_EFORMAT, "%s: checksum mismatch in tensor \"%s\": the pack is corrupted", p->path, t->name);
-            continue;
-        }
-        XXH64_state_t *st = XXH64_createState();
-        if (!st) { rc = pt_err(err, PETREL_ENOMEM, "out of memory"); break; }
-        XXH64_reset(st, 0);
-        XXH64_update(st, p->copy + t->offset, (size_t)t->bytes);
-        if (t->scale_bytes) XXH64_update(st, p->copy + t->scale_offset, (size_t)t->scale_bytes);
-        uint64_t h = XXH64_digest(st);
-        XXH64_freeState(st);
+            h = hash_from_map(p, t, &oom);
+            if (oom) { rc = pt_err(err, PETREL_ENOMEM, "out of memory"); break; }
+        } else if (h == HASH_OOM) { rc = pt_err(err, PETREL_ENOMEM, "out of memory"); break; }
         if (h != t->xxh64) rc = pt_err(err, PETREL_EFORMAT, "%s: checksum mismatch in tensor \"%s\": the pack is corrupted", p->path, t->name);
     }
+    free(hs);
+    free(order);
     if (rc) {
         munmap(p->copy, (size_t)p->file_size);
         p->copy = NULL;

@@ -313,6 +313,7 @@ int petrel_engine_open(const char *path, const petrel_open_opts *opts, petrel_en
         snprintf(tmp, sizeof tmp, "%s", path);
         snprintf(dir, sizeof dir, "%s", dirname(tmp));
     }
+    kn_init(opts ? opts->n_threads : 0); /* the pool at the asked size before the open uses it (checksums, relayout) */
     int is_pack = !S_ISDIR(st.st_mode) && pack_is_pack(path);
     if (!S_ISDIR(st.st_mode) && !is_pack) {
         int rc = engine_check_model_file(path, err);
@@ -338,7 +339,6 @@ int petrel_engine_open(const char *path, const petrel_open_opts *opts, petrel_en
         return rc;
     }
     e->no_indexer = e->w.no_indexer;
-    kn_init(opts ? opts->n_threads : 0);
     if ((rc = lora_open(e, opts, err)) < 0 || (rc = stream_open(e, opts, err)) < 0 || (rc = kv_open(e, opts, err)) < 0) {
         petrel_engine_close(e);
         return rc;
