@@ -19,6 +19,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#define XXH_STATIC_LINKING_ONLY /* XXH64_state_t on the stack (the parallel checksums below) */
 #include <xxhash.h>
 
 #include "base/err.h"
@@ -469,9 +470,7 @@ static int check_from_map(const pack *p, petrel_error *err) {
 }
 
 /* The copied tensors' checksums on the kernels' pool (an open of the full model hashes ~19 GB of
- * them; one thread took ~0.1 s a GB). HASH_OOM marks a state that could not be allocated (an
- * XXH64 of that exact value would be reported as out of memory: never a wrong "corrupted"). */
-#define HASH_OOM UINT64_MAX
+ * them; one thread took ~0.1 s a GB), each task's hash state on its stack. */
 typedef struct {
     const pack *p;
     const pack_tensor *skip;
@@ -484,13 +483,11 @@ static void hash_task(void *ctx, int k, int thread) {
     int i = j->order[k];
     const pack_tensor *t = &j->p->tensors[i];
     if (t == j->skip) return;
-    XXH64_state_t *st = XXH64_createState();
-    if (!st) { j->h[i] = HASH_OOM; return; }
-    XXH64_reset(st, 0);
-    XXH64_update(st, j->p->copy + t->offset, (size_t)t->bytes);
-    if (t->scale_bytes) XXH64_update(st, j->p->copy + t->scale_offset, (size_t)t->scale_bytes);
-    j->h[i] = XXH64_digest(st);
-    XXH64_freeState(st);
+    XXH64_state_t st;
+    XXH64_reset(&st, 0);
+    XXH64_update(&st, j->p->copy + t->offset, (size_t)t->bytes);
+    if (t->scale_bytes) XXH64_update(&st, j->p->copy + t->scale_offset, (size_t)t->scale_bytes);
+    j->h[i] = XXH64_digest(&st);
 }
 static int tensor_bytes_desc(const void *a, const void *b, void *ctx) {
     const pack *p = ctx;
@@ -542,7 +539,7 @@ int pack_load_resident(pack *p, int experts, int embed_on_disk, uint64_t *copied
             int oom = 0;
             h = hash_from_map(p, t, &oom);
             if (oom) { rc = pt_err(err, PETREL_ENOMEM, "out of memory"); break; }
-        } else if (h == HASH_OOM) { rc = pt_err(err, PETREL_ENOMEM, "out of memory"); break; }
+        }
         if (h != t->xxh64) rc = pt_err(err, PETREL_EFORMAT, "%s: checksum mismatch in tensor \"%s\": the pack is corrupted", p->path, t->name);
     }
     free(hs);
