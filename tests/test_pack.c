@@ -13,6 +13,7 @@
 #include <xxhash.h>
 
 #include "base/err.h"
+#include "base/file.h"
 #include "io/convert.h"
 #include "io/pack.h"
 #include "io/safetensors.h"
@@ -648,5 +649,42 @@ TEST(pack, resident_read_ranges) {
         CHECK_MSG(rc == PETREL_EFORMAT && strstr(e2.msg, "lm_head.weight") && strstr(e2.msg, "checksum"), "%d %s", rc, e2.msg);
         petrel_engine_close(e);
     }
+    free(b);
+}
+
+/* The pack's file replaced under the same name after the open (a new download moved over it):
+ * the O_DIRECT reads at open and the expert store's reopen must still read the file that was
+ * opened, never the new one (pt_reopen: /proc/self/fd, else the path checked by inode). */
+TEST(pack, reads_after_replace_stay_on_the_opened_file) {
+    const char *src = tmp("odd-rp.pack"), *other = tmp("odd-rp.new");
+    if (convert_to("odd", src, CVQ_Q4, 0, NULL)) return;
+    size_t n = 0;
+    uint8_t *b = slurp(src, &n);
+    pack *p = NULL;
+    petrel_error err = {0};
+    CHECK(b && pack_open(src, &p, &err) == 0);
+    if (!b || !p) { free(b); return; }
+    uint8_t *z = malloc(n);
+    for (size_t i = 0; z && i < n; i++) z[i] = (uint8_t)(b[i] ^ 0x5A);
+    if (z) spit(other, z, n);
+    CHECK(z && rename(other, src) == 0);
+    /* the helper itself: the opened file through its descriptor, the new one by path alone */
+    int fd = pt_reopen(p->fd, src, O_RDONLY), fd2 = pt_reopen(-1, src, O_RDONLY);
+    uint8_t h1[64] = {0}, h2[64] = {0};
+    CHECK(fd >= 0 && fd2 >= 0 && pread(fd, h1, sizeof h1, 0) == (ssize_t)sizeof h1 && pread(fd2, h2, sizeof h2, 0) == (ssize_t)sizeof h2);
+    CHECK(!memcmp(h1, b, sizeof h1) && !memcmp(h2, z, sizeof h2));
+    if (fd >= 0) close(fd);
+    if (fd2 >= 0) close(fd2);
+    size_t cap = (n + 4095) / 4096 * 4096;
+    uint8_t *dst = aligned_alloc(4096, cap);
+    for (int direct = 0; direct < 2 && dst; direct++) {
+        memset(dst, 0, cap);
+        pack_range rg = {0, n};
+        CHECK(pack_read_ranges(p, dst, &rg, 1, direct, NULL, NULL, &err) == 0);
+        CHECK_MSG(!memcmp(dst, b, n), "%s read after the replace did not read the opened file", direct ? "direct" : "buffered");
+    }
+    pack_close(p);
+    free(dst);
+    free(z);
     free(b);
 }

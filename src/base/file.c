@@ -2,8 +2,11 @@
 #include "base/file.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "base/err.h"
 
@@ -38,4 +41,22 @@ int pt_read_file(const char *path, size_t max, char **out, size_t *len, petrel_e
     int rc = pt_read_stream(f, path, max, out, len, err);
     fclose(f);
     return rc;
+}
+
+int pt_reopen(int fd, const char *path, int flags) {
+    flags |= O_CLOEXEC;
+    if (fd < 0) return path ? open(path, flags) : (errno = EBADF, -1);
+    struct stat a, b;
+    if (fstat(fd, &a)) return -1;
+    char proc[64];
+    snprintf(proc, sizeof proc, "/proc/self/fd/%d", fd);
+    int nfd = open(proc, flags);
+    if (nfd < 0 && path) nfd = open(path, flags);
+    if (nfd < 0) return -1;
+    if (fstat(nfd, &b) || a.st_dev != b.st_dev || a.st_ino != b.st_ino) {
+        close(nfd);
+        errno = ESTALE;
+        return -1;
+    }
+    return nfd;
 }

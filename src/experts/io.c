@@ -28,6 +28,7 @@
 
 #include "base/clock.h"
 #include "base/err.h"
+#include "base/file.h"
 
 xs_fault_fn xs_io_fault_hook;
 void *xs_io_fault_ctx;
@@ -304,9 +305,9 @@ static void *uring_thread(void *arg) {
     }
 }
 
-/* O_DIRECT works if the open and one aligned read succeed. */
-static int probe_direct(const char *path) {
-    int fd = open(path, O_RDONLY | O_DIRECT | O_CLOEXEC);
+/* O_DIRECT works if the open and one aligned read succeed (of_fd >= 0: the same file as it). */
+static int probe_direct(int of_fd, const char *path) {
+    int fd = pt_reopen(of_fd, path, O_RDONLY | O_DIRECT);
     if (fd < 0) return -1;
     void *buf = NULL;
     if (posix_memalign(&buf, XS_ALIGN, XS_ALIGN)) {
@@ -335,7 +336,7 @@ int xs_io_open(xs_io **out, const char *path, int fd, int mode, int backend, int
     io->fd = -1;
     if (path) {
         if (mode != XS_IO_BUFFERED) {
-            io->fd = probe_direct(path);
+            io->fd = probe_direct(fd, path);
             if (io->fd >= 0) io->direct = 1;
             else if (mode == XS_IO_DIRECT) {
                 free(io);
@@ -343,11 +344,12 @@ int xs_io_open(xs_io **out, const char *path, int fd, int mode, int backend, int
                               strerror(errno));
             }
         }
-        if (io->fd < 0) io->fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (io->fd < 0) io->fd = pt_reopen(fd, path, O_RDONLY);
         if (io->fd < 0) {
             int e = errno;
             free(io);
-            return pt_err(err, PETREL_EIO, "cannot open expert file %s: %s", path, strerror(e));
+            return pt_err(err, PETREL_EIO, "cannot open expert file %s: %s", path,
+                          e == ESTALE ? "the path names another file than the one opened (replaced since?)" : strerror(e));
         }
         io->own_fd = 1;
     } else {

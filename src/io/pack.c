@@ -23,6 +23,7 @@
 #include <xxhash.h>
 
 #include "base/err.h"
+#include "base/file.h"
 #include "base/pool.h"
 #include "quant/quant.h"
 
@@ -390,7 +391,8 @@ int pack_read_ranges(const pack *p, uint8_t *dst, pack_range *rg, int n, int dir
     }
     uint64_t total = 0, done = 0;
     for (int i = 0; i < m; i++) total += rg[i].b - rg[i].a;
-    int dfd = direct ? open(p->path, O_RDONLY | O_DIRECT | O_CLOEXEC) : -1; /* -1: buffered reads through p->fd */
+    /* -1: buffered reads through p->fd (also where the path now names another file) */
+    int dfd = direct ? pt_reopen(p->fd, p->path, O_RDONLY | O_DIRECT) : -1;
     int rc = 0;
     for (int i = 0; i < m && !rc; i++)
         for (uint64_t o = rg[i].a; o < rg[i].b && o < p->file_size;) {
