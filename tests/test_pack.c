@@ -592,15 +592,26 @@ TEST(pack, resident_copy) {
  * tensor lands at its file offset, ranges in any order, overlapping or touching; a resident open
  * gives the logits of an open served from the file map, and a flipped byte of a resident tensor
  * is refused (the checksums run over what the reads put in the copy). */
+/* A q4 pack of the odd fixture at src, its bytes (*b, *n) and the pack open on it; 0 when the
+ * test cannot go on (a failed check says why, or the fixture is absent). */
+static int odd_pack_open(const char *src, uint8_t **b, size_t *n, pack **p) {
+    petrel_error err = {0};
+    *b = NULL, *p = NULL;
+    if (convert_to("odd", src, CVQ_Q4, 0, NULL)) return 0;
+    *b = slurp(src, n);
+    CHECK(*b && pack_open(src, p, &err) == 0);
+    if (*b && *p) return 1;
+    free(*b);
+    return 0;
+}
+
 TEST(pack, resident_read_ranges) {
     const char *src = tmp("odd-rd.pack");
-    if (convert_to("odd", src, CVQ_Q4, 0, NULL)) return;
     size_t n = 0;
-    uint8_t *b = slurp(src, &n);
-    pack *p = NULL;
+    uint8_t *b;
+    pack *p;
     petrel_error err = {0};
-    CHECK(b && pack_open(src, &p, &err) == 0);
-    if (!b || !p) { free(b); return; }
+    if (!odd_pack_open(src, &b, &n, &p)) return;
     size_t cap = (n + 4095) / 4096 * 4096;
     uint8_t *dst = aligned_alloc(4096, cap);
     pack_range *rg = malloc(sizeof *rg * (size_t)(2 * p->n_tensors + 2));
@@ -657,13 +668,11 @@ TEST(pack, resident_read_ranges) {
  * opened, never the new one (pt_reopen: /proc/self/fd, else the path checked by inode). */
 TEST(pack, reads_after_replace_stay_on_the_opened_file) {
     const char *src = tmp("odd-rp.pack"), *other = tmp("odd-rp.new");
-    if (convert_to("odd", src, CVQ_Q4, 0, NULL)) return;
     size_t n = 0;
-    uint8_t *b = slurp(src, &n);
-    pack *p = NULL;
+    uint8_t *b;
+    pack *p;
     petrel_error err = {0};
-    CHECK(b && pack_open(src, &p, &err) == 0);
-    if (!b || !p) { free(b); return; }
+    if (!odd_pack_open(src, &b, &n, &p)) return;
     uint8_t *z = malloc(n);
     for (size_t i = 0; z && i < n; i++) z[i] = (uint8_t)(b[i] ^ 0x5A);
     if (z) spit(other, z, n);
