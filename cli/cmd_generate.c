@@ -8,7 +8,6 @@
 #include "cli.h"
 #include "kernels/kernels.h"
 #include "model/config.h"
-#include "model/engine.h"
 #include "runtime/sampler.h"
 #include "runtime/spec.h"
 
