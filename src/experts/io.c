@@ -305,6 +305,8 @@ static void *uring_thread(void *arg) {
     }
 }
 
+#define REPLACED_MSG "the path names another file than the one opened (replaced since?)"
+
 /* O_DIRECT works if the open and one aligned read succeed (of_fd >= 0: the same file as it). */
 static int probe_direct(int of_fd, const char *path) {
     int fd = pt_reopen(of_fd, path, O_RDONLY | O_DIRECT);
@@ -339,9 +341,10 @@ int xs_io_open(xs_io **out, const char *path, int fd, int mode, int backend, int
             io->fd = probe_direct(fd, path);
             if (io->fd >= 0) io->direct = 1;
             else if (mode == XS_IO_DIRECT) {
+                int e = errno;
                 free(io);
-                return pt_err(err, PETREL_EUNSUPPORTED, "expert file %s: O_DIRECT not supported here: %s", path,
-                              strerror(errno));
+                if (e == ESTALE) return pt_err(err, PETREL_EIO, "expert file %s: %s", path, REPLACED_MSG);
+                return pt_err(err, PETREL_EUNSUPPORTED, "expert file %s: O_DIRECT not supported here: %s", path, strerror(e));
             }
         }
         if (io->fd < 0) io->fd = pt_reopen(fd, path, O_RDONLY);
@@ -349,7 +352,7 @@ int xs_io_open(xs_io **out, const char *path, int fd, int mode, int backend, int
             int e = errno;
             free(io);
             return pt_err(err, PETREL_EIO, "cannot open expert file %s: %s", path,
-                          e == ESTALE ? "the path names another file than the one opened (replaced since?)" : strerror(e));
+                          e == ESTALE ? REPLACED_MSG : strerror(e));
         }
         io->own_fd = 1;
     } else {
