@@ -51,7 +51,9 @@ static const char *usage =
     "                   experts streaming: once, since a second run would find them cached)\n"
     "  --batch B        also time B sessions decoding together at --ctx (petrel_batch_forward: one\n"
     "                   row per session per step): aggregate tok/s, ms per row, experts run per step\n"
-    "                   (the union of the rows' choices), bytes per step, floor ratio of the step\n"
+    "                   (the union of the rows' choices), bytes per step, floor ratio of the step;\n"
+    "                   resident and without --profile also the speedup over one session pair by\n"
+    "                   pair (one more session's step timed right after each batched step)\n"
     "  --bw-mib N       size of the bandwidth probe buffer in MiB (default 1024; 128 with --mem-budget)\n"
     "  --json           print the result as one JSON object on the last line\n"
     "  --profile        on the CPU: the timed decode steps by product (each kind of matrix product's\n"
@@ -186,11 +188,15 @@ typedef struct batch_result {
     double step_ms, tok_s, row_ms, bytes_step, experts_step, floor_ratio, bw;
     double part_ms[FS_COUNT]; /* per step, over the timed steps */
     double reads_step;        /* streaming: expert records read from the SSD per step */
+    double speedup_paired;    /* B x median of (one-session step / batched step) over adjacent pairs; 0: not run */
     unsigned long long pool_jobs, pool_tail_ns; /* --profile: the thread pool over the timed forwards only */
 } batch_result;
 
 /* B sessions filled to ctx tokens (random prompts), then `steps` timed forwards of B decode rows
- * through petrel_batch_forward. Bytes per step: the non-expert weights and the head once, plus
+ * through petrel_batch_forward. Resident and unprofiled, one more session at ctx decodes one
+ * token right after each timed batched step: the speedup of B rows over one is then also taken
+ * pair by pair, at the same moment, so a shared machine's drift between the one-session steps
+ * (timed before this) and the batched ones cannot skew it. Bytes per step: the non-expert weights and the head once, plus
  * each routed expert the step ran (the union of the rows' choices, per layer). The floor ratio
  * is the median over steps of step time / (bytes / bandwidth probed right before the step). */
 static int bench_batch(petrel_engine *eng, int B, long ctx, long steps, uint64_t shared_bytes, uint64_t expert1, const uint64_t *bw_buf,
@@ -202,8 +208,12 @@ static int bench_batch(petrel_engine *eng, int B, long ctx, long steps, uint64_t
     float *lg = malloc(sizeof(float) * (size_t)B * (size_t)V);
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)ctx), *tok = calloc((size_t)B, sizeof(int32_t));
     double *ms = calloc((size_t)steps, sizeof(double)), *ratio = calloc((size_t)steps, sizeof(double));
+    double *pair = calloc((size_t)steps, sizeof(double));
     petrel_batch *b = NULL;
-    if (!ss || !rows || !lg || !ids || !tok || !ms || !ratio) {
+    petrel_session *solo = NULL; /* the paired one-session steps (resident, unprofiled) */
+    int32_t solo_tok = 0;
+    const int paired = !eng->xs && !eng->cu && !prof;
+    if (!ss || !rows || !lg || !ids || !tok || !ms || !ratio || !pair) {
         snprintf(err->msg, sizeof err->msg, "out of memory");
         rc = err->code = PETREL_ENOMEM;
     }
@@ -218,6 +228,11 @@ static int bench_batch(petrel_engine *eng, int B, long ctx, long steps, uint64_t
         if (!rc) petrel_session_set_route_offset(ss[k], 257 * k); /* trace-driven routing: rows route like different tokens */
         if (!rc) rc = petrel_session_forward(ss[k], ids, (int)ctx, lg, 0, err);
         tok[k] = ids[ctx - 1];
+        if (!rc && paired && k == B - 1) { /* the last prompt again, in a session of its own */
+            rc = petrel_session_create(eng, (int)(ctx + steps + 4), &solo, err);
+            if (!rc) rc = petrel_session_forward(solo, ids, (int)ctx, lg, 0, err);
+            solo_tok = ids[ctx - 1];
+        }
     }
     const fwd_stats *st = b ? batch_stats(b) : NULL;
     uint64_t ex0 = 0, ns0[FS_COUNT] = {0};
@@ -259,8 +274,18 @@ static int bench_batch(petrel_engine *eng, int B, long ctx, long steps, uint64_t
             const float *l = lg + (size_t)r * V;
             tok[r] = (int32_t)kn_argmax(l, V);
         }
+        if (k >= 2 && solo) { /* the paired one-session step, right after (its argmax untimed) */
+            uint64_t s0 = pt_now_ns();
+            if ((rc = petrel_session_forward(solo, &solo_tok, 1, lg, 0, err))) break;
+            pair[k - 2] = (double)(pt_now_ns() - s0) / 1e6 / ms[k - 2];
+            solo_tok = (int32_t)kn_argmax(lg, V);
+        }
     }
     if (!rc) {
+        if (solo) {
+            qsort(pair, (size_t)steps, sizeof(double), cmp_double);
+            out->speedup_paired = B * pair[steps / 2];
+        }
         out->experts_step = (double)(st->experts_run - ex0) / (double)steps;
         out->bytes_step = (double)shared_bytes + out->experts_step * (double)expert1;
         qsort(ms, (size_t)steps, sizeof(double), cmp_double);
@@ -276,6 +301,8 @@ static int bench_batch(petrel_engine *eng, int B, long ctx, long steps, uint64_t
         }
     }
     for (int k = 0; ss && k < B; k++) petrel_session_free(ss[k]);
+    petrel_session_free(solo);
+    free(pair);
     petrel_batch_free(b);
     free(ss);
     free(rows);
@@ -996,6 +1023,10 @@ CLI_CMD(bench) {
                    batch, ctx, br.step_ms, br.tok_s, br.tok_s * dms / 1e3, br.row_ms, br.experts_step,
                    br.experts_step / (n_moe ? n_moe : 1), br.bytes_step / 1e6,
                    br.floor_ratio, br.bw);
+        if (batch > 0 && br.speedup_paired > 0)
+            printf("batched decode, paired: %.2fx one session (median over the steps of %ld x the step of one more session run right after "
+                   "each batched step / the batched step: the same moment, whatever the machine's drift)\n",
+                   br.speedup_paired, batch);
         if (batch > 0 && eng->xs)
             printf("batched decode, streamed: %.1f expert records read per step (%.1f per row); the floor ratio above is against memory only\n",
                    br.reads_step, br.reads_step / (double)batch);
@@ -1035,8 +1066,9 @@ CLI_CMD(bench) {
                    s->max_batch, s->pf.rows);
             for (int p = 0; p < FS_COUNT; p++) printf("%s\"%s\": %.4f", p ? ", " : "", fwd_part_names[p], (double)s->stats.ns[p] / 1e6 / (double)steps);
             printf("}, \"batch\": %ld, \"batch_step_ms\": %.4f, \"batch_tok_s\": %.3f, \"batch_speedup\": %.4f, \"batch_row_ms\": %.4f, \"batch_experts_per_step\": %.2f, "
-                   "\"batch_bytes_per_step\": %.0f, \"batch_floor_ratio\": %.4f, \"batch_expert_reads_per_step\": %.2f",
-                   batch, br.step_ms, br.tok_s, batch ? br.tok_s * dms / 1e3 : 0, br.row_ms, br.experts_step, br.bytes_step, br.floor_ratio, br.reads_step);
+                   "\"batch_bytes_per_step\": %.0f, \"batch_floor_ratio\": %.4f, \"batch_expert_reads_per_step\": %.2f, \"batch_speedup_paired\": %.4f",
+                   batch, br.step_ms, br.tok_s, batch ? br.tok_s * dms / 1e3 : 0, br.row_ms, br.experts_step, br.bytes_step, br.floor_ratio, br.reads_step,
+                   br.speedup_paired);
             printf(", \"batch_breakdown_ms\": {");
             for (int p = 0; p < FS_COUNT; p++) printf("%s\"%s\": %.4f", p ? ", " : "", fwd_part_names[p], br.part_ms[p]);
             printf("}");

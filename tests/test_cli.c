@@ -137,6 +137,30 @@ TEST(cli, bench_json_open_time) {
     CHECK_MSG(m && strstr(m, "opened in ") && strstr(m, "opened in ") < strchr(m + 1, '\n'), "%s", out);
 }
 
+/* bench --batch on a resident model also times one more session right after each batched step
+ * and reports the speedup pair by pair (batch_speedup_paired); under --profile it is not run (0). */
+TEST(cli, bench_batch_paired_speedup) {
+    const char *b = bin();
+    if (!b) return;
+    static char cmd[1024], out[32768], err[4096];
+    for (int prof = 0; prof < 2; prof++) {
+        snprintf(cmd, sizeof cmd, "%s bench --model %s --steps 3 --prompt 6 --prefill-runs 1 --bw-mib 16 --batch 3 --json%s", b, test_data("tiny"),
+                 prof ? " --profile" : "");
+        CHECK_EQ_INT(test_sh(cmd, out, sizeof out, err, sizeof err), 0);
+        size_t n = strlen(out);
+        while (n && out[n - 1] == '\n') out[--n] = 0;
+        const char *last = strrchr(out, '\n');
+        last = last ? last + 1 : out;
+        cJSON *j = cJSON_Parse(last);
+        CHECK_MSG(j != NULL, "last line is not JSON: %s", last);
+        const cJSON *p = j ? cJSON_GetObjectItem(j, "batch_speedup_paired") : NULL;
+        if (prof) CHECK_MSG(cJSON_IsNumber(p) && p->valuedouble == 0, "with --profile: %s", last);
+        else CHECK_MSG(cJSON_IsNumber(p) && p->valuedouble > 0 && p->valuedouble < 100, "batch_speedup_paired: %s", last);
+        CHECK_MSG(prof || strstr(out, "batched decode, paired: "), "%s", out);
+        cJSON_Delete(j);
+    }
+}
+
 /* The int8 kernels' prefetch settings change speed only: a q4 pack (its matrices in the R16
  * layout where the CPU has VNNI) generates the same ids under every --prefetch form. */
 TEST(cli, prefetch_settings_same_ids) {
