@@ -193,12 +193,13 @@ typedef struct batch_result {
 } batch_result;
 
 /* B sessions filled to ctx tokens (random prompts), then `steps` timed forwards of B decode rows
- * through petrel_batch_forward. Resident and unprofiled, one more session at ctx decodes one
- * token right after each timed batched step: the speedup of B rows over one is then also taken
- * pair by pair, at the same moment, so a shared machine's drift between the one-session steps
- * (timed before this) and the batched ones cannot skew it. Bytes per step: the non-expert weights and the head once, plus
+ * through petrel_batch_forward. Bytes per step: the non-expert weights and the head once, plus
  * each routed expert the step ran (the union of the rows' choices, per layer). The floor ratio
- * is the median over steps of step time / (bytes / bandwidth probed right before the step). */
+ * is the median over steps of step time / (bytes / bandwidth probed right before the step).
+ * Resident and unprofiled, one more session at ctx decodes one token right after each timed
+ * batched step: the speedup of B rows over one is then also taken pair by pair, at the same
+ * moment, so a shared machine's drift between the one-session steps (timed before this) and the
+ * batched ones cannot skew it. */
 static int bench_batch(petrel_engine *eng, int B, long ctx, long steps, uint64_t shared_bytes, uint64_t expert1, const uint64_t *bw_buf,
                        size_t bw_n, long bw_mib, int threads, kn_prof *prof, batch_result *out, petrel_error *err) {
     const petrel_config *c = &eng->cfg;

@@ -118,17 +118,23 @@ TEST(cli, bench_profile) {
 
 /* bench --json: one JSON object on the last line, the open's time in it (reading, checking and
  * laying out the weights) and on the model line of the text report */
+/* The JSON object on out's last line (trailing newlines cut from out), or NULL; *last: that line. */
+static cJSON *last_json(char *out, const char **last) {
+    size_t n = strlen(out);
+    while (n && out[n - 1] == '\n') out[--n] = 0;
+    const char *l = strrchr(out, '\n');
+    *last = l ? l + 1 : out;
+    return cJSON_Parse(*last);
+}
+
 TEST(cli, bench_json_open_time) {
     const char *b = bin();
     if (!b) return;
     static char cmd[1024], out[32768], err[4096];
     snprintf(cmd, sizeof cmd, "%s bench --model %s --steps 2 --prompt 6 --prefill-runs 1 --bw-mib 16 --json", b, test_data("tiny"));
     CHECK_EQ_INT(test_sh(cmd, out, sizeof out, err, sizeof err), 0);
-    size_t n = strlen(out);
-    while (n && out[n - 1] == '\n') out[--n] = 0;
-    const char *last = strrchr(out, '\n');
-    last = last ? last + 1 : out;
-    cJSON *j = cJSON_Parse(last);
+    const char *last;
+    cJSON *j = last_json(out, &last);
     CHECK_MSG(j != NULL, "last line is not JSON: %s", last);
     const cJSON *o = j ? cJSON_GetObjectItem(j, "open_s") : NULL;
     CHECK_MSG(cJSON_IsNumber(o) && o->valuedouble > 0 && o->valuedouble < 600, "open_s: %s", last);
@@ -147,11 +153,8 @@ TEST(cli, bench_batch_paired_speedup) {
         snprintf(cmd, sizeof cmd, "%s bench --model %s --steps 3 --prompt 6 --prefill-runs 1 --bw-mib 16 --batch 3 --json%s", b, test_data("tiny"),
                  prof ? " --profile" : "");
         CHECK_EQ_INT(test_sh(cmd, out, sizeof out, err, sizeof err), 0);
-        size_t n = strlen(out);
-        while (n && out[n - 1] == '\n') out[--n] = 0;
-        const char *last = strrchr(out, '\n');
-        last = last ? last + 1 : out;
-        cJSON *j = cJSON_Parse(last);
+        const char *last;
+        cJSON *j = last_json(out, &last);
         CHECK_MSG(j != NULL, "last line is not JSON: %s", last);
         const cJSON *p = j ? cJSON_GetObjectItem(j, "batch_speedup_paired") : NULL;
         if (prof) CHECK_MSG(cJSON_IsNumber(p) && p->valuedouble == 0, "with --profile: %s", last);
