@@ -116,8 +116,6 @@ TEST(cli, bench_profile) {
     }
 }
 
-/* bench --json: one JSON object on the last line, the open's time in it (reading, checking and
- * laying out the weights) and on the model line of the text report */
 /* The JSON object on out's last line (trailing newlines cut from out), or NULL; *last: that line. */
 static cJSON *last_json(char *out, const char **last) {
     size_t n = strlen(out);
@@ -127,6 +125,8 @@ static cJSON *last_json(char *out, const char **last) {
     return cJSON_Parse(*last);
 }
 
+/* bench --json: one JSON object on the last line, the open's time in it (reading, checking and
+ * laying out the weights) and on the model line of the text report */
 TEST(cli, bench_json_open_time) {
     const char *b = bin();
     if (!b) return;
