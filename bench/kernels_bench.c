@@ -14,7 +14,8 @@
  * Dispatch: us per kn_matmul on a tiny matrix (pool fan-out + activation prep), and one token's
  * routed experts (8 x gate/up [2048 x 6144] then 8 x down [6144 x 2048], q4) as 24 kn_matmul
  * calls vs 2 kn_matmul_many calls.
- * BENCH_R16=1: weights repacked to the row-interleaved layout (PT_LAYOUT_R16) first.
+ * BENCH_R16=1: weights repacked to the row-interleaved layout (PT_LAYOUT_R16) first (decode,
+ * prefill, experts and dispatch: the engine's layout for routed experts).
  * Attention (BENCH_ONLY=attn): the exact f32 attention core of one decode row (64 heads x
  * BENCH_N keys, default 512) against the kn_matmul products it replaced; BENCH_COLD=K: the core
  * over K caches in turn (32 at 512 keys is past the last-level cache, as in a decode step).
@@ -202,6 +203,7 @@ static void bench_dispatch(void) {
         g[i] = make_mat(PT_Q4_G64, 2048, 6144);
         u[i] = make_mat(PT_Q4_G64, 2048, 6144);
         d[i] = make_mat(PT_Q4_G64, 6144, 2048);
+        if (getenv("BENCH_R16") && kn_r16_available()) { kn_r16_repack(&g[i].v); kn_r16_repack(&u[i].v); kn_r16_repack(&d[i].v); }
     }
     float *h = malloc(sizeof(float) * E * 2 * 2048), *o = malloc(sizeof(float) * E * 6144);
     double bytes = (double)E * (g[0].bytes + u[0].bytes + d[0].bytes);
