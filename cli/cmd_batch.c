@@ -14,8 +14,6 @@
 #include <string.h>
 
 #include "cli.h"
-#include "kernels/kernels.h"
-#include "model/config.h"
 #include "runtime/sampler.h"
 #include "runtime/spec.h"
 #include "text/tokenizer.h"
@@ -151,8 +149,7 @@ CLI_CMD(batch) {
     if (!rc && cli_engine_open(&mo, &eng, &err)) rc = cli_fail_err("batch", &err);
     job *jobs = rc ? NULL : calloc((size_t)nl, sizeof *jobs);
     if (!rc && !jobs) rc = cli_fail("batch: out of memory");
-    const petrel_config *cfg = eng ? petrel_engine_config(eng) : NULL;
-    int V = cfg ? cfg->vocab_size : 0, any_failed = 0;
+    int V = eng ? petrel_engine_vocab_size(eng) : 0, maxpos = eng ? petrel_engine_max_positions(eng) : 0, any_failed = 0;
     /* parse every line first: a bad one fails alone */
     for (int i = 0; !rc && i < nl; i++) {
         job *j = &jobs[i];
@@ -168,9 +165,9 @@ CLI_CMD(batch) {
         for (int k = 0; n > 0 && k < n; k++)
             if (ids[k] >= V) snprintf(msg, sizeof msg, "token id %d is outside the vocabulary (%d ids)", ids[k], V), n = -1;
         /* the last generated token is never fed back: prompt + n - 1 positions, as generate */
-        if (n > 0 && (long)n + (ngen > 0 ? ngen - 1 : 0) > cfg->max_position_embeddings)
+        if (n > 0 && (long)n + (ngen > 0 ? ngen - 1 : 0) > maxpos)
             snprintf(msg, sizeof msg, "%d prompt + %ld generated tokens need %ld positions, more than the model's context of %d", n, ngen,
-                     (long)n + ngen - 1, cfg->max_position_embeddings), n = -1;
+                     (long)n + ngen - 1, maxpos), n = -1;
         if (n <= 0) {
             fprintf(stderr, "petrel batch: line %d (index %d): %s\n", i + 1, i, msg);
             free(ids);
@@ -226,10 +223,10 @@ CLI_CMD(batch) {
                     next++;
                     continue;
                 }
-                first = (int32_t)kn_argmax(lg, V);
+                first = petrel_argmax(lg, V);
                 j->fed = j->n_prompt;
                 j->ids[j->n_prompt + j->n_out++] = first;
-                if (j->n_out == ngen || (stop_eos && config_is_eos(cfg, first))) j->done = 1;
+                if (j->n_out == ngen || (stop_eos && petrel_engine_is_eos(eng, first))) j->done = 1;
                 else spec_set_token(&j->q, first);
             }
             if (!sc && ngen > 0) { /* a known prefix (a shared system prompt, an earlier line) comes from the cache */
@@ -284,7 +281,7 @@ CLI_CMD(batch) {
                 for (int k = 0; !j->done && k < j->q.nout; k++) {
                     int32_t t = j->q.out[k];
                     j->ids[j->n_prompt + j->n_out++] = t;
-                    if (j->n_out == ngen || (stop_eos && config_is_eos(cfg, t))) j->done = 1;
+                    if (j->n_out == ngen || (stop_eos && petrel_engine_is_eos(eng, t))) j->done = 1;
                 }
                 if (!j->done && j->q.nout) spec_set_token(&j->q, j->q.out[j->q.nout - 1]);
                 j->q.nout = 0;
@@ -326,9 +323,9 @@ CLI_CMD(batch) {
             job *j = &jobs[owner[r]];
             if (j->fed < j->n_prompt && ++j->fed == j->n_prompt) petrel_session_prefix_put(j->s, &(petrel_error){0}); /* a hint */
             if (!rows[r].want_logits) continue;
-            int32_t best = (int32_t)kn_argmax(lg + (size_t)li++ * V, V);
+            int32_t best = petrel_argmax(lg + (size_t)li++ * V, V);
             j->ids[j->n_prompt + j->n_out++] = best;
-            if (j->n_out == ngen || (stop_eos && config_is_eos(cfg, best))) j->done = 1;
+            if (j->n_out == ngen || (stop_eos && petrel_engine_is_eos(eng, best))) j->done = 1;
         }
         for (int a = 0; a < n_active;) { /* finished sessions free their place */
             job *j = &jobs[active[a]];

@@ -6,8 +6,6 @@
 
 #include "base/outfile.h"
 #include "cli.h"
-#include "kernels/kernels.h"
-#include "model/config.h"
 #include "runtime/sampler.h"
 #include "runtime/spec.h"
 
@@ -29,8 +27,7 @@ static const char *usage =
  * ends the output there. */
 static int generate_spec(petrel_engine *eng, const spec_params *dp, const int32_t *ids, int n, long ngen, int stop_eos, int stats,
                          petrel_error *err) {
-    const petrel_config *cfg = petrel_engine_config(eng);
-    int V = cfg->vocab_size, rc = 0;
+    int V = petrel_engine_vocab_size(eng), rc = 0;
     spec_ctx *c = NULL;
     petrel_session *s = NULL;
     sampler smp = {0};
@@ -53,7 +50,7 @@ static int generate_spec(petrel_engine *eng, const spec_params *dp, const int32_
         int32_t t = sampler_sample(&smp, lg, V);
         printf("%d", t);
         done = 1;
-        stop = stop_eos && config_is_eos(cfg, t);
+        stop = stop_eos && petrel_engine_is_eos(eng, t);
         spec_set_token(&q, t);
     }
     while (!rc && !stop && done < ngen) {
@@ -63,7 +60,7 @@ static int generate_spec(petrel_engine *eng, const spec_params *dp, const int32_
         for (int j = 0; j < q.nout && !stop; j++) {
             printf(" %d", q.out[j]);
             done++;
-            stop = stop_eos && config_is_eos(cfg, q.out[j]);
+            stop = stop_eos && petrel_engine_is_eos(eng, q.out[j]);
         }
         if (fflush(stdout) != 0) { rc = cli_fail("generate: writing to stdout failed: %s", strerror(errno)); break; }
         spec_set_token(&q, q.out[q.nout - 1]);
@@ -124,8 +121,7 @@ CLI_CMD(generate) {
     petrel_error err = {0};
     petrel_engine *eng;
     if (cli_engine_open(&mo, &eng, &err)) { free(ids); return cli_fail_err("generate", &err); }
-    const petrel_config *cfg = petrel_engine_config(eng);
-    int V = cfg->vocab_size, rc = 0;
+    int V = petrel_engine_vocab_size(eng), rc = 0;
     if (spec_check(eng, &dp, &err)) {
         free(ids);
         return cli_engine_close("generate", eng, cli_fail_err("generate", &err));
@@ -141,8 +137,9 @@ CLI_CMD(generate) {
     if (!lg) rc = cli_fail("generate: out of memory");
     /* the last generated id is printed, never fed back (n + ngen - 1 positions), unless the
      * session is saved: then it goes in too, so a continuation starts from everything printed */
-    long cap = s_in ? cfg->max_position_embeddings : (long)n + (ngen > 0 ? ngen - 1 : 0) + (s_out ? 1 : 0);
-    if (cap > cfg->max_position_embeddings) cap = cfg->max_position_embeddings;
+    const long maxpos = petrel_engine_max_positions(eng);
+    long cap = s_in ? maxpos : (long)n + (ngen > 0 ? ngen - 1 : 0) + (s_out ? 1 : 0);
+    if (cap > maxpos) cap = maxpos;
     if (!rc && petrel_session_create(eng, (int)cap, &s, &err)) rc = cli_fail_err("generate", &err);
     if (!rc && s_in && petrel_session_load(s, s_in, &err)) rc = cli_fail_err("generate", &err);
     int have = 0; /* lg holds the last cached position's logits */
@@ -159,10 +156,10 @@ CLI_CMD(generate) {
     }
     int32_t best = -1;
     for (long g = 0; !rc && g < ngen; g++) {
-        best = (int32_t)kn_argmax(lg, V);
+        best = petrel_argmax(lg, V);
         printf(g ? " %d" : "%d", best);
         if (fflush(stdout) != 0) { rc = cli_fail("generate: writing to stdout failed: %s", strerror(errno)); break; } /* stop at once */
-        if (stop_eos && config_is_eos(cfg, best)) break;
+        if (stop_eos && petrel_engine_is_eos(eng, best)) break;
         if ((g + 1 < ngen || s_out) && petrel_session_forward(s, &best, 1, lg, 0, &err)) rc = cli_fail_err("generate", &err);
     }
     if (!rc && s_out && petrel_session_save(s, s_out, &err)) rc = cli_fail_err("generate", &err);

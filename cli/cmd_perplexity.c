@@ -52,7 +52,6 @@
 #include "base/file.h"
 #include "base/outfile.h"
 #include "cli.h"
-#include "model/config.h"
 #include "text/tokenizer.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -429,8 +428,7 @@ CLI_CMD(perplexity) {
     petrel_engine *eng = NULL;
     if (ctx && !mo.open.plan_context) mo.open.plan_context = (int)ctx;
     if (cli_engine_open(&mo, &eng, &err) < 0) { free(ids); return cli_fail_err("perplexity", &err); }
-    const petrel_config *cfg = petrel_engine_config(eng);
-    int V = petrel_engine_vocab_size(eng), maxpos = cfg->max_position_embeddings;
+    int V = petrel_engine_vocab_size(eng), maxpos = petrel_engine_max_positions(eng);
     if (!ctx) ctx = maxpos > 0 && maxpos < 512 ? maxpos : 512;
     if (!stride) stride = ctx;
     petrel_session *s = NULL;

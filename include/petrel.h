@@ -136,6 +136,14 @@ void petrel_engine_close(petrel_engine *eng);
 int petrel_engine_finish(petrel_engine *eng, petrel_error *err);
 const petrel_config *petrel_engine_config(const petrel_engine *eng);
 int petrel_engine_vocab_size(const petrel_engine *eng);
+/* The longest context the model was trained for (config.json's max_position_embeddings). */
+int petrel_engine_max_positions(const petrel_engine *eng);
+/* 1 when token is one of the model's end-of-sequence ids (config.json and
+ * generation_config.json's eos_token_id), else 0. */
+int petrel_engine_is_eos(const petrel_engine *eng, int32_t token);
+/* Greedy choice over logits[n] (n >= 1): the lowest index of the largest value that is not NaN;
+ * n - 1 when every value is NaN. The same index on every CPU and kernel set. */
+int32_t petrel_argmax(const float *logits, int n);
 /* The memory plan made at open (resident weights, KV, scratch, expert slots), one item per line;
  * "" when every expert is resident. */
 const char *petrel_engine_plan(const petrel_engine *eng);
@@ -199,6 +207,15 @@ int petrel_session_prefix_get(petrel_session *s, const int32_t *ids, int n, petr
  * admission decisions (a server that would rather queue a request than fail it mid-way). */
 void petrel_kv_usage(const petrel_engine *e, long long *free_positions, long long *total_positions, int *page_positions);
 int petrel_session_kv_reserved(const petrel_session *s);
+
+/* The expert store's counters since open (all zero when every routed expert is resident). */
+typedef struct petrel_expert_stats {
+    uint64_t accesses;      /* routed experts requested (hits + misses) */
+    uint64_t hits;          /* served from memory (a prefetch counts as a hit) */
+    uint64_t bytes_read;    /* expert bytes read from the model file */
+    uint64_t read_failures; /* reads that failed after their retries */
+} petrel_expert_stats;
+void petrel_engine_expert_stats(const petrel_engine *e, petrel_expert_stats *out);
 
 /* Runs n tokens at positions len..len+n-1 as one batch of rows and appends them to the cache.
  * logits: NULL, or [n, vocab] (all rows) when all_logits, else [vocab] for the last row. */

@@ -2,6 +2,7 @@
  * index_topk >= keys == dense causal attention; prefill == decode; group-limited routing ==
  * brute force; top-k) and bad input (safetensors headers, tensors, config.json, prompts), each
  * of which must give a clear error and no crash. */
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -514,5 +515,36 @@ TEST(core, indexer_query_skip_invisible) {
             free(ids);
         }
         petrel_engine_close(e);
+    }
+}
+
+/* The public queries front ends use instead of the config (petrel.h): the context limit, the
+ * end-of-sequence ids (the trained fixture lists three), and petrel_argmax's greedy rule (the
+ * lowest index of the largest value that is not NaN; n - 1 when every value is NaN) against a
+ * plain loop, over rows with planted ties, NaNs and infinities. */
+TEST(core, public_engine_queries) {
+    petrel_engine *e = open_tiny("trained");
+    CHECK(e->cfg.max_position_embeddings > 0);
+    CHECK_EQ_INT(petrel_engine_max_positions(e), e->cfg.max_position_embeddings);
+    int V = petrel_engine_vocab_size(e), n_eos = 0;
+    CHECK(e->cfg.n_eos >= 2);
+    for (int t = 0; t < V; t++) n_eos += petrel_engine_is_eos(e, t);
+    CHECK_EQ_INT(n_eos, e->cfg.n_eos);
+    for (int i = 0; i < e->cfg.n_eos; i++) CHECK(petrel_engine_is_eos(e, e->cfg.eos_token_id[i]) == 1);
+    CHECK(petrel_engine_is_eos(e, -1) == 0 && petrel_engine_is_eos(e, V) == 0);
+    petrel_engine_close(e);
+    float x[300];
+    for (int it = 0; it < 400; it++) {
+        int n = 1 + (int)(rnd() % 300);
+        for (int i = 0; i < n; i++) {
+            uint32_t r = rnd() % 16;
+            x[i] = r == 0 ? NAN : r == 1 ? 3.0f : r == 2 ? -INFINITY : r == 3 && it % 7 == 0 ? INFINITY : rndf();
+        }
+        if (it % 50 == 0)
+            for (int i = 0; i < n; i++) x[i] = NAN;
+        int best = 0;
+        for (int i = 1; i < n; i++)
+            if (x[i] > x[best] || x[best] != x[best]) best = i;
+        CHECK_MSG(petrel_argmax(x, n) == best, "row %d (n %d): %d, want %d", it, n, petrel_argmax(x, n), best);
     }
 }

@@ -102,6 +102,40 @@ static void fault_hook(void *ctx, int layer, int expert, int attempt, xs_fault *
     if (fault_mode == 2) { f->kind = XS_FAULT_SHORT; f->short_bytes = 100; }
 }
 
+/* petrel_engine_expert_stats, the public form of the store's counters (the server's /metrics):
+ * all zero when every expert is resident; after forwards over a streamed engine, the store's
+ * own counters field by field (4 slots of 16 experts: reads happen; prefetched experts count as
+ * hits). */
+TEST(stream, public_expert_stats) {
+    const char *pk = make_pack("tiny", CVQ_BF16);
+    petrel_error err = {0};
+    petrel_engine *res = NULL, *str = NULL;
+    petrel_open_opts o1 = {0}, o2 = {0};
+    o2.expert_slots = 4;
+    CHECK(petrel_engine_open(pk, &o1, &res, &err) == 0);
+    CHECK_MSG(petrel_engine_open(pk, &o2, &str, &err) == 0, "%s", err.msg);
+    if (res && str) {
+        int32_t ids[12] = {5, 17, 300, 42, 7, 9, 11, 500, 600, 700, 800, 900};
+        int rc;
+        free(logits_of(res, ids, 12, 0, &rc, &err));
+        CHECK(rc == 0);
+        free(logits_of(str, ids, 12, 1, &rc, &err));
+        CHECK(rc == 0);
+        petrel_expert_stats a, b;
+        memset(&a, 0xff, sizeof a);
+        petrel_engine_expert_stats(res, &a);
+        CHECK(a.accesses == 0 && a.hits == 0 && a.bytes_read == 0 && a.read_failures == 0);
+        petrel_engine_expert_stats(str, &b);
+        xs_stats xs = {0};
+        xs_store_stats(str->xs, &xs);
+        CHECK(b.accesses == xs.accesses && b.hits == xs.hits && b.bytes_read == xs.bytes_read && b.read_failures == xs.read_failures);
+        CHECK_MSG(b.accesses > 0 && b.hits <= b.accesses && b.bytes_read > 0, "accesses %llu hits %llu bytes %llu", (unsigned long long)b.accesses,
+                  (unsigned long long)b.hits, (unsigned long long)b.bytes_read);
+    }
+    petrel_engine_close(res);
+    petrel_engine_close(str);
+}
+
 TEST(stream, faults_fail_cleanly) {
     const char *pk = make_pack("tiny", CVQ_BF16);
     petrel_error err = {0};

@@ -371,6 +371,9 @@ void petrel_engine_close(petrel_engine *e) {
 
 const petrel_config *petrel_engine_config(const petrel_engine *e) { return &e->cfg; }
 int petrel_engine_vocab_size(const petrel_engine *e) { return e->cfg.vocab_size; }
+int petrel_engine_max_positions(const petrel_engine *e) { return e->cfg.max_position_embeddings; }
+int petrel_engine_is_eos(const petrel_engine *e, int32_t token) { return config_is_eos(&e->cfg, token); }
+int32_t petrel_argmax(const float *logits, int n) { return (int32_t)kn_argmax(logits, n); }
 const char *petrel_engine_plan(const petrel_engine *e) { return e->plan_text; }
 const char *petrel_engine_device(const petrel_engine *e) { return e->cu ? cu_model_describe(e->cu) : "cpu"; }
 
@@ -450,6 +453,12 @@ void petrel_kv_usage(const petrel_engine *e, long long *free_positions, long lon
 }
 
 int petrel_session_kv_reserved(const petrel_session *s) { return kv_seq_reserved(s->kv); }
+
+void petrel_engine_expert_stats(const petrel_engine *e, petrel_expert_stats *out) {
+    xs_stats xs = {0};
+    if (e->xs) xs_store_stats(e->xs, &xs);
+    *out = (petrel_expert_stats){xs.accesses, xs.hits, xs.bytes_read, xs.read_failures};
+}
 
 /* The GPU's caches are not paged into the host pool: files and prefixes wait for that. */
 #define CU_NO_FILES "session files are not written from the GPU's cache yet (--device cuda)"

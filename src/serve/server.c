@@ -13,6 +13,7 @@
 #include <netinet/in.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -22,9 +23,6 @@
 
 #include "base/sbuf.h"
 #include "base/err.h"
-#include "experts/xs.h"
-#include "model/config.h"
-#include "model/engine.h"
 #include "runtime/chat.h"
 #include "runtime/sampler.h"
 #include "runtime/spec.h"
@@ -303,7 +301,7 @@ static void flush_and_finish(serve *sv, job *j, const char *finish) {
 
 static int is_stop_id(serve *sv, job *j, int32_t t) {
     if (j->ignore_eos) return 0;
-    if (config_is_eos(petrel_engine_config(sv->eng), t)) return 1;
+    if (petrel_engine_is_eos(sv->eng, t)) return 1;
     for (int k = 0; j->chat && k < sv->n_chat_stop; k++)
         if (sv->chat_stop[k] == t) return 1;
     return 0;
@@ -1448,8 +1446,8 @@ static int handle_metrics(serve *sv, struct MHD_Connection *c) {
     sb_printf(&b, "# HELP petrel_kv_pages_in_use KV pages held by sessions (pages only the prefix cache holds count as free).\n");
     sb_printf(&b, "# TYPE petrel_kv_pages_in_use gauge\npetrel_kv_pages_in_use %lld\n", (kv_total - kv_free) / kv_page);
     sb_printf(&b, "# TYPE petrel_kv_pages_total gauge\npetrel_kv_pages_total %lld\n", kv_total / kv_page);
-    xs_stats xs = {0};
-    if (sv->eng->xs) xs_store_stats(sv->eng->xs, &xs);
+    petrel_expert_stats xs;
+    petrel_engine_expert_stats(sv->eng, &xs);
     sb_printf(&b, "# HELP petrel_expert_accesses_total Routed experts requested from the expert store (hits + misses).\n");
     sb_printf(&b, "# TYPE petrel_expert_accesses_total counter\npetrel_expert_accesses_total %llu\n", (unsigned long long)xs.accesses);
     sb_printf(&b, "# TYPE petrel_expert_hits_total counter\npetrel_expert_hits_total %llu\n", (unsigned long long)xs.hits);
@@ -1544,7 +1542,6 @@ int serve_start(petrel_engine *eng, const tokenizer *tok, const jinja_template *
     sv->tok = tok;
     sv->tmpl = tmpl;
     sv->o = *o;
-    const petrel_config *cfg = petrel_engine_config(eng);
     sv->V = petrel_engine_vocab_size(eng);
     if (sv->o.parallel <= 0) sv->o.parallel = 8;
     if (sv->o.max_rows <= 0) sv->o.max_rows = 512;
@@ -1552,7 +1549,7 @@ int serve_start(petrel_engine *eng, const tokenizer *tok, const jinja_template *
     if (sv->o.keepalive_ms <= 0) sv->o.keepalive_ms = 5000;
     if (sv->o.max_connections <= 0) sv->o.max_connections = 512;
     if (sv->o.max_rows < sv->o.parallel) sv->o.max_rows = sv->o.parallel;
-    int maxpos = cfg->max_position_embeddings;
+    int maxpos = petrel_engine_max_positions(eng);
     sv->ctx = sv->o.ctx > 0 ? sv->o.ctx : 4096;
     if (sv->ctx > maxpos) sv->ctx = maxpos;
     sv->model_name = strdup(o->model_name && *o->model_name ? o->model_name : "petrel");
