@@ -6,10 +6,9 @@
 
 #include "base/outfile.h"
 #include "cli.h"
-#include "model/engine.h"
 
 static const char *usage =
-    "usage: petrel logits --model DIR --ids 1,2,3 --out FILE [--decode]\n"
+    "usage: petrel logits --model DIR --ids 1,2,3 --out FILE [--decode | --mtp]\n"
     "Writes little-endian float32 logits [T, vocab] for every prompt position to FILE.\n"
     "  --ids LIST           prompt token ids, comma separated\n"
     "  --out FILE           output file (written whole at the end, or not at all; a symlink,\n"
@@ -17,17 +16,6 @@ static const char *usage =
     "  --decode             feed the prompt one token at a time through the KV cache\n"
     "  --mtp                the MTP head's logits instead, [T-1, vocab]: row i from the main model's\n"
     "                       final-normed hidden state at position i and the embedding of id i+1\n" CLI_MODEL_OPTS_HELP;
-
-typedef struct mtp_hid {
-    float *all; /* [T][H] */
-    int H;
-} mtp_hid;
-static int keep_hidden(void *user, const float *hidden, int done, int T, petrel_error *err) {
-    (void)err;
-    mtp_hid *h = user;
-    memcpy(h->all + (size_t)done * h->H, hidden, sizeof(float) * (size_t)T * h->H);
-    return 0;
-}
 
 CLI_CMD(logits) {
     cli_model_opts mo = {0};
@@ -47,6 +35,7 @@ CLI_CMD(logits) {
     if (!mo.model) return cli_fail("logits: --model is required");
     if (!ids_s) return cli_fail("logits: --ids is required");
     if (!out) return cli_fail("logits: --out is required");
+    if (decode && mtp) return cli_fail("logits: --decode and --mtp do not combine (the MTP rows come from one pass)");
     if (cli_out_check("logits", out, mo.model)) return 1; /* before the model runs */
     char msg[256];
     int32_t *ids;
@@ -60,21 +49,11 @@ CLI_CMD(logits) {
     petrel_session *s = NULL;
     float *lg = malloc(sizeof(float) * (size_t)n * (size_t)V);
     if (!lg) rc = cli_fail("logits: out of memory for %d x %d logits", n, V);
-    if (!rc && mtp && (!eng->w.has_mtp || n < 2))
+    if (!rc && mtp && (!petrel_engine_has_mtp(eng) || n < 2))
         rc = cli_fail("logits: --mtp: %s", n < 2 ? "the prompt needs at least 2 ids" : "this model has no MTP layer");
     if (!rc && petrel_session_create(eng, n, &s, &err)) rc = cli_fail_err("logits", &err);
     if (!rc && mtp) {
-        mtp_hid h = {malloc(sizeof(float) * (size_t)n * eng->cfg.hidden_size), eng->cfg.hidden_size};
-        float *buf = malloc(sizeof(float) * (size_t)session_span_rows(s) * eng->cfg.hidden_size);
-        if (!h.all || !buf) rc = cli_fail("logits: out of memory");
-        if (!rc && session_forward_h(s, ids, n, NULL, 0, buf, keep_hidden, &h, &err)) rc = cli_fail_err("logits", &err);
-        for (int r0 = 0; !rc && r0 < n - 1; r0 += s->max_batch) { /* the MTP rows in pieces of a chunk */
-            int t = n - 1 - r0 < s->max_batch ? n - 1 - r0 : s->max_batch;
-            fwd_seg one = {s, 0, t};
-            if (fwd_mtp(s, &one, 1, ids + 1 + r0, h.all + (size_t)r0 * h.H, t, lg + (size_t)r0 * V, &err)) rc = cli_fail_err("logits", &err);
-        }
-        free(h.all);
-        free(buf);
+        if (petrel_session_mtp_logits(s, ids, n, lg, &err)) rc = cli_fail_err("logits", &err);
         n--; /* T - 1 rows written */
     } else if (!rc) {
         if (decode) {

@@ -221,6 +221,17 @@ void petrel_engine_expert_stats(const petrel_engine *e, petrel_expert_stats *out
  * logits: NULL, or [n, vocab] (all rows) when all_logits, else [vocab] for the last row. */
 int petrel_session_forward(petrel_session *s, const int32_t *ids, int n, float *logits,
                            int all_logits, petrel_error *err);
+
+/* 1 when the model has an MTP (next-token prediction) layer, the draft head of speculative
+ * decoding. */
+int petrel_engine_has_mtp(const petrel_engine *eng);
+/* The MTP head's logits over a prompt: runs ids[0..n) through the empty session s (appending
+ * them, as petrel_session_forward) and the MTP layer over them, writing logits [n - 1][vocab]:
+ * row i from the main model's final-normed hidden state at position i and the embedding of
+ * ids[i + 1] (its prediction for position i + 2). PETREL_EUNSUPPORTED without an MTP layer;
+ * PETREL_EINVAL for n < 2 or a session that already holds tokens. */
+int petrel_session_mtp_logits(petrel_session *s, const int32_t *ids, int n, float *logits,
+                              petrel_error *err);
 /* Batches: rows of many sessions in one forward pass. A row is (session, token, wants logits)
  * and takes its session's next position; a session may contribute several rows (a prompt chunk,
  * a verify window), which must be consecutive in the list and at most its chunk (the largest

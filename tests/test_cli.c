@@ -41,24 +41,27 @@ TEST(cli, logits_file_matches_golden) {
     char p[600];
     snprintf(p, sizeof p, "%s/golden.safetensors", test_data("tiny"));
     if (st_open(p, &g, &e)) { test_fail(__FILE__, __LINE__, "%s", e.msg); return; }
-    const st_tensor *ids = st_find(g, "prompt_1.ids"), *ref = st_find(g, "prompt_1.logits");
-    CHECK(ids && ref);
-    if (!ids || !ref) { st_close(g); return; }
+    const st_tensor *ids = st_find(g, "prompt_1.ids"), *ref0 = st_find(g, "prompt_1.logits"), *mref = st_find(g, "prompt_1.mtp_logits");
+    CHECK(ids && ref0 && mref);
+    if (!ids || !ref0 || !mref) { st_close(g); return; }
     char idstr[1024] = "";
     for (int i = 0; i < ids->shape[0]; i++) {
         char t[16];
         snprintf(t, sizeof t, i ? ",%d" : "%d", ((const int32_t *)ids->data)[i]);
         strcat(idstr, t);
     }
-    for (int dec = 0; dec < 2; dec++) {
+    static const char *const mode[3] = {"", " --decode", " --mtp"}; /* --mtp: the MTP head's T - 1 rows */
+    for (int dec = 0; dec < 3; dec++) {
         char cmd[2048], out[256], err[4096], of[300];
+        const st_tensor *ref = dec == 2 ? mref : ref0;
         snprintf(of, sizeof of, "%s/logits%d.bin", test_tmpdir(), dec);
-        snprintf(cmd, sizeof cmd, "%s logits --model %s --ids %s --out %s%s", b, test_data("tiny"), idstr, of, dec ? " --decode" : "");
+        snprintf(cmd, sizeof cmd, "%s logits --model %s --ids %s --out %s%s", b, test_data("tiny"), idstr, of, mode[dec]);
         CHECK_EQ_INT(test_sh(cmd, out, sizeof out, err, sizeof err), 0);
         FILE *f = fopen(of, "rb");
         CHECK(f != NULL);
         if (!f) continue;
-        size_t n = (size_t)(ids->shape[0] * 1024);
+        size_t n = (size_t)((ids->shape[0] - (dec == 2)) * 1024);
+        CHECK_EQ_INT(ref->shape[0] * ref->shape[1], n);
         float *lg = malloc(n * 4 + 4);
         CHECK_EQ_INT(fread(lg, 4, n + 1, f), n);
         fclose(f);
@@ -68,7 +71,7 @@ TEST(cli, logits_file_matches_golden) {
             num += d * d;
             den += (double)((const float *)ref->data)[i] * ((const float *)ref->data)[i];
         }
-        CHECK_MSG(sqrt(num / den) < 1e-4, "CLI logits rel err %.3g", sqrt(num / den));
+        CHECK_MSG(sqrt(num / den) < 1e-4, "CLI logits%s rel err %.3g", mode[dec], sqrt(num / den));
         free(lg);
     }
     st_close(g);
@@ -184,7 +187,7 @@ TEST(cli, failures_are_one_line) {
     const char *b = bin();
     if (!b) return;
     const char *tiny = test_data("tiny");
-    char cases[][1024] = {"", "", "", "", "", "", "", "", "", "", "", "", ""};
+    char cases[][1024] = {"", "", "", "", "", "", "", "", "", "", "", "", "", ""};
     snprintf(cases[0], 1024, "%s generate --model /nonexistent --ids 1 -n 2", b);
     snprintf(cases[1], 1024, "%s generate --model %s --ids 1,99999 -n 2", b, tiny);
     snprintf(cases[2], 1024, "%s generate --model %s --ids '' -n 2", b, tiny);
@@ -198,7 +201,8 @@ TEST(cli, failures_are_one_line) {
     snprintf(cases[10], 1024, "%s generate --model %s --ids 1 -n 2 --isa vax", b, tiny);
     snprintf(cases[11], 1024, "%s generate --model %s --ids 1 -n 2 --act-quant maybe", b, tiny);
     snprintf(cases[12], 1024, "%s generate --model %s --ids 1 -n 2 --relayout", b, tiny);
-    for (int i = 0; i < 13; i++) {
+    snprintf(cases[13], 1024, "%s logits --model %s --ids 1,2 --out %s/x.bin --decode --mtp", b, tiny, test_tmpdir());
+    for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++) {
         char out[4096], err[4096];
         int rc = test_sh(cases[i], out, sizeof out, err, sizeof err);
         CHECK_MSG(rc != 0, "case %d exited 0", i);

@@ -58,6 +58,18 @@ static void check_mtp(const char *name) {
         }
         CHECK(ok);
         if (ok && rc == 0) CHECK_MSG(!memcmp(lg, lg1, sizeof(float) * (size_t)n * V), "%s prompt %d: MTP rows one at a time differ from one pass", name, pi);
+        /* the public form (petrel_session_mtp_logits, what `petrel logits --mtp` runs): the same bits */
+        petrel_session *s2;
+        CHECK(petrel_session_create(e, T, &s2, &err) == 0);
+        float *lg2 = malloc(sizeof(float) * (size_t)n * V);
+        CHECK_MSG(petrel_session_mtp_logits(s2, id, T, lg2, &err) == 0, "%s", err.msg);
+        if (rc == 0) CHECK_MSG(!memcmp(lg, lg2, sizeof(float) * (size_t)n * V), "%s prompt %d: petrel_session_mtp_logits differs from fwd_mtp", name, pi);
+        CHECK_EQ_INT(petrel_session_len(s2), T);
+        CHECK(petrel_session_mtp_logits(s2, id, T, lg2, &err) == PETREL_EINVAL && strstr(err.msg, "empty session")); /* holds T tokens now */
+        CHECK(petrel_session_truncate(s2, 0, &err) == 0);
+        CHECK(petrel_session_mtp_logits(s2, id, 1, lg2, &err) == PETREL_EINVAL && strstr(err.msg, "at least 2"));
+        free(lg2);
+        petrel_session_free(s2);
         /* truncation rolls the MTP cache back with the main one */
         CHECK(petrel_session_truncate(s, 1, &err) == 0);
         CHECK_EQ_INT(s->mtp_len, 1);
@@ -88,6 +100,11 @@ TEST(mtp, absent_refused) {
     fwd_seg one = {s, 0, 1};
     CHECK(e->cfg.hidden_size <= 256);
     CHECK(fwd_mtp(s, &one, 1, &t, h, 1, NULL, &err) == PETREL_EUNSUPPORTED);
+    int32_t two[2] = {1, 2};
+    float lg[2048];
+    CHECK(e->cfg.vocab_size <= 2048);
+    CHECK(!petrel_engine_has_mtp(e));
+    CHECK(petrel_session_mtp_logits(s, two, 2, lg, &err) == PETREL_EUNSUPPORTED && strstr(err.msg, "no MTP"));
     petrel_session_free(s);
     petrel_engine_close(e);
 }

@@ -454,6 +454,39 @@ void petrel_kv_usage(const petrel_engine *e, long long *free_positions, long lon
 
 int petrel_session_kv_reserved(const petrel_session *s) { return kv_seq_reserved(s->kv); }
 
+int petrel_engine_has_mtp(const petrel_engine *e) { return e->w.has_mtp; }
+
+typedef struct mtp_hidden {
+    float *all; /* [n][H] */
+    int H;
+} mtp_hidden;
+static int keep_hidden(void *user, const float *hidden, int done, int T, petrel_error *err) {
+    (void)err;
+    mtp_hidden *h = user;
+    memcpy(h->all + (size_t)done * h->H, hidden, sizeof(float) * (size_t)T * h->H);
+    return 0;
+}
+
+int petrel_session_mtp_logits(petrel_session *s, const int32_t *ids, int n, float *logits, petrel_error *err) {
+    const petrel_engine *e = s->eng;
+    if (!e->w.has_mtp) return pt_err(err, PETREL_EUNSUPPORTED, "this model has no MTP layer");
+    if (n < 2) return pt_err(err, PETREL_EINVAL, "the MTP head's logits need a prompt of at least 2 ids (got %d)", n);
+    if (s->len) return pt_err(err, PETREL_EINVAL, "the MTP head's logits need an empty session (this one holds %d tokens)", s->len);
+    int H = e->cfg.hidden_size, V = e->cfg.vocab_size, rc = 0;
+    mtp_hidden h = {malloc(sizeof(float) * (size_t)n * H), H};
+    float *buf = malloc(sizeof(float) * (size_t)session_span_rows(s) * H);
+    if (!h.all || !buf) rc = pt_err(err, PETREL_ENOMEM, "out of memory");
+    if (!rc) rc = session_forward_h(s, ids, n, NULL, 0, buf, keep_hidden, &h, err);
+    for (int r0 = 0; !rc && r0 < n - 1; r0 += s->max_batch) { /* the MTP rows in pieces of a chunk */
+        int t = n - 1 - r0 < s->max_batch ? n - 1 - r0 : s->max_batch;
+        fwd_seg one = {s, 0, t};
+        rc = fwd_mtp(s, &one, 1, ids + 1 + r0, h.all + (size_t)r0 * H, t, logits + (size_t)r0 * V, err);
+    }
+    free(h.all);
+    free(buf);
+    return rc;
+}
+
 void petrel_engine_expert_stats(const petrel_engine *e, petrel_expert_stats *out) {
     xs_stats xs = {0};
     if (e->xs) xs_store_stats(e->xs, &xs);
