@@ -10,9 +10,6 @@
 #include "base/err.h"
 #include "base/outfile.h"
 #include "cli.h"
-#include "model/engine.h"
-#include "kernels/kernels.h"
-#include "io/pack.h"
 
 void cli_progress_fn(void *user, long long done, long long total) {
     cli_progress *p = user;
@@ -251,9 +248,8 @@ int cli_engine_open(const cli_model_opts *mo, petrel_engine **eng, petrel_error 
         if (plan && *plan) fprintf(stderr, "petrel: memory plan for %s:\n%s%s", mo->model, plan, plan[strlen(plan) - 1] == '\n' ? "" : "\n");
     }
     if (rc == 0 && mo->open.verbose && mo->open.device) fprintf(stderr, "petrel: device %s\n", petrel_engine_device(*eng));
-    if (rc == 0 && (*eng)->pack && pack_has_r16((*eng)->pack) && !(*eng)->kt.vnni)
-        fprintf(stderr, "petrel: note: %s stores its experts for AVX-512 VNNI kernels, which this CPU lacks; they run on the slow scalar path "
-                        "(reconvert with --expert-layout plain)\n", mo->model);
+    const char *note = rc == 0 ? petrel_engine_note(*eng) : "";
+    if (*note) fprintf(stderr, "petrel: note: %s %s\n", mo->model, note);
     return rc;
 }
 

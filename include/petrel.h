@@ -150,6 +150,10 @@ const char *petrel_engine_plan(const petrel_engine *eng);
 /* Where the engine's forwards run, one line: "cpu", or the GPU and what it holds ("NVIDIA H200
  * (cuda:0, 139.8 GiB), weights 2.31 GB in HBM"). */
 const char *petrel_engine_device(const petrel_engine *eng);
+/* What the user of this open should be told about how it will run, one line without a trailing
+ * newline, to follow the model's name; "" when nothing. Today: a pack whose experts are laid out
+ * for AVX-512 VNNI kernels opened where the kernel set has none. */
+const char *petrel_engine_note(const petrel_engine *eng);
 
 /* A model's side files, for front ends (no weights are read): `name` (tokenizer.json,
  * tokenizer_config.json, generation_config.json, chat_template.jinja) of the model at path:

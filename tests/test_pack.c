@@ -697,3 +697,31 @@ TEST(pack, reads_after_replace_stay_on_the_opened_file) {
     free(z);
     free(b);
 }
+
+/* petrel_engine_note: a q4 pack (experts in the r16 layout) opened with a kernel set without
+ * VNNI (--isa avx2 / scalar) says its experts run slowly; with the CPU's best set the note is
+ * there exactly when that set has no VNNI; a Hugging Face folder never has one. */
+TEST(pack, note_r16_without_vnni) {
+    const char *pk = test_pack_of("tiny", CVQ_Q4);
+    if (!pk) return;
+    const char *isas[3] = {"avx2", "scalar", NULL};
+    for (int i = 0; i < 3; i++) {
+        petrel_open_opts o = {0};
+        o.isa = isas[i];
+        petrel_engine *e = NULL;
+        petrel_error err = {0};
+        if (petrel_engine_open(pk, &o, &e, &err)) { test_fail(__FILE__, __LINE__, "open %s: %s", isas[i] ? isas[i] : "auto", err.msg); continue; }
+        CHECK(pack_has_r16(e->pack));
+        const char *note = petrel_engine_note(e);
+        CHECK_MSG((*note != 0) == !e->kt.vnni && strchr(note, '\n') == NULL, "isa %s (vnni %d): note \"%s\"", isas[i] ? isas[i] : "auto", e->kt.vnni, note);
+        if (isas[i]) CHECK(strstr(note, "VNNI") != NULL);
+        petrel_engine_close(e);
+    }
+    petrel_engine *h = NULL;
+    petrel_error err = {0};
+    petrel_open_opts o = {0};
+    o.isa = "scalar";
+    CHECK(petrel_engine_open(test_data("tiny"), &o, &h, &err) == 0);
+    if (h) CHECK_MSG(*petrel_engine_note(h) == 0, "%s", petrel_engine_note(h));
+    petrel_engine_close(h);
+}

@@ -376,6 +376,12 @@ int petrel_engine_is_eos(const petrel_engine *e, int32_t token) { return config_
 int32_t petrel_argmax(const float *logits, int n) { return (int32_t)kn_argmax(logits, n); }
 const char *petrel_engine_plan(const petrel_engine *e) { return e->plan_text; }
 const char *petrel_engine_device(const petrel_engine *e) { return e->cu ? cu_model_describe(e->cu) : "cpu"; }
+const char *petrel_engine_note(const petrel_engine *e) {
+    if (e->pack && pack_has_r16(e->pack) && !e->kt.vnni)
+        return "stores its experts for AVX-512 VNNI kernels, which this CPU (or --isa) lacks; they run on the slow scalar path "
+               "(reconvert with --expert-layout plain)";
+    return "";
+}
 
 size_t session_prefill_row_bytes(const petrel_config *c, int ctx) {
     return pf_carve(NULL, c, 1, c->index_topk < ctx ? c->index_topk : ctx, NULL); /* with its alignment: a little over */
