@@ -9,11 +9,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/file.h"
 #include "base/sbuf.h"
 #include "base/err.h"
 #include "base/outfile.h"
 #include "cli.h"
-#include "model/config.h"
 #include "runtime/chat.h"
 #include "runtime/generate.h"
 #include "runtime/spec.h"
@@ -247,7 +247,7 @@ CLI_CMD(chat) {
     if (jinja_compile(src, sl, &tmpl, &err) < 0) { rc = cli_fail_err("chat: chat template", &err); goto done; }
     if (session && pt_out_check(session, mo.model, &err) < 0) { rc = cli_fail_err("chat: --session", &err); goto done; } /* before the work */
     if (cli_engine_open(&mo, &eng, &err) < 0) { rc = cli_fail_err("chat", &err); goto done; }
-    int maxpos = petrel_engine_config(eng)->max_position_embeddings;
+    int maxpos = petrel_engine_max_positions(eng);
     int ctx = ctx_opt < maxpos ? (int)ctx_opt : maxpos;
     if (gen_init(&g, eng, tok, ctx, &sp, &err) < 0) { rc = cli_fail_err("chat", &err); goto done; }
     have_gen = 1;

@@ -16,7 +16,6 @@
 #include "io/pack.h"
 #include "base/outfile.h"
 #include "cli.h"
-#include "model/config.h"
 #include "runtime/chat.h"
 #include "runtime/generate.h"
 #include "runtime/sampler.h"
