@@ -154,6 +154,10 @@ const char *petrel_engine_device(const petrel_engine *eng);
  * newline, to follow the model's name; "" when nothing. Today: a pack whose experts are laid out
  * for AVX-512 VNNI kernels opened where the kernel set has none. */
 const char *petrel_engine_note(const petrel_engine *eng);
+/* A description of the open model for people (`petrel info`): the config, the layer schedule,
+ * where the weights came from, the tensors by kind with their memory, the KV cache per token;
+ * lines ending in '\n'. *out is malloc'd (free() it). */
+int petrel_engine_describe(const petrel_engine *eng, char **out, petrel_error *err);
 
 /* A model's side files, for front ends (no weights are read): `name` (tokenizer.json,
  * tokenizer_config.json, generation_config.json, chat_template.jinja) of the model at path:

@@ -519,7 +519,8 @@ TEST(core, indexer_query_skip_invisible) {
 }
 
 /* The public queries front ends use instead of the config (petrel.h): the context limit, the
- * end-of-sequence ids (the trained fixture lists three), and petrel_argmax's greedy rule (the
+ * end-of-sequence ids (the trained fixture lists three), the description `petrel info` prints,
+ * and petrel_argmax's greedy rule (the
  * lowest index of the largest value that is not NaN; n - 1 when every value is NaN) against a
  * plain loop, over rows with planted ties, NaNs and infinities. */
 TEST(core, public_engine_queries) {
@@ -532,6 +533,14 @@ TEST(core, public_engine_queries) {
     CHECK_EQ_INT(n_eos, e->cfg.n_eos);
     for (int i = 0; i < e->cfg.n_eos; i++) CHECK(petrel_engine_is_eos(e, e->cfg.eos_token_id[i]) == 1);
     CHECK(petrel_engine_is_eos(e, -1) == 0 && petrel_engine_is_eos(e, V) == 0);
+    char *text = NULL;
+    petrel_error err = {0};
+    CHECK(petrel_engine_describe(e, &text, &err) == 0);
+    char want[64];
+    snprintf(want, sizeof want, "max_position_embeddings %d\n", e->cfg.max_position_embeddings);
+    if (text) CHECK_MSG(strstr(text, "model_type       glm_moe_dsa\n") && strstr(text, want) && strstr(text, "\nkv cache ") &&
+                        text[strlen(text) - 1] == '\n', "%s", text);
+    free(text);
     petrel_engine_close(e);
     float x[300];
     for (int it = 0; it < 400; it++) {
