@@ -202,6 +202,17 @@ int petrel_session_tokens(const petrel_session *s, const int32_t **ids);
 /* A new session holding src's positions, sharing its pages copy-on-write (no copy until one of
  * them writes into a shared page): n samples of one prompt, a verify window on a copy. */
 int petrel_session_fork(const petrel_session *src, petrel_session **out, petrel_error *err);
+/* A snapshot: src's positions and tokens as they are now, sharing its pages copy-on-write (no
+ * copy, no scratch), for writing a session file off the forward's thread while the session goes
+ * on. Its file is the one petrel_session_save would have written at that moment. tokens: the
+ * ids of its positions; id: what its file is made for (the model's identity and the session's
+ * adapter set), e.g. to name files. PETREL_EUNSUPPORTED for a session on the GPU. */
+typedef struct petrel_snapshot petrel_snapshot;
+int petrel_session_snapshot(const petrel_session *src, petrel_snapshot **out, petrel_error *err);
+int petrel_snapshot_tokens(const petrel_snapshot *k, const int32_t **ids);
+uint64_t petrel_snapshot_id(const petrel_snapshot *k);
+int petrel_snapshot_save(const petrel_snapshot *k, const char *path, petrel_error *err);
+void petrel_snapshot_free(petrel_snapshot *k);
 /* The engine's prefix cache: put registers the session's full pages under their token prefix;
  * get fills an EMPTY session with the longest cached prefix of ids[0..n) (whole pages) and
  * returns its length (0: none), so only the rest needs a prefill. Pass n - 1 for a prompt whose

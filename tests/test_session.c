@@ -183,6 +183,59 @@ TEST(session, fork_equals_independent) {
     petrel_engine_close(e);
 }
 
+static uint8_t *read_whole(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long m = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    uint8_t *b = m > 0 ? malloc((size_t)m) : NULL;
+    *n = b && fread(b, 1, (size_t)m, f) == (size_t)m ? (size_t)m : 0;
+    fclose(f);
+    return b;
+}
+
+/* petrel_session_snapshot (what `serve --session-dir` hands its writer): its file is the one the
+ * session would have saved when the snapshot was taken, byte for byte, after the session has
+ * written into the shared last page and after the session is gone; its tokens are the
+ * session's then; its id is the file's (the model's identity and the adapter set). */
+TEST(session, snapshot_saves_what_was) {
+    petrel_engine *e = open_kv("trained", NULL, 0);
+    if (!e) return;
+    int V = e->cfg.vocab_size, N = 37; /* inside a page (64 positions): the next tokens write into a shared page */
+    int32_t ids[48];
+    prompt_ids(ids, 48, V, 3);
+    petrel_error err = {0};
+    petrel_session *a = NULL;
+    petrel_snapshot *k = NULL;
+    char fa[600], fb[600], fc[600];
+    snprintf(fa, sizeof fa, "%s/snap_a.psess", test_tmpdir());
+    snprintf(fb, sizeof fb, "%s/snap_b.psess", test_tmpdir());
+    snprintf(fc, sizeof fc, "%s/snap_c.psess", test_tmpdir());
+    CHECK(petrel_session_create(e, 48, &a, &err) == 0 && petrel_session_forward(a, ids, N, NULL, 0, &err) == 0);
+    CHECK(petrel_session_save(a, fa, &err) == 0);
+    CHECK_MSG(petrel_session_snapshot(a, &k, &err) == 0, "%s", err.msg);
+    if (k) {
+        const int32_t *t;
+        CHECK_EQ_INT(petrel_snapshot_tokens(k, &t), N);
+        CHECK(!memcmp(t, ids, sizeof(int32_t) * N));
+        CHECK(petrel_snapshot_id(k) == (e->identity ^ a->lora.id));
+        CHECK(petrel_session_forward(a, ids + N, 48 - N, NULL, 0, &err) == 0); /* the session goes on */
+        CHECK_EQ_INT(petrel_snapshot_tokens(k, &t), N);
+        CHECK(petrel_snapshot_save(k, fb, &err) == 0);
+        petrel_session_free(a), a = NULL;
+        CHECK(petrel_snapshot_save(k, fc, &err) == 0);
+        size_t na = 0, nb = 0, nc = 0;
+        uint8_t *ba = read_whole(fa, &na), *bb = read_whole(fb, &nb), *bc = read_whole(fc, &nc);
+        CHECK(na > 0 && na == nb && na == nc);
+        if (ba && bb && bc && na == nb && na == nc) CHECK(!memcmp(ba, bb, na) && !memcmp(ba, bc, na));
+        free(ba), free(bb), free(bc);
+    }
+    petrel_snapshot_free(k);
+    petrel_session_free(a);
+    petrel_engine_close(e);
+}
+
 /* A new session takes a cached prefix in whole pages and prefills only the rest. */
 TEST(session, prefix_cache_hit) {
     petrel_engine *e = open_kv("trained", NULL, 0);

@@ -520,6 +520,37 @@ int petrel_session_tokens(const petrel_session *s, const int32_t **ids) {
     return s->len;
 }
 
+struct petrel_snapshot {
+    kv_seq *k;   /* owned: shares the session's pages */
+    uint64_t id; /* the model's identity ^ the session's adapter set (the file's) */
+};
+
+int petrel_session_snapshot(const petrel_session *src, petrel_snapshot **out, petrel_error *err) {
+    *out = NULL;
+    if (src->cu) return pt_err(err, PETREL_EUNSUPPORTED, "%s", CU_NO_FILES);
+    petrel_snapshot *k = calloc(1, sizeof *k);
+    if (!k) return pt_err(err, PETREL_ENOMEM, "out of memory");
+    int rc = kv_seq_fork(src->kv, 0, &k->k, err);
+    if (rc < 0) {
+        free(k);
+        return rc;
+    }
+    k->id = src->eng->identity ^ src->lora.id;
+    *out = k;
+    return 0;
+}
+int petrel_snapshot_tokens(const petrel_snapshot *k, const int32_t **ids) {
+    *ids = k->k->tokens;
+    return k->k->len;
+}
+uint64_t petrel_snapshot_id(const petrel_snapshot *k) { return k->id; }
+int petrel_snapshot_save(const petrel_snapshot *k, const char *path, petrel_error *err) { return kv_save(k->k, path, k->id, err); }
+void petrel_snapshot_free(petrel_snapshot *k) {
+    if (!k) return;
+    kv_seq_free(k->k);
+    free(k);
+}
+
 int petrel_session_fork(const petrel_session *src, petrel_session **out, petrel_error *err) {
     *out = NULL;
     PT_TRY(petrel_session_create(src->eng, src->cap, out, err));

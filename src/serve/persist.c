@@ -13,12 +13,10 @@
 #include <xxhash.h>
 
 #include "base/err.h"
-#include "kv/kv.h"
-#include "model/engine.h"
 
 #define PERSIST_QUEUE 4
 
-typedef struct item { kv_seq *k; uint64_t salt; } item;
+typedef struct item { petrel_snapshot *k; } item;
 
 struct persist {
     petrel_engine *e;
@@ -74,14 +72,15 @@ static void prune(persist *p) {
 }
 
 static void write_one(persist *p, item *it) {
-    const kv_seq *k = it->k;
-    uint64_t h = XXH3_64bits_withSeed(k->tokens, sizeof *k->tokens * (size_t)k->len, it->salt);
+    const int32_t *tokens;
+    int len = petrel_snapshot_tokens(it->k, &tokens);
+    uint64_t h = XXH3_64bits_withSeed(tokens, sizeof *tokens * (size_t)len, petrel_snapshot_id(it->k));
     char path[4400];
     snprintf(path, sizeof path, "%s/%016llx.psess", p->dir, (unsigned long long)h);
     petrel_error err = {0};
     if (access(path, F_OK) == 0) utimensat(AT_FDCWD, path, NULL, 0); /* known: keep it, as the newest */
-    else if (kv_save(k, path, p->e->identity ^ it->salt, &err) == 0) p->written++;
-    kv_seq_free(it->k);
+    else if (petrel_snapshot_save(it->k, path, &err) == 0) p->written++;
+    petrel_snapshot_free(it->k);
     prune(p);
 }
 
@@ -102,14 +101,16 @@ static void *writer(void *arg) {
 }
 
 void persist_offer(persist *p, const petrel_session *s) {
-    if (!p || !s || s->len < kv_pool_layout(p->e->kv)->P) return;
+    int page = 1;
+    if (p) petrel_kv_usage(p->e, NULL, NULL, &page);
+    if (!p || !s || petrel_session_len(s) < page) return;
     pthread_mutex_lock(&p->mu);
     int room = p->nq < PERSIST_QUEUE && !p->stopping;
     pthread_mutex_unlock(&p->mu);
-    kv_seq *k = NULL;
-    if (!room || kv_seq_fork(s->kv, 0, &k, &(petrel_error){0})) return; /* shares the pages: no copy */
+    petrel_snapshot *k = NULL;
+    if (!room || petrel_session_snapshot(s, &k, &(petrel_error){0})) return; /* shares the pages: no copy */
     pthread_mutex_lock(&p->mu);
-    p->q[p->nq++] = (item){k, s->lora.id};
+    p->q[p->nq++] = (item){k};
     pthread_cond_signal(&p->cv);
     pthread_mutex_unlock(&p->mu);
 }
@@ -173,7 +174,7 @@ long persist_close(persist *p) {
     pthread_cond_signal(&p->cv);
     pthread_mutex_unlock(&p->mu);
     if (p->started) pthread_join(p->th, NULL);
-    for (int i = 0; i < p->nq; i++) kv_seq_free(p->q[i].k);
+    for (int i = 0; i < p->nq; i++) petrel_snapshot_free(p->q[i].k);
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->cv);
     long w = p->written;

@@ -1,9 +1,9 @@
 /* persist.h: `petrel serve --session-dir DIR`: finished requests' latent KV saved as session
- * files in DIR by a writer thread (the scheduler only forks the session's page table, copy-on-
- * write, and hands it over), and at start every file there loaded into the engine's prefix
- * cache, so a conversation's next turn or a repeated system prompt skips its prefill across
- * restarts. Files: DIR/<hash of the tokens and adapter set>.psess, written whole or not at all
- * (kv_save); a file for another model, KV type or adapter set, or a damaged one, is skipped.
+ * files in DIR by a writer thread (the scheduler only takes a snapshot, petrel_session_snapshot:
+ * the session's page table shared copy-on-write, and hands it over), and at start every file
+ * there loaded into the engine's prefix cache, so a conversation's next turn or a repeated
+ * system prompt skips its prefill across restarts. Files: DIR/<hash of the tokens, the model and the adapter set>.psess, written whole
+ * or not at all; a file for another model, KV type or adapter set, or a damaged one, is skipped.
  * At most max_files are kept (the oldest removed first). */
 #ifndef PETREL_SERVE_PERSIST_H
 #define PETREL_SERVE_PERSIST_H
