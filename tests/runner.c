@@ -73,6 +73,23 @@ const char *test_tmpdir(void) {
     return tmpdir;
 }
 
+void *test_read_file(const char *path, size_t *n) {
+    if (n) *n = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *b = NULL;
+    long sz = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+    if (sz >= 0 && fseek(f, 0, SEEK_SET) == 0 && (b = malloc((size_t)sz + 1)) && fread(b, 1, (size_t)sz, f) != (size_t)sz) {
+        free(b);
+        b = NULL;
+    }
+    fclose(f);
+    if (!b) return NULL;
+    b[sz] = 0;
+    if (n) *n = (size_t)sz;
+    return b;
+}
+
 const char *test_tmp(const char *name) {
     static char bufs[8][600];
     static int slot;

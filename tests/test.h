@@ -17,6 +17,9 @@ const char *test_data(const char *rel);
 const char *test_tmpdir(void);
 /* test_tmpdir()/name (static buffer rotating over 8 slots). */
 const char *test_tmp(const char *name);
+/* A whole file, malloc'd with a NUL after its n bytes (free() it); NULL when it cannot be read
+ * whole (then *n = 0). n may be NULL. */
+void *test_read_file(const char *path, size_t *n);
 /* Relative L2 error ||a - ref|| / ||ref|| over n floats (in double). */
 double test_rel_l2(const float *a, const float *ref, size_t n);
 /* Sum over rows t < T of KL(softmax(ref[t]) || softmax(lg[t])) (nats, in double): a quantized

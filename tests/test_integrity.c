@@ -42,19 +42,6 @@ static const char *tiny_pack(void) {
     return path;
 }
 
-static uint8_t *slurp(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long sz = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *b = malloc((size_t)sz + 1);
-    if (b && fread(b, 1, (size_t)sz, f) != (size_t)sz) { free(b); b = NULL; }
-    fclose(f);
-    *n = (size_t)sz;
-    return b;
-}
-
 static void spit(const char *path, const uint8_t *b, size_t n) {
     FILE *f = fopen(path, "wb");
     if (!f) { test_fail(__FILE__, __LINE__, "cannot write %s", path); return; }
@@ -73,7 +60,7 @@ static const char *corrupt_expert(const char *name, int layer, int expert) {
     CHECK(pack_expert_record(p, layer, expert, &off, &bytes, NULL) == 0);
     pack_close(p);
     size_t n;
-    uint8_t *b = slurp(good, &n);
+    uint8_t *b = test_read_file(good, &n);
     if (!b || !bytes) { free(b); return NULL; }
     b[off + bytes / 3] ^= 0x04;
     const char *bad = tmp(name);
@@ -119,7 +106,7 @@ TEST(integrity, resident_expert_corruption_refused) {
             const pack_tensor *t = pack_find(p, "model.layers.2.self_attn.o_proj.weight");
             off = t ? t->offset + 5 : 0;
             pack_close(p);
-            bb = slurp(good, &n);
+            bb = test_read_file(good, &n);
         }
         CHECK(bb && off);
         if (bb && off) {
@@ -275,7 +262,7 @@ TEST(integrity, non_model_files_say_what_they_are) {
     CHECK_MSG(strstr(err.msg, "is not a model") && occurrences(err.msg, txt) == 1, "msg: %s", err.msg);
     /* a pack with a corrupt magic is named a damaged pack */
     size_t n;
-    uint8_t *b = slurp(good, &n);
+    uint8_t *b = test_read_file(good, &n);
     if (!b) return;
     b[1] ^= 0x20;
     const char *bad = tmp("integrity-magic.pack");
@@ -334,7 +321,7 @@ TEST(integrity, first_k_dense_replace_disagreeing_with_mlp_layer_types) {
     char path[600];
     snprintf(path, sizeof path, "%s/config.json", test_data("tiny"));
     size_t n;
-    uint8_t *b = slurp(path, &n);
+    uint8_t *b = test_read_file(path, &n);
     if (!b) { test_fail(__FILE__, __LINE__, "cannot read %s", path); return; }
     b[n] = 0;
     char *at = strstr((char *)b, "\"first_k_dense_replace\": 1");
@@ -401,7 +388,7 @@ TEST(integrity, pack_stores_side_files) {
             char src[600];
             snprintf(src, sizeof src, "%s/%s", test_data(fx[k]), names[i]);
             size_t n1 = 0, n2 = 0;
-            uint8_t *want = slurp(src, &n1);
+            uint8_t *want = test_read_file(src, &n1);
             char *got = NULL;
             petrel_error err = {0};
             int rc = petrel_model_file(pk, names[i], &got, &n2, &err);
@@ -436,7 +423,7 @@ TEST(integrity, pack_stores_side_files) {
     CHECK(pack_verify(p, &err) == 0);
     pack_close(p);
     size_t n;
-    uint8_t *b = slurp(pk, &n);
+    uint8_t *b = test_read_file(pk, &n);
     if (!b || !off) { free(b); return; }
     b[off] ^= 0x01;
     const char *bad = tmp("integrity-sidefile.pack");
@@ -490,7 +477,7 @@ TEST(integrity, cli_pack_runs_without_tokenizer_or_template) {
     uint64_t off = f ? f->offset + 10 : 0;
     pack_close(p);
     size_t n;
-    uint8_t *buf = slurp(pk, &n);
+    uint8_t *buf = test_read_file(pk, &n);
     if (!buf || !off) { free(buf); return; }
     buf[off] ^= 0x01;
     const char *bad = tmp("integrity-badtok.pack");

@@ -11,25 +11,6 @@
 #include "test.h"
 #include "text/jinja.h"
 
-static char *read_all(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
-        free(b);
-        b = NULL;
-    }
-    fclose(f);
-    if (b) {
-        b[n] = 0;
-        if (len) *len = (size_t)n;
-    }
-    return b;
-}
-
 /* Renders tmpl with vars (JSON text or NULL); returns malloc'd output or NULL with err set. */
 static char *render(const char *tmpl, const char *vars, petrel_error *err) {
     cJSON *j = vars ? cJSON_Parse(vars) : NULL;
@@ -73,7 +54,7 @@ static void expect_error(const char *tmpl, const char *vars, int code, const cha
 }
 
 TEST(jinja, golden_chat_templates) {
-    char *man = read_all(test_data("jinja/golden/manifest.txt"), NULL);
+    char *man = test_read_file(test_data("jinja/golden/manifest.txt"), NULL);
     CHECK_MSG(man, "no golden manifest");
     if (!man) return;
     int n = 0, n_err = 0;
@@ -86,8 +67,8 @@ TEST(jinja, golden_chat_templates) {
         const char *rel_c = strncmp(cp, "tests/data/", 11) ? cp : cp + 11;
         const char *rel_g = strncmp(gp, "tests/data/", 11) ? gp : gp + 11;
         size_t tl, gl;
-        char *tmpl = read_all(test_data(rel_t), &tl), *conv = read_all(test_data(rel_c), NULL);
-        char *gold = read_all(test_data(rel_g), &gl);
+        char *tmpl = test_read_file(test_data(rel_t), &tl), *conv = test_read_file(test_data(rel_c), NULL);
+        char *gold = test_read_file(test_data(rel_g), &gl);
         CHECK_MSG(tmpl && conv && gold, "missing golden files for %s", line);
         if (tmpl && conv && gold) {
             cJSON *vars = cJSON_Parse(conv);
@@ -121,8 +102,8 @@ TEST(jinja, golden_chat_templates) {
 }
 
 TEST(jinja, golden_language_cases) {
-    char *cases_txt = read_all(test_data("jinja/lang/cases.json"), NULL);
-    char *exp_txt = read_all(test_data("jinja/lang/expected.json"), NULL);
+    char *cases_txt = test_read_file(test_data("jinja/lang/cases.json"), NULL);
+    char *exp_txt = test_read_file(test_data("jinja/lang/expected.json"), NULL);
     CHECK(cases_txt && exp_txt);
     cJSON *cases = cases_txt ? cJSON_Parse(cases_txt) : NULL, *exp = exp_txt ? cJSON_Parse(exp_txt) : NULL;
     free(cases_txt);

@@ -433,17 +433,6 @@ TEST(kv, pool_exhaustion_leaves_others_intact) {
 
 static const uint64_t MODEL = 0x1234abcd5678ef01ull;
 
-static char *slurp(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long m = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)m + 1);
-    *n = fread(b, 1, (size_t)m, f);
-    fclose(f);
-    return b;
-}
 static void spit(const char *path, const void *b, size_t n) {
     FILE *f = fopen(path, "wb");
     if (f) {
@@ -525,7 +514,7 @@ TEST(kv, session_file_refusals) {
     const char *path = test_tmp("good.session"), *bad = test_tmp("bad.session");
     CHECK(kv_save(s, path, MODEL, &err) == 0);
     size_t n = 0;
-    uint8_t *f = (uint8_t *)slurp(path, &n);
+    uint8_t *f = test_read_file(path, &n);
     CHECK(f && n > 200);
     if (!f) return;
     /* truncated anywhere: the empty file, inside the magic, the header, the tokens, the payload, the checksum */

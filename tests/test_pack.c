@@ -263,17 +263,6 @@ TEST(pack, expert_records_roundtrip) {
 
 /* ---- corruption ---- */
 
-static uint8_t *slurp(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    *n = (size_t)ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *b = malloc(*n);
-    if (fread(b, 1, *n, f) != *n) { free(b); b = NULL; }
-    fclose(f);
-    return b;
-}
 static void spit(const char *path, const uint8_t *b, size_t n) {
     FILE *f = fopen(path, "wb");
     fwrite(b, 1, n, f);
@@ -310,7 +299,7 @@ TEST(pack, corrupt_refused) {
     const char *good = tmp("tiny-c.pack"), *bad = tmp("bad.pack");
     if (convert_to("tiny", good, CVQ_Q4, 0, NULL)) return;
     size_t n;
-    uint8_t *b = slurp(good, &n);
+    uint8_t *b = test_read_file(good, &n);
     if (!b) { test_fail(__FILE__, __LINE__, "read %s", good); return; }
     char msg[1024];
     /* truncated */
@@ -441,7 +430,7 @@ TEST(pack, resume_identical) {
     CHECK(convert_to("tiny", res, CVQ_Q4, 0, &r) == 0);
     CHECK_EQ_INT(r.resumed, 99);
     size_t na, nb;
-    uint8_t *a = slurp(full, &na), *b = slurp(res, &nb);
+    uint8_t *a = test_read_file(full, &na), *b = test_read_file(res, &nb);
     CHECK(a && b && na == nb && !memcmp(a, b, na));
     free(a);
     free(b);
@@ -470,7 +459,7 @@ TEST(pack, synth_small_runs) {
     CHECK(synth_write(small_cfg, a, &o, 7, 1, &r, &err) == 0);
     CHECK(synth_write(small_cfg, b, &o, 7, 1, &r, &err) == 0);
     size_t na, nb;
-    uint8_t *x = slurp(a, &na), *y = slurp(b, &nb);
+    uint8_t *x = test_read_file(a, &na), *y = test_read_file(b, &nb);
     CHECK_MSG(x && y && na == nb && !memcmp(x, y, na), "synth is not deterministic");
     free(x);
     free(y);
@@ -548,7 +537,7 @@ TEST(pack, expert_layout_r16_vs_plain) {
     petrel_engine_close(eb);
     /* a header naming an unknown layout is refused; a version-1 pack (no layouts) is read */
     size_t n;
-    uint8_t *buf = slurp(a, &n);
+    uint8_t *buf = test_read_file(a, &n);
     if (!buf) return;
     char msg[1024];
     uint8_t *c = malloc(n);
@@ -559,7 +548,7 @@ TEST(pack, expert_layout_r16_vs_plain) {
     CHECK_MSG(strstr(msg, "layout"), "message: %s", msg);
     free(c);
     free(buf);
-    buf = slurp(b, &n);
+    buf = test_read_file(b, &n);
     if (!buf) return;
     buf[8] = 1; /* prefix version */
     spit(tmp("v1.pack"), buf, n);
@@ -598,7 +587,7 @@ static int odd_pack_open(const char *src, uint8_t **b, size_t *n, pack **p) {
     petrel_error err = {0};
     *b = NULL, *p = NULL;
     if (convert_to("odd", src, CVQ_Q4, 0, NULL)) return 0;
-    *b = slurp(src, n);
+    *b = test_read_file(src, n);
     CHECK(*b && pack_open(src, p, &err) == 0);
     if (*b && *p) return 1;
     free(*b);

@@ -183,18 +183,6 @@ TEST(session, fork_equals_independent) {
     petrel_engine_close(e);
 }
 
-static uint8_t *read_whole(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long m = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *b = m > 0 ? malloc((size_t)m) : NULL;
-    *n = b && fread(b, 1, (size_t)m, f) == (size_t)m ? (size_t)m : 0;
-    fclose(f);
-    return b;
-}
-
 /* petrel_session_snapshot (what `serve --session-dir` hands its writer): its file is the one the
  * session would have saved when the snapshot was taken, byte for byte, after the session has
  * written into the shared last page and after the session is gone; its tokens are the
@@ -226,7 +214,7 @@ TEST(session, snapshot_saves_what_was) {
         petrel_session_free(a), a = NULL;
         CHECK(petrel_snapshot_save(k, fc, &err) == 0);
         size_t na = 0, nb = 0, nc = 0;
-        uint8_t *ba = read_whole(fa, &na), *bb = read_whole(fb, &nb), *bc = read_whole(fc, &nc);
+        uint8_t *ba = test_read_file(fa, &na), *bb = test_read_file(fb, &nb), *bc = test_read_file(fc, &nc);
         CHECK(na > 0 && na == nb && na == nc);
         if (ba && bb && bc && na == nb && na == nc) CHECK(!memcmp(ba, bb, na) && !memcmp(ba, bc, na));
         free(ba), free(bb), free(bc);

@@ -13,20 +13,6 @@
 #include "text/tok_internal.h" /* tok_normalize */
 #include "text/tokenizer.h"
 
-static char *slurp(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long sz = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)sz + 1);
-    if (b && fread(b, 1, (size_t)sz, f) != (size_t)sz) { free(b); b = NULL; }
-    fclose(f);
-    if (b) b[sz] = 0;
-    if (n) *n = (size_t)sz;
-    return b;
-}
-
 static int valid_utf8(const char *s, size_t n) {
     size_t i = 0;
     while (i < n) {
@@ -118,7 +104,7 @@ static void check_vocab(const cJSON *entry) {
 }
 
 static cJSON *goldens(void) {
-    char *j = slurp(test_data("tokenizers/goldens.json"), NULL);
+    char *j = test_read_file(test_data("tokenizers/goldens.json"), NULL);
     CHECK_MSG(j != NULL, "cannot read %s", test_data("tokenizers/goldens.json"));
     if (!j) return NULL;
     cJSON *g = cJSON_Parse(j);
@@ -177,7 +163,7 @@ TEST(tokenizer, tiny_specials_and_roundtrip) {
     free(dec);
     free(ids);
     /* the config next to it carries the chat template and eos */
-    char *cfg = slurp(test_data("tiny/tokenizer_config.json"), NULL);
+    char *cfg = test_read_file(test_data("tiny/tokenizer_config.json"), NULL);
     CHECK(cfg != NULL);
     cJSON *c = cfg ? cJSON_Parse(cfg) : NULL;
     CHECK(c != NULL);
