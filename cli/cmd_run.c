@@ -13,7 +13,6 @@
 
 #include "base/err.h"
 #include "base/file.h"
-#include "io/pack.h"
 #include "base/outfile.h"
 #include "cli.h"
 #include "runtime/chat.h"
@@ -131,15 +130,13 @@ const char *cli_tokenizer_path(const char *cmd, const char *tok_opt, const char 
         cli_fail("%s: --model %s is not a model: not a folder or a regular file", cmd, model);
         return NULL;
     }
-    if (!S_ISDIR(st.st_mode) && pack_is_pack(model)) { /* the copy stored in the pack (cli_tok_load) */
-        pack *p = NULL;
+    if (!S_ISDIR(st.st_mode) && petrel_model_is_pack(model)) { /* the copy stored in the pack (cli_tok_load) */
         petrel_error e = {0};
-        if (pack_open(model, &p, &e) < 0) {
+        int has = petrel_model_has_file(model, "tokenizer.json", &e);
+        if (has < 0) {
             cli_fail("%s: %s", cmd, e.msg);
             return NULL;
         }
-        int has = pack_find_file(p, "tokenizer.json") != NULL;
-        pack_close(p);
         if (!has) cli_fail("%s: %s stores no tokenizer.json (converted before packs carried one, or from a folder without it): give "
                            "--tokenizer FILE", cmd, model);
         return has ? model : NULL;
@@ -157,7 +154,7 @@ const char *cli_tokenizer_path(const char *cmd, const char *tok_opt, const char 
 }
 
 int cli_tok_load(const char *path, struct tokenizer **out, petrel_error *err) {
-    if (!pack_is_pack(path)) return tok_load(path, out, err);
+    if (!petrel_model_is_pack(path)) return tok_load(path, out, err);
     char *json = NULL, name[4200];
     size_t len = 0;
     PT_TRY(petrel_model_file(path, "tokenizer.json", &json, &len, err));

@@ -167,6 +167,11 @@ int petrel_engine_describe(const petrel_engine *eng, char **out, petrel_error *e
  * file. */
 int petrel_model_file(const char *model, const char *name, char **out, size_t *len,
                       petrel_error *err);
+/* 1 when the model has the side file `name` (found where petrel_model_file looks; a pack's copy
+ * is not read), 0 when not; < 0 with a message when the model cannot be opened. */
+int petrel_model_has_file(const char *model, const char *name, petrel_error *err);
+/* 1 when path is a petrel pack file (by its magic), else 0. */
+int petrel_model_is_pack(const char *path);
 /* The model's chat template, from the same places: chat_template.jinja, else the
  * "chat_template" of tokenizer_config.json (a string, or a list of {name, template} from which
  * "default" is taken, else the first). Same ownership as petrel_model_file. */

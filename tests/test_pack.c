@@ -714,3 +714,31 @@ TEST(pack, note_r16_without_vnni) {
     if (h) CHECK_MSG(*petrel_engine_note(h) == 0, "%s", petrel_engine_note(h));
     petrel_engine_close(h);
 }
+
+/* petrel_model_is_pack / petrel_model_has_file (what run and chat ask before loading a
+ * tokenizer): a pack is known by its magic, not its name; has_file agrees with petrel_model_file
+ * on a pack and a folder; an unopenable model is an error, not "absent". */
+TEST(pack, model_side_file_queries) {
+    const char *pk = test_pack_of("tiny", CVQ_BF16), *dir = test_data("tiny");
+    if (!pk) return;
+    char st[600], renamed[600];
+    snprintf(st, sizeof st, "%s/model.safetensors", dir);
+    snprintf(renamed, sizeof renamed, "%s/model-as.safetensors", test_tmpdir());
+    CHECK(petrel_model_is_pack(pk) == 1);
+    CHECK(petrel_model_is_pack(dir) == 0 && petrel_model_is_pack(st) == 0 && petrel_model_is_pack("/nonexistent") == 0);
+    CHECK(link(pk, renamed) == 0 || symlink(pk, renamed) == 0);
+    CHECK(petrel_model_is_pack(renamed) == 1);
+    const char *names[3] = {"tokenizer.json", "chat_template.jinja", "no_such_file.json"};
+    const char *models[3] = {pk, dir, st};
+    for (int m = 0; m < 3; m++)
+        for (int i = 0; i < 3; i++) {
+            petrel_error err = {0};
+            char *buf = NULL;
+            int want = petrel_model_file(models[m], names[i], &buf, NULL, &err) == 0;
+            free(buf);
+            CHECK_MSG(petrel_model_has_file(models[m], names[i], &err) == want, "%s: %s", models[m], names[i]);
+        }
+    petrel_error err = {0};
+    CHECK(petrel_model_has_file(pk, "tokenizer.json", &err) == 1);
+    CHECK(petrel_model_has_file("/nonexistent/model", "tokenizer.json", &err) < 0 && strstr(err.msg, "/nonexistent/model"));
+}

@@ -38,6 +38,25 @@ int petrel_model_file(const char *model, const char *name, char **out, size_t *l
     return pt_read_file(path, (size_t)PACK_FILE_MAX_BYTES, out, len, err);
 }
 
+int petrel_model_has_file(const char *model, const char *name, petrel_error *err) {
+    if (!model || !*model) return pt_err(err, PETREL_EINVAL, "no model path given");
+    struct stat st;
+    if (stat(model, &st) < 0) return pt_err(err, PETREL_EIO, "cannot open model %s: no such file or folder", model);
+    if (!S_ISDIR(st.st_mode) && pack_is_pack(model)) {
+        pack *p;
+        PT_TRY(pack_open(model, &p, err));
+        int has = pack_find_file(p, name) != NULL;
+        pack_close(p);
+        return has;
+    }
+    char tmp[4096], path[4200];
+    snprintf(tmp, sizeof tmp, "%s", model);
+    snprintf(path, sizeof path, "%s/%s", S_ISDIR(st.st_mode) ? model : dirname(tmp), name);
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+int petrel_model_is_pack(const char *path) { return path && pack_is_pack(path); }
+
 int petrel_model_chat_template(const char *model, char **out, size_t *len, petrel_error *err) {
     *out = NULL;
     struct stat st;
