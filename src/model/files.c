@@ -14,45 +14,54 @@
 #include "io/pack.h"
 #include "text/jinja.h"
 
-int petrel_model_file(const char *model, const char *name, char **out, size_t *len, petrel_error *err) {
-    *out = NULL;
+/* Where a model keeps `name`: *p the opened pack (1), or path the file beside the model's folder
+ * (0, the file may not exist); < 0 when the model cannot be opened. */
+static int side_file(const char *model, const char *name, pack **p, char *path, size_t cap, petrel_error *err) {
+    *p = NULL;
     if (!model || !*model) return pt_err(err, PETREL_EINVAL, "no model path given");
     struct stat st;
     if (stat(model, &st) < 0) return pt_err(err, PETREL_EIO, "cannot open model %s: no such file or folder", model);
     if (!S_ISDIR(st.st_mode) && pack_is_pack(model)) {
-        pack *p;
-        PT_TRY(pack_open(model, &p, err));
+        PT_TRY(pack_open(model, p, err));
+        return 1;
+    }
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s", model);
+    snprintf(path, cap, "%s/%s", S_ISDIR(st.st_mode) ? model : dirname(tmp), name); /* a .safetensors file: its folder's */
+    return 0;
+}
+
+static int is_file(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+int petrel_model_file(const char *model, const char *name, char **out, size_t *len, petrel_error *err) {
+    *out = NULL;
+    pack *p;
+    char path[8400];
+    int where = side_file(model, name, &p, path, sizeof path, err);
+    if (where < 0) return where;
+    if (where) {
         int rc = pack_read_file(p, name, out, len, err);
         pack_close(p);
         return rc;
     }
-    char dir[4096], path[4200];
-    snprintf(dir, sizeof dir, "%s", model);
-    if (!S_ISDIR(st.st_mode)) {
-        char tmp[4096];
-        snprintf(tmp, sizeof tmp, "%s", model);
-        snprintf(dir, sizeof dir, "%s", dirname(tmp));
+    if (!is_file(path)) {
+        path[strlen(path) - strlen(name) - 1] = 0; /* the folder */
+        return pt_err(err, PETREL_EIO, "%s has no %s", path, name);
     }
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    if (stat(path, &st) < 0 || !S_ISREG(st.st_mode)) return pt_err(err, PETREL_EIO, "%s has no %s", dir, name);
     return pt_read_file(path, (size_t)PACK_FILE_MAX_BYTES, out, len, err);
 }
 
 int petrel_model_has_file(const char *model, const char *name, petrel_error *err) {
-    if (!model || !*model) return pt_err(err, PETREL_EINVAL, "no model path given");
-    struct stat st;
-    if (stat(model, &st) < 0) return pt_err(err, PETREL_EIO, "cannot open model %s: no such file or folder", model);
-    if (!S_ISDIR(st.st_mode) && pack_is_pack(model)) {
-        pack *p;
-        PT_TRY(pack_open(model, &p, err));
-        int has = pack_find_file(p, name) != NULL;
-        pack_close(p);
-        return has;
-    }
-    char tmp[4096], path[4200];
-    snprintf(tmp, sizeof tmp, "%s", model);
-    snprintf(path, sizeof path, "%s/%s", S_ISDIR(st.st_mode) ? model : dirname(tmp), name);
-    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+    pack *p;
+    char path[8400];
+    int where = side_file(model, name, &p, path, sizeof path, err);
+    if (where <= 0) return where < 0 ? where : is_file(path);
+    int has = pack_find_file(p, name) != NULL;
+    pack_close(p);
+    return has;
 }
 
 int petrel_model_is_pack(const char *path) { return path && pack_is_pack(path); }
