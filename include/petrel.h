@@ -228,7 +228,8 @@ int petrel_session_prefix_get(petrel_session *s, const int32_t *ids, int n, petr
 
 /* The engine's KV pool in positions: obtainable now (free pages and pages only the prefix cache
  * holds) and in all, and the page size; a session's reserved positions (whole pages). For
- * admission decisions (a server that would rather queue a request than fail it mid-way). */
+ * admission decisions (a server that would rather queue a request than fail it mid-way). Any
+ * output may be NULL; asking for the page size alone takes no lock. */
 void petrel_kv_usage(const petrel_engine *e, long long *free_positions, long long *total_positions, int *page_positions);
 int petrel_session_kv_reserved(const petrel_session *s);
 

@@ -450,12 +450,13 @@ void petrel_session_set_route_offset(petrel_session *s, int offset) { s->route_o
 int petrel_session_len(const petrel_session *s) { return s->len; }
 
 void petrel_kv_usage(const petrel_engine *e, long long *free_positions, long long *total_positions, int *page_positions) {
+    int P = kv_pool_layout(e->kv)->P;
+    if (page_positions) *page_positions = P;
+    if (!free_positions && !total_positions) return; /* the page size alone: no pool lock, no scan */
     kv_pool_stats st;
     kv_pool_get_stats(e->kv, &st);
-    int P = kv_pool_layout(e->kv)->P;
     if (free_positions) *free_positions = (long long)(st.pages_free + st.prefix_only) * P;
     if (total_positions) *total_positions = (long long)st.pages * P;
-    if (page_positions) *page_positions = P;
 }
 
 int petrel_session_kv_reserved(const petrel_session *s) { return kv_seq_reserved(s->kv); }
