@@ -5,6 +5,7 @@
  * session alone, a q4 pack's quality against the CPU's. Tests that need a GPU skip (counted)
  * where none is visible or the binary has no CUDA (build/petrel-tests; make cuda builds
  * build/petrel-tests-cuda). The refusals run everywhere. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -98,6 +99,68 @@ TEST(cuda, matmul_formats) {
             }
             free(d), free(sc);
         }
+}
+
+/* the quantized path's GEMV (int8 x, dp4a) against the CPU's int8-activation reference
+ * (kn_ref_matmul_actq: the same int8 values and scales, the float sums in another order), a
+ * row alone equal to the bits of the row in a call of n, the slot form on remapped rows, a
+ * group with inf giving NaN rows, and the formats it does not take refused */
+TEST(cuda, gemv_int8_activations) {
+    if (!need_gpu()) return;
+    const pt_qtype fmts[] = {PT_Q8_G32, PT_Q4_G64};
+    const int64_t shapes[][2] = {{64, 256}, {130, 1024}, {257, 64}, {9000, 128}, {2048, 6144}, {37, 96}};
+    const int ns[] = {1, 2, 3, 8, 9};
+    petrel_error err = {0};
+    for (size_t f = 0; f < 2; f++)
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+            uint8_t *d;
+            void *sc;
+            pt_wview W = rand_weight(fmts[f], shapes[s][0], shapes[s][1], s % 2 ? PT_BF16 : PT_F32, &d, &sc);
+            int takes = W.cols % (fmts[f] == PT_Q4_G64 ? 64 : 32) == 0;
+            for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
+                int n = ns[k];
+                float *x = malloc(sizeof(float) * n * W.cols), *xr = malloc(sizeof(float) * n * W.cols);
+                float *ref = malloc(sizeof(float) * n * W.rows), *y = malloc(sizeof(float) * n * W.rows), *y1 = malloc(sizeof(float) * W.rows);
+                for (int64_t i = 0; i < n * W.cols; i++) x[i] = frand() * (i % 7 == 0 ? 9.f : 1.f);
+                int rc = cu_matmul_check(&W, x, n, y, 4, &err);
+                if (!takes) {
+                    CHECK_MSG(rc == PETREL_EUNSUPPORTED, "%s [%lld x %lld]: the int8 GEMV took a partial group", pt_qtype_name(W.qtype),
+                              (long long)W.rows, (long long)W.cols);
+                    free(x), free(xr), free(ref), free(y), free(y1);
+                    break;
+                }
+                CHECK_MSG(rc == 0, "cu_matmul_check int8: %s", err.msg);
+                kn_ref_matmul_actq(&W, x, n, ref);
+                double e = rc ? 1 : test_rel_l2(y, ref, (size_t)n * W.rows);
+                CHECK_MSG(e < 1e-5, "%s [%lld x %lld] n=%d: int8 GEMV vs the CPU's int8 reference rel err %.3g", pt_qtype_name(W.qtype),
+                          (long long)W.rows, (long long)W.cols, n, e);
+                CHECK(cu_matmul_check(&W, x + (n - 1) * W.cols, 1, y1, 4, &err) == 0);
+                CHECK_MSG(!memcmp(y1, y + (n - 1) * W.rows, sizeof(float) * W.rows), "%s n=%d: int8 GEMV row depends on its call", pt_qtype_name(W.qtype), n);
+                /* slots: y[i] = W x[n-1-i] */
+                for (int i = 0; i < n; i++) memcpy(xr + (int64_t)i * W.cols, x + (int64_t)(n - 1 - i) * W.cols, sizeof(float) * W.cols);
+                kn_ref_matmul_actq(&W, xr, n, ref);
+                CHECK_MSG(cu_matmul_check(&W, x, n, y, 5, &err) == 0, "slots: %s", err.msg);
+                e = test_rel_l2(y, ref, (size_t)n * W.rows);
+                CHECK_MSG(e < 1e-5, "%s [%lld x %lld] n=%d: int8 GEMV slots rel err %.3g", pt_qtype_name(W.qtype), (long long)W.rows,
+                          (long long)W.cols, n, e);
+                if (n == 3) { /* an inf in row 1: that row all NaN, the others finite (the CPU's rule) */
+                    x[W.cols + 5] = INFINITY;
+                    CHECK(cu_matmul_check(&W, x, n, y, 4, &err) == 0);
+                    int nan1 = 1, fin = 1;
+                    for (int64_t r = 0; r < W.rows; r++) nan1 &= y[W.rows + r] != y[W.rows + r], fin &= y[r] == y[r] && y[2 * W.rows + r] == y[2 * W.rows + r];
+                    CHECK_MSG(nan1 && fin, "%s: an inf activation must make its row NaN and only it", pt_qtype_name(W.qtype));
+                }
+                free(x), free(xr), free(ref), free(y), free(y1);
+            }
+            free(d), free(sc);
+        }
+    /* a format the int8 GEMV does not take */
+    uint8_t *d;
+    void *sc;
+    pt_wview W = rand_weight(PT_Q8_ROW, 64, 256, PT_F32, &d, &sc);
+    float x[256] = {0}, y[64];
+    CHECK_EQ_INT(cu_matmul_check(&W, x, 1, y, 4, &err), PETREL_EUNSUPPORTED);
+    free(d), free(sc);
 }
 
 TEST(cuda, topk_ties) {

@@ -95,7 +95,9 @@ void cu_model_profile_report(const cu_model *m, char *buf, size_t n);
 
 /* Kernel checks for tests (tests/test_cuda.c): y[n][W->rows] = x[n][W->cols] W^T on the GPU,
  * by the path the forward would take for n rows (gemv up to 8, tiled GEMM above), or forced:
- * path 1 GEMV, 2 GEMM (exact f32), 3 GEMM on tensor cores where the format takes it (q4, q8). */
+ * path 1 GEMV, 2 GEMM (exact f32), 3 GEMM on tensor cores where the format takes it (q4, q8),
+ * 4 the quantized path's GEMV on int8 x (q8_g32, q4_g64 of whole groups; else PETREL_EUNSUPPORTED),
+ * 5 the same as n slots of the weight, slot i on x row n-1-i (y[i] = W x[n-1-i]). */
 int cu_matmul_check(const pt_wview *W, const float *x, int n, float *y, int path, petrel_error *err);
 /* op_topk on the GPU for one row of n scores: idx[k] ascending. */
 int cu_topk_check(const float *v, int n, int k, int32_t *idx, petrel_error *err);

@@ -31,6 +31,22 @@ void cuk_gemv(cudaStream_t st, const dw &W, const float *x, int64_t ldx, float *
  * and cuk_silu_mul, with ub [n][ldy] for the up product. */
 void cuk_gemv_swiglu(cudaStream_t st, const dw &G, const dw &U, const float *x, int64_t ldx, float *y, int64_t ldy, int n,
                      const int32_t *slot_e, const int32_t *slot_x, float *ub);
+/* The quantized path's GEMV (act_quant on), for q8_g32 and q4_g64 weights (cuk_gemv_q_ok):
+ * cuk_actq quantizes n x rows [n][cols] as the CPU's int8 activations do (per group of the
+ * weight format's: q4 1, q8 0) into X (q [n][ldq] int8, d [n][ldd] group scales, s [n][lds]
+ * sums of each 32 values, q4 only); cuk_gemv_q / cuk_gemv_swiglu_q then take x rows from X (the
+ * same slots as cuk_gemv; X must hold the format W wants). */
+struct cu_xq {
+    int8_t *q;
+    float *d;
+    int32_t *s;
+    int64_t ldq, ldd, lds;
+};
+int cuk_gemv_q_ok(const dw &W); /* 0 no, 1 q8_g32, 2 q4_g64 */
+void cuk_actq(cudaStream_t st, const float *x, int64_t ldx, int n, int cols, int q4, const cu_xq &X);
+void cuk_gemv_q(cudaStream_t st, const dw &W, const cu_xq &X, float *y, int64_t ldy, int n, const int32_t *slot_e, const int32_t *slot_x);
+void cuk_gemv_swiglu_q(cudaStream_t st, const dw &G, const dw &U, const cu_xq &X, float *y, int64_t ldy, int n, const int32_t *slot_e,
+                       const int32_t *slot_x, float *ub);
 /* The tiled GEMM form (64 x 64 tiles, shared memory) over tiles (expert, first entry, count)
  * of a row list: tile t covers entries list[first .. first + count) (count <= 64) of expert e;
  * entry i reads x row (xmap ? xmap[list[i]] : list[i]) and writes y row list[i]. tiles NULL:

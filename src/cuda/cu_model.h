@@ -89,6 +89,11 @@ struct fscr {
     float *h, *x, *y, *qa, *q, *kva, *o, *qt, *lat, *S, *partial, *qi, *ki, *iw, *sc, *lg, *wts, *gb, *ub, *yk, *mo, *xl, *logits;
     int32_t *w_idx, *w_x, *w_pos; /* the expert tiers' waves (tiered models only) */
     float *w_y;
+    int8_t *xq;          /* the quantized path's int8 x rows (cu_xq), [xq_rows][xq_cols] */
+    float *xqd;          /* their group scales */
+    int32_t *xqs;        /* their sums of 32 values (q4) */
+    int xq_rows, xq_cols;
+    int t;               /* the chunk's rows (f.x) */
     int need_xl; /* the final norm is read (hidden states or logits) */
 };
 

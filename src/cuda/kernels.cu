@@ -534,6 +534,214 @@ void cuk_gemv_swiglu(cudaStream_t st, const dw &G, const dw &U, const float *x, 
     cuk_silu_mul(st, y, ub, (int64_t)n * ldy);
 }
 
+/* ---- GEMV on int8 activations (act_quant on: the CPU's quantized numerics) ----
+ * x rows quantized as the CPU's kn_actq_quant_row does (per group of the weight's: 32 for
+ * q8_g32, 64 for q4_g64; d = amax / 127, q = rint(x 127 / amax) clamped to +-127, a NaN scale
+ * for a group with NaN or inf), so the int8 values and scales are the CPU's to the bit; the
+ * products are integer dot products (dp4a), exact per lane chunk (half a group), then one
+ * convert and one fma with (weight scale x activation scale) per chunk, as the f32 GEMV joins a
+ * chunk. The q4 form keeps each row of x in the weights' nibble order (per 8 values: the 4 even
+ * ones, then the 4 odd ones) with the sum of each 32 values (the nibbles are q + 8: the dot of
+ * the stored nibbles less 8 x that sum is the dot of q). */
+template <int Q4>
+__global__ void k_actq(const float *__restrict__ x, int64_t ldx, int cols, cu_xq X) {
+    constexpr int G = Q4 ? 64 : 32;
+    const int r = blockIdx.y, ng = cols / G;
+    const float *xr = x + (int64_t)r * ldx;
+    for (int g = blockIdx.x * blockDim.x + threadIdx.x; g < ng; g += gridDim.x * blockDim.x) {
+        const float *xg = xr + (int64_t)g * G;
+        float amax = 0.f, probe = 0.f;
+        for (int j = 0; j < G; j++) {
+            float v = xg[j], a = fabsf(v);
+            amax = a > amax ? a : amax;
+            probe += v - v; /* NaN if any x is NaN or inf */
+        }
+        float id = amax > 0.f && amax < INFINITY ? __fdiv_rn(127.f, amax) : 0.f;
+        X.d[(int64_t)r * X.ldd + g] = __fadd_rn(__fdiv_rn(amax, 127.f), probe);
+        int8_t *qg = X.q + (int64_t)r * X.ldq + (int64_t)g * G;
+        int sum[2] = {0, 0};
+        for (int j0 = 0; j0 < G; j0 += 8) {
+            uint32_t w0 = 0, w1 = 0; /* q8: values j0 .. j0 + 3, j0 + 4 .. j0 + 7; q4: the even ones, the odd ones */
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                float v = rintf(__fmul_rn(xg[j0 + k], id));
+                v = v > 127.f ? 127.f : v < -127.f ? -127.f : v;
+                int qi = v == v ? (int)v : 0;
+                sum[j0 >= 32] += qi;
+                uint32_t b = (uint32_t)qi & 0xffu;
+                int lo = Q4 ? !(k & 1) : k < 4, at = Q4 ? k >> 1 : k & 3;
+                if (lo) w0 |= b << (8 * at);
+                else w1 |= b << (8 * at);
+            }
+            *(uint2 *)(qg + j0) = make_uint2(w0, w1);
+        }
+        if (Q4) X.s[(int64_t)r * X.lds + 2 * g] = sum[0], X.s[(int64_t)r * X.lds + 2 * g + 1] = sum[1];
+    }
+}
+
+/* The split GEMV's form (kp column parts, U chunks of each row in flight) on int8 x: a lane's
+ * chunk is 16 bytes of weights, half a group (q4: 32 values, q8: 16) */
+template <int Q4, int TR, int FUSE>
+__global__ void __launch_bounds__(256, TR <= 2 ? 2 : 1) k_gemv_q(dw W, const uint8_t *d2, const float *s2, cu_xq X, float *__restrict__ y, int64_t ldy,
+                                                            int n, int kp, const int32_t *slot_e, const int32_t *slot_x) {
+    constexpr int RW = GV_RW, RO = FUSE ? RW / 2 : RW, U = 2;
+    constexpr int VAL = Q4 ? 32 : 16, G = Q4 ? 64 : 32;
+    __shared__ float red[8][RW * TR];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, grp = warp / kp, part = warp - grp * kp;
+    int64_t orow = ((int64_t)blockIdx.x * (8 / kp) + grp) * RO;
+    int s0 = blockIdx.y * TR, ns = n - s0 < TR ? n - s0 : TR;
+    int64_t e = slot_e ? slot_e[s0] : 0;
+    const uint8_t *d[RW];
+    const float *sr[RW];
+#pragma unroll
+    for (int i = 0; i < RW; i++) { /* rows past the end read the last row, never stored */
+        int64_t r = orow + i % RO < W.rows ? orow + i % RO : W.rows - 1;
+        int second = FUSE && i >= RO;
+        d[i] = (second ? d2 : W.d) + e * W.estride + r * W.rb;
+        sr[i] = (second ? s2 : W.s) + e * W.sstride + r * W.sc;
+    }
+    const int8_t *xq[TR];
+    const float *xd[TR];
+    const int32_t *xs[TR];
+#pragma unroll
+    for (int t = 0; t < TR; t++) {
+        int64_t xr = t < ns ? (slot_x ? slot_x[s0 + t] : s0 + t) : 0;
+        xq[t] = X.q + xr * X.ldq, xd[t] = X.d + xr * X.ldd, xs[t] = Q4 ? X.s + xr * X.lds : nullptr;
+    }
+    float acc[RW][TR];
+#pragma unroll
+    for (int i = 0; i < RW; i++)
+#pragma unroll
+        for (int t = 0; t < TR; t++) acc[i][t] = 0.f;
+    const int cols = (int)W.cols, step = 32 * VAL * kp;
+    for (int c0 = (part * 32 + lane) * VAL; c0 < cols; c0 += U * step) {
+        uint4 raw[U][RW];
+        float sc[U][RW];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int c = c0 + u * step;
+            if (c < cols)
+#pragma unroll
+                for (int i = 0; i < RW; i++) raw[u][i] = *(const uint4 *)(d[i] + (Q4 ? c / 2 : c)), sc[u][i] = sr[i][c / G];
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int c = c0 + u * step;
+            if (c >= cols) break;
+#pragma unroll
+            for (int t = 0; t < TR; t++) {
+                if (t >= ns) continue;
+                uint32_t xw[8];
+                uint4 a = __ldg((const uint4 *)(xq[t] + c));
+                xw[0] = a.x, xw[1] = a.y, xw[2] = a.z, xw[3] = a.w;
+                if (Q4) {
+                    uint4 b = __ldg((const uint4 *)(xq[t] + c + 16));
+                    xw[4] = b.x, xw[5] = b.y, xw[6] = b.z, xw[7] = b.w;
+                }
+                float dx = __ldg(xd[t] + c / G);
+                int bias = Q4 ? 8 * __ldg(xs[t] + c / 32) : 0;
+#pragma unroll
+                for (int i = 0; i < RW; i++) {
+                    const uint32_t wv[4] = {raw[u][i].x, raw[u][i].y, raw[u][i].z, raw[u][i].w};
+                    int sacc = 0;
+#pragma unroll
+                    for (int k = 0; k < 4; k++) {
+                        if (Q4) {
+                            sacc = __dp4a((int)(wv[k] & 0x0f0f0f0fu), (int)xw[2 * k], sacc);
+                            sacc = __dp4a((int)((wv[k] >> 4) & 0x0f0f0f0fu), (int)xw[2 * k + 1], sacc);
+                        } else {
+                            sacc = __dp4a((int)wv[k], (int)xw[k], sacc);
+                        }
+                    }
+                    acc[i][t] = fmaf((float)(sacc - bias), sc[u][i] * dx, acc[i][t]);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < RW; i++)
+#pragma unroll
+        for (int t = 0; t < TR; t++) acc[i][t] = warp_sum(acc[i][t]);
+    if (kp > 1) { /* the parts' sums, in part order */
+        if (lane == 0)
+#pragma unroll
+            for (int i = 0; i < RW; i++)
+#pragma unroll
+                for (int t = 0; t < TR; t++) red[warp][i * TR + t] = acc[i][t];
+        __syncthreads();
+        if (part) return;
+#pragma unroll
+        for (int i = 0; i < RW; i++)
+#pragma unroll
+            for (int t = 0; t < TR; t++) {
+                float s = red[warp][i * TR + t];
+                for (int p = 1; p < kp; p++) s += red[warp + p][i * TR + t];
+                acc[i][t] = s;
+            }
+    }
+    if (lane == 0)
+#pragma unroll
+        for (int i = 0; i < RO; i++)
+#pragma unroll
+            for (int t = 0; t < TR; t++)
+                if (t < ns && orow + i < W.rows) {
+                    float v = acc[i][t];
+                    if (FUSE) v = v / (1.0f + expf(-v)) * acc[i + RO][t]; /* k_silu_mul's expression */
+                    y[(int64_t)(s0 + t) * ldy + orow + i] = v;
+                }
+}
+
+int cuk_gemv_q_ok(const dw &W) {
+    if (!W.s) return 0;
+    if (W.qt == QQ4G && W.g == 64 && W.cols % 64 == 0) return 2;
+    return W.qt == QQ8G && W.g == 32 && W.cols % 32 == 0;
+}
+
+void cuk_actq(cudaStream_t st, const float *x, int64_t ldx, int n, int cols, int q4, const cu_xq &X) {
+    if (n <= 0) return;
+    int ng = cols / (q4 ? 64 : 32);
+    dim3 grid((unsigned)((ng + 127) / 128), (unsigned)n);
+    if (q4) k_actq<1><<<grid, 128, 0, st>>>(x, ldx, cols, X);
+    else k_actq<0><<<grid, 128, 0, st>>>(x, ldx, cols, X);
+}
+
+template <int TR, int FUSE>
+static void gemvq_go(cudaStream_t st, const dw &W, const dw *W2, const cu_xq &X, float *y, int64_t ldy, int n, const int32_t *se, const int32_t *sx) {
+    constexpr int RO = FUSE ? GV_RW / 2 : GV_RW;
+    int q4 = W.qt == QQ4G, kp = gemv_parts(W, RO, q4 ? 32 : 16);
+    const uint8_t *d2 = W2 ? W2->d : nullptr;
+    const float *s2 = W2 ? W2->s : nullptr;
+    dim3 grid((unsigned)((W.rows + RO * (8 / kp) - 1) / (RO * (8 / kp))), (unsigned)((n + TR - 1) / TR));
+    if (q4) k_gemv_q<1, TR, FUSE><<<grid, 256, 0, st>>>(W, d2, s2, X, y, ldy, n, kp, se, sx);
+    else k_gemv_q<0, TR, FUSE><<<grid, 256, 0, st>>>(W, d2, s2, X, y, ldy, n, kp, se, sx);
+}
+
+template <int FUSE>
+static void gemvq_n(cudaStream_t st, const dw &W, const dw *W2, const cu_xq &X, float *y, int64_t ldy, int n, const int32_t *se, const int32_t *sx) {
+    if (n <= 0) return;
+    if (se || n == 1) gemvq_go<1, FUSE>(st, W, W2, X, y, ldy, n, se, sx); /* slots: one (expert) per pass */
+    else if (n == 2) gemvq_go<2, FUSE>(st, W, W2, X, y, ldy, n, se, sx);
+    else if (n <= 4) gemvq_go<4, FUSE>(st, W, W2, X, y, ldy, n, se, sx);
+    else gemvq_go<8, FUSE>(st, W, W2, X, y, ldy, n, se, sx);
+}
+
+void cuk_gemv_q(cudaStream_t st, const dw &W, const cu_xq &X, float *y, int64_t ldy, int n, const int32_t *slot_e, const int32_t *slot_x) {
+    gemvq_n<0>(st, W, nullptr, X, y, ldy, n, slot_e, slot_x);
+}
+
+void cuk_gemv_swiglu_q(cudaStream_t st, const dw &G, const dw &U, const cu_xq &X, float *y, int64_t ldy, int n, const int32_t *slot_e,
+                       const int32_t *slot_x, float *ub) {
+    int same = G.qt == U.qt && G.rows == U.rows && G.cols == U.cols && G.rb == U.rb && G.sc == U.sc && G.estride == U.estride &&
+               G.sstride == U.sstride && G.g == U.g;
+    if (same) {
+        gemvq_n<1>(st, G, &U, X, y, ldy, n, slot_e, slot_x);
+        return;
+    }
+    gemvq_n<0>(st, G, nullptr, X, y, ldy, n, slot_e, slot_x);
+    gemvq_n<0>(st, U, nullptr, X, ub, ldy, n, slot_e, slot_x);
+    cuk_silu_mul(st, y, ub, (int64_t)n * ldy);
+}
+
 /* ---- GEMM ---- */
 
 #define GT 64  /* tile rows (x) and columns (weight rows) */

@@ -517,6 +517,16 @@ static size_t carve(uint8_t *base, const petrel_config *c, int T, int nmax, int 
     TAKE(w_x, int32_t, tiered ? (size_t)T * K : 1);
     TAKE(w_pos, int32_t, tiered ? (size_t)T * K : 1);
     TAKE(w_y, float, tiered ? (size_t)T * K * H : 1);
+    /* the quantized path's int8 x (GEMV forms only: up to 8 rows, or T * K expert choices) */
+    int xr = T <= 8 || T * K <= CU_EXP_GEMV ? (T * K > T ? T * K : T) : 1, xc = H;
+    const int wide[] = {c->q_lora_rank, NH * c->v_head_dim, c->intermediate_size, c->moe_intermediate_size,
+                        c->moe_intermediate_size * (c->n_shared_experts > 0 ? c->n_shared_experts : 1)};
+    for (int i = 0; i < 5; i++) xc = wide[i] > xc ? wide[i] : xc;
+    xc = (xc + 63) / 64 * 64;
+    f->xq_rows = xr, f->xq_cols = xc;
+    TAKE(xq, int8_t, (size_t)xr * xc);
+    TAKE(xqd, float, (size_t)xr * (xc / 32));
+    TAKE(xqs, int32_t, (size_t)xr * (xc / 32));
 #undef TAKE
     return off + 256;
 }
@@ -527,22 +537,38 @@ size_t cu_chunk_scratch_bytes(const petrel_config *c, int rows) {
     return carve(NULL, c, rows, rows < topk ? rows : topk, rows + topk, rows, 1, &f);
 }
 
-/* y[n][W.rows] = x[n][W.cols] W^T by the form for n rows */
-/* (tc: above 8 rows, the tensor-core form where the format allows) */
-static void mm(cudaStream_t st, const dw &W, const float *x, float *y, int n, int tc) {
-    if (n <= 8) cuk_gemv(st, W, x, W.cols, y, W.rows, n, NULL, NULL);
-    else cuk_gemm(st, W, x, W.cols, y, W.rows, n, NULL, NULL, 0, NULL, NULL, tc);
+/* The quantized path's GEMV (act_quant on, q8_g32 / q4_g64 weights): x's n rows [n][ldx] of
+ * cols values quantized into f's int8 buffer for W's format; 0 when W does not take it. */
+static int quant_x(const cu_model *m, const fscr &f, const dw &W, const float *x, int64_t ldx, int n, cu_xq *X) {
+    int ok = m->tc ? cuk_gemv_q_ok(W) : 0, q4 = ok == 2;
+    if (!ok || n > f.xq_rows || W.cols > f.xq_cols) return 0;
+    *X = cu_xq{f.xq, f.xqd, f.xqs, W.cols, W.cols / (q4 ? 64 : 32), W.cols / 32};
+    cuk_actq(m->st, x, ldx, n, (int)W.cols, q4, *X);
+    return 1;
 }
 
-static void swiglu(cudaStream_t st, const dw &g, const dw &u, const dw &d, const float *x, int n, const fscr &f, float *out, int tc) {
-    if (n <= 8) {
-        cuk_gemv_swiglu(st, g, u, x, g.cols, f.gb, g.rows, n, NULL, NULL, f.ub);
+/* y[n][W.rows] = x[n][W.cols] W^T by the form for n rows: up to 8 the GEMV (on int8 x where
+ * the quantized path takes the format), else the GEMM (tc: the tensor-core form where the
+ * format allows) */
+static void mm(const cu_model *m, const fscr &f, const dw &W, const float *x, float *y, int n) {
+    cu_xq X;
+    if (n <= 8 && quant_x(m, f, W, x, W.cols, n, &X)) cuk_gemv_q(m->st, W, X, y, W.rows, n, NULL, NULL);
+    else if (n <= 8) cuk_gemv(m->st, W, x, W.cols, y, W.rows, n, NULL, NULL);
+    else cuk_gemm(m->st, W, x, W.cols, y, W.rows, n, NULL, NULL, 0, NULL, NULL, m->tc);
+}
+
+static void swiglu(const cu_model *m, const dw &g, const dw &u, const dw &d, const float *x, int n, const fscr &f, float *out) {
+    cu_xq X;
+    if (n <= 8 && g.qt == u.qt && g.g == u.g && quant_x(m, f, g, x, g.cols, n, &X)) {
+        cuk_gemv_swiglu_q(m->st, g, u, X, f.gb, g.rows, n, NULL, NULL, f.ub);
+    } else if (n <= 8) {
+        cuk_gemv_swiglu(m->st, g, u, x, g.cols, f.gb, g.rows, n, NULL, NULL, f.ub);
     } else {
-        mm(st, g, x, f.gb, n, tc);
-        mm(st, u, x, f.ub, n, tc);
-        cuk_silu_mul(st, f.gb, f.ub, (int64_t)n * g.rows);
+        mm(m, f, g, x, f.gb, n);
+        mm(m, f, u, x, f.ub, n);
+        cuk_silu_mul(m->st, f.gb, f.ub, (int64_t)n * g.rows);
     }
-    mm(st, d, f.gb, out, n, tc);
+    mm(m, f, d, f.gb, out, n);
 }
 
 /* the end of layer l: h += a (+ b: a + b first), then the next layer's input norm into x, or
@@ -563,9 +589,12 @@ void experts_compute(cu_model *m, const cu_layer &G, const fscr &f, const int32_
     cudaStream_t st = m->st;
     int H = m->c->hidden_size, I = (int)G.eg.rows;
     if (gemv) {
-        cuk_gemv_swiglu(st, G.eg, G.eu, f.x, H, f.gb, I, n, idx, xrow, f.ub);
+        cu_xq X;
+        if (G.eg.qt == G.eu.qt && G.eg.g == G.eu.g && quant_x(m, f, G.eg, f.x, H, f.t, &X)) cuk_gemv_swiglu_q(st, G.eg, G.eu, X, f.gb, I, n, idx, xrow, f.ub);
+        else cuk_gemv_swiglu(st, G.eg, G.eu, f.x, H, f.gb, I, n, idx, xrow, f.ub);
         prof_mark(m, P_EXPERTS);
-        cuk_gemv(st, G.ed, f.gb, I, y, H, n, idx, NULL);
+        if (quant_x(m, f, G.ed, f.gb, I, n, &X)) cuk_gemv_q(st, G.ed, X, y, H, n, idx, NULL);
+        else cuk_gemv(st, G.ed, f.gb, I, y, H, n, idx, NULL);
         return;
     }
     int mt = (n + 63) / 64 + sort_e + 1;
@@ -631,6 +660,7 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
     }
     carve(m->scr, c, t, nmax, need_q ? nall : 1, nl, m->tiers != NULL, &f);
     f.need_xl = hidden || nl;
+    f.t = t;
     /* the rows' arrays through pinned memory (the previous forward has finished with it) */
     uint8_t *pin = m->pin;
     memcpy(pin, hid, sizeof(int32_t) * t);
@@ -651,19 +681,19 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
     for (int l = 0; l < c->num_hidden_layers; l++) {
         const cu_layer &G = m->L[l];
         if (l == 0) cuk_rmsnorm(st, f.x, H, f.h, H, G.in_norm, H, t, c->rms_norm_eps); /* later layers': with the residual */
-        mm(st, G.q_a, f.x, f.qa, t, m->tc);
-        mm(st, G.kv_a, f.x, f.kva, t, m->tc);
+        mm(m, f, G.q_a, f.x, f.qa, t);
+        mm(m, f, G.kv_a, f.x, f.kva, t);
         cuk_rmsnorm(st, f.qa, Rq, f.qa, Rq, G.q_a_norm, Rq, t, 1e-6);
-        mm(st, G.q_b, f.qa, f.q, t, m->tc);
+        mm(m, f, G.q_b, f.qa, f.q, t);
         cuk_mla_prep(st, f.q, f.kva, G.kv_a_norm, t, NH, Dn, Dr, Rkv, l, f.ri, rope);
         PROF(P_ATTN_PROJ);
         if (c->layer_indexer_full[l] || !have_sel) {
             if (G.has_idx) {
                 if (need_q) {
-                    mm(st, G.iq, f.qa, f.qi, t, m->tc);
-                    mm(st, G.iwp, f.x, f.iw, t, m->tc);
+                    mm(m, f, G.iq, f.qa, f.qi, t);
+                    mm(m, f, G.iwp, f.x, f.iw, t);
                 }
-                mm(st, G.ik, f.x, f.ki, t, m->tc);
+                mm(m, f, G.ik, f.x, f.ki, t);
                 cuk_dsa_prep(st, need_q ? f.qi : NULL, f.ki, need_q ? f.iw : NULL, G.ik_w, G.ik_b, t, Hi, Di, Dr, wscale, l, f.ri, irope);
             } else if (need_q) {
                 return pt_err(err, PETREL_EUNSUPPORTED, "layer %d has no DSA indexer weights: cannot select %d of %d keys", l, topk, nall);
@@ -679,16 +709,16 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
         PROF(P_ATTN_CORE);
         cuk_mla_uv(st, G.kv_b, f.lat, f.o, t, NH, Dn, Dv, Rkv, m->heads);
         PROF(P_HEADS);
-        mm(st, G.o, f.o, f.y, t, m->tc);
+        mm(m, f, G.o, f.o, f.y, t);
         cuk_add_rmsnorm(st, f.x, f.h, f.y, NULL, G.post_norm, H, t, c->rms_norm_eps);
         PROF(P_O_PROJ);
         if (!G.is_moe) {
-            swiglu(st, G.gate, G.up, G.down, f.x, t, f, f.y, m->tc);
+            swiglu(m, G.gate, G.up, G.down, f.x, t, f, f.y);
             residual_norm(m, l, f.y, NULL, f, t);
             PROF(P_DENSE);
             continue;
         }
-        mm(st, G.router, f.x, f.lg, t, m->tc);
+        mm(m, f, G.router, f.x, f.lg, t);
         cuk_route(st, f.lg, G.bias, t, rcfg, f.idx, f.wts, f.slot_x);
         if (m->route) /* trace-driven routing: the trace's choices replace the router's (its layers spread as on the CPU) */
             cuk_route_given(st, f.lg, t, rcfg, m->route, m->route_tokens, m->route_layers, m->e->route_layer[m->e->moe_index[l]], f.ri, f.idx, f.wts);
@@ -701,7 +731,7 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
         PROF(P_EXPERTS_DOWN);
         cuk_moe_combine(st, f.yk, f.idx, f.wts, t, K, H, f.mo);
         PROF(P_COMBINE);
-        if (G.has_shared) swiglu(st, G.sg, G.su, G.sd, f.x, t, f, f.y, m->tc);
+        if (G.has_shared) swiglu(m, G.sg, G.su, G.sd, f.x, t, f, f.y);
         residual_norm(m, l, f.mo, G.has_shared ? f.y : NULL, f, t);
         PROF(P_SHARED);
     }
@@ -716,7 +746,7 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
             for (int j = 0; j < nl; j++) cudaMemcpyAsync(f.x + (size_t)j * H, f.xl + (size_t)hl[j] * H, sizeof(float) * H, cudaMemcpyDeviceToDevice, st);
             xh = f.x;
         }
-        mm(st, m->head, xh, f.logits, nl, m->tc);
+        mm(m, f, m->head, xh, f.logits, nl);
         PROF(P_HEAD);
         int first = *lnext - nl;
         rc = cudaMemcpyAsync(logits + (size_t)first * V, f.logits, sizeof(float) * nl * V, cudaMemcpyDeviceToHost, st);
@@ -874,15 +904,43 @@ extern "C" int cu_matmul_check(const pt_wview *W, const float *x, int n, float *
     if (!rc && (!dx || !dy)) rc = PETREL_ENOMEM;
     if (!rc) rc = up_copy(dx, x, sizeof(float) * n * W->cols, err);
     if (!rc) {
-        if (path == 1 || (path == 0 && n <= 8)) {
+        int ok = cuk_gemv_q_ok(G);
+        if (path == 4 || path == 5) { /* the quantized path's GEMV: plain rows by 8, or n slots of x rows n-1 .. 0 */
+            int64_t cols = W->cols;
+            int8_t *q = (int8_t *)dalloc(&m, (size_t)(n * cols), "xq", err);
+            float *qd = (float *)dalloc(&m, sizeof(float) * (size_t)(n * (cols / 32 + 1)), "xq scales", err);
+            int32_t *qs = (int32_t *)dalloc(&m, sizeof(int32_t) * (size_t)(n * (cols / 32 + 1)), "xq sums", err);
+            int32_t *sl = (int32_t *)dalloc(&m, sizeof(int32_t) * 2 * (size_t)n, "slots", err);
+            if (!ok) rc = pt_err(err, PETREL_EUNSUPPORTED, "the int8 GEMV takes q8_g32 and q4_g64 (whole groups), not %s [%lld x %lld]",
+                                 pt_qtype_name(W->qtype), (long long)W->rows, (long long)cols);
+            else if (!q || !qd || !qs || !sl) rc = PETREL_ENOMEM;
+            if (!rc) {
+                cu_xq X = {q, qd, qs, cols, cols / (ok == 2 ? 64 : 32), cols / 32};
+                cuk_actq(m.st, dx, cols, n, (int)cols, ok == 2, X);
+                if (path == 4) {
+                    for (int r0 = 0; r0 < n; r0 += 8) {
+                        cu_xq Xr = X;
+                        Xr.q += r0 * X.ldq, Xr.d += r0 * X.ldd, Xr.s += r0 * X.lds;
+                        cuk_gemv_q(m.st, G, Xr, dy + (size_t)r0 * W->rows, W->rows, n - r0 < 8 ? n - r0 : 8, NULL, NULL);
+                    }
+                } else {
+                    int32_t *hs = (int32_t *)malloc(sizeof(int32_t) * 2 * (size_t)n);
+                    if (!hs) rc = PETREL_ENOMEM;
+                    for (int i = 0; hs && i < n; i++) hs[i] = 0, hs[n + i] = n - 1 - i;
+                    if (!rc) rc = up_copy(sl, hs, sizeof(int32_t) * 2 * (size_t)n, err);
+                    free(hs);
+                    if (!rc) cuk_gemv_q(m.st, G, X, dy, W->rows, n, sl, sl + n);
+                }
+            }
+        } else if (path == 1 || (path == 0 && n <= 8)) {
             for (int r0 = 0; r0 < n; r0 += 8) cuk_gemv(m.st, G, dx + (size_t)r0 * W->cols, W->cols, dy + (size_t)r0 * W->rows, W->rows, n - r0 < 8 ? n - r0 : 8, NULL, NULL);
         } else {
             cuk_gemm(m.st, G, dx, W->cols, dy, W->rows, n, NULL, NULL, 0, NULL, NULL, path == 3);
         }
-        cudaError_t ce = cudaMemcpyAsync(y, dy, sizeof(float) * n * W->rows, cudaMemcpyDeviceToHost, m.st);
+        cudaError_t ce = rc ? cudaSuccess : cudaMemcpyAsync(y, dy, sizeof(float) * n * W->rows, cudaMemcpyDeviceToHost, m.st);
         if (ce == cudaSuccess) ce = cudaStreamSynchronize(m.st);
         if (ce == cudaSuccess) ce = cudaGetLastError();
-        if (ce != cudaSuccess) rc = cu_fail(err, ce, "matmul");
+        if (ce != cudaSuccess && !rc) rc = cu_fail(err, ce, "matmul");
     }
     check_done(&m);
     return rc;
