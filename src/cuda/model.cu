@@ -518,7 +518,7 @@ static size_t carve(uint8_t *base, const petrel_config *c, int T, int nmax, int 
     TAKE(w_pos, int32_t, tiered ? (size_t)T * K : 1);
     TAKE(w_y, float, tiered ? (size_t)T * K * H : 1);
     /* the quantized path's int8 x (GEMV forms only: up to 8 rows, or T * K expert choices) */
-    int xr = T <= 8 || T * K <= CU_EXP_GEMV ? (T * K > T ? T * K : T) : 1, xc = H;
+    int xr = T * K <= CU_EXP_GEMV && T * K > 8 ? T * K : 8, xc = H;
     const int wide[] = {c->q_lora_rank, NH * c->v_head_dim, c->intermediate_size, c->moe_intermediate_size,
                         c->moe_intermediate_size * (c->n_shared_experts > 0 ? c->n_shared_experts : 1)};
     for (int i = 0; i < 5; i++) xc = wide[i] > xc ? wide[i] : xc;
