@@ -550,9 +550,10 @@ static int quant_x(const cu_model *m, const fscr &f, const dw &W, const float *x
 /* y[n][W.rows] = x[n][W.cols] W^T by the form for n rows: up to 8 the GEMV (on int8 x where
  * the quantized path takes the format), else the GEMM (tc: the tensor-core form where the
  * format allows) */
-static void mm(const cu_model *m, const fscr &f, const dw &W, const float *x, float *y, int n) {
+static void mm(const cu_model *m, const fscr &f, const dw &W, const float *x, float *y, int n, const cu_xq *xq = NULL) {
     cu_xq X;
-    if (n <= 8 && quant_x(m, f, W, x, W.cols, n, &X)) cuk_gemv_q(m->st, W, X, y, W.rows, n, NULL, NULL);
+    if (n <= 8 && xq) cuk_gemv_q(m->st, W, *xq, y, W.rows, n, NULL, NULL); /* x quantized for W's format already */
+    else if (n <= 8 && quant_x(m, f, W, x, W.cols, n, &X)) cuk_gemv_q(m->st, W, X, y, W.rows, n, NULL, NULL);
     else if (n <= 8) cuk_gemv(m->st, W, x, W.cols, y, W.rows, n, NULL, NULL);
     else cuk_gemm(m->st, W, x, W.cols, y, W.rows, n, NULL, NULL, 0, NULL, NULL, m->tc);
 }
@@ -681,8 +682,12 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
     for (int l = 0; l < c->num_hidden_layers; l++) {
         const cu_layer &G = m->L[l];
         if (l == 0) cuk_rmsnorm(st, f.x, H, f.h, H, G.in_norm, H, t, c->rms_norm_eps); /* later layers': with the residual */
-        mm(m, f, G.q_a, f.x, f.qa, t);
-        mm(m, f, G.kv_a, f.x, f.kva, t);
+        { /* q_a and kv_a read the same x: quantized once when both take the same int8 form */
+            cu_xq X;
+            int one = t <= 8 && cuk_gemv_q_ok(G.q_a) == cuk_gemv_q_ok(G.kv_a) && G.q_a.cols == G.kv_a.cols && quant_x(m, f, G.q_a, f.x, H, t, &X);
+            mm(m, f, G.q_a, f.x, f.qa, t, one ? &X : NULL);
+            mm(m, f, G.kv_a, f.x, f.kva, t, one ? &X : NULL);
+        }
         cuk_rmsnorm(st, f.qa, Rq, f.qa, Rq, G.q_a_norm, Rq, t, 1e-6);
         mm(m, f, G.q_b, f.qa, f.q, t);
         cuk_mla_prep(st, f.q, f.kva, G.kv_a_norm, t, NH, Dn, Dr, Rkv, l, f.ri, rope);
