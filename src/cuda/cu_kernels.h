@@ -4,7 +4,9 @@
  *
  * Weights keep their stored format in HBM (f32, bf16, f16, q8_row, q8_g32, q4_g64 in the plain
  * layout of src/quant/quant.h) with scales converted to f32 at upload; kernels dequantize on
- * the fly and accumulate in f32 (activations are never quantized). A stacked weight holds the
+ * the fly and accumulate in f32 (the quantized path's decode GEMVs over q8_g32 / q4_g64 take
+ * int8 activations as the CPU's do: cuk_gemv_q; tensor-core GEMMs take bf16 operands; every
+ * other product keeps f32 activations). A stacked weight holds the
  * routed experts of a layer one after another (estride bytes, sstride scales apart). */
 #ifndef PETREL_CUDA_KERNELS_H
 #define PETREL_CUDA_KERNELS_H

@@ -1,6 +1,7 @@
 /* kernels.cu: the CUDA kernels of the forward (declared in cu_kernels.h). Plain CUDA C++ for
- * sm_90a: f32 arithmetic throughout, weights dequantized as they are read (the formats of
- * src/quant/quant.h). Two product forms:
+ * sm_90a: f32 arithmetic, weights dequantized as they are read (the formats of
+ * src/quant/quant.h), except the quantized path's int8 GEMV (dp4a on int8 x, its own section)
+ * and the tensor-core GEMM (bf16 operands). Two product forms:
  *   GEMV  a warp per 4 weight rows, 16-byte loads per lane, up to 8 x rows per pass, a
  *         warp-shuffle sum (the split and stream kernels of the GEMV section): decode;
  *   GEMM  64 x 64 output tiles through shared memory (each thread 4 x 4), over a list of rows
