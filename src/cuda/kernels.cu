@@ -223,6 +223,45 @@ __device__ __forceinline__ void gv_chunk(const uint4 (&raw)[RW][2], const float 
         for (int t = 0; t < TR; t++) acc[i][t] = SCALED ? fmaf(cd[i][t], sc[i], acc[i][t]) : acc[i][t] + cd[i][t];
 }
 
+/* The end of the split form (f32 and int8 x alike): each row's lanes summed by a butterfly,
+ * the kp column parts' sums added in part order through shared memory, lane 0 of part 0 writing
+ * the RO output rows (fused: silu(gate) * up). */
+template <int TR, int RW, int RO, int FUSE>
+__device__ __forceinline__ void gv_split_end(float (&acc)[RW][TR], float (&red)[8][RW * TR], int warp, int lane, int part, int kp, int ns,
+                                             int64_t orow, int64_t rows, float *__restrict__ y, int64_t ldy, int s0) {
+#pragma unroll
+    for (int i = 0; i < RW; i++)
+#pragma unroll
+        for (int t = 0; t < TR; t++) acc[i][t] = warp_sum(acc[i][t]);
+    if (kp > 1) { /* the parts' sums, in part order */
+        if (lane == 0)
+#pragma unroll
+            for (int i = 0; i < RW; i++)
+#pragma unroll
+                for (int t = 0; t < TR; t++) red[warp][i * TR + t] = acc[i][t];
+        __syncthreads();
+        if (part) return;
+#pragma unroll
+        for (int i = 0; i < RW; i++)
+#pragma unroll
+            for (int t = 0; t < TR; t++) {
+                float s = red[warp][i * TR + t];
+                for (int p = 1; p < kp; p++) s += red[warp + p][i * TR + t];
+                acc[i][t] = s;
+            }
+    }
+    if (lane == 0)
+#pragma unroll
+        for (int i = 0; i < RO; i++)
+#pragma unroll
+            for (int t = 0; t < TR; t++)
+                if (t < ns && orow + i < rows) {
+                    float v = acc[i][t];
+                    if (FUSE) v = v / (1.0f + expf(-v)) * acc[i + RO][t]; /* k_silu_mul's expression */
+                    y[(int64_t)(s0 + t) * ldy + orow + i] = v;
+                }
+}
+
 template <int QT, int VAL, int TR, int FUSE>
 __global__ void __launch_bounds__(256, TR <= 2 ? 2 : 1) k_gemv_split(dw W, const uint8_t *d2, const float *s2, const float *__restrict__ x, int64_t ldx,
                                                  float *__restrict__ y, int64_t ldy, int n, int kp, const int32_t *slot_e,
@@ -280,37 +319,7 @@ __global__ void __launch_bounds__(256, TR <= 2 ? 2 : 1) k_gemv_split(dw W, const
     } else {
         gv_generic<TR, RW>(W.qt, W.g, d, sr, xr, ns, part * 32 + lane, 32 * kp, cols, acc);
     }
-#pragma unroll
-    for (int i = 0; i < RW; i++)
-#pragma unroll
-        for (int t = 0; t < TR; t++) acc[i][t] = warp_sum(acc[i][t]);
-    if (kp > 1) { /* the parts' sums, in part order */
-        if (lane == 0)
-#pragma unroll
-            for (int i = 0; i < RW; i++)
-#pragma unroll
-                for (int t = 0; t < TR; t++) red[warp][i * TR + t] = acc[i][t];
-        __syncthreads();
-        if (part) return;
-#pragma unroll
-        for (int i = 0; i < RW; i++)
-#pragma unroll
-            for (int t = 0; t < TR; t++) {
-                float s = red[warp][i * TR + t];
-                for (int p = 1; p < kp; p++) s += red[warp + p][i * TR + t];
-                acc[i][t] = s;
-            }
-    }
-    if (lane == 0)
-#pragma unroll
-        for (int i = 0; i < RO; i++)
-#pragma unroll
-            for (int t = 0; t < TR; t++)
-                if (t < ns && orow + i < W.rows) {
-                    float v = acc[i][t];
-                    if (FUSE) v = v / (1.0f + expf(-v)) * acc[i + RO][t]; /* k_silu_mul's expression */
-                    y[(int64_t)(s0 + t) * ldy + orow + i] = v;
-                }
+    gv_split_end<TR, RW, RO, FUSE>(acc, red, warp, lane, part, kp, ns, orow, W.rows, y, ldy, s0);
 }
 
 /* column parts per row: more while the grid at one x row has fewer than ~8 waves of blocks
@@ -659,37 +668,7 @@ __global__ void __launch_bounds__(256, TR <= 2 ? 2 : 1) k_gemv_q(dw W, const uin
             }
         }
     }
-#pragma unroll
-    for (int i = 0; i < RW; i++)
-#pragma unroll
-        for (int t = 0; t < TR; t++) acc[i][t] = warp_sum(acc[i][t]);
-    if (kp > 1) { /* the parts' sums, in part order */
-        if (lane == 0)
-#pragma unroll
-            for (int i = 0; i < RW; i++)
-#pragma unroll
-                for (int t = 0; t < TR; t++) red[warp][i * TR + t] = acc[i][t];
-        __syncthreads();
-        if (part) return;
-#pragma unroll
-        for (int i = 0; i < RW; i++)
-#pragma unroll
-            for (int t = 0; t < TR; t++) {
-                float s = red[warp][i * TR + t];
-                for (int p = 1; p < kp; p++) s += red[warp + p][i * TR + t];
-                acc[i][t] = s;
-            }
-    }
-    if (lane == 0)
-#pragma unroll
-        for (int i = 0; i < RO; i++)
-#pragma unroll
-            for (int t = 0; t < TR; t++)
-                if (t < ns && orow + i < W.rows) {
-                    float v = acc[i][t];
-                    if (FUSE) v = v / (1.0f + expf(-v)) * acc[i + RO][t]; /* k_silu_mul's expression */
-                    y[(int64_t)(s0 + t) * ldy + orow + i] = v;
-                }
+    gv_split_end<TR, RW, RO, FUSE>(acc, red, warp, lane, part, kp, ns, orow, W.rows, y, ldy, s0);
 }
 
 int cuk_gemv_q_ok(const dw &W) {
