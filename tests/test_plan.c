@@ -308,3 +308,18 @@ TEST(plan, cli_bad_flags) {
     snprintf(cmd, sizeof cmd, "%s plan --help", b);
     CHECK(test_sh(cmd, out, sizeof out, er, sizeof er) == 0 && strstr(out, "--mem-budget") && strstr(out, "--measure"));
 }
+
+/* the memory probe reads every byte it counts, in each of its kinds (every other line
+ * prefetched, every line, two interleaved streams): its sum equals the words' sum */
+TEST(plan, bw_probe_reads_every_word) {
+    const size_t sizes[] = {64, 640, 4096 + 64, 100000};
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+        size_t n = sizes[s];
+        uint64_t *b = malloc(sizeof(uint64_t) * (n + 64)), want = 0;
+        for (size_t i = 0; i < n + 64; i++) b[i] = (i + 1) * 0x9e3779b97f4a7c15ull;
+        for (size_t i = 0; i < n / 64 * 64; i++) want += b[i];
+        for (int kind = 0; kind < 3; kind++)
+            CHECK_MSG(plan_bw_checksum(b, n, kind) == want, "probe kind %d over %zu words: a word counted but not read", kind, n);
+        free(b);
+    }
+}

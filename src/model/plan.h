@@ -43,11 +43,17 @@ typedef struct pt_mem_plan {
 } pt_mem_plan;
 
 /* One multi-threaded streaming read of buf[n] (AVX-512 loads and a 4 KiB-ahead prefetch where the
- * CPU has them, as the kernels read weights; of every 64-byte line, or of every other one,
- * leaving the rest to the hardware's adjacent-line prefetch): GB/s. The memory probe of plan and
- * bench, which take the best of passes of both kinds (on the AMD dev box every line reads 2-8 %
- * faster; the floor is the faster read). */
-double plan_bw_pass(const uint64_t *buf, size_t n, int threads, int every_line);
+ * CPU has them, as the kernels read weights): GB/s. kind 0 prefetches every other 64-byte line
+ * (the hardware's adjacent-line prefetch takes the rest), 1 every line, 2 every line with each
+ * thread's range read as two interleaved streams, as the R16 kernels read a block pair. The
+ * memory probe of plan and bench, which take the best of passes of all kinds, so the floor is
+ * the fastest read: every line read 2-8 % faster than every other on the AMD dev box, two
+ * streams another ~4 % there (2026-12-05), and on an Intel host the one-stream probe read less
+ * than the kernels did at 2 threads. */
+double plan_bw_pass(const uint64_t *buf, size_t n, int threads, int kind);
+/* The sum of the words one thread of a pass of that kind reads over buf[n / 64 * 64] (tests:
+ * every counted byte is read, whatever the kind). */
+uint64_t plan_bw_checksum(const uint64_t *buf, size_t n, int kind);
 /* GB/s reading random routed-expert records of a pack through the expert store's own I/O pool
  * (xs_read_probe: io_uring, O_DIRECT, whole records in flight as the store keeps them), ~limit
  * bytes or secs seconds; 0 when the model is not a pack. The SSD probe of plan and bench
