@@ -163,6 +163,37 @@ TEST(cuda, gemv_int8_activations) {
     free(d), free(sc);
 }
 
+/* the fused SwiGLU form of the int8 GEMV (gate and up rows of one warp, silu(g) * u written)
+ * against the CPU's int8 reference of each product, plain rows and slots */
+TEST(cuda, swiglu_int8_activations) {
+    if (!need_gpu()) return;
+    const pt_qtype fmts[] = {PT_Q8_G32, PT_Q4_G64};
+    const int64_t shapes[][2] = {{64, 256}, {2048, 6144}, {257, 128}};
+    petrel_error err = {0};
+    for (size_t f = 0; f < 2; f++)
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+            for (int slots = 0; slots <= 1; slots++) {
+                uint8_t *dg, *du;
+                void *sg, *su;
+                pt_wview G = rand_weight(fmts[f], shapes[s][0], shapes[s][1], PT_F32, &dg, &sg);
+                pt_wview U = rand_weight(fmts[f], shapes[s][0], shapes[s][1], PT_BF16, &du, &su);
+                int n = slots ? 9 : 3;
+                float *x = malloc(sizeof(float) * n * G.cols), *xr = malloc(sizeof(float) * n * G.cols);
+                float *g = malloc(sizeof(float) * n * G.rows), *u = malloc(sizeof(float) * n * G.rows), *y = malloc(sizeof(float) * n * G.rows);
+                for (int64_t i = 0; i < n * G.cols; i++) x[i] = frand();
+                for (int i = 0; i < n; i++) memcpy(xr + (int64_t)i * G.cols, x + (int64_t)(slots ? n - 1 - i : i) * G.cols, sizeof(float) * G.cols);
+                kn_ref_matmul_actq(&G, xr, n, g);
+                kn_ref_matmul_actq(&U, xr, n, u);
+                for (int64_t i = 0; i < n * G.rows; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+                int rc = cu_swiglu_check(&G, &U, x, n, y, slots, &err);
+                CHECK_MSG(rc == 0, "cu_swiglu_check: %s", err.msg);
+                double e = rc ? 1 : test_rel_l2(y, g, (size_t)n * G.rows);
+                CHECK_MSG(e < 1e-5, "%s [%lld x %lld] %s: int8 SwiGLU vs the CPU's int8 products rel err %.3g", pt_qtype_name(G.qtype),
+                          (long long)G.rows, (long long)G.cols, slots ? "slots" : "rows", e);
+                free(x), free(xr), free(g), free(u), free(y), free(dg), free(sg), free(du), free(su);
+            }
+}
+
 TEST(cuda, topk_ties) {
     if (!need_gpu()) return;
     petrel_error err = {0};

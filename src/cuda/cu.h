@@ -99,6 +99,10 @@ void cu_model_profile_report(const cu_model *m, char *buf, size_t n);
  * 4 the quantized path's GEMV on int8 x (q8_g32, q4_g64 of whole groups; else PETREL_EUNSUPPORTED),
  * 5 the same as n slots of the weight, slot i on x row n-1-i (y[i] = W x[n-1-i]). */
 int cu_matmul_check(const pt_wview *W, const float *x, int n, float *y, int path, petrel_error *err);
+/* The quantized path's fused SwiGLU GEMV on the GPU: y[n][rows] = silu(Wg x) * (Wu x) on int8 x
+ * (Wg, Wu: one int8 format (q8_g32 / q4_g64) and shape; n 1..8 plain rows, or with slots n slots
+ * of the pair, slot i on x row n-1-i). */
+int cu_swiglu_check(const pt_wview *Wg, const pt_wview *Wu, const float *x, int n, float *y, int slots, petrel_error *err);
 /* op_topk on the GPU for one row of n scores: idx[k] ascending. */
 int cu_topk_check(const float *v, int n, int k, int32_t *idx, petrel_error *err);
 

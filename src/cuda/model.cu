@@ -951,6 +951,48 @@ extern "C" int cu_matmul_check(const pt_wview *W, const float *x, int n, float *
     return rc;
 }
 
+extern "C" int cu_swiglu_check(const pt_wview *Wg, const pt_wview *Wu, const float *x, int n, float *y, int slots, petrel_error *err) {
+    cu_model m;
+    PT_TRY(check_model(&m, err));
+    dw G, U;
+    int rc = up_w(&m, Wg, "test gate", &G, err);
+    if (!rc) rc = up_w(&m, Wu, "test up", &U, err);
+    int ok = rc ? 0 : cuk_gemv_q_ok(G);
+    int64_t cols = Wg->cols, rows = Wg->rows;
+    if (!rc && (!ok || cuk_gemv_q_ok(U) != ok || Wu->rows != rows || Wu->cols != cols || n < 1 || (!slots && n > 8)))
+        rc = pt_err(err, PETREL_EUNSUPPORTED, "the int8 SwiGLU check takes two weights of one int8 format and shape, 1..8 rows (any with slots)");
+    float *dx = NULL, *dy = NULL, *du = NULL, *qd = NULL;
+    int8_t *q = NULL;
+    int32_t *qs = NULL, *sl = NULL;
+    if (!rc) {
+        dx = (float *)dalloc(&m, sizeof(float) * n * cols, "x", err), dy = (float *)dalloc(&m, sizeof(float) * n * rows, "y", err);
+        du = (float *)dalloc(&m, sizeof(float) * n * rows, "up", err), q = (int8_t *)dalloc(&m, (size_t)(n * cols), "xq", err);
+        qd = (float *)dalloc(&m, sizeof(float) * (size_t)(n * (cols / 32)), "xq scales", err);
+        qs = (int32_t *)dalloc(&m, sizeof(int32_t) * (size_t)(n * (cols / 32)), "xq sums", err);
+        sl = (int32_t *)dalloc(&m, sizeof(int32_t) * 2 * (size_t)n, "slots", err);
+        if (!dx || !dy || !du || !q || !qd || !qs || !sl) rc = PETREL_ENOMEM;
+    }
+    if (!rc) rc = up_copy(dx, x, sizeof(float) * n * cols, err);
+    if (!rc && slots) { /* slot i on x row n-1-i, as cu_matmul_check's path 5 */
+        int32_t *hs = (int32_t *)malloc(sizeof(int32_t) * 2 * (size_t)n);
+        if (!hs) rc = PETREL_ENOMEM;
+        for (int i = 0; hs && i < n; i++) hs[i] = 0, hs[n + i] = n - 1 - i;
+        if (!rc) rc = up_copy(sl, hs, sizeof(int32_t) * 2 * (size_t)n, err);
+        free(hs);
+    }
+    if (!rc) {
+        cu_xq X = {q, qd, qs, cols, cols / (ok == 2 ? 64 : 32), cols / 32};
+        cuk_actq(m.st, dx, cols, n, (int)cols, ok == 2, X);
+        cuk_gemv_swiglu_q(m.st, G, U, X, dy, rows, n, slots ? sl : NULL, slots ? sl + n : NULL, du);
+        cudaError_t ce = cudaMemcpyAsync(y, dy, sizeof(float) * n * rows, cudaMemcpyDeviceToHost, m.st);
+        if (ce == cudaSuccess) ce = cudaStreamSynchronize(m.st);
+        if (ce == cudaSuccess) ce = cudaGetLastError();
+        if (ce != cudaSuccess) rc = cu_fail(err, ce, "swiglu");
+    }
+    check_done(&m);
+    return rc;
+}
+
 extern "C" int cu_topk_check(const float *v, int n, int k, int32_t *idx, petrel_error *err) {
     cu_model m;
     PT_TRY(check_model(&m, err));

@@ -54,6 +54,10 @@ int cu_matmul_check(const pt_wview *W, const float *x, int n, float *y, int path
     (void)W, (void)x, (void)n, (void)y, (void)path;
     return pt_err(err, PETREL_EUNSUPPORTED, NO_CUDA);
 }
+int cu_swiglu_check(const pt_wview *Wg, const pt_wview *Wu, const float *x, int n, float *y, int slots, petrel_error *err) {
+    (void)Wg, (void)Wu, (void)x, (void)n, (void)y, (void)slots;
+    return pt_err(err, PETREL_EUNSUPPORTED, NO_CUDA);
+}
 int cu_topk_check(const float *v, int n, int k, int32_t *idx, petrel_error *err) {
     (void)v, (void)n, (void)k, (void)idx;
     return pt_err(err, PETREL_EUNSUPPORTED, NO_CUDA);
