@@ -7,7 +7,8 @@
 #   make cuda       build/petrel-cuda and build/petrel-tests-cuda: the same programs with the
 #                   CUDA backend (src/cuda, nvcc, sm_90a); `make test` builds them when nvcc
 #                   is installed and runs their `cuda` group first (the GPU tests skip, counted,
-#                   where no GPU is visible), then every test of the CPU build
+#                   where no GPU is visible), then every test of the CPU build; also
+#                   build/cu_gemv_bench (the decode GEMVs at GLM-5.2's shapes against a read probe)
 #   make deps       installs missing Debian packages (also run by the targets above)
 #   make demo       builds and runs the bundled trained model on a prompt (the README's first
 #                   command; `make run-tiny` is the same)
@@ -80,9 +81,12 @@ $(BUILD)/petrel-cuda: $(CLI_OBJ) $(BUILD)/libpetrel-cuda.a
 $(BUILD)/petrel-tests-cuda: $(TEST_OBJ) $(BUILD)/libpetrel-cuda.a
 	$(CC) $(CFLAGS_BASE) -o $@ $(TEST_OBJ) $(BUILD)/libpetrel-cuda.a $(LDLIBS) $(CUDA_LIBS)
 
+$(BUILD)/cu_gemv_bench: bench/cu_gemv_bench.cu $(BUILD)/libpetrel-cuda.a
+	$(NVCC) $(NVFLAGS) -o $@ $< $(BUILD)/libpetrel-cuda.a
+
 cuda: deps
 	@test -n "$(NVCC)" || { echo "make cuda: nvcc not found (install CUDA 13 at $(CUDA_HOME) or put nvcc on PATH)"; exit 1; }
-	$(MAKE) $(BUILD)/petrel-cuda $(BUILD)/petrel-tests-cuda
+	$(MAKE) $(BUILD)/petrel-cuda $(BUILD)/petrel-tests-cuda $(BUILD)/cu_gemv_bench
 
 $(BUILD)/libpetrel.a: $(LIB_OBJ)
 	@rm -f $@

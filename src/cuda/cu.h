@@ -51,6 +51,10 @@ void cu_model_close(cu_model *m);
 /* One line: "NVIDIA H200 (cuda:0, 139.8 GiB), weights 2.31 GB in HBM". */
 const char *cu_model_describe(const cu_model *m);
 uint64_t cu_model_weight_bytes(const cu_model *m);
+/* how many of the layers' weight stacks (products of one x in one GEMV for one row) are in use;
+ * cu_model_use_stacks(m, 0) runs each product alone instead (tests: the same bits either way) */
+int cu_model_stacks(const cu_model *m);
+void cu_model_use_stacks(cu_model *m, int on);
 /* The expert tiers' counters since open (all zero when every expert is in HBM): per MoE layer
  * of a forward, `uses` distinct experts ran, `hits` of them were in an HBM slot, the rest were
  * copied from the host (`bytes` over PCIe, `copy_ns` of host time issuing and waiting for

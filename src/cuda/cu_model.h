@@ -21,6 +21,15 @@ enum { P_EMBED, P_ATTN_PROJ, P_INDEXER, P_HEADS, P_ATTN_CORE, P_O_PROJ, P_DENSE,
        P_COPY, PROF_PARTS };
 #define PROF_EVENTS 1024
 
+/* weights that read one x, stacked by rows in one allocation (up_products): all the whole
+ * stack, end[i] the rows of members 0..i; n 0 when they were uploaded apart or a prefix would
+ * split its columns differently from a member (then each runs alone) */
+struct cu_stack {
+    dw all;
+    int64_t end[4];
+    int n;
+};
+
 struct cu_layer {
     float *in_norm, *post_norm, *q_a_norm, *kv_a_norm;
     dw q_a, q_b, kv_a, kv_b, o;
@@ -34,6 +43,8 @@ struct cu_layer {
     dw eg, eu, ed;
     int has_shared;
     dw sg, su, sd;
+    cu_stack on_x;  /* q_a, kv_a, ik, iwp */
+    cu_stack on_qa; /* q_b, iq */
 };
 
 struct cu_model {
@@ -52,6 +63,7 @@ struct cu_model {
     int32_t *heads;             /* [8 * NH]: i % NH (the head products' GEMV slots, up to 8 rows) */
     int rope_cap;
     uint8_t *scr;               /* the forward's scratch (grown on demand) */
+    int no_stacks;              /* run the layers' stacked products each alone (cu_model_use_stacks) */
     size_t scr_cap;
     char desc[256];
     /* the profile (cu_model_profile): events between the parts of a forward, and their sums */
@@ -87,6 +99,8 @@ struct fscr {
     unsigned long long *count;
     cu_rowinfo *ri;
     float *h, *x, *y, *qa, *q, *kva, *o, *qt, *lat, *S, *partial, *qi, *ki, *iw, *sc, *lg, *wts, *gb, *ub, *yk, *mo, *xl, *logits;
+    float *on_x, *on_qa; /* one row's stacked products (cu_stack): q_a | kv_a | ik | iwp, q_b | iq */
+    int64_t on_x_cap, on_qa_cap;
     int32_t *w_idx, *w_x, *w_pos; /* the expert tiers' waves (tiered models only) */
     float *w_y;
     int8_t *xq;          /* the quantized path's int8 x rows (cu_xq), [xq_rows][xq_cols] */

@@ -555,37 +555,44 @@ void cuk_gemv_swiglu(cudaStream_t st, const dw &G, const dw &U, const float *x, 
  * the stored nibbles less 8 x that sum is the dot of q). */
 template <int Q4>
 __global__ void k_actq(const float *__restrict__ x, int64_t ldx, int cols, cu_xq X) {
-    constexpr int G = Q4 ? 64 : 32;
-    const int r = blockIdx.y, ng = cols / G;
-    const float *xr = x + (int64_t)r * ldx;
-    for (int g = blockIdx.x * blockDim.x + threadIdx.x; g < ng; g += gridDim.x * blockDim.x) {
-        const float *xg = xr + (int64_t)g * G;
-        float amax = 0.f, probe = 0.f;
-        for (int j = 0; j < G; j++) {
-            float v = xg[j], a = fabsf(v);
-            amax = a > amax ? a : amax;
-            probe += v - v; /* NaN if any x is NaN or inf */
-        }
-        float id = amax > 0.f && amax < INFINITY ? __fdiv_rn(127.f, amax) : 0.f;
-        X.d[(int64_t)r * X.ldd + g] = __fadd_rn(__fdiv_rn(amax, 127.f), probe);
-        int8_t *qg = X.q + (int64_t)r * X.ldq + (int64_t)g * G;
-        int sum[2] = {0, 0};
-        for (int j0 = 0; j0 < G; j0 += 8) {
-            uint32_t w0 = 0, w1 = 0; /* q8: values j0 .. j0 + 3, j0 + 4 .. j0 + 7; q4: the even ones, the odd ones */
+    /* one warp a group: lane j holds values j (q8) or 2j, 2j + 1 (q4) */
+    constexpr int G = Q4 ? 64 : 32, PER = G / 32;
+    const int r = blockIdx.y, lane = threadIdx.x & 31, ng = cols / G;
+    const int g = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (g >= ng) return;
+    const float *xg = x + (int64_t)r * ldx + (int64_t)g * G;
+    float v[PER], amax = 0.f, probe = 0.f;
 #pragma unroll
-            for (int k = 0; k < 8; k++) {
-                float v = rintf(__fmul_rn(xg[j0 + k], id));
-                v = v > 127.f ? 127.f : v < -127.f ? -127.f : v;
-                int qi = v == v ? (int)v : 0;
-                sum[j0 >= 32] += qi;
-                uint32_t b = (uint32_t)qi & 0xffu;
-                int lo = Q4 ? !(k & 1) : k < 4, at = Q4 ? k >> 1 : k & 3;
-                if (lo) w0 |= b << (8 * at);
-                else w1 |= b << (8 * at);
-            }
-            *(uint2 *)(qg + j0) = make_uint2(w0, w1);
-        }
-        if (Q4) X.s[(int64_t)r * X.lds + 2 * g] = sum[0], X.s[(int64_t)r * X.lds + 2 * g + 1] = sum[1];
+    for (int k = 0; k < PER; k++) {
+        v[k] = xg[PER * lane + k];
+        float a = fabsf(v[k]);
+        amax = a > amax ? a : amax;
+        probe += v[k] - v[k]; /* NaN if any x is NaN or inf */
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float a = __shfl_xor_sync(0xffffffffu, amax, o), p = __shfl_xor_sync(0xffffffffu, probe, o);
+        amax = a > amax ? a : amax; /* max is exact in any order */
+        probe += p;                 /* zeros, or NaN */
+    }
+    float id = amax > 0.f && amax < INFINITY ? __fdiv_rn(127.f, amax) : 0.f;
+    if (lane == 0) X.d[(int64_t)r * X.ldd + g] = __fadd_rn(__fdiv_rn(amax, 127.f), probe);
+    int8_t *qg = X.q + (int64_t)r * X.ldq + (int64_t)g * G;
+    int sum = 0;
+#pragma unroll
+    for (int k = 0; k < PER; k++) {
+        float q = rintf(__fmul_rn(v[k], id));
+        q = q > 127.f ? 127.f : q < -127.f ? -127.f : q;
+        int qi = q == q ? (int)q : 0;
+        sum += qi;
+        int j = PER * lane + k, at = j;
+        if (Q4) at = (j & ~7) + ((j & 1) ? 4 : 0) + ((j & 7) >> 1); /* per 8 values: the even ones, then the odd ones */
+        qg[at] = (int8_t)qi;
+    }
+    if (Q4) { /* the sums of values 0 .. 31 (lanes 0 .. 15) and 32 .. 63 (lanes 16 .. 31) */
+#pragma unroll
+        for (int o = 8; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        if ((lane & 15) == 0) X.s[(int64_t)r * X.lds + 2 * g + (lane >> 4)] = sum;
     }
 }
 
@@ -680,15 +687,28 @@ int cuk_gemv_q_ok(const dw &W) {
 void cuk_actq(cudaStream_t st, const float *x, int64_t ldx, int n, int cols, int q4, const cu_xq &X) {
     if (n <= 0) return;
     int ng = cols / (q4 ? 64 : 32);
-    dim3 grid((unsigned)((ng + 127) / 128), (unsigned)n);
-    if (q4) k_actq<1><<<grid, 128, 0, st>>>(x, ldx, cols, X);
-    else k_actq<0><<<grid, 128, 0, st>>>(x, ldx, cols, X);
+    dim3 grid((unsigned)((ng + 7) / 8), (unsigned)n); /* 8 groups a block */
+    if (q4) k_actq<1><<<grid, 256, 0, st>>>(x, ldx, cols, X);
+    else k_actq<0><<<grid, 256, 0, st>>>(x, ldx, cols, X);
 }
+
+/* column parts of the int8 form: half the f32 form's (at most 4, ~4 waves of blocks, each lane
+ * U = 2 chunks of each part): its lanes take 16 bytes of weights a chunk, so the f32 form's
+ * count left every part one chunk a lane and half the loads in flight (H200: q_b, the experts'
+ * down and the dense down 1.1-1.4x faster) */
+static int gemvq_parts(const dw &W, int ro, int val) {
+    int64_t groups = (W.rows + ro - 1) / ro, chunks = W.cols / val;
+    int kp = 1;
+    while (kp < 4 && groups * kp < 4 * 8 * 264 && chunks >= 128 * kp) kp *= 2;
+    return kp;
+}
+
+int cuk_gemv_q_parts(const dw &W) { return gemvq_parts(W, GV_RW, W.qt == QQ4G ? 32 : 16); }
 
 template <int TR, int FUSE>
 static void gemvq_go(cudaStream_t st, const dw &W, const dw *W2, const cu_xq &X, float *y, int64_t ldy, int n, const int32_t *se, const int32_t *sx) {
     constexpr int RO = FUSE ? GV_RW / 2 : GV_RW;
-    int q4 = W.qt == QQ4G, kp = gemv_parts(W, RO, q4 ? 32 : 16);
+    int q4 = W.qt == QQ4G, kp = gemvq_parts(W, RO, q4 ? 32 : 16);
     const uint8_t *d2 = W2 ? W2->d : nullptr;
     const float *s2 = W2 ? W2->s : nullptr;
     dim3 grid((unsigned)((W.rows + RO * (8 / kp) - 1) / (RO * (8 / kp))), (unsigned)((n + TR - 1) / TR));
@@ -1509,18 +1529,16 @@ void cuk_moe_sort(cudaStream_t st, const int32_t *idx, int T, int K, int E, int3
 
 /* row blockIdx.y, columns blockIdx.x * 256 ..: one column a thread */
 __global__ void k_moe_combine(const float *yk, const int32_t *idx, const float *wts, int K, int H, float *out) {
-    __shared__ int order[32];
+    __shared__ int order[32], id[32];
     __shared__ float w[32];
-    int r = blockIdx.y, kk = K < 32 ? K : 32;
-    const int32_t *ir = idx + (int64_t)r * K;
-    if (threadIdx.x == 0)
-        for (int done = 0, prev = -1; done < kk; done++) { /* the row's experts in ascending id */
-            int best = -1;
-            for (int k = 0; k < kk; k++)
-                if (ir[k] > prev && (best < 0 || ir[k] < ir[best])) best = k;
-            order[done] = best, w[done] = wts[(int64_t)r * K + best];
-            prev = ir[best];
-        }
+    int r = blockIdx.y, kk = K < 32 ? K : 32, k = threadIdx.x;
+    if (k < kk) id[k] = idx[(int64_t)r * K + k];
+    __syncthreads();
+    if (k < kk) { /* the row's experts in ascending id: choice k goes to its rank */
+        int rank = 0;
+        for (int j = 0; j < kk; j++) rank += id[j] < id[k] || (id[j] == id[k] && j < k);
+        order[rank] = k, w[rank] = wts[(int64_t)r * K + k];
+    }
     __syncthreads();
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= H) return;

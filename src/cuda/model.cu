@@ -116,82 +116,90 @@ static int up_fp8(cu_model *m, const pt_wview *Ws, int E, const char *name, dw *
     return rc;
 }
 
-static float scale_at(const pt_wview *V, size_t i) {
-    const uint8_t *p = (const uint8_t *)V->scale + i * pt_scale_dtype_bytes(V->scale_dtype);
-    float f;
-    uint16_t h;
-    if (V->scale_dtype == PT_F32) memcpy(&f, p, 4);
-    else memcpy(&h, p, 2), f = V->scale_dtype == PT_BF16 ? pt_bf16_to_f32(h) : pt_f16_to_f32(h);
-    return f;
-}
-
-/* V's scales as f32 [rows][sc] in the plain order; and, for the row-interleaved layout
- * (PT_LAYOUT_R16, quant/qtypes.h), its bytes in the plain layout (d; NULL: plain already) */
-static void host_plain(const pt_wview *V, int64_t sc, uint8_t *d, float *s) {
-    int r16 = V->layout == PT_LAYOUT_R16;
-    for (int64_t r = 0; r < V->rows; r++)
-        for (int64_t g = 0; g < sc; g++)
-            s[r * sc + g] = scale_at(V, r16 ? (size_t)(((r / 16) * V->scale_cols + g) * 16 + r % 16) : (size_t)(r * V->scale_cols + g));
-    if (!r16 || !d) return;
-    int q4 = V->qtype == PT_Q4_G64;
-    for (int64_t r = 0; r < V->rows; r++) {
-        const uint8_t *blk = V->data + (r / 16) * 16 * V->row_bytes;
-        uint8_t *o = d + r * V->row_bytes;
-        for (int64_t g = 0; g < sc; g++)
-            for (int k = 0; k < 8; k++) {
-                const uint8_t *ch = blk + g * 512 + k * 64 + (r % 16) * 4;
-                for (int t = 0; t < 4; t++) {
-                    if (!q4) {
-                        o[32 * g + 4 * k + t] = (uint8_t)(ch[t] ^ 0x80); /* w + 128 -> int8 w */
-                        continue;
-                    }
-                    int64_t c = 64 * g + 8 * k;
-                    int lo = ch[t] & 15, hi = ch[t] >> 4; /* w[c + t] + 8, w[c + 4 + t] + 8 */
-                    uint8_t *b0 = o + (c + t) / 2, *b1 = o + (c + 4 + t) / 2;
-                    *b0 = (uint8_t)(((c + t) & 1) ? ((*b0 & 15) | lo << 4) : ((*b0 & 0xf0) | lo));
-                    *b1 = (uint8_t)(((c + 4 + t) & 1) ? ((*b1 & 15) | hi << 4) : ((*b1 & 0xf0) | hi));
-                }
-            }
+/* views of one format and width, stacked into one allocation: as experts (rows_stack 0: one
+ * shape, E = n; n = 1 a plain weight) or by rows (rows_stack 1: the products of one x, one
+ * after another, out[i] each one's view and *all the whole stack). The stored bytes go over
+ * PCIe as they are, in pieces of whole 16-row blocks, and a kernel turns them into the plain
+ * layout with f32 scales (cuk_unpack, as the expert tiers do): the host only copies. */
+static int up_views(cu_model *m, const pt_wview *const *Vs, int n, int rows_stack, const char *name, dw *out, dw *all, petrel_error *err) {
+    const pt_wview *W = Vs[0];
+    PT_TRY(w_supported(W, name, err));
+    int64_t rows = 0, maxrows = 0;
+    for (int e = 0; e < n; e++) {
+        const pt_wview *V = Vs[e];
+        if (V->qtype != W->qtype || V->cols != W->cols || V->row_bytes != W->row_bytes || V->layout != W->layout || !V->scale != !W->scale ||
+            (V->scale && V->scale_dtype != W->scale_dtype) || V->scale_cols != W->scale_cols || (!rows_stack && V->rows != W->rows))
+            return pt_err(err, PETREL_EUNSUPPORTED, "cuda: %s: %s %d differs in format or shape from the first", name, rows_stack ? "part" : "expert", e);
+        if (rows_stack && V->layout == PT_LAYOUT_R16 && V->rows % 16)
+            return pt_err(err, PETREL_EUNSUPPORTED, "cuda: %s: part %d is row-interleaved with %lld rows", name, e, (long long)V->rows);
+        rows += V->rows, maxrows = V->rows > maxrows ? V->rows : maxrows;
     }
+    dw D = dw{};
+    D.qt = W->qtype, D.cols = W->cols, D.rb = W->row_bytes;
+    D.g = (int)pt_qtype_group(W->qtype, W->cols);
+    D.sc = pt_qtype_scales_per_row(W->qtype, W->cols);
+    D.rows = rows_stack ? rows : W->rows;
+    size_t db = (size_t)rows * W->row_bytes, sn = (size_t)rows * D.sc; /* all of it */
+    D.estride = rows_stack ? 0 : (int64_t)W->rows * W->row_bytes, D.sstride = rows_stack ? 0 : (int64_t)W->rows * D.sc;
+    uint8_t *d = (uint8_t *)dalloc(m, db, name, err);
+    if (!d) return PETREL_ENOMEM;
+    float *s = NULL;
+    if (sn && !(s = (float *)dalloc(m, sizeof(float) * sn, name, err))) return PETREL_ENOMEM;
+    D.d = d, D.s = s;
+    const int r16 = W->layout == PT_LAYOUT_R16;
+    const size_t srow = sn ? (size_t)W->scale_cols * pt_scale_dtype_bytes(W->scale_dtype) : 0; /* stored scale bytes a row */
+    /* a piece: whole 16-row blocks, about 64 MB of stored bytes */
+    int64_t prow = (int64_t)((64u << 20) / (W->row_bytes + srow + 1));
+    prow = prow < 16 ? 16 : prow / 16 * 16;
+    if (prow > maxrows) prow = maxrows;
+    uint8_t *raw = NULL; /* a piece's stored data (r16) and scales, on the device */
+    size_t rawd = r16 ? (size_t)prow * W->row_bytes : 0, raws = (size_t)prow * srow;
+    cudaError_t ce = rawd + raws ? cudaMalloc(&raw, rawd + raws) : cudaSuccess;
+    if (ce != cudaSuccess) {
+        cudaGetLastError();
+        return cu_fail(err, ce, "upload staging");
+    }
+    int rc = 0;
+    int64_t row0 = 0; /* the view's first row in the allocation */
+    for (int e = 0; e < n && !rc; e++) {
+        const pt_wview *V = Vs[e];
+        if (rows_stack) {
+            out[e] = D;
+            out[e].rows = V->rows, out[e].d = d + (size_t)row0 * W->row_bytes, out[e].s = s ? s + (size_t)row0 * D.sc : NULL;
+        }
+        for (int64_t r0 = 0; r0 < V->rows && !rc; r0 += prow) {
+            int64_t k = V->rows - r0 < prow ? V->rows - r0 : prow;
+            uint8_t *dd = d + (size_t)(row0 + r0) * W->row_bytes;
+            rc = up_copy(r16 ? raw : dd, V->data + (size_t)r0 * W->row_bytes, (size_t)k * W->row_bytes, err);
+            if (!rc && sn) rc = up_copy(raw + rawd, (const uint8_t *)V->scale + (size_t)r0 * srow, (size_t)k * srow, err);
+            if (rc) break;
+            cuk_unpack(m->st, D.qt, r16, r16 ? raw : NULL, sn ? raw + rawd : NULL, V->scale_dtype, k, W->row_bytes, W->scale_cols, D.sc, dd,
+                       sn ? s + (size_t)(row0 + r0) * D.sc : NULL);
+            ce = cudaStreamSynchronize(m->st); /* the staging is reused by the next piece */
+            if (ce != cudaSuccess) rc = cu_fail(err, ce, "upload");
+        }
+        row0 += V->rows;
+    }
+    if (raw) cudaFree(raw);
+    if (!rows_stack) *out = D;
+    if (all) *all = D;
+    m->wbytes += db + sizeof(float) * sn;
+    return rc;
 }
 
 /* E views of one shape stacked into one allocation (E = 1: a plain weight) */
 static int up_stack(cu_model *m, const pt_wview *Ws, int E, const char *name, dw *out, petrel_error *err) {
     memset(out, 0, sizeof *out);
-    const pt_wview *W = &Ws[0];
-    PT_TRY(w_supported(W, name, err));
+    PT_TRY(w_supported(&Ws[0], name, err));
     for (int e = 1; e < E; e++)
-        if (Ws[e].qtype != W->qtype || Ws[e].rows != W->rows || Ws[e].cols != W->cols || Ws[e].row_bytes != W->row_bytes || Ws[e].layout != W->layout)
+        if (Ws[e].qtype != Ws[0].qtype || Ws[e].rows != Ws[0].rows || Ws[e].cols != Ws[0].cols || Ws[e].row_bytes != Ws[0].row_bytes)
             return pt_err(err, PETREL_EUNSUPPORTED, "cuda: %s: expert %d differs in format or shape from expert 0", name, e);
-    if (W->qtype == PT_FP8_E4M3) return up_fp8(m, Ws, E, name, out, err);
-    out->qt = W->qtype, out->rows = W->rows, out->cols = W->cols, out->rb = W->row_bytes;
-    out->g = (int)pt_qtype_group(W->qtype, W->cols);
-    out->sc = pt_qtype_scales_per_row(W->qtype, W->cols);
-    size_t db = (size_t)W->rows * W->row_bytes, sn = (size_t)W->rows * out->sc;
-    out->estride = (int64_t)db, out->sstride = (int64_t)sn;
-    uint8_t *d = (uint8_t *)dalloc(m, db * E, name, err);
-    if (!d) return PETREL_ENOMEM;
-    float *s = NULL, *hs = NULL;
-    uint8_t *hd = NULL;
-    if (sn) {
-        if (!(s = (float *)dalloc(m, sizeof(float) * sn * E, name, err))) return PETREL_ENOMEM;
-        if (!(hs = (float *)malloc(sizeof(float) * sn))) return pt_err(err, PETREL_ENOMEM, "out of memory");
-    }
-    if (W->layout == PT_LAYOUT_R16 && !(hd = (uint8_t *)malloc(db))) {
-        free(hs);
-        return pt_err(err, PETREL_ENOMEM, "out of memory");
-    }
-    int rc = 0;
-    for (int e = 0; e < E && !rc; e++) {
-        const pt_wview *V = &Ws[e];
-        if (sn) host_plain(V, out->sc, hd, hs);
-        rc = up_copy(d + db * e, hd ? hd : V->data, db, err);
-        if (!rc && sn) rc = up_copy(s + sn * e, hs, sizeof(float) * sn, err);
-    }
-    free(hs);
-    free(hd);
-    out->d = d, out->s = s;
-    m->wbytes += (db + sizeof(float) * sn) * E;
+    if (Ws[0].qtype == PT_FP8_E4M3) return up_fp8(m, Ws, E, name, out, err);
+    const pt_wview **vs = (const pt_wview **)malloc(sizeof *vs * (size_t)E);
+    if (!vs) return pt_err(err, PETREL_ENOMEM, "out of memory");
+    for (int e = 0; e < E; e++) vs[e] = &Ws[e];
+    int rc = up_views(m, vs, E, 0, name, out, NULL, err);
+    free(vs);
     return rc;
 }
 static int up_w(cu_model *m, const pt_wview *W, const char *name, dw *out, petrel_error *err) { return up_stack(m, W, 1, name, out, err); }
@@ -207,6 +215,40 @@ extern "C" int cu_device_count(void) {
     return n;
 }
 
+/* n weights that read one x: stacked by rows (st) where all take the int8 GEMV in one format
+ * and one column-part count (so a row's product over a prefix of the stack has each weight's
+ * own bits), else each uploaded alone (st->n 0) */
+static int up_products(cu_model *m, const pt_wview *const *vs, dw *const *out, int n, int l, const char *what, cu_stack *st, petrel_error *err) {
+    char nm[128];
+    memset(st, 0, sizeof *st);
+    int same = n > 1 && (vs[0]->qtype == PT_Q8_G32 || vs[0]->qtype == PT_Q4_G64);
+    for (int i = 1; i < n && same; i++)
+        same = vs[i]->qtype == vs[0]->qtype && vs[i]->cols == vs[0]->cols && vs[i]->row_bytes == vs[0]->row_bytes &&
+               vs[i]->layout == vs[0]->layout && vs[i]->scale_dtype == vs[0]->scale_dtype && vs[i]->scale_cols == vs[0]->scale_cols &&
+               (vs[i]->layout != PT_LAYOUT_R16 || vs[i]->rows % 16 == 0);
+    if (!same) {
+        for (int i = 0; i < n; i++) {
+            snprintf(nm, sizeof nm, "layer %d %s part %d", l, what, i);
+            PT_TRY(up_w(m, vs[i], nm, out[i], err));
+        }
+        return 0;
+    }
+    dw v[4];
+    snprintf(nm, sizeof nm, "layer %d %s", l, what);
+    PT_TRY(up_views(m, vs, n, 1, nm, v, &st->all, err));
+    int64_t end = 0, kp = -1;
+    for (int i = 0; i < n; i++) *out[i] = v[i], end += v[i].rows, st->end[i] = end;
+    st->n = n;
+    for (int i = 0; i < n && st->n; i++) { /* every member's and every prefix's parts alike */
+        dw p = st->all;
+        p.rows = st->end[i];
+        int a = cuk_gemv_q_parts(v[i]), b = cuk_gemv_q_parts(p);
+        if (kp < 0) kp = a;
+        if (a != kp || b != kp) st->n = 0;
+    }
+    return 0;
+}
+
 static int up_layer(cu_model *m, const layer_w *lw, int l, cu_layer *G, petrel_error *err) {
     const petrel_config *c = m->c;
     char nm[96];
@@ -215,9 +257,16 @@ static int up_layer(cu_model *m, const layer_w *lw, int l, cu_layer *G, petrel_e
     PT_TRY(up_vec(m, lw->post_attention_layernorm, c->hidden_size, &G->post_norm, err));
     PT_TRY(up_vec(m, lw->q_a_layernorm, c->q_lora_rank, &G->q_a_norm, err));
     PT_TRY(up_vec(m, lw->kv_a_layernorm, c->kv_lora_rank, &G->kv_a_norm, err));
-    PT_TRY(UPW(q_a, q_a_proj));
-    PT_TRY(UPW(q_b, q_b_proj));
-    PT_TRY(UPW(kv_a, kv_a_proj_with_mqa));
+    G->has_idx = lw->has_indexer;
+    { /* the products of x, and those of the normed q_a, each stacked by rows where they share a
+       * format (one GEMV for one row over the layer's prefix of them: stack_gemv) */
+        const pt_wview *xs[4] = {&lw->q_a_proj, &lw->kv_a_proj_with_mqa, &lw->idx_wk, &lw->idx_weights_proj};
+        dw *xo[4] = {&G->q_a, &G->kv_a, &G->ik, &G->iwp};
+        const pt_wview *qs[2] = {&lw->q_b_proj, &lw->idx_wq_b};
+        dw *qo[2] = {&G->q_b, &G->iq};
+        PT_TRY(up_products(m, xs, xo, G->has_idx ? 4 : 2, l, "q_a, kv_a (and the indexer's wk, weights_proj)", &G->on_x, err));
+        PT_TRY(up_products(m, qs, qo, G->has_idx ? 2 : 1, l, "q_b (and the indexer's wq_b)", &G->on_qa, err));
+    }
     PT_TRY(UPW(kv_b, kv_b_proj));
     { /* W_UK^T of every head in f32 (exact): q~ = W_UK^T q_nope as a plain product */
         int NH = c->num_attention_heads, Dn = c->qk_nope_head_dim, Dv = c->v_head_dim, R = c->kv_lora_rank;
@@ -241,11 +290,7 @@ static int up_layer(cu_model *m, const layer_w *lw, int l, cu_layer *G, petrel_e
         m->wbytes += per * NH * 4;
     }
     PT_TRY(UPW(o, o_proj));
-    G->has_idx = lw->has_indexer;
     if (lw->has_indexer) {
-        PT_TRY(UPW(iq, idx_wq_b));
-        PT_TRY(UPW(ik, idx_wk));
-        PT_TRY(UPW(iwp, idx_weights_proj));
         PT_TRY(up_vec(m, lw->idx_k_norm_w, c->index_head_dim, &G->ik_w, err));
         PT_TRY(up_vec(m, lw->idx_k_norm_b, c->index_head_dim, &G->ik_b, err));
     }
@@ -374,6 +419,16 @@ extern "C" int cu_model_open(const petrel_engine *e, int device, uint64_t vram_b
 
 extern "C" const char *cu_model_describe(const cu_model *m) { return m->desc; }
 extern "C" uint64_t cu_model_weight_bytes(const cu_model *m) { return m->wbytes; }
+extern "C" void cu_model_use_stacks(cu_model *m, int on) {
+    pthread_mutex_lock(&m->mu);
+    m->no_stacks = !on;
+    pthread_mutex_unlock(&m->mu);
+}
+extern "C" int cu_model_stacks(const cu_model *m) {
+    int n = 0;
+    for (int l = 0; l < m->c->num_hidden_layers; l++) n += (m->L[l].on_x.n > 0) + (m->L[l].on_qa.n > 0);
+    return n;
+}
 
 /* RoPE tables for positions < cap (op_rope_table's values, computed on the host) */
 static int rope_grow(cu_model *m, int cap, petrel_error *err) {
@@ -495,6 +550,10 @@ static size_t carve(uint8_t *base, const petrel_config *c, int T, int nmax, int 
     TAKE(qi, float, (size_t)T * c->index_n_heads * c->index_head_dim);
     TAKE(ki, float, (size_t)T * c->index_head_dim);
     TAKE(iw, float, (size_t)T * c->index_n_heads);
+    f->on_x_cap = c->q_lora_rank + c->kv_lora_rank + c->qk_rope_head_dim + c->index_head_dim + c->index_n_heads;
+    f->on_qa_cap = NH * c->qk_head_dim + c->index_n_heads * c->index_head_dim;
+    TAKE(on_x, float, f->on_x_cap);
+    TAKE(on_qa, float, f->on_qa_cap);
     TAKE(sc, float, (size_t)T * nall);
     TAKE(sel, int32_t, (size_t)T * c->index_topk);
     TAKE(seln, int32_t, T);
@@ -556,6 +615,39 @@ static void mm(const cu_model *m, const fscr &f, const dw &W, const float *x, fl
     else if (n <= 8 && quant_x(m, f, W, x, W.cols, n, &X)) cuk_gemv_q(m->st, W, X, y, W.rows, n, NULL, NULL);
     else if (n <= 8) cuk_gemv(m->st, W, x, W.cols, y, W.rows, n, NULL, NULL);
     else cuk_gemm(m->st, W, x, W.cols, y, W.rows, n, NULL, NULL, 0, NULL, NULL, m->tc);
+}
+
+/* ys[i] = x ws[i]^T for products that read the same x [n][cols]: on int8 x, x is quantized once
+ * for the products of the first one's format (run first, while the buffer holds it), the
+ * others each by mm */
+static void mm_x(const cu_model *m, const fscr &f, const dw *const *ws, float *const *ys, int nw, const float *x, int n) {
+    cu_xq X;
+    int q = nw > 0 && n <= 8 && quant_x(m, f, *ws[0], x, ws[0]->cols, n, &X), fmt = q ? cuk_gemv_q_ok(*ws[0]) : 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < nw; i++) {
+            int shared = q && cuk_gemv_q_ok(*ws[i]) == fmt && ws[i]->cols == ws[0]->cols;
+            if (shared == !pass) mm(m, f, *ws[i], x, ys[i], n, shared ? &X : NULL);
+        }
+}
+
+/* The first nw products of one x (ws, into *ys[i]): for one row on int8 x, where the layer
+ * stacked them (S), one GEMV over the stack's first nw into buf [cap], and *ys[i] pointed at
+ * each one's rows there (each product's bits as alone: up_products); otherwise mm_x */
+static void stack_gemv(const cu_model *m, const fscr &f, const cu_stack &S, const dw *const *ws, float **const *ys, int nw, const float *x, float *buf,
+                       int64_t cap, int n) {
+    cu_xq X;
+    if (nw > 1 && n == 1 && S.n >= nw && S.end[nw - 1] <= cap && !m->no_stacks) {
+        dw P = S.all;
+        P.rows = S.end[nw - 1];
+        if (quant_x(m, f, P, x, P.cols, 1, &X)) {
+            cuk_gemv_q(m->st, P, X, buf, P.rows, 1, NULL, NULL);
+            for (int i = 0; i < nw; i++) *ys[i] = buf + (i ? S.end[i - 1] : 0);
+            return;
+        }
+    }
+    float *y[4];
+    for (int i = 0; i < nw; i++) y[i] = *ys[i];
+    mm_x(m, f, ws, y, nw, x, n);
 }
 
 static void swiglu(const cu_model *m, const dw &g, const dw &u, const dw &d, const float *x, int n, const fscr &f, float *out) {
@@ -660,6 +752,7 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
         m->scr_cap = want, m->used += want;
     }
     carve(m->scr, c, t, nmax, need_q ? nall : 1, nl, m->tiers != NULL, &f);
+    const fscr f0 = f; /* the carved places (a layer's stacked products point f's into on_x / on_qa) */
     f.need_xl = hidden || nl;
     f.t = t;
     /* the rows' arrays through pinned memory (the previous forward has finished with it) */
@@ -682,23 +775,25 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
     for (int l = 0; l < c->num_hidden_layers; l++) {
         const cu_layer &G = m->L[l];
         if (l == 0) cuk_rmsnorm(st, f.x, H, f.h, H, G.in_norm, H, t, c->rms_norm_eps); /* later layers': with the residual */
-        { /* q_a and kv_a read the same x: quantized once when both take the same int8 form */
-            cu_xq X;
-            int one = t <= 8 && cuk_gemv_q_ok(G.q_a) == cuk_gemv_q_ok(G.kv_a) && G.q_a.cols == G.kv_a.cols && quant_x(m, f, G.q_a, f.x, H, t, &X);
-            mm(m, f, G.q_a, f.x, f.qa, t, one ? &X : NULL);
-            mm(m, f, G.kv_a, f.x, f.kva, t, one ? &X : NULL);
+        const int sel_here = c->layer_indexer_full[l] || !have_sel, ix_q = sel_here && G.has_idx && need_q;
+        { /* the products of x (q_a, kv_a, the indexer's keys and head weights), then those of the
+           * normed q_a (q_b, the indexer's queries): each x quantized once on int8 x, and for one
+           * row one GEMV over the layer's stack of them where it has one */
+            f.qa = f0.qa, f.kva = f0.kva, f.ki = f0.ki, f.iw = f0.iw, f.q = f0.q, f.qi = f0.qi;
+            const dw *ws[4] = {&G.q_a, &G.kv_a, &G.ik, &G.iwp};
+            float **ys[4] = {&f.qa, &f.kva, &f.ki, &f.iw};
+            stack_gemv(m, f, G.on_x, ws, ys, sel_here && G.has_idx ? (ix_q ? 4 : 3) : 2, f.x, f.on_x, f.on_x_cap, t);
         }
         cuk_rmsnorm(st, f.qa, Rq, f.qa, Rq, G.q_a_norm, Rq, t, 1e-6);
-        mm(m, f, G.q_b, f.qa, f.q, t);
+        {
+            const dw *ws[2] = {&G.q_b, &G.iq};
+            float **ys[2] = {&f.q, &f.qi};
+            stack_gemv(m, f, G.on_qa, ws, ys, ix_q ? 2 : 1, f.qa, f.on_qa, f.on_qa_cap, t);
+        }
         cuk_mla_prep(st, f.q, f.kva, G.kv_a_norm, t, NH, Dn, Dr, Rkv, l, f.ri, rope);
         PROF(P_ATTN_PROJ);
-        if (c->layer_indexer_full[l] || !have_sel) {
+        if (sel_here) {
             if (G.has_idx) {
-                if (need_q) {
-                    mm(m, f, G.iq, f.qa, f.qi, t);
-                    mm(m, f, G.iwp, f.x, f.iw, t);
-                }
-                mm(m, f, G.ik, f.x, f.ki, t);
                 cuk_dsa_prep(st, need_q ? f.qi : NULL, f.ki, need_q ? f.iw : NULL, G.ik_w, G.ik_b, t, Hi, Di, Dr, wscale, l, f.ri, irope);
             } else if (need_q) {
                 return pt_err(err, PETREL_EUNSUPPORTED, "layer %d has no DSA indexer weights: cannot select %d of %d keys", l, topk, nall);
