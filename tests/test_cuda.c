@@ -194,6 +194,36 @@ TEST(cuda, swiglu_int8_activations) {
             }
 }
 
+/* the decode form's q~ = W_UK[h]^T q_nope[h], read from a q8_g32 kv_b as it is (no f32 copy),
+ * against a double sum over kv_b's dequantized rows: 1e-5 */
+TEST(cuda, uk_from_kv_b) {
+    if (!need_gpu()) return;
+    const int shapes[][6] = {{4, 32, 8, 24, 96, 3}, {64, 128, 64, 128, 512, 1}, {64, 128, 64, 128, 512, 8}, {3, 40, 16, 8, 288, 2}};
+    petrel_error err = {0};
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+        int NH = shapes[k][0], Dn = shapes[k][1], Dr = shapes[k][2], Dv = shapes[k][3], Rkv = shapes[k][4], T = shapes[k][5];
+        uint8_t *d;
+        void *sc;
+        pt_wview W = rand_weight(PT_Q8_G32, (int64_t)NH * (Dn + Dv), Rkv, k & 1 ? PT_BF16 : PT_F32, &d, &sc);
+        float *q = malloc(sizeof(float) * (size_t)T * NH * (Dn + Dr)), *y = malloc(sizeof(float) * (size_t)T * NH * Rkv);
+        float *ref = malloc(sizeof(float) * (size_t)T * NH * Rkv), *w = malloc(sizeof(float) * (size_t)NH * (Dn + Dv) * Rkv);
+        for (size_t i = 0; i < (size_t)T * NH * (Dn + Dr); i++) q[i] = frand();
+        for (int64_t r = 0; r < W.rows; r++) pt_dequant_row(&W, r, w + r * Rkv);
+        for (int r = 0; r < T; r++)
+            for (int h = 0; h < NH; h++)
+                for (int j = 0; j < Rkv; j++) {
+                    double a = 0;
+                    for (int i = 0; i < Dn; i++) a += (double)w[((size_t)h * (Dn + Dv) + i) * Rkv + j] * q[((size_t)r * NH + h) * (Dn + Dr) + i];
+                    ref[((size_t)r * NH + h) * Rkv + j] = (float)a;
+                }
+        int rc = cu_uk_check(&W, q, T, NH, Dn, Dr, Dv, y, &err);
+        CHECK_MSG(rc == 0, "cu_uk_check: %s", err.msg);
+        double e = rc ? 1 : test_rel_l2(y, ref, (size_t)T * NH * Rkv);
+        CHECK_MSG(e < 1e-5, "W_UK from kv_b (%d heads, Dn %d, Rkv %d, %d rows): rel err %.3g", NH, Dn, Rkv, T, e);
+        free(q), free(y), free(ref), free(w), free(d), free(sc);
+    }
+}
+
 TEST(cuda, topk_ties) {
     if (!need_gpu()) return;
     petrel_error err = {0};

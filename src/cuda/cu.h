@@ -107,6 +107,8 @@ int cu_matmul_check(const pt_wview *W, const float *x, int n, float *y, int path
  * (Wg, Wu: one int8 format (q8_g32 / q4_g64) and shape; n 1..8 plain rows, or with slots n slots
  * of the pair, slot i on x row n-1-i). */
 int cu_swiglu_check(const pt_wview *Wg, const pt_wview *Wu, const float *x, int n, float *y, int slots, petrel_error *err);
+/* q~ = W_UK[h]^T q_nope[h] of T <= 8 rows by the decode form, from a q8_g32 kv_b [NH (Dn + Dv)][Rkv] */
+int cu_uk_check(const pt_wview *kvb, const float *q, int T, int NH, int Dn, int Dr, int Dv, float *qt, petrel_error *err);
 /* op_topk on the GPU for one row of n scores: idx[k] ascending. */
 int cu_topk_check(const float *v, int n, int k, int32_t *idx, petrel_error *err);
 

@@ -1102,8 +1102,54 @@ __global__ void k_head_mm(dw W, int64_t row0, int64_t hs, const float *x, int64_
     }
 }
 
+/* q~ [T][NH][Rkv] = W_UK[h]^T q_nope[h] read from kv_b's q8_g32 rows as they are (no f32
+ * copy): block (h, r, z) takes 256 of the Rkv columns, 64 threads of 4 columns (one scale) in
+ * each of 8 parts of the Dn rows (ascending in a part), the parts' sums added in part order */
+#define UK_COLS 256
+#define UK_PARTS 8
+__global__ void __launch_bounds__(512) k_uk_q8(dw W, const float *__restrict__ q, int NH, int Dn, int Dr, int Dv, int Rkv, float *__restrict__ qt) {
+    extern __shared__ float uk_sm[]; /* x [Dn], then the parts' sums [UK_PARTS][UK_COLS] */
+    float *xs = uk_sm, *ps = uk_sm + Dn;
+    const int h = blockIdx.x, r = blockIdx.y, tid = threadIdx.x, cg = tid & 63, part = tid >> 6;
+    const float *x = q + ((int64_t)r * NH + h) * (Dn + Dr);
+    for (int i = tid; i < Dn; i += blockDim.x) xs[i] = x[i];
+    __syncthreads();
+    const int c = blockIdx.z * UK_COLS + 4 * cg, per = (Dn + UK_PARTS - 1) / UK_PARTS, i0 = part * per, i1 = i0 + per < Dn ? i0 + per : Dn;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    if (c < Rkv) {
+        const int64_t row0 = (int64_t)h * (Dn + Dv);
+#pragma unroll 8
+        for (int i = i0; i < i1; i++) {
+            const int64_t rr = row0 + i;
+            const char4 w = *(const char4 *)(W.d + rr * W.rb + c);
+            const float sc = W.s[rr * W.sc + c / 32], xv = xs[i];
+            acc[0] = fmaf((float)w.x * sc, xv, acc[0]);
+            acc[1] = fmaf((float)w.y * sc, xv, acc[1]);
+            acc[2] = fmaf((float)w.z * sc, xv, acc[2]);
+            acc[3] = fmaf((float)w.w * sc, xv, acc[3]);
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < 4; k++) ps[part * UK_COLS + 4 * cg + k] = acc[k];
+    __syncthreads();
+    if (part == 0 && c < Rkv)
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            float v = ps[4 * cg + k];
+            for (int p = 1; p < UK_PARTS; p++) v += ps[p * UK_COLS + 4 * cg + k];
+            qt[((int64_t)r * NH + h) * Rkv + c + k] = v;
+        }
+}
+
+int cuk_mla_uk_direct(const dw &kvb, int Rkv, int Dn) { return kvb.qt == QQ8G && kvb.g == 32 && kvb.s && kvb.cols == Rkv && Rkv % 4 == 0 && Dn <= 4096; }
+
 void cuk_mla_uk(cudaStream_t st, const dw &kvb, const dw &ukt, const float *q, float *qt, int T, int NH, int Dn, int Dr, int Dv, int Rkv,
                 const int32_t *heads) {
+    if (T <= 8 && cuk_mla_uk_direct(kvb, Rkv, Dn)) {
+        dim3 g((unsigned)NH, (unsigned)T, (unsigned)((Rkv + UK_COLS - 1) / UK_COLS));
+        k_uk_q8<<<g, 64 * UK_PARTS, sizeof(float) * (Dn + UK_PARTS * UK_COLS), st>>>(kvb, q, NH, Dn, Dr, Dv, Rkv, qt);
+        return;
+    }
     if (T <= 8 && heads && ukt.d) { /* the GEMV form over W_UK^T's f32 copy, a head per slot */
         cuk_gemv(st, ukt, q, Dn + Dr, qt, Rkv, T * NH, heads, nullptr);
         return;

@@ -268,7 +268,8 @@ static int up_layer(cu_model *m, const layer_w *lw, int l, cu_layer *G, petrel_e
         PT_TRY(up_products(m, qs, qo, G->has_idx ? 2 : 1, l, "q_b (and the indexer's wq_b)", &G->on_qa, err));
     }
     PT_TRY(UPW(kv_b, kv_b_proj));
-    { /* W_UK^T of every head in f32 (exact): q~ = W_UK^T q_nope as a plain product */
+    G->uk_t = dw{};
+    if (!cuk_mla_uk_direct(G->kv_b, c->kv_lora_rank, c->qk_nope_head_dim)) { /* W_UK^T of every head in f32 (exact): q~ = W_UK^T q_nope as a plain product */
         int NH = c->num_attention_heads, Dn = c->qk_nope_head_dim, Dv = c->v_head_dim, R = c->kv_lora_rank;
         size_t per = (size_t)R * Dn;
         float *ht = (float *)malloc(sizeof(float) * per * NH), *row = (float *)malloc(sizeof(float) * R);
@@ -284,7 +285,6 @@ static int up_layer(cu_model *m, const layer_w *lw, int l, cu_layer *G, petrel_e
         if (!rc) rc = up_copy(dt, ht, sizeof(float) * per * NH, err);
         free(ht), free(row);
         if (rc) return rc;
-        G->uk_t = dw{};
         G->uk_t.qt = PT_F32, G->uk_t.rows = R, G->uk_t.cols = Dn, G->uk_t.rb = (int64_t)Dn * 4, G->uk_t.d = (const uint8_t *)dt;
         G->uk_t.estride = (int64_t)(per * 4);
         m->wbytes += per * NH * 4;
@@ -1083,6 +1083,33 @@ extern "C" int cu_swiglu_check(const pt_wview *Wg, const pt_wview *Wu, const flo
         if (ce == cudaSuccess) ce = cudaStreamSynchronize(m.st);
         if (ce == cudaSuccess) ce = cudaGetLastError();
         if (ce != cudaSuccess) rc = cu_fail(err, ce, "swiglu");
+    }
+    check_done(&m);
+    return rc;
+}
+
+/* q~ [T][NH][Rkv] = W_UK[h]^T q_nope[h] from kv_b [NH*(Dn+Dv)][Rkv] by the decode form
+ * (cuk_mla_uk), q [T][NH][Dn+Dr] */
+extern "C" int cu_uk_check(const pt_wview *kvb, const float *q, int T, int NH, int Dn, int Dr, int Dv, float *qt, petrel_error *err) {
+    cu_model m;
+    PT_TRY(check_model(&m, err));
+    dw K;
+    int rc = up_w(&m, kvb, "test kv_b", &K, err), Rkv = (int)kvb->cols;
+    if (!rc && (T < 1 || T > 8 || kvb->rows != (int64_t)NH * (Dn + Dv) || !cuk_mla_uk_direct(K, Rkv, Dn)))
+        rc = pt_err(err, PETREL_EUNSUPPORTED, "the W_UK check takes a q8_g32 kv_b of NH (Dn + Dv) rows and 1..8 rows of q");
+    float *dq = NULL, *dt = NULL;
+    if (!rc) {
+        dq = (float *)dalloc(&m, sizeof(float) * (size_t)T * NH * (Dn + Dr), "q", err);
+        dt = (float *)dalloc(&m, sizeof(float) * (size_t)T * NH * Rkv, "q~", err);
+        if (!dq || !dt) rc = PETREL_ENOMEM;
+    }
+    if (!rc) rc = up_copy(dq, q, sizeof(float) * (size_t)T * NH * (Dn + Dr), err);
+    if (!rc) {
+        cuk_mla_uk(m.st, K, dw{}, dq, dt, T, NH, Dn, Dr, Dv, Rkv, NULL);
+        cudaError_t ce = cudaMemcpyAsync(qt, dt, sizeof(float) * (size_t)T * NH * Rkv, cudaMemcpyDeviceToHost, m.st);
+        if (ce == cudaSuccess) ce = cudaStreamSynchronize(m.st);
+        if (ce == cudaSuccess) ce = cudaGetLastError();
+        if (ce != cudaSuccess) rc = cu_fail(err, ce, "W_UK");
     }
     check_done(&m);
     return rc;
