@@ -322,13 +322,15 @@ __global__ void __launch_bounds__(256, TR <= 2 ? 2 : 1) k_gemv_split(dw W, const
     gv_split_end<TR, RW, RO, FUSE>(acc, red, warp, lane, part, kp, ns, orow, W.rows, y, ldy, s0);
 }
 
-/* column parts per row: more while the grid at one x row has fewer than ~8 waves of blocks
- * (2 blocks an SM of an H200: a short last wave) and each lane keeps a chunk of each part; the
- * weight's shape alone decides */
-static int gemv_parts(const dw &W, int ro, int val) {
+/* column parts per row: more while the grid at one x row has fewer than ~most waves of blocks
+ * (2 blocks an SM of an H200: a short last wave) and each lane keeps 16 / most chunks of each
+ * part; the weight's shape alone decides. The f32 form takes most 8 (a chunk a lane); the int8
+ * form 4 (its lanes take 16 bytes of weights a chunk, so 8 left every part one chunk a lane and
+ * half the loads in flight: H200, q_b, the experts' down and the dense down 1.1-1.4x faster) */
+static int gemv_parts(const dw &W, int ro, int val, int most) {
     int64_t groups = (W.rows + ro - 1) / ro, chunks = W.cols / val;
     int kp = 1;
-    while (kp < 8 && groups * kp < 8 * 8 * 264 && chunks >= 64 * kp) kp *= 2;
+    while (kp < most && groups * kp < most * 8 * 264 && chunks >= 512 / most * kp) kp *= 2;
     return kp;
 }
 
@@ -510,7 +512,7 @@ static void gemv_go(cudaStream_t st, const dw &W, const dw *W2, const float *x, 
             return;
         }
     }
-    int kp = gemv_parts(W, RO, !wide ? 8 : qt == QQ4G ? 32 : 16);
+    int kp = gemv_parts(W, RO, !wide ? 8 : qt == QQ4G ? 32 : 16, 8);
     dim3 grid((unsigned)((W.rows + RO * (8 / kp) - 1) / (RO * (8 / kp))), (unsigned)((n + TR - 1) / TR));
 #define GV(Q, V) k_gemv_split<Q, V, TR, FUSE><<<grid, 256, 0, st>>>(W, d2, s2, x, ldx, y, ldy, n, kp, se, sx)
     GV_FORMATS(GV)
@@ -692,23 +694,12 @@ void cuk_actq(cudaStream_t st, const float *x, int64_t ldx, int n, int cols, int
     else k_actq<0><<<grid, 256, 0, st>>>(x, ldx, cols, X);
 }
 
-/* column parts of the int8 form: half the f32 form's (at most 4, ~4 waves of blocks, each lane
- * U = 2 chunks of each part): its lanes take 16 bytes of weights a chunk, so the f32 form's
- * count left every part one chunk a lane and half the loads in flight (H200: q_b, the experts'
- * down and the dense down 1.1-1.4x faster) */
-static int gemvq_parts(const dw &W, int ro, int val) {
-    int64_t groups = (W.rows + ro - 1) / ro, chunks = W.cols / val;
-    int kp = 1;
-    while (kp < 4 && groups * kp < 4 * 8 * 264 && chunks >= 128 * kp) kp *= 2;
-    return kp;
-}
-
-int cuk_gemv_q_parts(const dw &W) { return gemvq_parts(W, GV_RW, W.qt == QQ4G ? 32 : 16); }
+int cuk_gemv_q_parts(const dw &W) { return gemv_parts(W, GV_RW, W.qt == QQ4G ? 32 : 16, 4); }
 
 template <int TR, int FUSE>
 static void gemvq_go(cudaStream_t st, const dw &W, const dw *W2, const cu_xq &X, float *y, int64_t ldy, int n, const int32_t *se, const int32_t *sx) {
     constexpr int RO = FUSE ? GV_RW / 2 : GV_RW;
-    int q4 = W.qt == QQ4G, kp = gemvq_parts(W, RO, q4 ? 32 : 16);
+    int q4 = W.qt == QQ4G, kp = gemv_parts(W, RO, q4 ? 32 : 16, 4);
     const uint8_t *d2 = W2 ? W2->d : nullptr;
     const float *s2 = W2 ? W2->s : nullptr;
     dim3 grid((unsigned)((W.rows + RO * (8 / kp) - 1) / (RO * (8 / kp))), (unsigned)((n + TR - 1) / TR));

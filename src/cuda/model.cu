@@ -121,19 +121,30 @@ static int up_fp8(cu_model *m, const pt_wview *Ws, int E, const char *name, dw *
  * after another, out[i] each one's view and *all the whole stack). The stored bytes go over
  * PCIe as they are, in pieces of whole 16-row blocks, and a kernel turns them into the plain
  * layout with f32 scales (cuk_unpack, as the expert tiers do): the host only copies. */
-static int up_views(cu_model *m, const pt_wview *const *Vs, int n, int rows_stack, const char *name, dw *out, dw *all, petrel_error *err) {
+/* the first of the views that cannot share one allocation with the others (format, width,
+ * layout, scales; as experts also the rows; by rows a row-interleaved one of rows not whole
+ * 16-row blocks), or -1 */
+static int views_differ(const pt_wview *const *Vs, int n, int rows_stack) {
     const pt_wview *W = Vs[0];
-    PT_TRY(w_supported(W, name, err));
-    int64_t rows = 0, maxrows = 0;
     for (int e = 0; e < n; e++) {
         const pt_wview *V = Vs[e];
         if (V->qtype != W->qtype || V->cols != W->cols || V->row_bytes != W->row_bytes || V->layout != W->layout || !V->scale != !W->scale ||
-            (V->scale && V->scale_dtype != W->scale_dtype) || V->scale_cols != W->scale_cols || (!rows_stack && V->rows != W->rows))
-            return pt_err(err, PETREL_EUNSUPPORTED, "cuda: %s: %s %d differs in format or shape from the first", name, rows_stack ? "part" : "expert", e);
-        if (rows_stack && V->layout == PT_LAYOUT_R16 && V->rows % 16)
-            return pt_err(err, PETREL_EUNSUPPORTED, "cuda: %s: part %d is row-interleaved with %lld rows", name, e, (long long)V->rows);
-        rows += V->rows, maxrows = V->rows > maxrows ? V->rows : maxrows;
+            (V->scale && V->scale_dtype != W->scale_dtype) || V->scale_cols != W->scale_cols || (!rows_stack && V->rows != W->rows) ||
+            (rows_stack && V->layout == PT_LAYOUT_R16 && V->rows % 16))
+            return e;
     }
+    return -1;
+}
+
+static int up_views(cu_model *m, const pt_wview *const *Vs, int n, int rows_stack, const char *name, dw *out, dw *all, petrel_error *err) {
+    const pt_wview *W = Vs[0];
+    PT_TRY(w_supported(W, name, err));
+    int bad = views_differ(Vs, n, rows_stack);
+    if (bad >= 0)
+        return pt_err(err, PETREL_EUNSUPPORTED, "cuda: %s: %s %d differs in format or shape from the first (or is row-interleaved with rows not whole 16-row blocks)",
+                      name, rows_stack ? "part" : "expert", bad);
+    int64_t rows = 0, maxrows = 0;
+    for (int e = 0; e < n; e++) rows += Vs[e]->rows, maxrows = Vs[e]->rows > maxrows ? Vs[e]->rows : maxrows;
     dw D = dw{};
     D.qt = W->qtype, D.cols = W->cols, D.rb = W->row_bytes;
     D.g = (int)pt_qtype_group(W->qtype, W->cols);
@@ -221,12 +232,7 @@ extern "C" int cu_device_count(void) {
 static int up_products(cu_model *m, const pt_wview *const *vs, dw *const *out, int n, int l, const char *what, cu_stack *st, petrel_error *err) {
     char nm[128];
     memset(st, 0, sizeof *st);
-    int same = n > 1 && (vs[0]->qtype == PT_Q8_G32 || vs[0]->qtype == PT_Q4_G64);
-    for (int i = 1; i < n && same; i++)
-        same = vs[i]->qtype == vs[0]->qtype && vs[i]->cols == vs[0]->cols && vs[i]->row_bytes == vs[0]->row_bytes &&
-               vs[i]->layout == vs[0]->layout && vs[i]->scale_dtype == vs[0]->scale_dtype && vs[i]->scale_cols == vs[0]->scale_cols &&
-               (vs[i]->layout != PT_LAYOUT_R16 || vs[i]->rows % 16 == 0);
-    if (!same) {
+    if (n < 2 || (vs[0]->qtype != PT_Q8_G32 && vs[0]->qtype != PT_Q4_G64) || views_differ(vs, n, 1) >= 0) {
         for (int i = 0; i < n; i++) {
             snprintf(nm, sizeof nm, "layer %d %s part %d", l, what, i);
             PT_TRY(up_w(m, vs[i], nm, out[i], err));
@@ -994,6 +1000,24 @@ static void check_done(cu_model *m) {
     pthread_mutex_destroy(&m->mu);
 }
 
+/* the checks' end: the device result to the host, the stream drained, any launch error named */
+static int check_fetch(cu_model *m, void *host, const void *dev, size_t bytes, const char *what, petrel_error *err) {
+    cudaError_t ce = cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, m->st);
+    if (ce == cudaSuccess) ce = cudaStreamSynchronize(m->st);
+    if (ce == cudaSuccess) ce = cudaGetLastError();
+    return ce == cudaSuccess ? 0 : cu_fail(err, ce, what);
+}
+
+/* slots 0 .. n-1 of expert 0 on x rows n-1 .. 0: sl [2n] (experts, then x rows) */
+static int check_reversed_slots(int32_t *sl, int n, petrel_error *err) {
+    int32_t *hs = (int32_t *)malloc(sizeof(int32_t) * 2 * (size_t)n);
+    if (!hs) return pt_err(err, PETREL_ENOMEM, "out of memory");
+    for (int i = 0; i < n; i++) hs[i] = 0, hs[n + i] = n - 1 - i;
+    int rc = up_copy(sl, hs, sizeof(int32_t) * 2 * (size_t)n, err);
+    free(hs);
+    return rc;
+}
+
 extern "C" int cu_matmul_check(const pt_wview *W, const float *x, int n, float *y, int path, petrel_error *err) {
     cu_model m;
     PT_TRY(check_model(&m, err));
@@ -1024,11 +1048,7 @@ extern "C" int cu_matmul_check(const pt_wview *W, const float *x, int n, float *
                         cuk_gemv_q(m.st, G, Xr, dy + (size_t)r0 * W->rows, W->rows, n - r0 < 8 ? n - r0 : 8, NULL, NULL);
                     }
                 } else {
-                    int32_t *hs = (int32_t *)malloc(sizeof(int32_t) * 2 * (size_t)n);
-                    if (!hs) rc = PETREL_ENOMEM;
-                    for (int i = 0; hs && i < n; i++) hs[i] = 0, hs[n + i] = n - 1 - i;
-                    if (!rc) rc = up_copy(sl, hs, sizeof(int32_t) * 2 * (size_t)n, err);
-                    free(hs);
+                    rc = check_reversed_slots(sl, n, err);
                     if (!rc) cuk_gemv_q(m.st, G, X, dy, W->rows, n, sl, sl + n);
                 }
             }
@@ -1037,10 +1057,7 @@ extern "C" int cu_matmul_check(const pt_wview *W, const float *x, int n, float *
         } else {
             cuk_gemm(m.st, G, dx, W->cols, dy, W->rows, n, NULL, NULL, 0, NULL, NULL, path == 3);
         }
-        cudaError_t ce = rc ? cudaSuccess : cudaMemcpyAsync(y, dy, sizeof(float) * n * W->rows, cudaMemcpyDeviceToHost, m.st);
-        if (ce == cudaSuccess) ce = cudaStreamSynchronize(m.st);
-        if (ce == cudaSuccess) ce = cudaGetLastError();
-        if (ce != cudaSuccess && !rc) rc = cu_fail(err, ce, "matmul");
+        if (!rc) rc = check_fetch(&m, y, dy, sizeof(float) * n * W->rows, "matmul", err);
     }
     check_done(&m);
     return rc;
@@ -1068,21 +1085,12 @@ extern "C" int cu_swiglu_check(const pt_wview *Wg, const pt_wview *Wu, const flo
         if (!dx || !dy || !du || !q || !qd || !qs || !sl) rc = PETREL_ENOMEM;
     }
     if (!rc) rc = up_copy(dx, x, sizeof(float) * n * cols, err);
-    if (!rc && slots) { /* slot i on x row n-1-i, as cu_matmul_check's path 5 */
-        int32_t *hs = (int32_t *)malloc(sizeof(int32_t) * 2 * (size_t)n);
-        if (!hs) rc = PETREL_ENOMEM;
-        for (int i = 0; hs && i < n; i++) hs[i] = 0, hs[n + i] = n - 1 - i;
-        if (!rc) rc = up_copy(sl, hs, sizeof(int32_t) * 2 * (size_t)n, err);
-        free(hs);
-    }
+    if (!rc && slots) rc = check_reversed_slots(sl, n, err); /* slot i on x row n-1-i, as cu_matmul_check's path 5 */
     if (!rc) {
         cu_xq X = {q, qd, qs, cols, cols / (ok == 2 ? 64 : 32), cols / 32};
         cuk_actq(m.st, dx, cols, n, (int)cols, ok == 2, X);
         cuk_gemv_swiglu_q(m.st, G, U, X, dy, rows, n, slots ? sl : NULL, slots ? sl + n : NULL, du);
-        cudaError_t ce = cudaMemcpyAsync(y, dy, sizeof(float) * n * rows, cudaMemcpyDeviceToHost, m.st);
-        if (ce == cudaSuccess) ce = cudaStreamSynchronize(m.st);
-        if (ce == cudaSuccess) ce = cudaGetLastError();
-        if (ce != cudaSuccess) rc = cu_fail(err, ce, "swiglu");
+        rc = check_fetch(&m, y, dy, sizeof(float) * n * rows, "swiglu", err);
     }
     check_done(&m);
     return rc;
@@ -1106,10 +1114,7 @@ extern "C" int cu_uk_check(const pt_wview *kvb, const float *q, int T, int NH, i
     if (!rc) rc = up_copy(dq, q, sizeof(float) * (size_t)T * NH * (Dn + Dr), err);
     if (!rc) {
         cuk_mla_uk(m.st, K, dw{}, dq, dt, T, NH, Dn, Dr, Dv, Rkv, NULL);
-        cudaError_t ce = cudaMemcpyAsync(qt, dt, sizeof(float) * (size_t)T * NH * Rkv, cudaMemcpyDeviceToHost, m.st);
-        if (ce == cudaSuccess) ce = cudaStreamSynchronize(m.st);
-        if (ce == cudaSuccess) ce = cudaGetLastError();
-        if (ce != cudaSuccess) rc = cu_fail(err, ce, "W_UK");
+        rc = check_fetch(&m, qt, dt, sizeof(float) * (size_t)T * NH * Rkv, "W_UK", err);
     }
     check_done(&m);
     return rc;
@@ -1123,10 +1128,7 @@ extern "C" int cu_topk_check(const float *v, int n, int k, int32_t *idx, petrel_
     int rc = dv && di ? up_copy(dv, v, sizeof(float) * n, err) : PETREL_ENOMEM;
     if (!rc) {
         cuk_topk(m.st, dv, n, k, di);
-        cudaError_t ce = cudaMemcpyAsync(idx, di, sizeof(int32_t) * k, cudaMemcpyDeviceToHost, m.st);
-        if (ce == cudaSuccess) ce = cudaStreamSynchronize(m.st);
-        if (ce == cudaSuccess) ce = cudaGetLastError();
-        if (ce != cudaSuccess) rc = cu_fail(err, ce, "topk");
+        rc = check_fetch(&m, idx, di, sizeof(int32_t) * k, "topk", err);
     }
     check_done(&m);
     return rc;
