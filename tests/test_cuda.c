@@ -163,6 +163,53 @@ TEST(cuda, gemv_int8_activations) {
     free(d), free(sc);
 }
 
+/* the quantized path's GEMM on int8 tensor cores (prefill and batched rows past 8) against
+ * the CPU's int8 reference: 1e-5; a row alone bitwise as in a call of n; an inf activation
+ * makes its row NaN; widths not whole 64 columns refused */
+TEST(cuda, gemm_int8_tensor_cores) {
+    if (!need_gpu()) return;
+    const pt_qtype fmts[] = {PT_Q8_G32, PT_Q4_G64};
+    const int64_t shapes[][2] = {{64, 256}, {130, 1024}, {257, 64}, {2048, 6144}, {37, 96}};
+    const int ns[] = {9, 64, 100};
+    petrel_error err = {0};
+    for (size_t f = 0; f < 2; f++)
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+            uint8_t *d;
+            void *sc;
+            pt_wview W = rand_weight(fmts[f], shapes[s][0], shapes[s][1], s % 2 ? PT_BF16 : PT_F32, &d, &sc);
+            int takes = W.cols % 64 == 0;
+            for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
+                int n = ns[k];
+                float *x = malloc(sizeof(float) * n * W.cols), *ref = malloc(sizeof(float) * n * W.rows), *y = malloc(sizeof(float) * n * W.rows);
+                float *y1 = malloc(sizeof(float) * W.rows);
+                for (int64_t i = 0; i < n * W.cols; i++) x[i] = frand() * (i % 7 == 0 ? 9.f : 1.f);
+                int rc = cu_matmul_check(&W, x, n, y, 6, &err);
+                if (!takes) {
+                    CHECK_MSG(rc == PETREL_EUNSUPPORTED, "%s [%lld x %lld]: the int8 GEMM took a partial 64 columns", pt_qtype_name(W.qtype),
+                              (long long)W.rows, (long long)W.cols);
+                    free(x), free(ref), free(y), free(y1);
+                    break;
+                }
+                CHECK_MSG(rc == 0, "cu_matmul_check int8 GEMM: %s", err.msg);
+                kn_ref_matmul_actq(&W, x, n, ref);
+                double e = rc ? 1 : test_rel_l2(y, ref, (size_t)n * W.rows);
+                CHECK_MSG(e < 1e-5, "%s [%lld x %lld] n=%d: int8 GEMM vs the CPU's int8 reference rel err %.3g", pt_qtype_name(W.qtype),
+                          (long long)W.rows, (long long)W.cols, n, e);
+                CHECK(cu_matmul_check(&W, x + (n - 1) * W.cols, 1, y1, 6, &err) == 0);
+                CHECK_MSG(!memcmp(y1, y + (n - 1) * W.rows, sizeof(float) * W.rows), "%s n=%d: int8 GEMM row depends on its call", pt_qtype_name(W.qtype), n);
+                if (k == 0) { /* an inf in row 1: that row all NaN, the others finite */
+                    x[W.cols + 5] = INFINITY;
+                    CHECK(cu_matmul_check(&W, x, n, y, 6, &err) == 0);
+                    int nan1 = 1, fin = 1;
+                    for (int64_t r = 0; r < W.rows; r++) nan1 &= y[W.rows + r] != y[W.rows + r], fin &= y[r] == y[r] && y[2 * W.rows + r] == y[2 * W.rows + r];
+                    CHECK_MSG(nan1 && fin, "%s: an inf activation must make its GEMM row NaN and only it", pt_qtype_name(W.qtype));
+                }
+                free(x), free(ref), free(y), free(y1);
+            }
+            free(d), free(sc);
+        }
+}
+
 /* the fused SwiGLU form of the int8 GEMV (gate and up rows of one warp, silu(g) * u written)
  * against the CPU's int8 reference of each product, plain rows and slots */
 TEST(cuda, swiglu_int8_activations) {

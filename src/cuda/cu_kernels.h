@@ -45,10 +45,16 @@ struct cu_xq {
     int64_t ldq, ldd, lds;
 };
 int cuk_gemv_q_ok(const dw &W); /* 0 no, 1 q8_g32, 2 q4_g64 */
+/* The quantized path's GEMM (int8 tensor cores; the same tiles, list and x map as cuk_gemm) on
+ * x rows quantized by cuk_actq in the plain order (q8 mode 0, q4 mode 2); cuk_gemm_q_ok: 0 no,
+ * 1 q8_g32, 2 q4_g64, of whole 64 columns */
+int cuk_gemm_q_ok(const dw &W);
+void cuk_gemm_q(cudaStream_t st, const dw &W, const cu_xq &X, float *y, int64_t ldy, int n, const int32_t *tiles, const int *ntiles_dev,
+                int max_tiles, const int32_t *list, const int32_t *xmap);
 /* the column parts a row of W is summed in (cuk_gemv_q, plain rows): two weights of one format
  * and width with the same count give a row the same bits */
 int cuk_gemv_q_parts(const dw &W);
-void cuk_actq(cudaStream_t st, const float *x, int64_t ldx, int n, int cols, int q4, const cu_xq &X);
+void cuk_actq(cudaStream_t st, const float *x, int64_t ldx, int n, int cols, int q4, const cu_xq &X); /* q4: 0 q8, 1 q4 (the GEMV's order and sums), 2 q4 in plain order (the GEMM's) */
 void cuk_gemv_q(cudaStream_t st, const dw &W, const cu_xq &X, float *y, int64_t ldy, int n, const int32_t *slot_e, const int32_t *slot_x);
 void cuk_gemv_swiglu_q(cudaStream_t st, const dw &G, const dw &U, const cu_xq &X, float *y, int64_t ldy, int n, const int32_t *slot_e,
                        const int32_t *slot_x, float *ub);

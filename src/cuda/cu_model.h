@@ -103,10 +103,10 @@ struct fscr {
     int64_t on_x_cap, on_qa_cap;
     int32_t *w_idx, *w_x, *w_pos; /* the expert tiers' waves (tiered models only) */
     float *w_y;
-    int8_t *xq;          /* the quantized path's int8 x rows (cu_xq), [xq_rows][xq_cols] */
+    int8_t *xq;          /* the quantized path's int8 x rows (cu_xq), xq_cap bytes */
     float *xqd;          /* their group scales */
     int32_t *xqs;        /* their sums of 32 values (q4) */
-    int xq_rows, xq_cols;
+    int64_t xq_cap;
     int t;               /* the chunk's rows (f.x) */
     int need_xl; /* the final norm is read (hidden states or logits) */
 };

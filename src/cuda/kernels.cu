@@ -555,10 +555,10 @@ void cuk_gemv_swiglu(cudaStream_t st, const dw &G, const dw &U, const float *x, 
  * chunk. The q4 form keeps each row of x in the weights' nibble order (per 8 values: the 4 even
  * ones, then the 4 odd ones) with the sum of each 32 values (the nibbles are q + 8: the dot of
  * the stored nibbles less 8 x that sum is the dot of q). */
-template <int Q4>
+template <int MODE> /* 0 q8 (groups of 32), 1 q4 (64, the GEMV's nibble order and sums), 2 q4 in plain order (the GEMM's) */
 __global__ void k_actq(const float *__restrict__ x, int64_t ldx, int cols, cu_xq X) {
     /* one warp a group: lane j holds values j (q8) or 2j, 2j + 1 (q4) */
-    constexpr int G = Q4 ? 64 : 32, PER = G / 32;
+    constexpr int Q4 = MODE == 1, G = MODE ? 64 : 32, PER = G / 32;
     const int r = blockIdx.y, lane = threadIdx.x & 31, ng = cols / G;
     const int g = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (g >= ng) return;
@@ -690,7 +690,8 @@ void cuk_actq(cudaStream_t st, const float *x, int64_t ldx, int n, int cols, int
     if (n <= 0) return;
     int ng = cols / (q4 ? 64 : 32);
     dim3 grid((unsigned)((ng + 7) / 8), (unsigned)n); /* 8 groups a block */
-    if (q4) k_actq<1><<<grid, 256, 0, st>>>(x, ldx, cols, X);
+    if (q4 == 2) k_actq<2><<<grid, 256, 0, st>>>(x, ldx, cols, X);
+    else if (q4) k_actq<1><<<grid, 256, 0, st>>>(x, ldx, cols, X);
     else k_actq<0><<<grid, 256, 0, st>>>(x, ldx, cols, X);
 }
 
@@ -881,6 +882,154 @@ __global__ void __launch_bounds__(128) k_gemm_tc(dw W, const float *__restrict__
         int64_t yr = tiles ? list[first + m] : first + m;
         y[yr * ldy + col] = Cs[m][cc];
     }
+}
+
+/* The quantized path's GEMM on int8 tensor cores (mma.m16n8k32 s8 x s8 -> s32): x rows
+ * quantized as the CPU's int8 activations (cuk_actq, plain order: q8 mode 0, q4 mode 2), the
+ * weights' q8 bytes as they are and q4 nibbles less 8, so each group's integer dot is the
+ * CPU's kn_ref_matmul_actq's, exactly; then per group one convert and one fma with (weight
+ * scale x activation scale) in each thread's fragment. A 64 x 64 tile a block (4 warps of
+ * 32 x 32), 64 columns a step; the same tiles, row list and x map as cuk_gemm. */
+#define QK 64
+template <int Q4>
+__global__ void __launch_bounds__(128) k_gemm_q(dw W, cu_xq X, float *__restrict__ y, int64_t ldy, int n, const int32_t *tiles, const int *ntiles,
+                                                const int32_t *list, const int32_t *xmap) {
+    constexpr int G = Q4 ? 64 : 32, NG = QK / G; /* groups a step */
+    __shared__ __align__(16) int8_t As[GT][QK + 16], Bs[GT][QK + 16];
+    __shared__ float sxs[GT][NG], sws[GT][NG];
+    int tile = blockIdx.y, first, cnt;
+    int64_t e = 0;
+    if (tiles) {
+        if (tile >= *ntiles) return;
+        e = tiles[3 * tile], first = tiles[3 * tile + 1], cnt = tiles[3 * tile + 2];
+    } else {
+        first = tile * GT, cnt = n - first < GT ? n - first : GT;
+    }
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp >> 1, wn = warp & 1, g = lane >> 2, t4 = lane & 3;
+    const int64_t n0 = (int64_t)blockIdx.x * GT;
+    const int lr = tid >> 1, lh = tid & 1; /* loaders: row lr, half lh of the step's 64 columns */
+    int64_t xrow = -1;
+    if (lr < cnt) {
+        int i = first + lr;
+        xrow = tiles ? (xmap ? xmap[list[i]] : list[i]) : i;
+    }
+    const int64_t wrow = n0 + lr < W.rows ? n0 + lr : -1;
+    const uint8_t *wd = W.d + e * W.estride + (wrow >= 0 ? wrow : 0) * W.rb;
+    const float *wsr = W.s + e * W.sstride + (wrow >= 0 ? wrow : 0) * W.sc;
+    const int8_t *xq = X.q + (xrow >= 0 ? xrow : 0) * X.ldq;
+    const float *xd = X.d + (xrow >= 0 ? xrow : 0) * X.ldd;
+    float acc[2][4][4];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) acc[i][j][c] = 0.f;
+    for (int64_t k0 = 0; k0 < W.cols; k0 += QK) {
+        { /* x: 32 bytes of row lr; weights: 32 columns of row lr */
+            uint4 a0 = make_uint4(0, 0, 0, 0), a1 = a0, b0 = a0, b1 = a0;
+            if (xrow >= 0) a0 = *(const uint4 *)(xq + k0 + 32 * lh), a1 = *(const uint4 *)(xq + k0 + 32 * lh + 16);
+            if (wrow >= 0) {
+                if (Q4) { /* 16 bytes = 32 nibbles: byte j holds columns 2j (low) and 2j + 1 (high), each w + 8 */
+                    const uint4 r = *(const uint4 *)(wd + (k0 + 32 * lh) / 2);
+                    const uint32_t v[4] = {r.x, r.y, r.z, r.w};
+                    uint32_t o[8];
+#pragma unroll
+                    for (int k = 0; k < 4; k++) { /* v[k]: columns 8k .. 8k + 7 of the half */
+                        uint32_t lo = v[k] & 0x0f0f0f0fu, hi = (v[k] >> 4) & 0x0f0f0f0fu; /* even / odd columns */
+                        /* interleave to plain order: c0 c1 c2 c3 | c4 c5 c6 c7, each less 8 (bytes stay in 0..15 - 8) */
+                        uint32_t p0 = __byte_perm(lo, hi, 0x5140), p1 = __byte_perm(lo, hi, 0x7362);
+                        o[2 * k] = __vsubss4(p0, 0x08080808u), o[2 * k + 1] = __vsubss4(p1, 0x08080808u);
+                    }
+                    b0 = make_uint4(o[0], o[1], o[2], o[3]), b1 = make_uint4(o[4], o[5], o[6], o[7]);
+                } else {
+                    b0 = *(const uint4 *)(wd + k0 + 32 * lh), b1 = *(const uint4 *)(wd + k0 + 32 * lh + 16);
+                }
+            }
+            *(uint4 *)&As[lr][32 * lh] = a0, *(uint4 *)&As[lr][32 * lh + 16] = a1;
+            *(uint4 *)&Bs[lr][32 * lh] = b0, *(uint4 *)&Bs[lr][32 * lh + 16] = b1;
+            if (lh == 0)
+#pragma unroll
+                for (int q = 0; q < NG; q++) {
+                    sxs[lr][q] = xrow >= 0 ? xd[k0 / G + q] : 0.f;
+                    sws[lr][q] = wrow >= 0 ? wsr[k0 / G + q] : 0.f;
+                }
+        }
+        __syncthreads();
+        int ci[2][4][4];
+#pragma unroll
+        for (int ks = 0; ks < QK; ks += 32) {
+            if (ks % G == 0)
+#pragma unroll
+                for (int i = 0; i < 2; i++)
+#pragma unroll
+                    for (int j = 0; j < 4; j++)
+#pragma unroll
+                        for (int c = 0; c < 4; c++) ci[i][j][c] = 0;
+            uint32_t af[2][4], bf[4][2];
+#pragma unroll
+            for (int i = 0; i < 2; i++) { /* A 16 x 32: rows g, g + 8; columns 4 t4 .. + 3, and + 16 */
+                const int r0 = wm * 32 + i * 16 + g;
+                af[i][0] = *(const uint32_t *)&As[r0][ks + 4 * t4];
+                af[i][1] = *(const uint32_t *)&As[r0 + 8][ks + 4 * t4];
+                af[i][2] = *(const uint32_t *)&As[r0][ks + 16 + 4 * t4];
+                af[i][3] = *(const uint32_t *)&As[r0 + 8][ks + 16 + 4 * t4];
+            }
+#pragma unroll
+            for (int j = 0; j < 4; j++) { /* B 32 x 8 (column-major: a weight row a column): column g, k 4 t4 .. + 3, and + 16 */
+                const int c0 = wn * 32 + j * 8 + g;
+                bf[j][0] = *(const uint32_t *)&Bs[c0][ks + 4 * t4];
+                bf[j][1] = *(const uint32_t *)&Bs[c0][ks + 16 + 4 * t4];
+            }
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                                 : "+r"(ci[i][j][0]), "+r"(ci[i][j][1]), "+r"(ci[i][j][2]), "+r"(ci[i][j][3])
+                                 : "r"(af[i][0]), "r"(af[i][1]), "r"(af[i][2]), "r"(af[i][3]), "r"(bf[j][0]), "r"(bf[j][1]));
+            if ((ks + 32) % G == 0) { /* the group's end: C rows g (c0, c1) and g + 8 (c2, c3), columns 2 t4, 2 t4 + 1 */
+                const int q = ks / G;
+#pragma unroll
+                for (int i = 0; i < 2; i++)
+#pragma unroll
+                    for (int j = 0; j < 4; j++)
+#pragma unroll
+                        for (int c = 0; c < 4; c++) {
+                            const int r = wm * 32 + i * 16 + g + (c >= 2 ? 8 : 0), col = wn * 32 + j * 8 + 2 * t4 + (c & 1);
+                            acc[i][j][c] = fmaf((float)ci[i][j][c], sws[col][q] * sxs[r][q], acc[i][j][c]);
+                        }
+            }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const int r = wm * 32 + i * 16 + g + (c >= 2 ? 8 : 0);
+                const int64_t col = n0 + wn * 32 + j * 8 + 2 * t4 + (c & 1);
+                if (r >= cnt || col >= W.rows) continue;
+                const int64_t yr = tiles ? list[first + r] : first + r;
+                y[yr * ldy + col] = acc[i][j][c];
+            }
+}
+
+int cuk_gemm_q_ok(const dw &W) {
+    if (!W.s || W.cols % QK) return 0;
+    if (W.qt == QQ4G && W.g == 64) return 2;
+    return W.qt == QQ8G && W.g == 32;
+}
+
+void cuk_gemm_q(cudaStream_t st, const dw &W, const cu_xq &X, float *y, int64_t ldy, int n, const int32_t *tiles, const int *ntiles_dev,
+                int max_tiles, const int32_t *list, const int32_t *xmap) {
+    int nt = tiles ? max_tiles : (n + GT - 1) / GT;
+    if (nt <= 0) return;
+    dim3 grid((unsigned)((W.rows + GT - 1) / GT), (unsigned)nt);
+    if (W.qt == QQ4G) k_gemm_q<1><<<grid, 128, 0, st>>>(W, X, y, ldy, n, tiles, ntiles_dev, list, xmap);
+    else k_gemm_q<0><<<grid, 128, 0, st>>>(W, X, y, ldy, n, tiles, ntiles_dev, list, xmap);
 }
 
 /* quantized weights only: a bf16 or f32 checkpoint keeps its exact f32 products, as on the CPU */

@@ -588,10 +588,14 @@ static size_t carve(uint8_t *base, const petrel_config *c, int T, int nmax, int 
                         c->moe_intermediate_size * (c->n_shared_experts > 0 ? c->n_shared_experts : 1)};
     for (int i = 0; i < 5; i++) xc = wide[i] > xc ? wide[i] : xc;
     xc = (xc + 63) / 64 * 64;
-    f->xq_rows = xr, f->xq_cols = xc;
-    TAKE(xq, int8_t, (size_t)xr * xc);
-    TAKE(xqd, float, (size_t)xr * (xc / 32));
-    TAKE(xqs, int32_t, (size_t)xr * (xc / 32));
+    /* and the GEMM's: T rows of any product's width, or the T * K choices' down products */
+    int64_t cap = (int64_t)xr * xc, gemm = (int64_t)T * xc, down = (int64_t)T * K * ((c->moe_intermediate_size + 63) / 64 * 64);
+    cap = gemm > cap ? gemm : cap;
+    cap = down > cap ? down : cap;
+    f->xq_cap = cap;
+    TAKE(xq, int8_t, (size_t)cap);
+    TAKE(xqd, float, (size_t)cap / 32);
+    TAKE(xqs, int32_t, (size_t)cap / 32);
 #undef TAKE
     return off + 256;
 }
@@ -602,24 +606,26 @@ size_t cu_chunk_scratch_bytes(const petrel_config *c, int rows) {
     return carve(NULL, c, rows, rows < topk ? rows : topk, rows + topk, rows, 1, &f);
 }
 
-/* The quantized path's GEMV (act_quant on, q8_g32 / q4_g64 weights): x's n rows [n][ldx] of
- * cols values quantized into f's int8 buffer for W's format; 0 when W does not take it. */
-static int quant_x(const cu_model *m, const fscr &f, const dw &W, const float *x, int64_t ldx, int n, cu_xq *X) {
-    int ok = m->tc ? cuk_gemv_q_ok(W) : 0, q4 = ok == 2;
-    if (!ok || n > f.xq_rows || W.cols > f.xq_cols) return 0;
+/* The quantized path's products on int8 x (act_quant on, q8_g32 / q4_g64 weights): x's n rows
+ * [n][ldx] of cols values quantized into f's int8 buffer for W's format and form (the GEMV's,
+ * or with gemm the GEMM's plain order); 0 when W does not take it. */
+static int quant_x(const cu_model *m, const fscr &f, const dw &W, const float *x, int64_t ldx, int n, cu_xq *X, int gemm = 0) {
+    int ok = m->tc ? (gemm ? cuk_gemm_q_ok(W) : cuk_gemv_q_ok(W)) : 0, q4 = ok == 2;
+    if (!ok || (int64_t)n * W.cols > f.xq_cap) return 0;
     *X = cu_xq{f.xq, f.xqd, f.xqs, W.cols, W.cols / (q4 ? 64 : 32), W.cols / 32};
-    cuk_actq(m->st, x, ldx, n, (int)W.cols, q4, *X);
+    cuk_actq(m->st, x, ldx, n, (int)W.cols, q4 ? (gemm ? 2 : 1) : 0, *X);
     return 1;
 }
 
-/* y[n][W.rows] = x[n][W.cols] W^T by the form for n rows: up to 8 the GEMV (on int8 x where
- * the quantized path takes the format), else the GEMM (tc: the tensor-core form where the
- * format allows) */
+/* y[n][W.rows] = x[n][W.cols] W^T by the form for n rows: up to 8 the GEMV, else the GEMM, each
+ * on int8 x where the quantized path takes the format (else the f32 forms; tc: the bf16
+ * tensor-core GEMM where the format allows) */
 static void mm(const cu_model *m, const fscr &f, const dw &W, const float *x, float *y, int n, const cu_xq *xq = NULL) {
     cu_xq X;
     if (n <= 8 && xq) cuk_gemv_q(m->st, W, *xq, y, W.rows, n, NULL, NULL); /* x quantized for W's format already */
     else if (n <= 8 && quant_x(m, f, W, x, W.cols, n, &X)) cuk_gemv_q(m->st, W, X, y, W.rows, n, NULL, NULL);
     else if (n <= 8) cuk_gemv(m->st, W, x, W.cols, y, W.rows, n, NULL, NULL);
+    else if (quant_x(m, f, W, x, W.cols, n, &X, 1)) cuk_gemm_q(m->st, W, X, y, W.rows, n, NULL, NULL, 0, NULL, NULL);
     else cuk_gemm(m->st, W, x, W.cols, y, W.rows, n, NULL, NULL, 0, NULL, NULL, m->tc);
 }
 
@@ -698,11 +704,18 @@ void experts_compute(cu_model *m, const cu_layer &G, const fscr &f, const int32_
     }
     int mt = (n + 63) / 64 + sort_e + 1;
     cuk_moe_sort(st, idx, sort_t, sort_k, sort_e, f.list, f.tiles, f.ntiles);
-    cuk_gemm(st, G.eg, f.x, H, f.gb, I, n, f.tiles, f.ntiles, mt, f.list, xrow, m->tc);
-    cuk_gemm(st, G.eu, f.x, H, f.ub, I, n, f.tiles, f.ntiles, mt, f.list, xrow, m->tc);
+    cu_xq X; /* the chunk's x rows quantized once for gate and up (the choices map to them), then each choice's down input */
+    if (cuk_gemm_q_ok(G.eu) == cuk_gemm_q_ok(G.eg) && quant_x(m, f, G.eg, f.x, H, f.t, &X, 1)) {
+        cuk_gemm_q(st, G.eg, X, f.gb, I, n, f.tiles, f.ntiles, mt, f.list, xrow);
+        cuk_gemm_q(st, G.eu, X, f.ub, I, n, f.tiles, f.ntiles, mt, f.list, xrow);
+    } else {
+        cuk_gemm(st, G.eg, f.x, H, f.gb, I, n, f.tiles, f.ntiles, mt, f.list, xrow, m->tc);
+        cuk_gemm(st, G.eu, f.x, H, f.ub, I, n, f.tiles, f.ntiles, mt, f.list, xrow, m->tc);
+    }
     cuk_silu_mul(st, f.gb, f.ub, (int64_t)n * I);
     prof_mark(m, P_EXPERTS);
-    cuk_gemm(st, G.ed, f.gb, I, y, H, n, f.tiles, f.ntiles, mt, f.list, NULL, m->tc);
+    if (quant_x(m, f, G.ed, f.gb, I, n, &X, 1)) cuk_gemm_q(st, G.ed, X, y, H, n, f.tiles, f.ntiles, mt, f.list, NULL);
+    else cuk_gemm(st, G.ed, f.gb, I, y, H, n, f.tiles, f.ntiles, mt, f.list, NULL, m->tc);
 }
 
 static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *ids, int T, float *logits, const int32_t *lrows, int nlog,
@@ -1051,6 +1064,19 @@ extern "C" int cu_matmul_check(const pt_wview *W, const float *x, int n, float *
                     rc = check_reversed_slots(sl, n, err);
                     if (!rc) cuk_gemv_q(m.st, G, X, dy, W->rows, n, sl, sl + n);
                 }
+            }
+        } else if (path == 6) { /* the quantized path's GEMM: int8 tensor cores */
+            int64_t cols = W->cols;
+            int okm = cuk_gemm_q_ok(G);
+            int8_t *q = (int8_t *)dalloc(&m, (size_t)(n * cols), "xq", err);
+            float *qd = (float *)dalloc(&m, sizeof(float) * (size_t)(n * (cols / 32 + 1)), "xq scales", err);
+            if (!okm) rc = pt_err(err, PETREL_EUNSUPPORTED, "the int8 GEMM takes q8_g32 and q4_g64 of whole 64 columns, not %s [%lld x %lld]",
+                                  pt_qtype_name(W->qtype), (long long)W->rows, (long long)cols);
+            else if (!q || !qd) rc = PETREL_ENOMEM;
+            if (!rc) {
+                cu_xq X = {q, qd, NULL, cols, cols / (okm == 2 ? 64 : 32), 0};
+                cuk_actq(m.st, dx, cols, n, (int)cols, okm == 2 ? 2 : 0, X);
+                cuk_gemm_q(m.st, G, X, dy, W->rows, n, NULL, NULL, 0, NULL, NULL);
             }
         } else if (path == 1 || (path == 0 && n <= 8)) {
             for (int r0 = 0; r0 < n; r0 += 8) cuk_gemv(m.st, G, dx + (size_t)r0 * W->cols, W->cols, dy + (size_t)r0 * W->rows, W->rows, n - r0 < 8 ? n - r0 : 8, NULL, NULL);
