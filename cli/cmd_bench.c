@@ -62,7 +62,9 @@ static const char *usage =
     "                   end-of-job waits; the last prefill run the same way (its products' ms);\n"
     "                   with --batch, the batched steps too;\n"
     "                   with --device cuda: the GPU kernels' time by part over the prefill runs and\n"
-    "                   the timed decode steps (events between the parts: a little slower)\n"
+    "                   the timed decode steps (events between the parts: a little slower), and\n"
+    "                   the prefill's routed experts in TOP/s against the measured int8\n"
+    "                   tensor-core peak\n"
     "  --prefix-cache   after prefill, time a new session of the same prompt through the prefix\n"
     "                   cache (its whole pages taken, the rest run): time to the first token's logits\n"
     "  --route-trace FILE  route every MoE layer by a recorded trace (.txt or .gz; its layers spread\n"
@@ -766,8 +768,10 @@ CLI_CMD(bench) {
             pool_stats(kn_pool(), &pp_jobs1, &pp_tail1);
         }
     }
+    double gpu_ex_ms = 0; /* the prefill runs' routed-expert kernel time (GPU, profiled) */
     if (profile && eng->cu && !rc) {
         char rep[2048];
+        gpu_ex_ms = cu_model_profile_experts_ms(eng->cu);
         cu_model_profile_report(eng->cu, rep, sizeof rep);
         cu_model_profile(eng->cu, 0);
         printf("GPU kernel time by part, summed over the %ld prefill runs of %ld tokens (profiled: a little slower):\n%s", prefill_runs, prompt, rep);
@@ -828,27 +832,39 @@ CLI_CMD(bench) {
         for (int l = 0; l < c->num_hidden_layers; l++) n_moe += c->layer_is_moe[l];
         double ex_flop = 2.0 * (double)prompt * c->num_experts_per_tok * 3.0 * c->hidden_size * (double)c->moe_intermediate_size * n_moe;
         double ex_s = (double)pst.ns[FS_EXPERTS] / 1e9;
-        peak = measure_peak_gflops(threads, 0);
-        expert_gflops = ex_s > 0 ? ex_flop / ex_s / 1e9 : 0;
-        /* the products run on int8 VNNI when the experts are q4/q8 and the CPU has it: that
-         * peak is the one they are held to (this CPU has no AMX) */
-        const pt_wview *ev = NULL;
-        for (int l = 0; l < c->num_hidden_layers && !ev; l++)
-            if (eng->w.layers[l].is_moe && eng->w.layers[l].exp_gate) ev = &eng->w.layers[l].exp_gate[0];
-        int on_int8 = ev && (ev->layout == PT_LAYOUT_R16 || kt_act_quant_active(&eng->kt, ev));
-        peak_int8 = on_int8 ? measure_peak_gflops(threads, 1) : 0;
-        /* with AMX-INT8 in the engine's table, R16 expert batches of enough rows run on the
-         * tiles: the AMX int8 peak of the same threads is the one they are held to */
-        amx_peak = on_int8 && eng->kt.amx == 1 && ev->layout == PT_LAYOUT_R16 ? 2 * kn_amx_peak_macs(threads) / 1e9 : 0;
-        double ref_peak = amx_peak > 0 ? amx_peak : on_int8 && peak_int8 > 0 ? peak_int8 : peak;
-        expert_peak_frac = ref_peak > 0 ? expert_gflops / ref_peak : 0;
-        if (amx_peak > 0)
-            printf("prefill routed experts: %.1f GFLOP/s = %.1f%% of the measured AMX int8 peak (%.0f GOP/s, %d threads; int8 VNNI peak %.0f GOP/s, f32 FMA peak %.0f GFLOP/s)\n",
-                   expert_gflops, 100 * expert_peak_frac, amx_peak, threads, peak_int8, peak);
-        else
-            printf("prefill routed experts: %.1f GFLOP/s = %.1f%% of the measured %s peak (%.0f G%s/s, %d threads; f32 FMA peak %.0f GFLOP/s; %s)\n",
-                   expert_gflops, 100 * expert_peak_frac, on_int8 && peak_int8 > 0 ? "int8 VNNI" : "AVX-512 f32 FMA", ref_peak,
-                   on_int8 && peak_int8 > 0 ? "OP" : "FLOP", threads, peak, kn_amx_available() ? "AMX not in this kernel set" : "no AMX on this CPU");
+        if (eng->cu) { /* on the GPU: the profiled expert kernels against the measured int8 tensor-core peak */
+            double tc = cu_tc_int8_peak(eng->cu), gex_s = gpu_ex_ms / 1e3 / (double)prefill_runs;
+            expert_gflops = gex_s > 0 ? ex_flop / gex_s / 1e9 : 0;
+            amx_peak = 0, peak = 0, peak_int8 = tc * 1e3;
+            expert_peak_frac = peak_int8 > 0 && expert_gflops > 0 ? expert_gflops / peak_int8 : 0;
+            if (gex_s > 0)
+                printf("prefill routed experts (GPU kernels): %.1f TOP/s = %.1f%% of the measured int8 tensor-core peak (%.0f TOP/s)\n", expert_gflops / 1e3,
+                       100 * expert_peak_frac, tc);
+            else
+                printf("prefill routed experts (GPU): their kernel time needs --profile; the int8 tensor-core peak measured %.0f TOP/s\n", tc);
+        } else {
+            peak = measure_peak_gflops(threads, 0);
+            expert_gflops = ex_s > 0 ? ex_flop / ex_s / 1e9 : 0;
+            /* the products run on int8 VNNI when the experts are q4/q8 and the CPU has it: that
+             * peak is the one they are held to (this CPU has no AMX) */
+            const pt_wview *ev = NULL;
+            for (int l = 0; l < c->num_hidden_layers && !ev; l++)
+                if (eng->w.layers[l].is_moe && eng->w.layers[l].exp_gate) ev = &eng->w.layers[l].exp_gate[0];
+            int on_int8 = ev && (ev->layout == PT_LAYOUT_R16 || kt_act_quant_active(&eng->kt, ev));
+            peak_int8 = on_int8 ? measure_peak_gflops(threads, 1) : 0;
+            /* with AMX-INT8 in the engine's table, R16 expert batches of enough rows run on the
+             * tiles: the AMX int8 peak of the same threads is the one they are held to */
+            amx_peak = on_int8 && eng->kt.amx == 1 && ev->layout == PT_LAYOUT_R16 ? 2 * kn_amx_peak_macs(threads) / 1e9 : 0;
+            double ref_peak = amx_peak > 0 ? amx_peak : on_int8 && peak_int8 > 0 ? peak_int8 : peak;
+            expert_peak_frac = ref_peak > 0 ? expert_gflops / ref_peak : 0;
+            if (amx_peak > 0)
+                printf("prefill routed experts: %.1f GFLOP/s = %.1f%% of the measured AMX int8 peak (%.0f GOP/s, %d threads; int8 VNNI peak %.0f GOP/s, f32 FMA peak %.0f GFLOP/s)\n",
+                       expert_gflops, 100 * expert_peak_frac, amx_peak, threads, peak_int8, peak);
+            else
+                printf("prefill routed experts: %.1f GFLOP/s = %.1f%% of the measured %s peak (%.0f G%s/s, %d threads; f32 FMA peak %.0f GFLOP/s; %s)\n",
+                       expert_gflops, 100 * expert_peak_frac, on_int8 && peak_int8 > 0 ? "int8 VNNI" : "AVX-512 f32 FMA", ref_peak,
+                       on_int8 && peak_int8 > 0 ? "OP" : "FLOP", threads, peak, kn_amx_available() ? "AMX not in this kernel set" : "no AMX on this CPU");
+        }
         fflush(stdout);
     }
     if (!rc && ctx > prompt && petrel_session_forward(s, ids + prompt, (int)(ctx - prompt), lg, 0, &err)) rc = cli_fail_err("bench", &err);

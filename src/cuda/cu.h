@@ -91,6 +91,11 @@ double cu_hbm_probe(cu_model *m, uint64_t bytes);
 /* Host-to-GPU copy bandwidth in GB/s: the best of 3 copies of `bytes` from pinned host memory
  * (0 on failure). For the expert tiers' PCIe floor. */
 double cu_h2d_probe(cu_model *m, uint64_t bytes);
+/* the int8 tensor cores' peak in TOP/s, measured (chains of mma.m16n8k32 s8, no memory traffic) */
+double cu_tc_int8_peak(cu_model *m);
+/* the profiled routed experts' kernel time (gate, up and down, their quantization and SwiGLU), ms
+ * summed since cu_model_profile turned profiling on */
+double cu_model_profile_experts_ms(const cu_model *m);
 /* Kernel-time profile (benchmarks, `petrel bench --profile`): while on, every forward times its
  * parts with events on the stream (a little slower); the report is one line per part with its
  * milliseconds summed since profiling was turned on. */

@@ -49,6 +49,9 @@ int cuk_gemv_q_ok(const dw &W); /* 0 no, 1 q8_g32, 2 q4_g64 */
  * x rows quantized by cuk_actq in the plain order (q8 mode 0, q4 mode 2); cuk_gemm_q_ok: 0 no,
  * 1 q8_g32, 2 q4_g64, of whole 64 columns */
 int cuk_gemm_q_ok(const dw &W);
+/* the measured int8 tensor-core peak in TOP/s (mma.m16n8k32 s8 chains, no memory traffic), best
+ * of 3 runs over sms x 4 blocks; *ms the best run's time */
+double cuk_mma_peak(cudaStream_t st, unsigned int *sink, int sms, float *ms);
 void cuk_gemm_q(cudaStream_t st, const dw &W, const cu_xq &X, float *y, int64_t ldy, int n, const int32_t *tiles, const int *ntiles_dev,
                 int max_tiles, const int32_t *list, const int32_t *xmap);
 /* the column parts a row of W is summed in (cuk_gemv_q, plain rows): two weights of one format

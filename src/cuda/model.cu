@@ -946,6 +946,23 @@ extern "C" double cu_hbm_probe(cu_model *m, uint64_t bytes) {
     return best;
 }
 
+extern "C" double cu_tc_int8_peak(cu_model *m) {
+    pthread_mutex_lock(&m->mu);
+    cudaSetDevice(m->dev);
+    unsigned int *sink = NULL;
+    double tops = 0;
+    int sms = 0;
+    float ms = 0;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, m->dev) == cudaSuccess && cudaMalloc(&sink, 4) == cudaSuccess)
+        tops = cuk_mma_peak(m->st, sink, sms, &ms);
+    cudaGetLastError();
+    cudaFree(sink);
+    pthread_mutex_unlock(&m->mu);
+    return tops;
+}
+
+extern "C" double cu_model_profile_experts_ms(const cu_model *m) { return m->prof_ms[P_EXPERTS] + m->prof_ms[P_EXPERTS_DOWN]; }
+
 extern "C" double cu_h2d_probe(cu_model *m, uint64_t bytes) {
     pthread_mutex_lock(&m->mu);
     cudaSetDevice(m->dev);
