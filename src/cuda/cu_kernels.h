@@ -54,10 +54,11 @@ int cuk_gemm_q_ok(const dw &W);
 double cuk_mma_peak(cudaStream_t st, unsigned int *sink, int sms, float *ms);
 void cuk_gemm_q(cudaStream_t st, const dw &W, const cu_xq &X, float *y, int64_t ldy, int n, const int32_t *tiles, const int *ntiles_dev,
                 int max_tiles, const int32_t *list, const int32_t *xmap);
+#define CU_GEMM_Q_TILE 128 /* cuk_gemm_q's x rows a block: its row list's tiles hold up to this many (cuk_gemm's up to 64) */
 /* the column parts a row of W is summed in (cuk_gemv_q, plain rows): two weights of one format
  * and width with the same count give a row the same bits */
 int cuk_gemv_q_parts(const dw &W);
-void cuk_actq(cudaStream_t st, const float *x, int64_t ldx, int n, int cols, int q4, const cu_xq &X); /* q4: 0 q8, 1 q4 (the GEMV's order and sums), 2 q4 in plain order (the GEMM's) */
+void cuk_actq(cudaStream_t st, const float *x, int64_t ldx, int n, int cols, int q4, const cu_xq &X); /* q4: 0 q8, 1 q4 (the GEMV's order and sums of 32), 2 q4 in plain order and a sum a group (the GEMM's) */
 void cuk_gemv_q(cudaStream_t st, const dw &W, const cu_xq &X, float *y, int64_t ldy, int n, const int32_t *slot_e, const int32_t *slot_x);
 void cuk_gemv_swiglu_q(cudaStream_t st, const dw &G, const dw &U, const cu_xq &X, float *y, int64_t ldy, int n, const int32_t *slot_e,
                        const int32_t *slot_x, float *ub);
@@ -144,7 +145,9 @@ void cuk_route(cudaStream_t st, const float *lg, const float *bias, int T, cu_ro
  * layer tl for each row's token ri[r].rtok (modulo n_tok), weights as moe_route_given */
 void cuk_route_given(cudaStream_t st, const float *lg, int T, cu_route_cfg rc, const int16_t *trace, int n_tok, int n_layers, int tl,
                      const cu_rowinfo *ri, int32_t *idx, float *wts);
-void cuk_moe_sort(cudaStream_t st, const int32_t *idx, int T, int K, int E, int32_t *list, int32_t *tiles, int *ntiles);
+/* the T*K choice slots sorted by expert into list (rows ascending within one) and tiles (expert,
+ * first entry, count <= tm) for cuk_gemm (tm 64) or cuk_gemm_q (tm <= CU_GEMM_Q_TILE) */
+void cuk_moe_sort(cudaStream_t st, const int32_t *idx, int T, int K, int E, int tm, int32_t *list, int32_t *tiles, int *ntiles);
 /* count += the distinct experts among idx[0..n) (mark [E] zeroed by the caller) */
 void cuk_count_union(cudaStream_t st, const int32_t *idx, int n, int32_t *mark, unsigned long long *count);
 /* a read of n 16-byte words (the bandwidth probe); the xor of all lands in *sink */

@@ -12,8 +12,8 @@ extern "C" {
 #include "cuda/cu.h"
 #include "cuda/cu_kernels.h"
 
-#define CU_ROWS 256      /* rows per chunk of a forward (m->rows: more for tiered models) */
-#define CU_ROWS_MAX 2048 /* the most a tiered model's chunks take (each chunk copies its experts once) */
+#define CU_ROWS 256      /* the fewest rows per chunk of a forward (m->rows: more where the VRAM left allows) */
+#define CU_ROWS_MAX 2048 /* the most a chunk takes (each chunk reads, or copies, its experts once) */
 #define CU_EXP_GEMV 64   /* routed choices per chunk up to which experts take the GEMV form */
 #define PIN_ROW_BYTES 64 /* pinned staging per chunk row: its id, flag, row info */
 
@@ -73,7 +73,7 @@ struct cu_model {
     cudaEvent_t ev[PROF_EVENTS];
     int ev_part[PROF_EVENTS];
     double prof_ms[PROF_PARTS];
-    /* rows per chunk of a forward: CU_ROWS, or up to CU_ROWS_MAX for tiered models (tiers.cu) */
+    /* rows per chunk of a forward: CU_ROWS up to CU_ROWS_MAX, by the VRAM left at open (cu_chunk_rows) */
     int rows;
     /* pinned staging for the rows' small arrays [rows * PIN_ROW_BYTES]; the host's per-chunk row
      * arrays (ids, flags, logits rows, call rows: 4 x rows; row info; pieces) */
@@ -143,6 +143,9 @@ void cut_describe(const cu_model *m, char *buf, size_t n);
 /* device scratch a chunk of `rows` rows may need (prefill of a fresh chunk at a topk context,
  * every row's logits): for choosing a tiered model's chunk rows */
 size_t cu_chunk_scratch_bytes(const petrel_config *c, int rows);
+/* the rows per chunk a model takes: the most (a power of two down from CU_ROWS_MAX, above least)
+ * whose scratch is at most a quarter of `left` bytes of VRAM, else least */
+int cu_chunk_rows(const petrel_config *c, uint64_t left, int least);
 /* the expert product of n choices (idx: slot per choice, xrow: x row per choice) into y [n][H];
  * the GEMM form's tiles from cuk_moe_sort over idx as (sort_t rows x sort_k, sort_e experts) */
 void experts_compute(cu_model *m, const cu_layer &G, const struct fscr &f, const int32_t *idx, const int32_t *xrow, int n, int sort_t, int sort_k,

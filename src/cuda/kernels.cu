@@ -554,8 +554,9 @@ void cuk_gemv_swiglu(cudaStream_t st, const dw &G, const dw &U, const float *x, 
  * convert and one fma with (weight scale x activation scale) per chunk, as the f32 GEMV joins a
  * chunk. The q4 form keeps each row of x in the weights' nibble order (per 8 values: the 4 even
  * ones, then the 4 odd ones) with the sum of each 32 values (the nibbles are q + 8: the dot of
- * the stored nibbles less 8 x that sum is the dot of q). */
-template <int MODE> /* 0 q8 (groups of 32), 1 q4 (64, the GEMV's nibble order and sums), 2 q4 in plain order (the GEMM's) */
+ * the stored nibbles less 8 x that sum is the dot of q); the GEMM's q4 form keeps plain order
+ * and one sum a group. */
+template <int MODE> /* 0 q8 (groups of 32), 1 q4 (64, the GEMV's nibble order and sums), 2 q4 in plain order and group sums (the GEMM's) */
 __global__ void k_actq(const float *__restrict__ x, int64_t ldx, int cols, cu_xq X) {
     /* one warp a group: lane j holds values j (q8) or 2j, 2j + 1 (q4) */
     constexpr int Q4 = MODE == 1, G = MODE ? 64 : 32, PER = G / 32;
@@ -595,6 +596,10 @@ __global__ void k_actq(const float *__restrict__ x, int64_t ldx, int cols, cu_xq
 #pragma unroll
         for (int o = 8; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
         if ((lane & 15) == 0) X.s[(int64_t)r * X.lds + 2 * g + (lane >> 4)] = sum;
+    } else if (MODE == 2) { /* the group's sum */
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        if (lane == 0) X.s[(int64_t)r * X.lds + g] = sum;
     }
 }
 
@@ -884,40 +889,104 @@ __global__ void __launch_bounds__(128) k_gemm_tc(dw W, const float *__restrict__
     }
 }
 
+/* cp.async: 16 (or 4) bytes from global to shared memory, zeros where !ok (nothing is read) */
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, bool ok) {
+    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(ok ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async4(void *dst, const void *src, bool ok) {
+    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src), "r"(ok ? 4 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
 /* The quantized path's GEMM on int8 tensor cores (mma.m16n8k32 s8 x s8 -> s32): x rows
  * quantized as the CPU's int8 activations (cuk_actq, plain order: q8 mode 0, q4 mode 2), the
- * weights' q8 bytes as they are and q4 nibbles less 8, so each group's integer dot is the
- * CPU's kn_ref_matmul_actq's, exactly; then per group one convert and one fma with (weight
- * scale x activation scale) in each thread's fragment. A 64 x 64 tile a block (4 warps of
- * 32 x 32), 64 columns a step; the same tiles, row list and x map as cuk_gemm. */
+ * weights' q8 bytes as they are and q4 nibbles as stored (u8, w + 8: 8 x the x group's sum,
+ * from cuk_actq, comes off after), so each group's integer dot is the CPU's
+ * kn_ref_matmul_actq's, exactly; then per group one convert and one fma with (weight
+ * scale x activation scale) in each thread's fragment, groups in column order, so a row's
+ * result does not depend on the tile it shares. A block: up to QM = 128 x rows (a tile of the
+ * row list: one expert's slots) by 64 weight rows, 8 warps of 32 x 32 (a warp whose rows are
+ * all past the tile's count skips the products), 64 columns a step, QS steps in flight
+ * (cp.async into a ring of shared-memory stages; the weights' bytes as stored, q4 nibbles
+ * turned to int8 as the fragments are read). Within a step of 32 columns a thread's fragment
+ * holds columns 8 t4 .. 8 t4 + 7 (the mma's k 4 t4 .. + 3 and 16 + 4 t4 .. + 3, for x and
+ * weights alike: the same integer sum), so each is one 8-byte (q4: 4-byte) read. */
 #define QK 64
+#define QM CU_GEMM_Q_TILE
+#define QS 4
+#define Q_AST (QK + 32) /* bytes a row of a stage's x (conflict-free 8-byte fragment reads) */
 template <int Q4>
-__global__ void __launch_bounds__(128) k_gemm_q(dw W, cu_xq X, float *__restrict__ y, int64_t ldy, int n, const int32_t *tiles, const int *ntiles,
+struct gq_layout {
+    static constexpr int G = Q4 ? 64 : 32, NG = QK / G, BST = Q4 ? QK / 2 + 16 : QK + 32;
+    static constexpr int A = 0, B = A + QM * Q_AST, XS = B + GT * BST, WS = XS + QM * NG * 4, XSUM = WS + GT * NG * 4,
+                         STAGE = XSUM + (Q4 ? QM * 4 : 0);
+};
+template <int Q4>
+__global__ void __launch_bounds__(256) k_gemm_q(dw W, cu_xq X, float *__restrict__ y, int64_t ldy, int n, const int32_t *tiles, const int *ntiles,
                                                 const int32_t *list, const int32_t *xmap) {
-    constexpr int G = Q4 ? 64 : 32, NG = QK / G; /* groups a step */
-    __shared__ __align__(16) int8_t As[GT][QK + 16], Bs[GT][QK + 16];
-    __shared__ float sxs[GT][NG], sws[GT][NG];
+    typedef gq_layout<Q4> L;
+    constexpr int G = L::G, NG = L::NG;
+    extern __shared__ __align__(16) uint8_t gq_smem[];
+    __shared__ int64_t xr[QM]; /* the tile's x rows (-1: none) */
     int tile = blockIdx.y, first, cnt;
     int64_t e = 0;
     if (tiles) {
         if (tile >= *ntiles) return;
         e = tiles[3 * tile], first = tiles[3 * tile + 1], cnt = tiles[3 * tile + 2];
     } else {
-        first = tile * GT, cnt = n - first < GT ? n - first : GT;
+        first = tile * QM, cnt = n - first < QM ? n - first : QM;
     }
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp >> 1, wn = warp & 1, g = lane >> 2, t4 = lane & 3;
+    const int live = wm * 32 < cnt; /* the warp's rows hold at least one x row */
     const int64_t n0 = (int64_t)blockIdx.x * GT;
-    const int lr = tid >> 1, lh = tid & 1; /* loaders: row lr, half lh of the step's 64 columns */
-    int64_t xrow = -1;
-    if (lr < cnt) {
-        int i = first + lr;
-        xrow = tiles ? (xmap ? xmap[list[i]] : list[i]) : i;
+    for (int r = tid; r < QM; r += blockDim.x) {
+        int64_t v = -1;
+        if (r < cnt) v = tiles ? (xmap ? xmap[list[first + r]] : list[first + r]) : first + r;
+        xr[r] = v;
     }
-    const int64_t wrow = n0 + lr < W.rows ? n0 + lr : -1;
-    const uint8_t *wd = W.d + e * W.estride + (wrow >= 0 ? wrow : 0) * W.rb;
-    const float *wsr = W.s + e * W.sstride + (wrow >= 0 ? wrow : 0) * W.sc;
-    const int8_t *xq = X.q + (xrow >= 0 ? xrow : 0) * X.ldq;
-    const float *xd = X.d + (xrow >= 0 ? xrow : 0) * X.ldd;
+    __syncthreads();
+    /* each thread's sources, set once: two 16-byte parts of x rows, one of a weight row (q4:
+     * threads < 128), and the scales (threads < QM: an x row's, then < QM + GT a weight row's) */
+    const int8_t *ap[2];
+    bool aok[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int c = tid + 256 * i, r = c >> 2;
+        const int64_t xrow = xr[r];
+        aok[i] = xrow >= 0;
+        ap[i] = X.q + (aok[i] ? xrow : 0) * X.ldq + 16 * (c & 3);
+    }
+    const int br = Q4 ? tid >> 1 : tid >> 2, bpart = Q4 ? tid & 1 : tid & 3;
+    const bool bok = (!Q4 || tid < 128) && n0 + br < W.rows;
+    const uint8_t *bp = W.d + e * W.estride + (bok ? n0 + br : 0) * W.rb + 16 * bpart;
+    const int sr = tid < QM ? tid : tid - QM;
+    const int64_t sxrow = tid < QM ? xr[sr] : -1;
+    const bool sok = tid < QM ? sxrow >= 0 : tid < QM + GT && n0 + sr < W.rows;
+    const float *sp = tid < QM ? X.d + (sok ? sxrow : 0) * X.ldd : W.s + e * W.sstride + (sok ? n0 + sr : 0) * W.sc;
+    const int32_t *sump = X.s + (tid < QM && sok ? sxrow : 0) * X.lds;
+    const int nk = (int)(W.cols / QK);
+    /* stage kt's loads: x 128 rows x 64 bytes, weights 64 rows x 64 (q4 32) bytes, and the rows'
+     * scales of the step's groups (and the x rows' group sums for q4) */
+    auto issue = [&](int kt) {
+        uint8_t *S = gq_smem + (kt % QS) * L::STAGE;
+        const int k0 = kt * QK;
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const int c = tid + 256 * i;
+            cp_async16(S + L::A + (c >> 2) * Q_AST + 16 * (c & 3), ap[i] + k0, aok[i]);
+        }
+        if (!Q4 || tid < 128) cp_async16(S + L::B + br * L::BST + 16 * bpart, bp + (Q4 ? k0 / 2 : k0), bok);
+        if (tid < QM + GT) {
+            uint8_t *dst = S + (tid < QM ? L::XS + tid * NG * 4 : L::WS + sr * NG * 4);
+#pragma unroll
+            for (int q = 0; q < NG; q++) cp_async4(dst + 4 * q, sp + k0 / G + q, sok);
+            if (Q4 && tid < QM) cp_async4(S + L::XSUM + tid * 4, sump + k0 / G, sok);
+        }
+    };
     float acc[2][4][4];
 #pragma unroll
     for (int i = 0; i < 2; i++)
@@ -925,37 +994,20 @@ __global__ void __launch_bounds__(128) k_gemm_q(dw W, cu_xq X, float *__restrict
         for (int j = 0; j < 4; j++)
 #pragma unroll
             for (int c = 0; c < 4; c++) acc[i][j][c] = 0.f;
-    for (int64_t k0 = 0; k0 < W.cols; k0 += QK) {
-        { /* x: 32 bytes of row lr; weights: 32 columns of row lr */
-            uint4 a0 = make_uint4(0, 0, 0, 0), a1 = a0, b0 = a0, b1 = a0;
-            if (xrow >= 0) a0 = *(const uint4 *)(xq + k0 + 32 * lh), a1 = *(const uint4 *)(xq + k0 + 32 * lh + 16);
-            if (wrow >= 0) {
-                if (Q4) { /* 16 bytes = 32 nibbles: byte j holds columns 2j (low) and 2j + 1 (high), each w + 8 */
-                    const uint4 r = *(const uint4 *)(wd + (k0 + 32 * lh) / 2);
-                    const uint32_t v[4] = {r.x, r.y, r.z, r.w};
-                    uint32_t o[8];
 #pragma unroll
-                    for (int k = 0; k < 4; k++) { /* v[k]: columns 8k .. 8k + 7 of the half */
-                        uint32_t lo = v[k] & 0x0f0f0f0fu, hi = (v[k] >> 4) & 0x0f0f0f0fu; /* even / odd columns */
-                        /* interleave to plain order: c0 c1 c2 c3 | c4 c5 c6 c7, each less 8 (bytes stay in 0..15 - 8) */
-                        uint32_t p0 = __byte_perm(lo, hi, 0x5140), p1 = __byte_perm(lo, hi, 0x7362);
-                        o[2 * k] = __vsubss4(p0, 0x08080808u), o[2 * k + 1] = __vsubss4(p1, 0x08080808u);
-                    }
-                    b0 = make_uint4(o[0], o[1], o[2], o[3]), b1 = make_uint4(o[4], o[5], o[6], o[7]);
-                } else {
-                    b0 = *(const uint4 *)(wd + k0 + 32 * lh), b1 = *(const uint4 *)(wd + k0 + 32 * lh + 16);
-                }
-            }
-            *(uint4 *)&As[lr][32 * lh] = a0, *(uint4 *)&As[lr][32 * lh + 16] = a1;
-            *(uint4 *)&Bs[lr][32 * lh] = b0, *(uint4 *)&Bs[lr][32 * lh + 16] = b1;
-            if (lh == 0)
-#pragma unroll
-                for (int q = 0; q < NG; q++) {
-                    sxs[lr][q] = xrow >= 0 ? xd[k0 / G + q] : 0.f;
-                    sws[lr][q] = wrow >= 0 ? wsr[k0 / G + q] : 0.f;
-                }
-        }
-        __syncthreads();
+    for (int s = 0; s < QS - 1; s++) {
+        if (s < nk) issue(s);
+        cp_async_commit();
+    }
+    for (int kt = 0; kt < nk; kt++) {
+        cp_async_wait<QS - 2>(); /* step kt's bytes have landed (this thread's) */
+        __syncthreads();         /* everyone's; and every warp is done with step kt - 1's stage, refilled next */
+        if (kt + QS - 1 < nk) issue(kt + QS - 1);
+        cp_async_commit();
+        if (!live) continue;
+        const uint8_t *S = gq_smem + (kt % QS) * L::STAGE;
+        const uint8_t *As = S + L::A, *Bs = S + L::B;
+        const float *sx = (const float *)(S + L::XS), *sw = (const float *)(S + L::WS);
         int ci[2][4][4];
 #pragma unroll
         for (int ks = 0; ks < QK; ks += 32) {
@@ -968,41 +1020,70 @@ __global__ void __launch_bounds__(128) k_gemm_q(dw W, cu_xq X, float *__restrict
                         for (int c = 0; c < 4; c++) ci[i][j][c] = 0;
             uint32_t af[2][4], bf[4][2];
 #pragma unroll
-            for (int i = 0; i < 2; i++) { /* A 16 x 32: rows g, g + 8; columns 4 t4 .. + 3, and + 16 */
+            for (int i = 0; i < 2; i++) { /* rows g and g + 8: columns 8 t4 .. + 3 (a0, a1) and 8 t4 + 4 .. + 7 (a2, a3) */
                 const int r0 = wm * 32 + i * 16 + g;
-                af[i][0] = *(const uint32_t *)&As[r0][ks + 4 * t4];
-                af[i][1] = *(const uint32_t *)&As[r0 + 8][ks + 4 * t4];
-                af[i][2] = *(const uint32_t *)&As[r0][ks + 16 + 4 * t4];
-                af[i][3] = *(const uint32_t *)&As[r0 + 8][ks + 16 + 4 * t4];
+                const uint2 lo = *(const uint2 *)(As + r0 * Q_AST + ks + 8 * t4), hi = *(const uint2 *)(As + (r0 + 8) * Q_AST + ks + 8 * t4);
+                af[i][0] = lo.x, af[i][1] = hi.x, af[i][2] = lo.y, af[i][3] = hi.y;
             }
 #pragma unroll
-            for (int j = 0; j < 4; j++) { /* B 32 x 8 (column-major: a weight row a column): column g, k 4 t4 .. + 3, and + 16 */
+            for (int j = 0; j < 4; j++) { /* weight row g of the 8: columns 8 t4 .. + 3 (b0) and 8 t4 + 4 .. + 7 (b1) */
                 const int c0 = wn * 32 + j * 8 + g;
-                bf[j][0] = *(const uint32_t *)&Bs[c0][ks + 4 * t4];
-                bf[j][1] = *(const uint32_t *)&Bs[c0][ks + 16 + 4 * t4];
+                if (Q4) { /* 4 bytes = 8 nibbles: byte k holds columns 2k (low) and 2k + 1 (high), each w + 8, kept (u8) */
+                    const uint32_t v = *(const uint32_t *)(Bs + c0 * L::BST + (ks + 8 * t4) / 2);
+                    const uint32_t lo = v & 0x0f0f0f0fu, hi = (v >> 4) & 0x0f0f0f0fu;
+                    bf[j][0] = __byte_perm(lo, hi, 0x5140);
+                    bf[j][1] = __byte_perm(lo, hi, 0x7362);
+                } else {
+                    const uint2 v = *(const uint2 *)(Bs + c0 * L::BST + ks + 8 * t4);
+                    bf[j][0] = v.x, bf[j][1] = v.y;
+                }
             }
 #pragma unroll
             for (int i = 0; i < 2; i++)
 #pragma unroll
-                for (int j = 0; j < 4; j++)
-                    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-                                 : "+r"(ci[i][j][0]), "+r"(ci[i][j][1]), "+r"(ci[i][j][2]), "+r"(ci[i][j][3])
-                                 : "r"(af[i][0]), "r"(af[i][1]), "r"(af[i][2]), "r"(af[i][3]), "r"(bf[j][0]), "r"(bf[j][1]));
+                for (int j = 0; j < 4; j++) {
+                    if (Q4)
+                        asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.u8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                                     : "+r"(ci[i][j][0]), "+r"(ci[i][j][1]), "+r"(ci[i][j][2]), "+r"(ci[i][j][3])
+                                     : "r"(af[i][0]), "r"(af[i][1]), "r"(af[i][2]), "r"(af[i][3]), "r"(bf[j][0]), "r"(bf[j][1]));
+                    else
+                        asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                                     : "+r"(ci[i][j][0]), "+r"(ci[i][j][1]), "+r"(ci[i][j][2]), "+r"(ci[i][j][3])
+                                     : "r"(af[i][0]), "r"(af[i][1]), "r"(af[i][2]), "r"(af[i][3]), "r"(bf[j][0]), "r"(bf[j][1]));
+                }
             if ((ks + 32) % G == 0) { /* the group's end: C rows g (c0, c1) and g + 8 (c2, c3), columns 2 t4, 2 t4 + 1 */
                 const int q = ks / G;
+                float xs[2][2], ws[4][2]; /* the thread's 4 rows' and 8 columns' scales of the group */
+                /* the integer dots as floats without the quarter-rate convert: 0x4B400000 is 1.5 x 2^23,
+                 * and for |v| < 2^22 its bits plus v are the float 1.5 x 2^23 + v exactly; the q4
+                 * nibbles' + 8 comes off there too (less 8 x the x row's group sum) */
+                int bias[2][2];
+#pragma unroll
+                for (int i = 0; i < 2; i++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const int r = wm * 32 + i * 16 + g + 8 * h;
+                        xs[i][h] = sx[r * NG + q];
+                        bias[i][h] = 0x4B400000 - (Q4 ? 8 * ((const int *)(S + L::XSUM))[r] : 0);
+                    }
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) ws[j][h] = sw[(wn * 32 + j * 8 + 2 * t4 + h) * NG + q];
 #pragma unroll
                 for (int i = 0; i < 2; i++)
 #pragma unroll
                     for (int j = 0; j < 4; j++)
 #pragma unroll
                         for (int c = 0; c < 4; c++) {
-                            const int r = wm * 32 + i * 16 + g + (c >= 2 ? 8 : 0), col = wn * 32 + j * 8 + 2 * t4 + (c & 1);
-                            acc[i][j][c] = fmaf((float)ci[i][j][c], sws[col][q] * sxs[r][q], acc[i][j][c]);
+                            const float dot = __int_as_float(ci[i][j][c] + bias[i][c >> 1]) - 12582912.0f;
+                            acc[i][j][c] = fmaf(dot, ws[j][c & 1] * xs[i][c >> 1], acc[i][j][c]);
                         }
             }
         }
-        __syncthreads();
     }
+    cp_async_wait<0>();
+    if (!live) return;
 #pragma unroll
     for (int i = 0; i < 2; i++)
 #pragma unroll
@@ -1061,11 +1142,17 @@ int cuk_gemm_q_ok(const dw &W) {
 
 void cuk_gemm_q(cudaStream_t st, const dw &W, const cu_xq &X, float *y, int64_t ldy, int n, const int32_t *tiles, const int *ntiles_dev,
                 int max_tiles, const int32_t *list, const int32_t *xmap) {
-    int nt = tiles ? max_tiles : (n + GT - 1) / GT;
+    int nt = tiles ? max_tiles : (n + QM - 1) / QM;
     if (nt <= 0) return;
     dim3 grid((unsigned)((W.rows + GT - 1) / GT), (unsigned)nt);
-    if (W.qt == QQ4G) k_gemm_q<1><<<grid, 128, 0, st>>>(W, X, y, ldy, n, tiles, ntiles_dev, list, xmap);
-    else k_gemm_q<0><<<grid, 128, 0, st>>>(W, X, y, ldy, n, tiles, ntiles_dev, list, xmap);
+    /* the stages' shared memory is past the 48 KB a launch may take unasked (set on the current device) */
+    if (W.qt == QQ4G) {
+        cudaFuncSetAttribute(k_gemm_q<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, QS * gq_layout<1>::STAGE);
+        k_gemm_q<1><<<grid, 256, QS * gq_layout<1>::STAGE, st>>>(W, X, y, ldy, n, tiles, ntiles_dev, list, xmap);
+    } else {
+        cudaFuncSetAttribute(k_gemm_q<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, QS * gq_layout<0>::STAGE);
+        k_gemm_q<0><<<grid, 256, QS * gq_layout<0>::STAGE, st>>>(W, X, y, ldy, n, tiles, ntiles_dev, list, xmap);
+    }
 }
 
 /* quantized weights only: a bf16 or f32 checkpoint keeps its exact f32 products, as on the CPU */
@@ -1724,8 +1811,10 @@ void cuk_route_given(cudaStream_t st, const float *lg, int T, cu_route_cfg rc, c
 }
 
 /* counting sort of the T*K choice slots by expert (rows ascending within one), and the GEMM's
- * tiles of up to 64 slots of one expert; one block */
-__global__ void k_moe_sort(const int32_t *idx, int T, int K, int E, int32_t *list, int32_t *tiles, int *ntiles) {
+ * tiles of up to tm slots of one expert; one block: the counts by all threads, the list by
+ * warp 0, 32 slots a step (a slot's place: its expert's next place plus the earlier lanes of
+ * the step that chose the same expert) */
+__global__ void k_moe_sort(const int32_t *idx, int T, int K, int E, int tm, int32_t *list, int32_t *tiles, int *ntiles) {
     extern __shared__ int cnt[]; /* [E + 1] */
     for (int e = threadIdx.x; e <= E; e += blockDim.x) cnt[e] = 0;
     __syncthreads();
@@ -1735,18 +1824,28 @@ __global__ void k_moe_sort(const int32_t *idx, int T, int K, int E, int32_t *lis
         int nt = 0;
         for (int e = 0; e < E; e++) {
             int c = cnt[e + 1], s0 = cnt[e];
-            for (int j = 0; j < c; j += 64) {
-                tiles[3 * nt] = e, tiles[3 * nt + 1] = s0 + j, tiles[3 * nt + 2] = c - j < 64 ? c - j : 64;
+            for (int j = 0; j < c; j += tm) {
+                tiles[3 * nt] = e, tiles[3 * nt + 1] = s0 + j, tiles[3 * nt + 2] = c - j < tm ? c - j : tm;
                 nt++;
             }
-            cnt[e + 1] += s0;
+            cnt[e + 1] += s0; /* cnt[e]: expert e's first place */
         }
         *ntiles = nt;
-        for (int i = 0; i < T * K; i++) list[cnt[idx[i]]++] = i; /* slots ascending: rows ascending */
+    }
+    __syncthreads();
+    if (threadIdx.x >= 32) return;
+    const int lane = threadIdx.x;
+    for (int i0 = 0; i0 < T * K; i0 += 32) {
+        int i = i0 + lane, e = i < T * K ? idx[i] : -1;
+        unsigned same = __match_any_sync(0xffffffffu, e), below = same & ((1u << lane) - 1u);
+        if (e >= 0) list[cnt[e] + __popc(below)] = i;
+        __syncwarp();
+        if (e >= 0 && below == 0) cnt[e] += __popc(same);
+        __syncwarp();
     }
 }
-void cuk_moe_sort(cudaStream_t st, const int32_t *idx, int T, int K, int E, int32_t *list, int32_t *tiles, int *ntiles) {
-    k_moe_sort<<<1, 1024, sizeof(int) * (E + 1), st>>>(idx, T, K, E, list, tiles, ntiles);
+void cuk_moe_sort(cudaStream_t st, const int32_t *idx, int T, int K, int E, int tm, int32_t *list, int32_t *tiles, int *ntiles) {
+    k_moe_sort<<<1, 1024, sizeof(int) * (E + 1), st>>>(idx, T, K, E, tm, list, tiles, ntiles);
 }
 
 /* row blockIdx.y, columns blockIdx.x * 256 ..: one column a thread */

@@ -404,6 +404,8 @@ extern "C" int cu_model_open(const petrel_engine *e, int device, uint64_t vram_b
     if (!r) r = cut_open(m, vram_expert_slots, host_experts, &tiered, err);
     for (int l = 0; l < L && !r && !tiered; l++)
         if (m->L[l].is_moe) r = up_experts(m, &w->layers[l], l, &m->L[l], err);
+    if (!r && !tiered) /* a prompt's chunks read every expert they route to: as few chunks as the VRAM left allows */
+        m->rows = cu_chunk_rows(c, m->budget > m->used ? m->budget - m->used : 0, CU_ROWS);
     if (!r && (rc = cudaMallocHost(&m->pin, (size_t)m->rows * PIN_ROW_BYTES)) != cudaSuccess) r = cu_fail(err, rc, "pinned staging");
     if (!r) {
         m->hrow = (int32_t *)malloc(sizeof(int32_t) * 4 * (size_t)m->rows);
@@ -418,6 +420,7 @@ extern "C" int cu_model_open(const petrel_engine *e, int device, uint64_t vram_b
     cudaDeviceProp p;
     cudaGetDeviceProperties(&p, device);
     int dn = snprintf(m->desc, sizeof m->desc, "%.120s (cuda:%d, %.1f GiB), weights %.2f GB in HBM", p.name, device, tot / 1073741824.0, m->wbytes / 1e9);
+    if (!m->tiers && dn > 0 && (size_t)dn < sizeof m->desc) dn += snprintf(m->desc + dn, sizeof m->desc - (size_t)dn, ", prompts in chunks of %d rows", m->rows);
     if (m->tiers && dn > 0 && (size_t)dn < sizeof m->desc) cut_describe(m, m->desc + dn, sizeof m->desc - (size_t)dn);
     *out = m;
     return 0;
@@ -606,6 +609,12 @@ size_t cu_chunk_scratch_bytes(const petrel_config *c, int rows) {
     return carve(NULL, c, rows, rows < topk ? rows : topk, rows + topk, rows, 1, &f);
 }
 
+int cu_chunk_rows(const petrel_config *c, uint64_t left, int least) {
+    for (int r = CU_ROWS_MAX; r > least; r /= 2)
+        if (4 * (uint64_t)cu_chunk_scratch_bytes(c, r) <= left) return r;
+    return least;
+}
+
 /* The quantized path's products on int8 x (act_quant on, q8_g32 / q4_g64 weights): x's n rows
  * [n][ldx] of cols values quantized into f's int8 buffer for W's format and form (the GEMV's,
  * or with gemm the GEMM's plain order); 0 when W does not take it. */
@@ -702,10 +711,16 @@ void experts_compute(cu_model *m, const cu_layer &G, const fscr &f, const int32_
         else cuk_gemv(st, G.ed, f.gb, I, y, H, n, idx, NULL);
         return;
     }
-    int mt = (n + 63) / 64 + sort_e + 1;
-    cuk_moe_sort(st, idx, sort_t, sort_k, sort_e, f.list, f.tiles, f.ntiles);
-    cu_xq X; /* the chunk's x rows quantized once for gate and up (the choices map to them), then each choice's down input */
-    if (cuk_gemm_q_ok(G.eu) == cuk_gemm_q_ok(G.eg) && quant_x(m, f, G.eg, f.x, H, f.t, &X, 1)) {
+    /* on int8 x when the quantized path takes all three products (tiles of up to
+     * CU_GEMM_Q_TILE slots: most experts' slots in one, so their weights are read once), else
+     * the f32 / bf16 forms (tiles of 64) */
+    cu_xq X;
+    const int q = m->tc && cuk_gemm_q_ok(G.eg) && cuk_gemm_q_ok(G.eg) == cuk_gemm_q_ok(G.eu) && cuk_gemm_q_ok(G.ed) &&
+                  (int64_t)f.t * H <= f.xq_cap && (int64_t)n * I <= f.xq_cap;
+    const int tm = q ? CU_GEMM_Q_TILE : 64, mt = (n + tm - 1) / tm + sort_e + 1;
+    cuk_moe_sort(st, idx, sort_t, sort_k, sort_e, tm, f.list, f.tiles, f.ntiles);
+    if (q) { /* the chunk's x rows quantized once for gate and up (the choices map to them), then each choice's down input */
+        quant_x(m, f, G.eg, f.x, H, f.t, &X, 1);
         cuk_gemm_q(st, G.eg, X, f.gb, I, n, f.tiles, f.ntiles, mt, f.list, xrow);
         cuk_gemm_q(st, G.eu, X, f.ub, I, n, f.tiles, f.ntiles, mt, f.list, xrow);
     } else {
@@ -714,8 +729,12 @@ void experts_compute(cu_model *m, const cu_layer &G, const fscr &f, const int32_
     }
     cuk_silu_mul(st, f.gb, f.ub, (int64_t)n * I);
     prof_mark(m, P_EXPERTS);
-    if (quant_x(m, f, G.ed, f.gb, I, n, &X, 1)) cuk_gemm_q(st, G.ed, X, y, H, n, f.tiles, f.ntiles, mt, f.list, NULL);
-    else cuk_gemm(st, G.ed, f.gb, I, y, H, n, f.tiles, f.ntiles, mt, f.list, NULL, m->tc);
+    if (q) {
+        quant_x(m, f, G.ed, f.gb, I, n, &X, 1);
+        cuk_gemm_q(st, G.ed, X, y, H, n, f.tiles, f.ntiles, mt, f.list, NULL);
+    } else {
+        cuk_gemm(st, G.ed, f.gb, I, y, H, n, f.tiles, f.ntiles, mt, f.list, NULL, m->tc);
+    }
 }
 
 static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *ids, int T, float *logits, const int32_t *lrows, int nlog,
@@ -1087,11 +1106,12 @@ extern "C" int cu_matmul_check(const pt_wview *W, const float *x, int n, float *
             int okm = cuk_gemm_q_ok(G);
             int8_t *q = (int8_t *)dalloc(&m, (size_t)(n * cols), "xq", err);
             float *qd = (float *)dalloc(&m, sizeof(float) * (size_t)(n * (cols / 32 + 1)), "xq scales", err);
+            int32_t *qs = (int32_t *)dalloc(&m, sizeof(int32_t) * (size_t)(n * (cols / 32 + 1)), "xq sums", err);
             if (!okm) rc = pt_err(err, PETREL_EUNSUPPORTED, "the int8 GEMM takes q8_g32 and q4_g64 of whole 64 columns, not %s [%lld x %lld]",
                                   pt_qtype_name(W->qtype), (long long)W->rows, (long long)cols);
-            else if (!q || !qd) rc = PETREL_ENOMEM;
+            else if (!q || !qd || !qs) rc = PETREL_ENOMEM;
             if (!rc) {
-                cu_xq X = {q, qd, NULL, cols, cols / (okm == 2 ? 64 : 32), 0};
+                cu_xq X = {q, qd, qs, cols, cols / (okm == 2 ? 64 : 32), cols / 32};
                 cuk_actq(m.st, dx, cols, n, (int)cols, okm == 2 ? 2 : 0, X);
                 cuk_gemm_q(m.st, G, X, dy, W->rows, n, NULL, NULL, 0, NULL, NULL);
             }

@@ -245,14 +245,8 @@ int cut_open(cu_model *m, int vram_slots, int host_experts, int *tiered, petrel_
     /* Chunks of a prompt copy (or read) every expert they route to once: the more rows a chunk
      * has, the fewer passes over the experts a prompt makes. The largest chunk whose scratch
      * takes at most a quarter of what is left; its scratch joins the reserve. */
-    for (int r = CU_ROWS_MAX; r > m->rows; r /= 2) {
-        uint64_t sb = cu_chunk_scratch_bytes(c, r);
-        if (4 * sb <= left) {
-            m->rows = r;
-            reserve += sb;
-            break;
-        }
-    }
+    int rows = cu_chunk_rows(c, left, m->rows);
+    if (rows > m->rows) m->rows = rows, reserve += cu_chunk_scratch_bytes(c, rows);
     avail = left > reserve ? left - reserve : 0;
     avail = avail > rd + rs ? avail - rd - rs : 0;
     int S = vram_slots ? (vram_slots < E ? vram_slots : E) : (int)(avail / ((uint64_t)nmoe * per) < (uint64_t)E ? avail / ((uint64_t)nmoe * per) : E);
