@@ -197,6 +197,11 @@ TEST(cuda, gemm_int8_tensor_cores) {
                           (long long)W.rows, (long long)W.cols, n, e);
                 CHECK(cu_matmul_check(&W, x + (n - 1) * W.cols, 1, y1, 6, &err) == 0);
                 CHECK_MSG(!memcmp(y1, y + (n - 1) * W.rows, sizeof(float) * W.rows), "%s n=%d: int8 GEMM row depends on its call", pt_qtype_name(W.qtype), n);
+                float *yt = malloc(sizeof(float) * n * W.rows);
+                CHECK(cu_matmul_check(&W, x, n, yt, 7, &err) == 0);
+                CHECK_MSG(!memcmp(yt, y, sizeof(float) * n * W.rows), "%s n=%d: the int8 GEMM over a row list (64-row tiles) differs from plain rows",
+                          pt_qtype_name(W.qtype), n);
+                free(yt);
                 if (k == 0) { /* an inf in row 1: that row all NaN, the others finite */
                     x[W.cols + 5] = INFINITY;
                     CHECK(cu_matmul_check(&W, x, n, y, 6, &err) == 0);

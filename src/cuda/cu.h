@@ -106,7 +106,9 @@ void cu_model_profile_report(const cu_model *m, char *buf, size_t n);
  * by the path the forward would take for n rows (gemv up to 8, tiled GEMM above), or forced:
  * path 1 GEMV, 2 GEMM (exact f32), 3 GEMM on tensor cores where the format takes it (q4, q8),
  * 4 the quantized path's GEMV on int8 x (q8_g32, q4_g64 of whole groups; else PETREL_EUNSUPPORTED),
- * 5 the same as n slots of the weight, slot i on x row n-1-i (y[i] = W x[n-1-i]). */
+ * 5 the same as n slots of the weight, slot i on x row n-1-i (y[i] = W x[n-1-i]), 6 the quantized
+ * path's GEMM on int8 tensor cores (plain rows), 7 the same over a row list (every row one
+ * expert's choice: the routed experts' tiles). */
 int cu_matmul_check(const pt_wview *W, const float *x, int n, float *y, int path, petrel_error *err);
 /* The quantized path's fused SwiGLU GEMV on the GPU: y[n][rows] = silu(Wg x) * (Wu x) on int8 x
  * (Wg, Wu: one int8 format (q8_g32 / q4_g64) and shape; n 1..8 plain rows, or with slots n slots

@@ -54,7 +54,6 @@ int cuk_gemm_q_ok(const dw &W);
 double cuk_mma_peak(cudaStream_t st, unsigned int *sink, int sms, float *ms);
 void cuk_gemm_q(cudaStream_t st, const dw &W, const cu_xq &X, float *y, int64_t ldy, int n, const int32_t *tiles, const int *ntiles_dev,
                 int max_tiles, const int32_t *list, const int32_t *xmap);
-#define CU_GEMM_Q_TILE 128 /* cuk_gemm_q's x rows a block: its row list's tiles hold up to this many (cuk_gemm's up to 64) */
 /* the column parts a row of W is summed in (cuk_gemv_q, plain rows): two weights of one format
  * and width with the same count give a row the same bits */
 int cuk_gemv_q_parts(const dw &W);
@@ -146,7 +145,7 @@ void cuk_route(cudaStream_t st, const float *lg, const float *bias, int T, cu_ro
 void cuk_route_given(cudaStream_t st, const float *lg, int T, cu_route_cfg rc, const int16_t *trace, int n_tok, int n_layers, int tl,
                      const cu_rowinfo *ri, int32_t *idx, float *wts);
 /* the T*K choice slots sorted by expert into list (rows ascending within one) and tiles (expert,
- * first entry, count <= tm) for cuk_gemm (tm 64) or cuk_gemm_q (tm <= CU_GEMM_Q_TILE) */
+ * first entry, count <= tm) for cuk_gemm and cuk_gemm_q (tm 64) */
 void cuk_moe_sort(cudaStream_t st, const int32_t *idx, int T, int K, int E, int tm, int32_t *list, int32_t *tiles, int *ntiles);
 /* count += the distinct experts among idx[0..n) (mark [E] zeroed by the caller) */
 void cuk_count_union(cudaStream_t st, const int32_t *idx, int n, int32_t *mark, unsigned long long *count);

@@ -916,23 +916,23 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
  * holds columns 8 t4 .. 8 t4 + 7 (the mma's k 4 t4 .. + 3 and 16 + 4 t4 .. + 3, for x and
  * weights alike: the same integer sum), so each is one 8-byte (q4: 4-byte) read. */
 #define QK 64
-#define QM CU_GEMM_Q_TILE
 #define QS 4
 #define Q_AST (QK + 32) /* bytes a row of a stage's x (conflict-free 8-byte fragment reads) */
-template <int Q4>
+template <int Q4, int QM>
 struct gq_layout {
     static constexpr int G = Q4 ? 64 : 32, NG = QK / G, BST = Q4 ? QK / 2 + 16 : QK + 32;
     static constexpr int A = 0, B = A + QM * Q_AST, XS = B + GT * BST, WS = XS + QM * NG * 4, XSUM = WS + GT * NG * 4,
                          STAGE = XSUM + (Q4 ? QM * 4 : 0);
 };
-template <int Q4>
-__global__ void __launch_bounds__(256) k_gemm_q(dw W, cu_xq X, float *__restrict__ y, int64_t ldy, int n, const int32_t *tiles, const int *ntiles,
+template <int Q4, int QM>
+__global__ void __launch_bounds__(2 * QM) k_gemm_q(dw W, cu_xq X, float *__restrict__ y, int64_t ldy, int n, const int32_t *tiles, const int *ntiles,
                                                 const int32_t *list, const int32_t *xmap) {
-    typedef gq_layout<Q4> L;
+    typedef gq_layout<Q4, QM> L;
+    constexpr int NT = 2 * QM; /* threads: QM / 32 x 2 warps of 32 x 32 */
     constexpr int G = L::G, NG = L::NG;
     extern __shared__ __align__(16) uint8_t gq_smem[];
     __shared__ int64_t xr[QM]; /* the tile's x rows (-1: none) */
-    int tile = blockIdx.y, first, cnt;
+    int tile = blockIdx.x, first, cnt; /* tiles first: the tiles of one weight slice run together (their weights from L2) */
     int64_t e = 0;
     if (tiles) {
         if (tile >= *ntiles) return;
@@ -942,7 +942,7 @@ __global__ void __launch_bounds__(256) k_gemm_q(dw W, cu_xq X, float *__restrict
     }
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp >> 1, wn = warp & 1, g = lane >> 2, t4 = lane & 3;
     const int live = wm * 32 < cnt; /* the warp's rows hold at least one x row */
-    const int64_t n0 = (int64_t)blockIdx.x * GT;
+    const int64_t n0 = (int64_t)blockIdx.y * GT;
     for (int r = tid; r < QM; r += blockDim.x) {
         int64_t v = -1;
         if (r < cnt) v = tiles ? (xmap ? xmap[list[first + r]] : list[first + r]) : first + r;
@@ -954,15 +954,23 @@ __global__ void __launch_bounds__(256) k_gemm_q(dw W, cu_xq X, float *__restrict
     const int8_t *ap[2];
     bool aok[2];
 #pragma unroll
-    for (int i = 0; i < 2; i++) {
-        const int c = tid + 256 * i, r = c >> 2;
+    for (int i = 0; i < 2; i++) { /* QM rows x 4 parts: two a thread */
+        const int c = tid + NT * i, r = c >> 2;
         const int64_t xrow = xr[r];
         aok[i] = xrow >= 0;
         ap[i] = X.q + (aok[i] ? xrow : 0) * X.ldq + 16 * (c & 3);
     }
-    const int br = Q4 ? tid >> 1 : tid >> 2, bpart = Q4 ? tid & 1 : tid & 3;
-    const bool bok = (!Q4 || tid < 128) && n0 + br < W.rows;
-    const uint8_t *bp = W.d + e * W.estride + (bok ? n0 + br : 0) * W.rb + 16 * bpart;
+    constexpr int BCH = GT * (Q4 ? 2 : 4), NB = BCH > NT ? BCH / NT : 1; /* the weights' 16-byte parts a step, a thread's */
+    const uint8_t *bp[NB];
+    bool bok[NB];
+    int bdst[NB];
+#pragma unroll
+    for (int i = 0; i < NB; i++) {
+        const int c = tid + NT * i, br = Q4 ? c >> 1 : c >> 2, bpart = Q4 ? c & 1 : c & 3;
+        bok[i] = c < BCH && n0 + br < W.rows;
+        bp[i] = W.d + e * W.estride + (bok[i] ? n0 + br : 0) * W.rb + 16 * bpart;
+        bdst[i] = c < BCH ? L::B + br * L::BST + 16 * bpart : -1;
+    }
     const int sr = tid < QM ? tid : tid - QM;
     const int64_t sxrow = tid < QM ? xr[sr] : -1;
     const bool sok = tid < QM ? sxrow >= 0 : tid < QM + GT && n0 + sr < W.rows;
@@ -976,10 +984,12 @@ __global__ void __launch_bounds__(256) k_gemm_q(dw W, cu_xq X, float *__restrict
         const int k0 = kt * QK;
 #pragma unroll
         for (int i = 0; i < 2; i++) {
-            const int c = tid + 256 * i;
+            const int c = tid + NT * i;
             cp_async16(S + L::A + (c >> 2) * Q_AST + 16 * (c & 3), ap[i] + k0, aok[i]);
         }
-        if (!Q4 || tid < 128) cp_async16(S + L::B + br * L::BST + 16 * bpart, bp + (Q4 ? k0 / 2 : k0), bok);
+#pragma unroll
+        for (int i = 0; i < NB; i++)
+            if (bdst[i] >= 0) cp_async16(S + bdst[i], bp[i] + (Q4 ? k0 / 2 : k0), bok[i]);
         if (tid < QM + GT) {
             uint8_t *dst = S + (tid < QM ? L::XS + tid * NG * 4 : L::WS + sr * NG * 4);
 #pragma unroll
@@ -1140,19 +1150,23 @@ int cuk_gemm_q_ok(const dw &W) {
     return W.qt == QQ8G && W.g == 32;
 }
 
-void cuk_gemm_q(cudaStream_t st, const dw &W, const cu_xq &X, float *y, int64_t ldy, int n, const int32_t *tiles, const int *ntiles_dev,
-                int max_tiles, const int32_t *list, const int32_t *xmap) {
+template <int Q4, int QM>
+static void gemm_q_go(cudaStream_t st, const dw &W, const cu_xq &X, float *y, int64_t ldy, int n, const int32_t *tiles, const int *ntiles_dev,
+                      int max_tiles, const int32_t *list, const int32_t *xmap) {
     int nt = tiles ? max_tiles : (n + QM - 1) / QM;
     if (nt <= 0) return;
-    dim3 grid((unsigned)((W.rows + GT - 1) / GT), (unsigned)nt);
-    /* the stages' shared memory is past the 48 KB a launch may take unasked (set on the current device) */
-    if (W.qt == QQ4G) {
-        cudaFuncSetAttribute(k_gemm_q<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, QS * gq_layout<1>::STAGE);
-        k_gemm_q<1><<<grid, 256, QS * gq_layout<1>::STAGE, st>>>(W, X, y, ldy, n, tiles, ntiles_dev, list, xmap);
-    } else {
-        cudaFuncSetAttribute(k_gemm_q<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, QS * gq_layout<0>::STAGE);
-        k_gemm_q<0><<<grid, 256, QS * gq_layout<0>::STAGE, st>>>(W, X, y, ldy, n, tiles, ntiles_dev, list, xmap);
-    }
+    const int smem = QS * gq_layout<Q4, QM>::STAGE; /* past the 48 KB a launch may take unasked (set on the current device) */
+    cudaFuncSetAttribute(k_gemm_q<Q4, QM>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    k_gemm_q<Q4, QM><<<dim3((unsigned)nt, (unsigned)((W.rows + GT - 1) / GT)), 2 * QM, smem, st>>>(W, X, y, ldy, n, tiles, ntiles_dev, list, xmap);
+}
+void cuk_gemm_q(cudaStream_t st, const dw &W, const cu_xq &X, float *y, int64_t ldy, int n, const int32_t *tiles, const int *ntiles_dev,
+                int max_tiles, const int32_t *list, const int32_t *xmap) {
+    /* a row list's tiles (routed experts: tens of slots an expert) 64 x rows a block, all
+     * four warps busy from 33 rows; plain rows 128 */
+    if (W.qt == QQ4G) tiles ? gemm_q_go<1, 64>(st, W, X, y, ldy, n, tiles, ntiles_dev, max_tiles, list, xmap)
+                            : gemm_q_go<1, 128>(st, W, X, y, ldy, n, tiles, ntiles_dev, max_tiles, list, xmap);
+    else tiles ? gemm_q_go<0, 64>(st, W, X, y, ldy, n, tiles, ntiles_dev, max_tiles, list, xmap)
+               : gemm_q_go<0, 128>(st, W, X, y, ldy, n, tiles, ntiles_dev, max_tiles, list, xmap);
 }
 
 /* quantized weights only: a bf16 or f32 checkpoint keeps its exact f32 products, as on the CPU */

@@ -711,14 +711,12 @@ void experts_compute(cu_model *m, const cu_layer &G, const fscr &f, const int32_
         else cuk_gemv(st, G.ed, f.gb, I, y, H, n, idx, NULL);
         return;
     }
-    /* on int8 x when the quantized path takes all three products (tiles of up to
-     * CU_GEMM_Q_TILE slots: most experts' slots in one, so their weights are read once), else
-     * the f32 / bf16 forms (tiles of 64) */
+    /* on int8 x when the quantized path takes all three products, else the f32 / bf16 forms */
     cu_xq X;
     const int q = m->tc && cuk_gemm_q_ok(G.eg) && cuk_gemm_q_ok(G.eg) == cuk_gemm_q_ok(G.eu) && cuk_gemm_q_ok(G.ed) &&
                   (int64_t)f.t * H <= f.xq_cap && (int64_t)n * I <= f.xq_cap;
-    const int tm = q ? CU_GEMM_Q_TILE : 64, mt = (n + tm - 1) / tm + sort_e + 1;
-    cuk_moe_sort(st, idx, sort_t, sort_k, sort_e, tm, f.list, f.tiles, f.ntiles);
+    const int mt = (n + 63) / 64 + sort_e + 1;
+    cuk_moe_sort(st, idx, sort_t, sort_k, sort_e, 64, f.list, f.tiles, f.ntiles);
     if (q) { /* the chunk's x rows quantized once for gate and up (the choices map to them), then each choice's down input */
         quant_x(m, f, G.eg, f.x, H, f.t, &X, 1);
         cuk_gemm_q(st, G.eg, X, f.gb, I, n, f.tiles, f.ntiles, mt, f.list, xrow);
@@ -1101,9 +1099,11 @@ extern "C" int cu_matmul_check(const pt_wview *W, const float *x, int n, float *
                     if (!rc) cuk_gemv_q(m.st, G, X, dy, W->rows, n, sl, sl + n);
                 }
             }
-        } else if (path == 6) { /* the quantized path's GEMM: int8 tensor cores */
+        } else if (path == 6 || path == 7) { /* the quantized path's GEMM: int8 tensor cores; 7 over a row list (one expert's tiles) */
             int64_t cols = W->cols;
-            int okm = cuk_gemm_q_ok(G);
+            int okm = cuk_gemm_q_ok(G), mt = n / 64 + 2;
+            int32_t *rl = path == 7 ? (int32_t *)dalloc(&m, sizeof(int32_t) * (size_t)(2 * n + 3 * mt + 1), "row list", err) : NULL;
+            if (path == 7 && !rl) rc = PETREL_ENOMEM;
             int8_t *q = (int8_t *)dalloc(&m, (size_t)(n * cols), "xq", err);
             float *qd = (float *)dalloc(&m, sizeof(float) * (size_t)(n * (cols / 32 + 1)), "xq scales", err);
             int32_t *qs = (int32_t *)dalloc(&m, sizeof(int32_t) * (size_t)(n * (cols / 32 + 1)), "xq sums", err);
@@ -1113,7 +1113,14 @@ extern "C" int cu_matmul_check(const pt_wview *W, const float *x, int n, float *
             if (!rc) {
                 cu_xq X = {q, qd, qs, cols, cols / (okm == 2 ? 64 : 32), cols / 32};
                 cuk_actq(m.st, dx, cols, n, (int)cols, okm == 2 ? 2 : 0, X);
-                cuk_gemm_q(m.st, G, X, dy, W->rows, n, NULL, NULL, 0, NULL, NULL);
+                if (path == 7) { /* every row chooses expert 0 of 1: the list is the rows in order */
+                    int32_t *idx = rl, *list = rl + n, *tiles = rl + 2 * n, *nt = tiles + 3 * mt;
+                    cudaMemsetAsync(idx, 0, sizeof(int32_t) * (size_t)n, m.st);
+                    cuk_moe_sort(m.st, idx, n, 1, 1, 64, list, tiles, nt);
+                    cuk_gemm_q(m.st, G, X, dy, W->rows, n, tiles, nt, mt, list, NULL);
+                } else {
+                    cuk_gemm_q(m.st, G, X, dy, W->rows, n, NULL, NULL, 0, NULL, NULL);
+                }
             }
         } else if (path == 1 || (path == 0 && n <= 8)) {
             for (int r0 = 0; r0 < n; r0 += 8) cuk_gemv(m.st, G, dx + (size_t)r0 * W->cols, W->cols, dy + (size_t)r0 * W->rows, W->rows, n - r0 < 8 ? n - r0 : 8, NULL, NULL);
