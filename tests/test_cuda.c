@@ -101,6 +101,36 @@ TEST(cuda, matmul_formats) {
         }
 }
 
+/* cu_matmul_check's int8 path `path` (4 the GEMV, 6 the GEMM) on n rows of x into y against the
+ * CPU's int8-activation reference (kn_ref_matmul_actq: the same int8 values and scales, the
+ * float sums in another order): 1e-5; and the last row alone the bits of that row in the call.
+ * 0 where the path refused W (PETREL_EUNSUPPORTED), else 1. */
+static int int8_path_matches(const pt_wview *W, const float *x, int n, int path, const char *what, float *y) {
+    petrel_error err = {0};
+    int rc = cu_matmul_check(W, x, n, y, path, &err);
+    if (rc == PETREL_EUNSUPPORTED) return 0;
+    CHECK_MSG(rc == 0, "cu_matmul_check int8 %s: %s", what, err.msg);
+    float *ref = malloc(sizeof(float) * n * W->rows), *y1 = malloc(sizeof(float) * W->rows);
+    kn_ref_matmul_actq(W, x, n, ref);
+    double e = rc ? 1 : test_rel_l2(y, ref, (size_t)n * W->rows);
+    CHECK_MSG(e < 1e-5, "%s [%lld x %lld] n=%d: int8 %s vs the CPU's int8 reference rel err %.3g", pt_qtype_name(W->qtype), (long long)W->rows,
+              (long long)W->cols, n, what, e);
+    CHECK(cu_matmul_check(W, x + (n - 1) * W->cols, 1, y1, path, &err) == 0);
+    CHECK_MSG(!memcmp(y1, y + (n - 1) * W->rows, sizeof(float) * W->rows), "%s n=%d: int8 %s row depends on its call", pt_qtype_name(W->qtype), n, what);
+    free(ref), free(y1);
+    return 1;
+}
+
+/* an inf in x row 1 (of n >= 3): path's row 1 all NaN and rows 0 and 2 finite (the CPU's rule) */
+static void inf_row_nan(const pt_wview *W, float *x, int n, int path, const char *what, float *y) {
+    petrel_error err = {0};
+    x[W->cols + 5] = INFINITY;
+    CHECK(cu_matmul_check(W, x, n, y, path, &err) == 0);
+    int nan1 = 1, fin = 1;
+    for (int64_t r = 0; r < W->rows; r++) nan1 &= y[W->rows + r] != y[W->rows + r], fin &= y[r] == y[r] && y[2 * W->rows + r] == y[2 * W->rows + r];
+    CHECK_MSG(nan1 && fin, "%s: an inf activation must make its int8 %s row NaN and only it", pt_qtype_name(W->qtype), what);
+}
+
 /* the quantized path's GEMV (int8 x, dp4a) against the CPU's int8-activation reference
  * (kn_ref_matmul_actq: the same int8 values and scales, the float sums in another order), a
  * row alone equal to the bits of the row in a call of n, the slot form on remapped rows, a
@@ -120,37 +150,24 @@ TEST(cuda, gemv_int8_activations) {
             for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
                 int n = ns[k];
                 float *x = malloc(sizeof(float) * n * W.cols), *xr = malloc(sizeof(float) * n * W.cols);
-                float *ref = malloc(sizeof(float) * n * W.rows), *y = malloc(sizeof(float) * n * W.rows), *y1 = malloc(sizeof(float) * W.rows);
+                float *ref = malloc(sizeof(float) * n * W.rows), *y = malloc(sizeof(float) * n * W.rows);
                 for (int64_t i = 0; i < n * W.cols; i++) x[i] = frand() * (i % 7 == 0 ? 9.f : 1.f);
-                int rc = cu_matmul_check(&W, x, n, y, 4, &err);
-                if (!takes) {
-                    CHECK_MSG(rc == PETREL_EUNSUPPORTED, "%s [%lld x %lld]: the int8 GEMV took a partial group", pt_qtype_name(W.qtype),
-                              (long long)W.rows, (long long)W.cols);
-                    free(x), free(xr), free(ref), free(y), free(y1);
+                int took = int8_path_matches(&W, x, n, 4, "GEMV", y);
+                CHECK_MSG(took == takes, "%s [%lld x %lld]: the int8 GEMV %s", pt_qtype_name(W.qtype), (long long)W.rows, (long long)W.cols,
+                          takes ? "refused whole groups" : "took a partial group");
+                if (!took) {
+                    free(x), free(xr), free(ref), free(y);
                     break;
                 }
-                CHECK_MSG(rc == 0, "cu_matmul_check int8: %s", err.msg);
-                kn_ref_matmul_actq(&W, x, n, ref);
-                double e = rc ? 1 : test_rel_l2(y, ref, (size_t)n * W.rows);
-                CHECK_MSG(e < 1e-5, "%s [%lld x %lld] n=%d: int8 GEMV vs the CPU's int8 reference rel err %.3g", pt_qtype_name(W.qtype),
-                          (long long)W.rows, (long long)W.cols, n, e);
-                CHECK(cu_matmul_check(&W, x + (n - 1) * W.cols, 1, y1, 4, &err) == 0);
-                CHECK_MSG(!memcmp(y1, y + (n - 1) * W.rows, sizeof(float) * W.rows), "%s n=%d: int8 GEMV row depends on its call", pt_qtype_name(W.qtype), n);
                 /* slots: y[i] = W x[n-1-i] */
                 for (int i = 0; i < n; i++) memcpy(xr + (int64_t)i * W.cols, x + (int64_t)(n - 1 - i) * W.cols, sizeof(float) * W.cols);
                 kn_ref_matmul_actq(&W, xr, n, ref);
                 CHECK_MSG(cu_matmul_check(&W, x, n, y, 5, &err) == 0, "slots: %s", err.msg);
-                e = test_rel_l2(y, ref, (size_t)n * W.rows);
+                double e = test_rel_l2(y, ref, (size_t)n * W.rows);
                 CHECK_MSG(e < 1e-5, "%s [%lld x %lld] n=%d: int8 GEMV slots rel err %.3g", pt_qtype_name(W.qtype), (long long)W.rows,
                           (long long)W.cols, n, e);
-                if (n == 3) { /* an inf in row 1: that row all NaN, the others finite (the CPU's rule) */
-                    x[W.cols + 5] = INFINITY;
-                    CHECK(cu_matmul_check(&W, x, n, y, 4, &err) == 0);
-                    int nan1 = 1, fin = 1;
-                    for (int64_t r = 0; r < W.rows; r++) nan1 &= y[W.rows + r] != y[W.rows + r], fin &= y[r] == y[r] && y[2 * W.rows + r] == y[2 * W.rows + r];
-                    CHECK_MSG(nan1 && fin, "%s: an inf activation must make its row NaN and only it", pt_qtype_name(W.qtype));
-                }
-                free(x), free(xr), free(ref), free(y), free(y1);
+                if (n == 3) inf_row_nan(&W, x, n, 4, "GEMV", y);
+                free(x), free(xr), free(ref), free(y);
             }
             free(d), free(sc);
         }
@@ -180,36 +197,22 @@ TEST(cuda, gemm_int8_tensor_cores) {
             int takes = W.cols % 64 == 0;
             for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
                 int n = ns[k];
-                float *x = malloc(sizeof(float) * n * W.cols), *ref = malloc(sizeof(float) * n * W.rows), *y = malloc(sizeof(float) * n * W.rows);
-                float *y1 = malloc(sizeof(float) * W.rows);
+                float *x = malloc(sizeof(float) * n * W.cols), *y = malloc(sizeof(float) * n * W.rows);
                 for (int64_t i = 0; i < n * W.cols; i++) x[i] = frand() * (i % 7 == 0 ? 9.f : 1.f);
-                int rc = cu_matmul_check(&W, x, n, y, 6, &err);
-                if (!takes) {
-                    CHECK_MSG(rc == PETREL_EUNSUPPORTED, "%s [%lld x %lld]: the int8 GEMM took a partial 64 columns", pt_qtype_name(W.qtype),
-                              (long long)W.rows, (long long)W.cols);
-                    free(x), free(ref), free(y), free(y1);
+                int took = int8_path_matches(&W, x, n, 6, "GEMM", y);
+                CHECK_MSG(took == takes, "%s [%lld x %lld]: the int8 GEMM %s", pt_qtype_name(W.qtype), (long long)W.rows, (long long)W.cols,
+                          takes ? "refused whole 64 columns" : "took a partial 64 columns");
+                if (!took) {
+                    free(x), free(y);
                     break;
                 }
-                CHECK_MSG(rc == 0, "cu_matmul_check int8 GEMM: %s", err.msg);
-                kn_ref_matmul_actq(&W, x, n, ref);
-                double e = rc ? 1 : test_rel_l2(y, ref, (size_t)n * W.rows);
-                CHECK_MSG(e < 1e-5, "%s [%lld x %lld] n=%d: int8 GEMM vs the CPU's int8 reference rel err %.3g", pt_qtype_name(W.qtype),
-                          (long long)W.rows, (long long)W.cols, n, e);
-                CHECK(cu_matmul_check(&W, x + (n - 1) * W.cols, 1, y1, 6, &err) == 0);
-                CHECK_MSG(!memcmp(y1, y + (n - 1) * W.rows, sizeof(float) * W.rows), "%s n=%d: int8 GEMM row depends on its call", pt_qtype_name(W.qtype), n);
                 float *yt = malloc(sizeof(float) * n * W.rows);
                 CHECK(cu_matmul_check(&W, x, n, yt, 7, &err) == 0);
                 CHECK_MSG(!memcmp(yt, y, sizeof(float) * n * W.rows), "%s n=%d: the int8 GEMM over a row list (64-row tiles) differs from plain rows",
                           pt_qtype_name(W.qtype), n);
                 free(yt);
-                if (k == 0) { /* an inf in row 1: that row all NaN, the others finite */
-                    x[W.cols + 5] = INFINITY;
-                    CHECK(cu_matmul_check(&W, x, n, y, 6, &err) == 0);
-                    int nan1 = 1, fin = 1;
-                    for (int64_t r = 0; r < W.rows; r++) nan1 &= y[W.rows + r] != y[W.rows + r], fin &= y[r] == y[r] && y[2 * W.rows + r] == y[2 * W.rows + r];
-                    CHECK_MSG(nan1 && fin, "%s: an inf activation must make its GEMM row NaN and only it", pt_qtype_name(W.qtype));
-                }
-                free(x), free(ref), free(y), free(y1);
+                if (k == 0) inf_row_nan(&W, x, n, 6, "GEMM", y);
+                free(x), free(y);
             }
             free(d), free(sc);
         }

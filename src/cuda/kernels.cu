@@ -741,6 +741,18 @@ void cuk_gemv_swiglu_q(cudaStream_t st, const dw &G, const dw &U, const cu_xq &X
 
 /* ---- GEMM ---- */
 
+/* a GEMM block's x rows: tile `tile` of a row list (tiles: expert, first entry, count; 0 past
+ * *ntiles) or of n plain rows, tm a tile */
+__device__ __forceinline__ int gemm_tile(const int32_t *tiles, const int *ntiles, int tile, int n, int tm, int64_t *e, int *first, int *cnt) {
+    if (tiles) {
+        if (tile >= *ntiles) return 0;
+        *e = tiles[3 * tile], *first = tiles[3 * tile + 1], *cnt = tiles[3 * tile + 2];
+    } else {
+        *e = 0, *first = tile * tm, *cnt = n - *first < tm ? n - *first : tm;
+    }
+    return 1;
+}
+
 #define GT 64  /* tile rows (x) and columns (weight rows) */
 #define GK 32  /* k per stage */
 /* one stage of a 64 x 64 tile: thread (tx, ty) adds A[k][4ty + i] B[k][4tx + j] over k ascending */
@@ -760,14 +772,9 @@ template <int QT>
 __global__ void k_gemm(dw W, const float *__restrict__ x, int64_t ldx, float *__restrict__ y, int64_t ldy, int n, const int32_t *tiles,
                        const int *ntiles, const int32_t *list, const int32_t *xmap) {
     __shared__ float Xs[GK][GT + 4], Ws[GK][GT + 4];
-    int tile = blockIdx.y, first, cnt;
-    int64_t e = 0;
-    if (tiles) {
-        if (tile >= *ntiles) return;
-        e = tiles[3 * tile], first = tiles[3 * tile + 1], cnt = tiles[3 * tile + 2];
-    } else {
-        first = tile * GT, cnt = n - first < GT ? n - first : GT;
-    }
+    int first, cnt;
+    int64_t e;
+    if (!gemm_tile(tiles, ntiles, blockIdx.y, n, GT, &e, &first, &cnt)) return;
     int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
     int64_t n0 = (int64_t)blockIdx.x * GT;
     int lm = tid >> 2, lk = (tid & 3) * 8; /* the loader's row and first k */
@@ -820,14 +827,9 @@ __global__ void __launch_bounds__(128) k_gemm_tc(dw W, const float *__restrict__
     using namespace nvcuda;
     __shared__ __align__(32) __nv_bfloat16 As[GT][TK + 16], Bs[GT][TK + 16];
     __shared__ __align__(32) float Cs[GT][GT + 8];
-    int tile = blockIdx.y, first, cnt;
-    int64_t e = 0;
-    if (tiles) {
-        if (tile >= *ntiles) return;
-        e = tiles[3 * tile], first = tiles[3 * tile + 1], cnt = tiles[3 * tile + 2];
-    } else {
-        first = tile * GT, cnt = n - first < GT ? n - first : GT;
-    }
+    int first, cnt;
+    int64_t e;
+    if (!gemm_tile(tiles, ntiles, blockIdx.y, n, GT, &e, &first, &cnt)) return;
     int tid = threadIdx.x, warp = tid >> 5, wm = warp >> 1, wn = warp & 1;
     int64_t n0 = (int64_t)blockIdx.x * GT;
     int lr = tid >> 1, lk = (tid & 1) * 16; /* loaders: row lr, k lk .. lk + 15 */
@@ -932,14 +934,9 @@ __global__ void __launch_bounds__(2 * QM) k_gemm_q(dw W, cu_xq X, float *__restr
     constexpr int G = L::G, NG = L::NG;
     extern __shared__ __align__(16) uint8_t gq_smem[];
     __shared__ int64_t xr[QM]; /* the tile's x rows (-1: none) */
-    int tile = blockIdx.x, first, cnt; /* tiles first: the tiles of one weight slice run together (their weights from L2) */
-    int64_t e = 0;
-    if (tiles) {
-        if (tile >= *ntiles) return;
-        e = tiles[3 * tile], first = tiles[3 * tile + 1], cnt = tiles[3 * tile + 2];
-    } else {
-        first = tile * QM, cnt = n - first < QM ? n - first : QM;
-    }
+    int first, cnt;
+    int64_t e;
+    if (!gemm_tile(tiles, ntiles, blockIdx.x, n, QM, &e, &first, &cnt)) return; /* tiles first: one weight slice's tiles run together (it stays in L2) */
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp >> 1, wn = warp & 1, g = lane >> 2, t4 = lane & 3;
     const int live = wm * 32 < cnt; /* the warp's rows hold at least one x row */
     const int64_t n0 = (int64_t)blockIdx.y * GT;
@@ -997,13 +994,7 @@ __global__ void __launch_bounds__(2 * QM) k_gemm_q(dw W, cu_xq X, float *__restr
             if (Q4 && tid < QM) cp_async4(S + L::XSUM + tid * 4, sump + k0 / G, sok);
         }
     };
-    float acc[2][4][4];
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-#pragma unroll
-            for (int c = 0; c < 4; c++) acc[i][j][c] = 0.f;
+    float acc[2][4][4] = {};
 #pragma unroll
     for (int s = 0; s < QS - 1; s++) {
         if (s < nk) issue(s);
