@@ -1746,8 +1746,12 @@ void cuk_topk(cudaStream_t st, const float *v, int n, int k, int32_t *idx) { k_t
 
 
 #define ROUTE_EMAX 1024
+#define ROUTE_PER 8 /* choice values a lane holds in registers (E <= 256) */
 /* moe_route (src/model/moe.c) for one row per warp: the scores by the lanes, the group limit by
- * lane 0, then the top-K in K rounds of a warp-wide best (the same total order) */
+ * lane 0, then the top-K in K rounds of a warp-wide best (the same total order). Each lane
+ * scans its own experts e = lane + 32 k in k order, then the lanes' bests meet in a xor tree;
+ * with E <= 32 x ROUTE_PER a lane keeps its values in registers (the same comparisons in the
+ * same order as from shared memory, so the same choice, NaN scores included) */
 __global__ void k_route(const float *lg, const float *bias, int T, cu_route_cfg c, int32_t *idx, float *wts, int32_t *slot_x) {
     __shared__ float s[ROUTE_EMAX], ch[ROUTE_EMAX];
     __shared__ unsigned char taken[ROUTE_EMAX];
@@ -1763,6 +1767,42 @@ __global__ void k_route(const float *lg, const float *bias, int T, cu_route_cfg 
     __syncwarp();
     int32_t *ir = idx + (int64_t)r * K;
     double sum = 0;
+    if (E <= 32 * ROUTE_PER) {
+        float cv[ROUTE_PER], sv[ROUTE_PER];
+        unsigned tk = 0; /* bit k: expert lane + 32 k taken */
+#pragma unroll
+        for (int k = 0; k < ROUTE_PER; k++) {
+            int e = lane + 32 * k;
+            cv[k] = e < E ? ch[e] : 0.f, sv[k] = e < E ? s[e] : 0.f;
+        }
+        for (int kk = 0; kk < K; kk++) {
+            int best = -1;
+            float bv = 0.f, bs = 0.f;
+#pragma unroll
+            for (int k = 0; k < ROUTE_PER; k++) {
+                int e = lane + 32 * k;
+                if (e < E && !(tk >> k & 1u) && (best < 0 || route_better(cv[k], e, bv, best))) best = e, bv = cv[k], bs = sv[k];
+            }
+            for (int o = 16; o > 0; o >>= 1) {
+                int other = __shfl_xor_sync(0xffffffffu, best, o);
+                float ov = __shfl_xor_sync(0xffffffffu, bv, o), os = __shfl_xor_sync(0xffffffffu, bs, o);
+                if (other >= 0 && (best < 0 || route_better(ov, other, bv, best))) best = other, bv = ov, bs = os;
+            }
+            best = __shfl_sync(0xffffffffu, best, 0), bs = __shfl_sync(0xffffffffu, bs, 0); /* lane 0's, as before (with NaN values lanes may differ) */
+            if ((best & 31) == lane) tk |= 1u << (best >> 5);
+            if (lane == 0) ir[kk] = best, wts[(int64_t)r * K + kk] = bs;
+            sum += bs;
+        }
+        __syncwarp();
+        if (lane == 0)
+            for (int k = 0; k < K; k++) {
+                float w = wts[(int64_t)r * K + k];
+                if (c.norm_topk_prob) w = (float)(w / (sum + 1e-20));
+                wts[(int64_t)r * K + k] = w * c.routed_scaling_factor;
+                slot_x[(int64_t)r * K + k] = r;
+            }
+        return;
+    }
     for (int k = 0; k < K; k++) {
         int best = -1;
         for (int e = lane; e < E; e += 32)
