@@ -910,11 +910,11 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
  * from cuk_actq, comes off after), so each group's integer dot is the CPU's
  * kn_ref_matmul_actq's, exactly; then per group one convert and one fma with (weight
  * scale x activation scale) in each thread's fragment, groups in column order, so a row's
- * result does not depend on the tile it shares. A block: up to QM = 128 x rows (a tile of the
- * row list: one expert's slots) by 64 weight rows, 8 warps of 32 x 32 (a warp whose rows are
- * all past the tile's count skips the products), 64 columns a step, QS steps in flight
- * (cp.async into a ring of shared-memory stages; the weights' bytes as stored, q4 nibbles
- * turned to int8 as the fragments are read). Within a step of 32 columns a thread's fragment
+ * result does not depend on the tile it shares. A block: up to QM x rows (64 for a tile of a
+ * row list, one expert's slots; 128 for plain rows) by 64 weight rows, QM / 16 warps of 32 x 32
+ * (a warp whose rows are all past the tile's count skips the products), 64 columns a step, QS
+ * steps in flight (cp.async into a ring of shared-memory stages; the weights' bytes as stored,
+ * q4 nibbles spread to u8 bytes as the fragments are read). Within a step of 32 columns a thread's fragment
  * holds columns 8 t4 .. 8 t4 + 7 (the mma's k 4 t4 .. + 3 and 16 + 4 t4 .. + 3, for x and
  * weights alike: the same integer sum), so each is one 8-byte (q4: 4-byte) read. */
 #define QK 64
