@@ -946,8 +946,9 @@ __global__ void __launch_bounds__(2 * QM) k_gemm_q(dw W, cu_xq X, float *__restr
         xr[r] = v;
     }
     __syncthreads();
-    /* each thread's sources, set once: two 16-byte parts of x rows, one of a weight row (q4:
-     * threads < 128), and the scales (threads < QM: an x row's, then < QM + GT a weight row's) */
+    /* each thread's sources, set once: two 16-byte parts of x rows, NB of weight rows (where the
+     * step's weight parts reach it), and the scales (threads < QM: an x row's, then < QM + GT a
+     * weight row's) */
     const int8_t *ap[2];
     bool aok[2];
 #pragma unroll
@@ -974,7 +975,7 @@ __global__ void __launch_bounds__(2 * QM) k_gemm_q(dw W, cu_xq X, float *__restr
     const float *sp = tid < QM ? X.d + (sok ? sxrow : 0) * X.ldd : W.s + e * W.sstride + (sok ? n0 + sr : 0) * W.sc;
     const int32_t *sump = X.s + (tid < QM && sok ? sxrow : 0) * X.lds;
     const int nk = (int)(W.cols / QK);
-    /* stage kt's loads: x 128 rows x 64 bytes, weights 64 rows x 64 (q4 32) bytes, and the rows'
+    /* stage kt's loads: x QM rows x 64 bytes, weights 64 rows x 64 (q4 32) bytes, and the rows'
      * scales of the step's groups (and the x rows' group sums for q4) */
     auto issue = [&](int kt) {
         uint8_t *S = gq_smem + (kt % QS) * L::STAGE;

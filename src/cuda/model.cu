@@ -917,6 +917,14 @@ extern "C" int cu_forward(cu_model *m, const cu_seg *seg, int nseg, const int32_
     cudaSetDevice(m->dev);
     piece *pc = (piece *)m->pieces;
     int np = 0, rows = 0, lnext = 0, rc = 0, R = m->rows;
+    /* chunks as large as open chose, halved while their scratch (as chunk_forward allocates it:
+     * the most a chunk of R rows may need, and a quarter more) would not fit what the sessions'
+     * KV left of the VRAM budget */
+    while (m->budget && R > CU_ROWS) {
+        uint64_t sb = cu_chunk_scratch_bytes(m->c, R);
+        if (m->used - m->scr_cap + sb + sb / 4 <= m->budget) break;
+        R /= 2;
+    }
     for (int g = 0; g < nseg && !rc; g++)
         for (int i = 0; i < seg[g].n && !rc;) {
             int take = seg[g].n - i < R - rows ? seg[g].n - i : R - rows;
