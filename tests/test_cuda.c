@@ -545,6 +545,13 @@ TEST(cuda, decode_int8_rows) {
             size_t bad = 0;
             for (size_t i = 0; i < (size_t)T * V; i++) bad += memcmp(&l0[i], &l1[i], 4) != 0;
             CHECK_MSG(bad == 0, "int8 decode: %zu logits differ between stacked and lone products", bad);
+            CHECK_MSG(cu_model_graph_count(g->cu) > 0, "int8 decode: no decode step ran as a CUDA graph");
+            cu_model_use_graphs(g->cu, 0); /* the decode steps' kernels launched one by one instead of replayed as graphs */
+            int rc2 = run_logits(g, ids, T, 1, l0);
+            cu_model_use_graphs(g->cu, 1);
+            bad = 0;
+            for (size_t i = 0; !rc2 && i < (size_t)T * V; i++) bad += memcmp(&l0[i], &l1[i], 4) != 0;
+            CHECK_MSG(!rc2 && bad == 0, "int8 decode: %zu logits differ between graph and direct launches", bad);
             CHECK(petrel_session_create(g, T, &a, &err) == 0 && petrel_session_create(g, T, &b, &err) == 0 && petrel_batch_create(g, 8, &bt, &err) == 0);
             int done_rows = 0;
             for (int t = 0; t < T && bt; t++, done_rows++) {

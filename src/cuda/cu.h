@@ -55,6 +55,11 @@ uint64_t cu_model_weight_bytes(const cu_model *m);
  * cu_model_use_stacks(m, 0) runs each product alone instead (tests: the same bits either way) */
 int cu_model_stacks(const cu_model *m);
 void cu_model_use_stacks(cu_model *m, int on);
+/* A decode step of one row (resident experts, no profile) replays its kernels as a CUDA graph,
+ * one per bucket of 256 keys; cu_model_use_graphs(m, 0) launches them directly instead (tests:
+ * the same bits either way) */
+void cu_model_use_graphs(cu_model *m, int on);
+int cu_model_graph_count(const cu_model *m); /* the decode graphs kept now (0: none made, or graphs off) */
 /* The expert tiers' counters since open (all zero when every expert is in HBM): per MoE layer
  * of a forward, `uses` distinct experts ran, `hits` of them were in an HBM slot, the rest were
  * copied from the host (`bytes` over PCIe, `copy_ns` of host time issuing and waiting for

@@ -16,6 +16,7 @@ extern "C" {
 #define CU_ROWS_MAX 2048 /* the most a chunk takes (each chunk reads, or copies, its experts once) */
 #define CU_EXP_GEMV 64   /* routed choices per chunk up to which experts take the GEMV form */
 #define PIN_ROW_BYTES 64 /* pinned staging per chunk row: its id, flag, row info */
+#define CU_GRAPHS 8      /* decode graphs kept (buckets of 256 keys: a context's recent ones) */
 
 enum { P_EMBED, P_ATTN_PROJ, P_INDEXER, P_HEADS, P_ATTN_CORE, P_O_PROJ, P_DENSE, P_ROUTER, P_EXPERTS, P_EXPERTS_DOWN, P_COMBINE, P_SHARED, P_HEAD,
        P_COPY, PROF_PARTS };
@@ -82,6 +83,16 @@ struct cu_model {
     cu_rowinfo *hri;
     void *pieces;
     struct cu_tiers *tiers; /* the expert tiers (tiers.cu), NULL when every expert is in HBM */
+    /* decode steps' kernels as graphs (chunk_forward), one per bucket of launch sizes, the least
+     * recently used replaced; use_graphs 0: launch directly (cu_model_use_graphs, or a stream
+     * that could not be captured) */
+    int use_graphs;
+    struct {
+        int key[4];
+        cudaGraphExec_t ex;
+        unsigned long long used;
+    } graphs[CU_GRAPHS];
+    unsigned long long graph_tick;
     int16_t *route;         /* trace-driven routing: the trace [n_tokens][n_layers][K] in HBM, or NULL */
     int route_tokens, route_layers;
 };

@@ -329,9 +329,32 @@ static int up_experts(cu_model *m, const layer_w *lw, int l, cu_layer *G, petrel
     return up_stack(m, lw->exp_down, E, nm, &G->ed, err);
 }
 
+/* the decode graphs: dropped when what they point at moves (scratch, RoPE tables) */
+static void graphs_clear(cu_model *m) {
+    for (int i = 0; i < CU_GRAPHS; i++)
+        if (m->graphs[i].ex) cudaGraphExecDestroy(m->graphs[i].ex), m->graphs[i].ex = NULL;
+}
+static cudaGraphExec_t graph_get(cu_model *m, const int *key) {
+    for (int i = 0; i < CU_GRAPHS; i++)
+        if (m->graphs[i].ex && !memcmp(m->graphs[i].key, key, sizeof m->graphs[i].key)) {
+            m->graphs[i].used = ++m->graph_tick;
+            return m->graphs[i].ex;
+        }
+    return NULL;
+}
+static void graph_put(cu_model *m, const int *key, cudaGraphExec_t ex) {
+    int v = 0;
+    for (int i = 1; i < CU_GRAPHS; i++)
+        if (!m->graphs[i].ex || (m->graphs[v].ex && m->graphs[i].used < m->graphs[v].used)) v = i;
+    if (m->graphs[v].ex) cudaGraphExecDestroy(m->graphs[v].ex);
+    memcpy(m->graphs[v].key, key, sizeof m->graphs[v].key);
+    m->graphs[v].ex = ex, m->graphs[v].used = ++m->graph_tick;
+}
+
 extern "C" void cu_model_close(cu_model *m) {
     if (!m) return;
     cudaSetDevice(m->dev);
+    graphs_clear(m);
     for (int i = 0; i < m->n_allocs; i++) cudaFree(m->allocs[i]);
     if (m->scr) cudaFree(m->scr);
     if (m->rope_cos) cudaFree(m->rope_cos);
@@ -377,6 +400,7 @@ extern "C" int cu_model_open(const petrel_engine *e, int device, uint64_t vram_b
     int L = c->num_hidden_layers, r = 0;
     if (!(m->L = (cu_layer *)calloc((size_t)L, sizeof(cu_layer)))) r = pt_err(err, PETREL_ENOMEM, "out of memory");
     m->rows = CU_ROWS;
+    m->use_graphs = 1;
     const model_w *w = &e->w;
     if (!r) r = up_w(m, &w->embed_tokens, "embed_tokens", &m->embed, err);
     if (!r) {
@@ -431,6 +455,18 @@ extern "C" uint64_t cu_model_weight_bytes(const cu_model *m) { return m->wbytes;
 extern "C" void cu_model_use_stacks(cu_model *m, int on) {
     pthread_mutex_lock(&m->mu);
     m->no_stacks = !on;
+    graphs_clear(m);
+    pthread_mutex_unlock(&m->mu);
+}
+extern "C" int cu_model_graph_count(const cu_model *m) {
+    int n = 0;
+    for (int i = 0; i < CU_GRAPHS; i++) n += m->graphs[i].ex != NULL;
+    return n;
+}
+extern "C" void cu_model_use_graphs(cu_model *m, int on) {
+    pthread_mutex_lock(&m->mu);
+    m->use_graphs = on;
+    graphs_clear(m);
     pthread_mutex_unlock(&m->mu);
 }
 extern "C" int cu_model_stacks(const cu_model *m) {
@@ -462,6 +498,7 @@ static int rope_grow(cu_model *m, int cap, petrel_error *err) {
         return cu_fail(err, rc, "RoPE tables");
     }
     cudaStreamSynchronize(m->st);
+    graphs_clear(m); /* they point at the old tables */
     if (m->rope_cos) cudaFree(m->rope_cos), cudaFree(m->rope_sin);
     m->rope_cos = dc, m->rope_sin = ds, m->rope_cap = cap;
     return 0;
@@ -735,71 +772,24 @@ void experts_compute(cu_model *m, const cu_layer &G, const fscr &f, const int32_
     }
 }
 
-static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *ids, int T, float *logits, const int32_t *lrows, int nlog,
-                         int *lnext, float *hidden, uint64_t *experts_run, petrel_error *err) {
+/* what a chunk's kernels need from its rows (launch sizes: bucketed for up to 8 rows) */
+struct chunk_k {
+    int t, nmax, nall, need_q, nl;
+    const int32_t *hl; /* the logits rows among the chunk's (host) */
+    int keys;          /* the most keys a row has (nall is its launch size) */
+};
+
+/* A chunk's kernels from the embedding to the head, its rows' arrays on the device and f carved:
+ * launched on the stream, or captured there as a decode step's graph (chunk_forward) */
+static int chunk_kernels(cu_model *m, fscr &f, const fscr &f0, const chunk_k &ck, petrel_error *err) {
     const petrel_config *c = m->c;
     cudaStream_t st = m->st;
     int H = c->hidden_size, NH = c->num_attention_heads, Dn = c->qk_nope_head_dim, Dr = c->qk_rope_head_dim, Dv = c->v_head_dim;
     int Rq = c->q_lora_rank, Rkv = c->kv_lora_rank, Dqk = c->qk_head_dim, K = c->num_experts_per_tok, E = c->n_routed_experts;
-    int Hi = c->index_n_heads, Di = c->index_head_dim, topk = c->index_topk, V = c->vocab_size;
-    /* the chunk's rows: ids, row info, the logits rows */
-    int32_t *hid = m->hrow, *hal = hid + m->rows, *hl = hal + m->rows, *hcall = hl + m->rows;
-    cu_rowinfo *hri = m->hri;
-    int t = 0, nmax = 1, nall = 1, need_q = 0, nl = 0;
-    for (int p = 0; p < np; p++)
-        for (int i = 0; i < pc[p].n; i++, t++) {
-            int r = pc[p].r0 + i, pos = pc[p].pos0 + i;
-            hid[t] = ids[r];
-            hcall[t] = r;
-            hal[t] = pc[p].s->dsa_always_score;
-            hri[t].kv = pc[p].s->kv->kv, hri[t].ix = pc[p].s->kv->ix, hri[t].cap = pc[p].s->kv->cap, hri[t].pos = pos;
-            hri[t].rtok = pos + pc[p].s->route_offset, hri[t].pad_ = 0;
-            int n = pos + 1, ns = n < topk ? n : topk;
-            if (ns > nmax) nmax = ns;
-            if (n > nall) nall = n;
-            if (n > topk || hal[t]) need_q = 1;
-        }
-    /* the call's rows that want logits, in order (lnext: the next entry of lrows) */
-    if (logits)
-        while (*lnext < nlog) {
-            int want = lrows ? lrows[*lnext] : T - nlog + *lnext, k = -1;
-            for (int j = 0; j < t && k < 0; j++)
-                if (hcall[j] == want) k = j;
-            if (k < 0) break;
-            hl[nl++] = k;
-            (*lnext)++;
-        }
+    int Hi = c->index_n_heads, Di = c->index_head_dim, topk = c->index_topk;
+    const int t = ck.t, nmax = ck.nmax, nall = ck.nall, need_q = ck.need_q, nl = ck.nl;
+    const int32_t *hl = ck.hl;
 #define PROF(part) prof_mark(m, part)
-    m->n_ev = 0;
-    fscr f;
-    size_t need = carve(NULL, c, t, nmax, need_q ? nall : 1, nl, m->tiers != NULL, &f);
-    if (need > m->scr_cap) {
-        cudaStreamSynchronize(st);
-        if (m->scr) cudaFree(m->scr), m->used -= m->scr_cap;
-        m->scr = NULL, m->scr_cap = 0;
-        size_t want = need + need / 4;
-        if (m->budget && m->used + want > m->budget) return pt_err(err, PETREL_ENOMEM, "cuda: the forward's scratch (%.2f GB) does not fit the VRAM budget", want / 1e9);
-        cudaError_t rc = cudaMalloc(&m->scr, want);
-        if (rc != cudaSuccess) {
-            cudaGetLastError();
-            m->scr = NULL;
-            return cu_fail(err, rc, "forward scratch");
-        }
-        m->scr_cap = want, m->used += want;
-    }
-    carve(m->scr, c, t, nmax, need_q ? nall : 1, nl, m->tiers != NULL, &f);
-    const fscr f0 = f; /* the carved places (a layer's stacked products point f's into on_x / on_qa) */
-    f.need_xl = hidden || nl;
-    f.t = t;
-    /* the rows' arrays through pinned memory (the previous forward has finished with it) */
-    uint8_t *pin = m->pin;
-    memcpy(pin, hid, sizeof(int32_t) * t);
-    memcpy(pin + 4 * (size_t)m->rows, hal, sizeof(int32_t) * t);
-    memcpy(pin + 8 * (size_t)m->rows, hri, sizeof(cu_rowinfo) * t);
-    cudaMemcpyAsync(f.ids, pin, sizeof(int32_t) * t, cudaMemcpyHostToDevice, st);
-    cudaMemcpyAsync(f.always, pin + 4 * (size_t)m->rows, sizeof(int32_t) * t, cudaMemcpyHostToDevice, st);
-    cudaMemcpyAsync(f.ri, pin + 8 * (size_t)m->rows, sizeof(cu_rowinfo) * t, cudaMemcpyHostToDevice, st);
-    PROF(P_COPY);
     cu_rope rope = {m->rope_cos, m->rope_sin, c->rope_interleave};
     cu_rope irope = {m->rope_cos, m->rope_sin, c->indexer_rope_interleave};
     cu_route_cfg rcfg = {E, K, c->n_group, c->topk_group, c->norm_topk_prob, c->routed_scaling_factor};
@@ -832,7 +822,7 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
             if (G.has_idx) {
                 cuk_dsa_prep(st, need_q ? f.qi : NULL, f.ki, need_q ? f.iw : NULL, G.ik_w, G.ik_b, t, Hi, Di, Dr, wscale, l, f.ri, irope);
             } else if (need_q) {
-                return pt_err(err, PETREL_EUNSUPPORTED, "layer %d has no DSA indexer weights: cannot select %d of %d keys", l, topk, nall);
+                return pt_err(err, PETREL_EUNSUPPORTED, "layer %d has no DSA indexer weights: cannot select %d of %d keys", l, topk, ck.keys);
             }
             cuk_dsa_select(st, need_q && G.has_idx ? f.qi : NULL, f.iw, f.sc, need_q ? nall : 1, f.sel, topk, f.seln, t, Hi, Di, topk, l, f.ri, f.always, nall);
             have_sel = 1;
@@ -871,8 +861,6 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
         residual_norm(m, l, f.mo, G.has_shared ? f.y : NULL, f, t);
         PROF(P_SHARED);
     }
-    cudaError_t rc = cudaSuccess;
-    /* (the last layer's residual_norm wrote xl when hidden || nl) */
     if (nl) {
         /* the head over the logits rows: gathered when they are not the chunk's last nl */
         const float *xh = f.xl + (size_t)hl[0] * H;
@@ -884,6 +872,110 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
         }
         mm(m, f, m->head, xh, f.logits, nl);
         PROF(P_HEAD);
+    }
+#undef PROF
+    return 0;
+}
+
+static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *ids, int T, float *logits, const int32_t *lrows, int nlog,
+                         int *lnext, float *hidden, uint64_t *experts_run, petrel_error *err) {
+    const petrel_config *c = m->c;
+    cudaStream_t st = m->st;
+    int H = c->hidden_size, topk = c->index_topk, V = c->vocab_size;
+    /* the chunk's rows: ids, row info, the logits rows */
+    int32_t *hid = m->hrow, *hal = hid + m->rows, *hl = hal + m->rows, *hcall = hl + m->rows;
+    cu_rowinfo *hri = m->hri;
+    int t = 0, nmax = 1, nall = 1, need_q = 0, nl = 0;
+    for (int p = 0; p < np; p++)
+        for (int i = 0; i < pc[p].n; i++, t++) {
+            int r = pc[p].r0 + i, pos = pc[p].pos0 + i;
+            hid[t] = ids[r];
+            hcall[t] = r;
+            hal[t] = pc[p].s->dsa_always_score;
+            hri[t].kv = pc[p].s->kv->kv, hri[t].ix = pc[p].s->kv->ix, hri[t].cap = pc[p].s->kv->cap, hri[t].pos = pos;
+            hri[t].rtok = pos + pc[p].s->route_offset, hri[t].pad_ = 0;
+            int n = pos + 1, ns = n < topk ? n : topk;
+            if (ns > nmax) nmax = ns;
+            if (n > nall) nall = n;
+            if (n > topk || hal[t]) need_q = 1;
+        }
+    /* the call's rows that want logits, in order (lnext: the next entry of lrows) */
+    if (logits)
+        while (*lnext < nlog) {
+            int want = lrows ? lrows[*lnext] : T - nlog + *lnext, k = -1;
+            for (int j = 0; j < t && k < 0; j++)
+                if (hcall[j] == want) k = j;
+            if (k < 0) break;
+            hl[nl++] = k;
+            (*lnext)++;
+        }
+    /* up to 8 rows: the launch sizes in buckets of 256 keys (each row's own key count is on the
+     * device), so a decode step's launches repeat for 256 steps and replay as one graph */
+    const int keys = nall;
+    if (t <= 8) {
+        int b = (nmax + 255) / 256 * 256;
+        nmax = topk > 0 && b > topk ? (topk > nmax ? topk : nmax) : b;
+        if (need_q) nall = (nall + 255) / 256 * 256;
+    }
+#define PROF(part) prof_mark(m, part)
+    m->n_ev = 0;
+    fscr f;
+    size_t need = carve(NULL, c, t, nmax, need_q ? nall : 1, nl, m->tiers != NULL, &f);
+    if (need > m->scr_cap) {
+        cudaStreamSynchronize(st);
+        if (m->scr) cudaFree(m->scr), m->used -= m->scr_cap;
+        graphs_clear(m); /* they point into the old scratch */
+        m->scr = NULL, m->scr_cap = 0;
+        size_t want = need + need / 4;
+        if (m->budget && m->used + want > m->budget) return pt_err(err, PETREL_ENOMEM, "cuda: the forward's scratch (%.2f GB) does not fit the VRAM budget", want / 1e9);
+        cudaError_t rc = cudaMalloc(&m->scr, want);
+        if (rc != cudaSuccess) {
+            cudaGetLastError();
+            m->scr = NULL;
+            return cu_fail(err, rc, "forward scratch");
+        }
+        m->scr_cap = want, m->used += want;
+    }
+    carve(m->scr, c, t, nmax, need_q ? nall : 1, nl, m->tiers != NULL, &f);
+    const fscr f0 = f; /* the carved places (a layer's stacked products point f's into on_x / on_qa) */
+    f.need_xl = hidden || nl;
+    f.t = t;
+    /* the rows' arrays through pinned memory (the previous forward has finished with it) */
+    uint8_t *pin = m->pin;
+    memcpy(pin, hid, sizeof(int32_t) * t);
+    memcpy(pin + 4 * (size_t)m->rows, hal, sizeof(int32_t) * t);
+    memcpy(pin + 8 * (size_t)m->rows, hri, sizeof(cu_rowinfo) * t);
+    cudaMemcpyAsync(f.ids, pin, sizeof(int32_t) * t, cudaMemcpyHostToDevice, st);
+    cudaMemcpyAsync(f.always, pin + 4 * (size_t)m->rows, sizeof(int32_t) * t, cudaMemcpyHostToDevice, st);
+    cudaMemcpyAsync(f.ri, pin + 8 * (size_t)m->rows, sizeof(cu_rowinfo) * t, cudaMemcpyHostToDevice, st);
+    PROF(P_COPY);
+    chunk_k ck = {t, nmax, need_q ? nall : 1, need_q, nl, hl, keys};
+    int r = 0;
+    cudaError_t rc = cudaSuccess;
+    /* one decode row (resident, no profile, no hidden states): the step's kernels as a graph,
+     * captured once per bucket of launch sizes and replayed */
+    cudaGraphExec_t ex = NULL;
+    if (m->use_graphs && t == 1 && nl <= 1 && !hidden && !m->prof && !m->tiers) {
+        const int key[4] = {ck.nmax, ck.nall, need_q, nl};
+        ex = graph_get(m, key);
+        if (!ex) {
+            cudaGraph_t g = NULL;
+            if (cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) == cudaSuccess) {
+                r = chunk_kernels(m, f, f0, ck, err);
+                if (cudaStreamEndCapture(st, &g) == cudaSuccess && !r && g && cudaGraphInstantiate(&ex, g, 0) == cudaSuccess) graph_put(m, key, ex);
+                else ex = NULL;
+                if (g) cudaGraphDestroy(g);
+            }
+            cudaGetLastError(); /* a capture that could not be made: the step launches directly (below) */
+            if (r) return r;
+            if (!ex) m->use_graphs = 0;
+            f = f0, f.need_xl = hidden || nl, f.t = t;
+        }
+    }
+    if (ex) rc = cudaGraphLaunch(ex, st);
+    else r = chunk_kernels(m, f, f0, ck, err);
+    if (r) return r;
+    if (nl && rc == cudaSuccess) {
         int first = *lnext - nl;
         rc = cudaMemcpyAsync(logits + (size_t)first * V, f.logits, sizeof(float) * nl * V, cudaMemcpyDeviceToHost, st);
     }

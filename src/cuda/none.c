@@ -20,6 +20,8 @@ const char *cu_model_describe(const cu_model *m) { (void)m; return ""; }
 uint64_t cu_model_weight_bytes(const cu_model *m) { (void)m; return 0; }
 int cu_model_stacks(const cu_model *m) { (void)m; return 0; }
 void cu_model_use_stacks(cu_model *m, int on) { (void)m, (void)on; }
+void cu_model_use_graphs(cu_model *m, int on) { (void)m, (void)on; }
+int cu_model_graph_count(const cu_model *m) { (void)m; return 0; }
 void cu_model_tier_stats(const cu_model *m, cu_tier_stats *out) {
     (void)m;
     memset(out, 0, sizeof *out);
