@@ -279,6 +279,114 @@ TEST(cuda, uk_from_kv_b) {
     }
 }
 
+/* the attention core against a double reference: the one-pass form and the three-kernel form */
+TEST(cuda, attention_forms) {
+    if (!need_gpu()) return;
+    /* T, NH, Dn, Dr, Rkv, cap, then seln of each row */
+    const int shapes[][14] = {{1, 64, 128, 64, 512, 2100, 2048},
+                              {3, 20, 16, 32, 96, 400, 1, 33, 300},
+                              {8, 32, 128, 64, 512, 2100, 2048, 1, 700, 31, 32, 33, 2000, 64},
+                              {2, 5, 8, 6, 100, 90, 90, 17},
+                              {1, 3, 4, 8, 100, 50, 45}};
+    petrel_error err = {0};
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+        const int *sh = shapes[k];
+        int T = sh[0], NH = sh[1], Dn = sh[2], Dr = sh[3], Rkv = sh[4], cap = sh[5], D = Rkv + Dr, ld = cap;
+        const int *seln = sh + 6;
+        float scale = 0.3f;
+        float *q = malloc(sizeof(float) * (size_t)T * NH * (Dn + Dr)), *qt = malloc(sizeof(float) * (size_t)T * NH * Rkv);
+        float *kv = malloc(sizeof(float) * (size_t)cap * D), *ref = malloc(sizeof(float) * (size_t)T * NH * Rkv);
+        float *y0 = malloc(sizeof(float) * (size_t)T * NH * Rkv), *y1 = malloc(sizeof(float) * (size_t)T * NH * Rkv);
+        int32_t *sel = malloc(sizeof(int32_t) * (size_t)T * ld);
+        double *p = malloc(sizeof(double) * cap);
+        for (size_t i = 0; i < (size_t)T * NH * (Dn + Dr); i++) q[i] = frand();
+        for (size_t i = 0; i < (size_t)T * NH * Rkv; i++) qt[i] = frand();
+        for (size_t i = 0; i < (size_t)cap * D; i++) kv[i] = frand();
+        for (int r = 0; r < T; r++) { /* seln[r] distinct keys ascending: every key, then every other one kept while too many */
+            int n = 0;
+            for (int i = 0; i < cap && n < seln[r]; i++)
+                if (cap - i <= seln[r] - n || ((i * 7 + r) % 3)) sel[(size_t)r * ld + n++] = i;
+        }
+        for (int r = 0; r < T; r++)
+            for (int h = 0; h < NH; h++) {
+                const float *a = qt + ((size_t)r * NH + h) * Rkv, *b = q + ((size_t)r * NH + h) * (Dn + Dr) + Dn;
+                double mx = -1e300, sum = 0;
+                for (int i = 0; i < seln[r]; i++) {
+                    const float *key = kv + (size_t)sel[(size_t)r * ld + i] * D;
+                    double d = 0;
+                    for (int j = 0; j < Rkv; j++) d += (double)a[j] * key[j];
+                    for (int j = 0; j < Dr; j++) d += (double)b[j] * key[Rkv + j];
+                    p[i] = scale * d;
+                    mx = p[i] > mx ? p[i] : mx;
+                }
+                for (int i = 0; i < seln[r]; i++) sum += (p[i] = exp(p[i] - mx));
+                for (int j = 0; j < Rkv; j++) {
+                    double o = 0;
+                    for (int i = 0; i < seln[r]; i++) o += p[i] * kv[(size_t)sel[(size_t)r * ld + i] * D + j];
+                    ref[((size_t)r * NH + h) * Rkv + j] = (float)(o / sum);
+                }
+            }
+        size_t n = (size_t)T * NH * Rkv;
+        int rc0 = cu_attn_check(q, qt, kv, cap, sel, ld, seln, T, NH, Dn, Dr, Rkv, scale, 0, y0, &err);
+        CHECK_MSG(rc0 == 0, "cu_attn_check: %s", err.msg);
+        double e0 = rc0 ? 1 : test_rel_l2(y0, ref, n);
+        CHECK_MSG(e0 < 1e-5, "attention, three kernels (%d rows, %d heads, Rkv %d): rel err %.3g", T, NH, Rkv, e0);
+        int rc1 = cu_attn_check(q, qt, kv, cap, sel, ld, seln, T, NH, Dn, Dr, Rkv, scale, 1, y1, &err);
+        if ((Rkv + Dr) % 32) {
+            CHECK_MSG(rc1 == PETREL_EUNSUPPORTED, "one-pass attention took Rkv + Dr = %d (not a multiple of 32): rc %d", Rkv + Dr, rc1);
+        } else {
+            CHECK_MSG(rc1 == 0, "cu_attn_check: %s", err.msg);
+            double e1 = rc1 ? 1 : test_rel_l2(y1, ref, n);
+            CHECK_MSG(e1 < 1e-5, "attention, one pass (%d rows, %d heads, Rkv %d): rel err %.3g", T, NH, Rkv, e1);
+            if (getenv("PETREL_TEST_VERBOSE")) fprintf(stderr, "  attention %d rows %d heads: three kernels %.3g, one pass %.3g\n", T, NH, e0, e1);
+        }
+        free(q), free(qt), free(kv), free(ref), free(y0), free(y1), free(sel), free(p);
+    }
+}
+
+/* the router's two forms choose alike (bitwise, NaN rows included) and as moe_route does */
+TEST(cuda, route_forms) {
+    if (!need_gpu()) return;
+    /* E, K, n_group, topk_group */
+    const int cases[][4] = {{256, 8, 1, 1}, {256, 8, 8, 4}, {64, 6, 1, 1}, {160, 8, 8, 3}, {200, 7, 1, 1}};
+    petrel_error err = {0};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int E = cases[c][0], K = cases[c][1], T = 12;
+        petrel_config cfg = {0};
+        cfg.n_routed_experts = E, cfg.num_experts_per_tok = K, cfg.n_group = cases[c][2], cfg.topk_group = cases[c][3];
+        cfg.norm_topk_prob = (int)(c & 1) ^ 1, cfg.routed_scaling_factor = 2.5f;
+        float *lg = malloc(sizeof(float) * (size_t)T * E), *bias = malloc(sizeof(float) * E), *w0 = malloc(sizeof(float) * T * K);
+        float *w1 = malloc(sizeof(float) * T * K), *wc = malloc(sizeof(float) * K), *scr = malloc(sizeof(float) * 2 * E);
+        int32_t *i0 = malloc(sizeof(int32_t) * T * K), *i1 = malloc(sizeof(int32_t) * T * K), *ic = malloc(sizeof(int32_t) * K);
+        for (int e = 0; e < E; e++) bias[e] = 0.1f * frand();
+        for (int r = 0; r < T; r++)
+            for (int e = 0; e < E; e++) { /* row 3: ties (a few values); row 7: NaN and inf logits */
+                float v = 4 * frand();
+                if (r == 3) v = (float)((e * 5) % 4);
+                if (r == 7 && e % 17 == 3) v = e % 2 ? NAN : INFINITY;
+                lg[(size_t)r * E + e] = v;
+            }
+        if (c == 0)
+            for (int e = 0; e < E; e++) bias[e] = 0; /* exact ties in the choice values too */
+        int rc1 = cu_route_check(lg, bias, T, E, K, cfg.n_group, cfg.topk_group, cfg.norm_topk_prob, cfg.routed_scaling_factor, 1, i1, w1, &err);
+        int rc0 = cu_route_check(lg, bias, T, E, K, cfg.n_group, cfg.topk_group, cfg.norm_topk_prob, cfg.routed_scaling_factor, 0, i0, w0, &err);
+        CHECK_MSG(rc0 == 0 && rc1 == 0, "cu_route_check: %s", err.msg);
+        if (rc0 || rc1) goto next;
+        CHECK_MSG(!memcmp(i0, i1, sizeof(int32_t) * T * K) && !memcmp(w0, w1, sizeof(float) * T * K),
+                  "router %d experts top-%d: the register and shared-memory forms differ", E, K);
+        for (int r = 0; r < T; r++) {
+            if (r == 7) continue; /* NaN: the two GPU forms agree (above); the CPU's order of NaN compares is its own */
+            moe_route(&cfg, lg + (size_t)r * E, bias, ic, wc, scr);
+            int same = !memcmp(ic, i1 + (size_t)r * K, sizeof(int32_t) * K);
+            double e = 0;
+            for (int k = 0; k < K; k++) e = fmax(e, fabs(wc[k] - w1[(size_t)r * K + k]) / (fabs(wc[k]) + 1e-30));
+            CHECK_MSG(same && e < 1e-5, "router %d experts top-%d row %d: GPU vs moe_route (ids %s, weights rel err %.3g)", E, K, r, same ? "equal" : "differ", e);
+        }
+    next:
+        free(lg), free(bias), free(w0), free(w1), free(wc), free(scr), free(i0), free(i1), free(ic);
+    }
+}
+
 TEST(cuda, topk_ties) {
     if (!need_gpu()) return;
     petrel_error err = {0};

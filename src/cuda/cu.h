@@ -121,6 +121,18 @@ int cu_matmul_check(const pt_wview *W, const float *x, int n, float *y, int path
 int cu_swiglu_check(const pt_wview *Wg, const pt_wview *Wu, const float *x, int n, float *y, int slots, petrel_error *err);
 /* q~ = W_UK[h]^T q_nope[h] of T <= 8 rows by the decode form, from a q8_g32 kv_b [NH (Dn + Dv)][Rkv] */
 int cu_uk_check(const pt_wview *kvb, const float *q, int T, int NH, int Dn, int Dr, int Dv, float *qt, petrel_error *err);
+/* The attention core of T rows on one layer's keys kv [cap][Rkv + Dr] (c | k_pe): row r over
+ * keys sel[r][0 .. seln[r]) with q [T][NH][Dn + Dr] (its q_pe after Dn) and q~ qt [T][NH][Rkv]:
+ * lat [T][NH][Rkv] = softmax(scale [q~ | q_pe] . keys) c; flash 1 the one-pass form (up to 8
+ * rows; PETREL_EUNSUPPORTED where it does not take the shape), 0 the scores / softmax / P C
+ * kernels. */
+int cu_attn_check(const float *q, const float *qt, const float *kv, int cap, const int32_t *sel, int ld_sel, const int *seln, int T, int NH, int Dn,
+                  int Dr, int Rkv, float scale, int flash, float *lat, petrel_error *err);
+/* The router (moe_route) of T rows of E logits on the GPU: idx / wts [T][K]; regs 1 the form
+ * that keeps each lane's values in registers (E <= 256; larger E take the other), 0 the
+ * shared-memory form. */
+int cu_route_check(const float *lg, const float *bias, int T, int E, int K, int n_group, int topk_group, int norm, float scale, int regs,
+                   int32_t *idx, float *wts, petrel_error *err);
 /* op_topk on the GPU for one row of n scores: idx[k] ascending. */
 int cu_topk_check(const float *v, int n, int k, int32_t *idx, petrel_error *err);
 

@@ -112,7 +112,11 @@ void cuk_mla_uv(cudaStream_t st, const dw &kvb, const float *lat, float *o, int 
  * holds CU_ATTN_DSPLIT blocks of [T][NH][ldS] for T <= 8. */
 void cuk_mla_attn(cudaStream_t st, const float *q, const float *qt, float *S, int64_t ldS, const int32_t *sel, int64_t ld_sel,
                   const int *seln, int nmax, float *lat, int T, int NH, int Dn, int Dr, int Rkv, float scale, int l, const cu_rowinfo *ri,
-                  float *partial, int nsplit);
+                  float *partial, int nsplit, int flash);
+/* 1: cuk_mla_attn with flash takes its one-pass form (k_attn_flash: up to 8 rows, Rkv <= 512,
+ * Rkv + Dr a multiple of 32): each block a range of keys for 16 heads with an online softmax,
+ * then the ranges merged in order; 0: the scores / softmax / P C kernels above */
+int cuk_attn_flash_ok(int T, int Rkv, int Dr);
 /* the split count cuk_mla_attn takes for T rows of at most nmax keys (<= CU_ATTN_SPLITS); the
  * scores of up to 8 rows split their dimension in up to CU_ATTN_DSPLIT parts (S then holds
  * CU_ATTN_DSPLIT [T][NH][ldS] blocks) */
@@ -139,7 +143,9 @@ struct cu_route_cfg {
     int E, K, n_group, topk_group, norm_topk_prob;
     float routed_scaling_factor;
 };
-void cuk_route(cudaStream_t st, const float *lg, const float *bias, int T, cu_route_cfg rc, int32_t *idx, float *wts, int32_t *slot_x);
+/* regs 1: with E <= 256 each lane keeps its experts' values in registers; 0: from shared
+ * memory (the form for any E; the same comparisons in the same order, so the same choices) */
+void cuk_route(cudaStream_t st, const float *lg, const float *bias, int T, cu_route_cfg rc, int32_t *idx, float *wts, int32_t *slot_x, int regs = 1);
 /* trace-driven routing (benchmarks): idx/wts [T][K] from the trace [n_tok][n_layers][K] at trace
  * layer tl for each row's token ri[r].rtok (modulo n_tok), weights as moe_route_given */
 void cuk_route_given(cudaStream_t st, const float *lg, int T, cu_route_cfg rc, const int16_t *trace, int n_tok, int n_layers, int tl,

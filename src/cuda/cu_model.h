@@ -16,6 +16,7 @@ extern "C" {
 #define CU_ROWS_MAX 2048 /* the most a chunk takes (each chunk reads, or copies, its experts once) */
 #define CU_EXP_GEMV 64   /* routed choices per chunk up to which experts take the GEMV form */
 #define PIN_ROW_BYTES 64 /* pinned staging per chunk row: its id, flag, row info */
+#define CU_PIN_LOGITS 8  /* rows of logits staged in pinned memory (decode steps, batched rows) */
 #define CU_GRAPHS 8      /* decode graphs kept (buckets of 256 keys: a context's recent ones) */
 
 enum { P_EMBED, P_ATTN_PROJ, P_INDEXER, P_HEADS, P_ATTN_CORE, P_O_PROJ, P_DENSE, P_ROUTER, P_EXPERTS, P_EXPERTS_DOWN, P_COMBINE, P_SHARED, P_HEAD,
@@ -79,6 +80,9 @@ struct cu_model {
     /* pinned staging for the rows' small arrays [rows * PIN_ROW_BYTES]; the host's per-chunk row
      * arrays (ids, flags, logits rows, call rows: 4 x rows; row info; pieces) */
     uint8_t *pin;
+    /* pinned staging for up to CU_PIN_LOGITS rows of logits (a device-to-host copy into pageable
+     * memory goes through the driver's own staging at a fraction of the link's speed) */
+    float *pin_logits;
     int32_t *hrow;
     cu_rowinfo *hri;
     void *pieces;

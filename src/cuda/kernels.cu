@@ -1233,14 +1233,33 @@ void cuk_embed(cudaStream_t st, const dw &W, const int32_t *ids, int T, float *h
     if (T > 0) k_embed<<<dim3((unsigned)((W.cols + 255) / 256), (unsigned)T), 256, 0, st>>>(W, ids, h);
 }
 
+/* Row norms: one block a row, each thread's values i = tid + k blockDim summed in k order into
+ * a double, then the block's sum. The first NORM_PF of a thread's values are loaded together
+ * into registers (one wait for all of them, not one a value), the rest in a loop. */
+#define NORM_PF 8
 __global__ void k_rmsnorm(float *y, int64_t ldy, const float *x, int64_t ldx, const float *w, int n, double eps) {
     const float *xr = x + blockIdx.x * ldx;
     float *yr = y + blockIdx.x * ldy;
+    const int b = blockDim.x;
+    float v[NORM_PF];
+#pragma unroll
+    for (int k = 0; k < NORM_PF; k++) {
+        int i = threadIdx.x + k * b;
+        v[k] = i < n ? xr[i] : 0.f;
+    }
     double ss = 0;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += (double)xr[i] * xr[i];
+#pragma unroll
+    for (int k = 0; k < NORM_PF; k++)
+        if (threadIdx.x + k * b < n) ss += (double)v[k] * v[k];
+    for (int i = threadIdx.x + NORM_PF * b; i < n; i += b) ss += (double)xr[i] * xr[i];
     ss = block_sum_d(ss);
     float r = (float)(1.0 / sqrt(ss / n + eps));
-    for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = w[i] * (xr[i] * r);
+#pragma unroll
+    for (int k = 0; k < NORM_PF; k++) {
+        int i = threadIdx.x + k * b;
+        if (i < n) yr[i] = w[i] * (v[k] * r);
+    }
+    for (int i = threadIdx.x + NORM_PF * b; i < n; i += b) yr[i] = w[i] * (xr[i] * r);
 }
 void cuk_rmsnorm(cudaStream_t st, float *y, int64_t ldy, const float *x, int64_t ldx, const float *w, int n, int T, double eps) {
     if (T > 0) k_rmsnorm<<<T, 1024, 0, st>>>(y, ldy, x, ldx, w, n, eps);
@@ -1252,15 +1271,32 @@ __global__ void k_add_rmsnorm(float *__restrict__ y, float *__restrict__ h, cons
                               const float *__restrict__ w, int n, double eps) {
     float *hr = h + (int64_t)blockIdx.x * n, *yr = y + (int64_t)blockIdx.x * n;
     const float *ar = a + (int64_t)blockIdx.x * n, *br = b ? b + (int64_t)blockIdx.x * n : nullptr;
+    const int bd = blockDim.x;
+    float v[NORM_PF];
+#pragma unroll
+    for (int k = 0; k < NORM_PF; k++) {
+        int i = threadIdx.x + k * bd;
+        v[k] = i < n ? hr[i] + (br ? ar[i] + br[i] : ar[i]) : 0.f;
+    }
     double ss = 0;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        float v = hr[i] + (br ? ar[i] + br[i] : ar[i]);
-        hr[i] = v;
-        ss += (double)v * v;
+#pragma unroll
+    for (int k = 0; k < NORM_PF; k++) {
+        int i = threadIdx.x + k * bd;
+        if (i < n) hr[i] = v[k], ss += (double)v[k] * v[k];
+    }
+    for (int i = threadIdx.x + NORM_PF * bd; i < n; i += bd) {
+        float u = hr[i] + (br ? ar[i] + br[i] : ar[i]);
+        hr[i] = u;
+        ss += (double)u * u;
     }
     ss = block_sum_d(ss);
     float r = (float)(1.0 / sqrt(ss / n + eps));
-    for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = w[i] * (hr[i] * r);
+#pragma unroll
+    for (int k = 0; k < NORM_PF; k++) {
+        int i = threadIdx.x + k * bd;
+        if (i < n) yr[i] = w[i] * (v[k] * r);
+    }
+    for (int i = threadIdx.x + NORM_PF * bd; i < n; i += bd) yr[i] = w[i] * (hr[i] * r);
 }
 void cuk_add_rmsnorm(cudaStream_t st, float *y, float *h, const float *a, const float *b, const float *w, int n, int T, double eps) {
     if (T > 0) k_add_rmsnorm<<<T, 1024, 0, st>>>(y, h, a, b, w, n, eps);
@@ -1294,13 +1330,19 @@ __device__ __forceinline__ void rope_pair(float *x, const float *cs, const float
 
 /* ---- MLA ---- */
 
+/* Row blockIdx.x: blocks y >= 1 rotate q's rope parts (256 pairs a block), block 0 normalizes
+ * the latent into the cache and rotates its rope part */
 __global__ void k_mla_prep(float *q, const float *kva, const float *kv_norm, int NH, int Dn, int Dr, int Rkv, int l, const cu_rowinfo *ri,
                            cu_rope rope) {
     int r = blockIdx.x, half = Dr / 2, Dqk = Dn + Dr;
     cu_rowinfo R = ri[r];
     const float *cs = rope.cos_ + (int64_t)R.pos * half, *sn = rope.sin_ + (int64_t)R.pos * half;
-    float *qr = q + (int64_t)r * NH * Dqk;
-    for (int j = threadIdx.x; j < NH * half; j += blockDim.x) rope_pair(qr + (j / half) * Dqk + Dn, cs, sn, j % half, half, rope.interleave);
+    if (blockIdx.y > 0) {
+        float *qr = q + (int64_t)r * NH * Dqk;
+        int j = (blockIdx.y - 1) * blockDim.x + threadIdx.x;
+        if (j < NH * half) rope_pair(qr + (j / half) * Dqk + Dn, cs, sn, j % half, half, rope.interleave);
+        return;
+    }
     const float *kv = kva + (int64_t)r * (Rkv + Dr);
     float *dst = R.kv + ((int64_t)l * R.cap + R.pos) * (Rkv + Dr);
     double ss = 0;
@@ -1317,7 +1359,7 @@ __global__ void k_mla_prep(float *q, const float *kva, const float *kv_norm, int
 }
 void cuk_mla_prep(cudaStream_t st, float *q, const float *kva, const float *kv_norm, int T, int NH, int Dn, int Dr, int Rkv, int l,
                   const cu_rowinfo *ri, cu_rope rope) {
-    k_mla_prep<<<T, 256, 0, st>>>(q, kva, kv_norm, NH, Dn, Dr, Rkv, l, ri, rope);
+    if (T > 0) k_mla_prep<<<dim3((unsigned)T, (unsigned)(1 + (NH * (Dr / 2) + 255) / 256)), 256, 0, st>>>(q, kva, kv_norm, NH, Dn, Dr, Rkv, l, ri, rope);
 }
 
 /* y[r][h][n] = sum_k x[r][h][k] Wh[k][n] for each head h (grid.z): NT 0 reads
@@ -1564,6 +1606,188 @@ __global__ void k_attn_reduce(const float *partial, float *lat, int64_t n, int n
     lat[i] = s;
 }
 
+/* ---- the decode attention in one pass (up to 8 rows) ----
+ * Block (split s, row r, group of FH heads) takes keys [s per, s per + per) of the row's
+ * selection in tiles of FK: the tile's keys (c | k_pe, all D) copied to shared memory while the
+ * previous tile computes (two buffers, cp.async; a key's 16-byte chunk j sits at chunk
+ * j ^ (key & 7) of its row, so a warp's reads of one chunk of 32 keys, and of 32 columns of one
+ * key, meet no bank twice), the scores of its FH heads (warp w: heads 4 (w & 3) .. + 3 over one
+ * half of the dimension, lane = key; the halves added in order), an online softmax (running max
+ * m and sum l a head), then acc[h][c] = acc alpha + sum_k p[h][k] c_k[c], keys ascending. The
+ * block writes its unnormalized acc, m and l; k_attn_merge joins the splits. */
+#define FH 16
+#define FK 32
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+size_t attn_flash_smem(int Rkv, int Dr) {
+    int D = Rkv + Dr;
+    return sizeof(float) * (2 * (size_t)FK * D + (size_t)D * FH + 2 * FH * FK + FK * FH + FH);
+}
+/* key k's element d in a swizzled tile */
+__device__ __forceinline__ int ksw(int k, int d, int D) { return k * D + ((((d >> 2) ^ (k & 7))) << 2) + (d & 3); }
+__device__ __forceinline__ void flash_tile_load(float *Kb, const float *base, const int32_t *sr, int k0, int nk, int D) {
+    const int D4 = D / 4;
+    int k = threadIdx.x / D4, c4 = threadIdx.x % D4; /* element i = k D4 + c4, stepped without a division */
+    for (; k < FK; c4 += blockDim.x) {                 /* a warp reads 512 bytes of one key */
+        while (c4 >= D4) c4 -= D4, k++;
+        if (k >= FK) break;
+        bool ok = k < nk;
+        cp_async16(Kb + ksw(k, 4 * c4, D), ok ? base + (int64_t)sr[k0 + k] * D + 4 * c4 : base, ok);
+    }
+}
+__global__ void __launch_bounds__(256) k_attn_flash(const float *__restrict__ q, const float *__restrict__ qt, const int32_t *__restrict__ sel,
+                                                    int64_t ld_sel, const int *__restrict__ seln, int NH, int Dn, int Dr, int Rkv, float scale, int l,
+                                                    const cu_rowinfo *__restrict__ ri, int per, float *__restrict__ part, float *__restrict__ ml) {
+    extern __shared__ __align__(16) float fsm[];
+    const int D = Rkv + Dr, T = gridDim.y;
+    float *Kb0 = fsm, *Kb1 = fsm + FK * D;     /* [FK][D] each, swizzled */
+    float *Qs = Kb1 + FK * D;                  /* [FH][D]: q~ | q_pe */
+    float *Sp = Qs + (size_t)D * FH;           /* [2][FH][FK]: the two halves' partial scores */
+    float *Ps = Sp + 2 * FH * FK;              /* [FK][FH] */
+    float *al = Ps + FK * FH;                  /* [FH]: this tile's rescale a head */
+    const int s = blockIdx.x, r = blockIdx.y, h0 = blockIdx.z * FH, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int n = seln[r], a = s * per, b = a + per < n ? a + per : n;
+    if (a >= n) return;
+    const cu_rowinfo R = ri[r];
+    const float *base = R.kv + (int64_t)l * R.cap * D;
+    const int32_t *sr = sel + (int64_t)r * ld_sel;
+    for (int h = tid / D, d = tid % D; h < FH; d += 256) { /* element h D + d, stepped without a division */
+        while (d >= D) d -= D, h++;
+        if (h >= FH) break;
+        int hh = h0 + h;
+        bool ok = hh < NH;
+        const float *src = !ok ? q : d < Rkv ? qt + ((int64_t)r * NH + hh) * Rkv + d : q + ((int64_t)r * NH + hh) * (Dn + Dr) + Dn + (d - Rkv);
+        cp_async4(Qs + h * D + d, src, ok);
+    }
+    const int ntile = (b - a + FK - 1) / FK;
+    flash_tile_load(Kb0, base, sr, a, b - a < FK ? b - a : FK, D);
+    cp_async_commit();
+    /* scores: warp w's heads hq .. hq + 3 over dimensions [d0, d1) (whole chunks of 4) */
+    const int hq = (warp & 3) * 4, half = (D / 4 + 1) / 2 * 4, d0 = (warp >> 2) * half, d1 = d0 + half < D ? d0 + half : D;
+    /* softmax: warp w keeps heads 2w, 2w + 1 */
+    float m2[2] = {-INFINITY, -INFINITY}, l2[2] = {0.f, 0.f};
+    /* P C: thread tid's columns tid and tid + 256 of every head */
+    float acc[2][FH];
+#pragma unroll
+    for (int j = 0; j < 2; j++)
+#pragma unroll
+        for (int h = 0; h < FH; h++) acc[j][h] = 0.f;
+    for (int t = 0; t < ntile; t++) {
+        const int k0 = a + t * FK, nk = b - k0 < FK ? b - k0 : FK;
+        float *Ks = t & 1 ? Kb1 : Kb0;
+        if (t + 1 < ntile) {
+            int k1 = k0 + FK;
+            flash_tile_load(t & 1 ? Kb0 : Kb1, base, sr, k1, b - k1 < FK ? b - k1 : FK, D);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        {
+            float d4[4] = {0.f, 0.f, 0.f, 0.f};
+            for (int d = d0; d < d1; d += 4) {
+                float4 kv = *reinterpret_cast<const float4 *>(Ks + ksw(lane, d, D));
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    float4 qv = *reinterpret_cast<const float4 *>(Qs + (hq + j) * D + d);
+                    d4[j] = fmaf(qv.x, kv.x, d4[j]), d4[j] = fmaf(qv.y, kv.y, d4[j]), d4[j] = fmaf(qv.z, kv.z, d4[j]), d4[j] = fmaf(qv.w, kv.w, d4[j]);
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < 4; j++) Sp[((warp >> 2) * FH + hq + j) * FK + lane] = d4[j];
+        }
+        __syncthreads();
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            int h = 2 * warp + j;
+            float sv = lane < nk ? scale * (Sp[h * FK + lane] + Sp[(FH + h) * FK + lane]) : -INFINITY;
+            float mn = fmaxf(m2[j], warp_max(sv));
+            float p = lane < nk ? expf(sv - mn) : 0.f;
+            float alpha = expf(m2[j] - mn);
+            l2[j] = l2[j] * alpha + warp_sum(p);
+            m2[j] = mn;
+            Ps[lane * FH + h] = p;
+            if (lane == 0) al[h] = alpha;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int h = 0; h < FH; h++) {
+            float f = al[h];
+            acc[0][h] *= f, acc[1][h] *= f;
+        }
+        const int c0 = tid, c1 = tid + 256;
+        for (int k = 0; k < nk; k++) {
+            float v0 = c0 < Rkv ? Ks[ksw(k, c0, D)] : 0.f, v1 = c1 < Rkv ? Ks[ksw(k, c1, D)] : 0.f;
+            const float4 *pr = reinterpret_cast<const float4 *>(Ps + k * FH);
+#pragma unroll
+            for (int g = 0; g < FH / 4; g++) {
+                float4 p = pr[g];
+                acc[0][4 * g] = fmaf(p.x, v0, acc[0][4 * g]), acc[1][4 * g] = fmaf(p.x, v1, acc[1][4 * g]);
+                acc[0][4 * g + 1] = fmaf(p.y, v0, acc[0][4 * g + 1]), acc[1][4 * g + 1] = fmaf(p.y, v1, acc[1][4 * g + 1]);
+                acc[0][4 * g + 2] = fmaf(p.z, v0, acc[0][4 * g + 2]), acc[1][4 * g + 2] = fmaf(p.z, v1, acc[1][4 * g + 2]);
+                acc[0][4 * g + 3] = fmaf(p.w, v0, acc[0][4 * g + 3]), acc[1][4 * g + 3] = fmaf(p.w, v1, acc[1][4 * g + 3]);
+            }
+        }
+        __syncthreads(); /* this tile's buffer, scores and probabilities are read: the next load may take the buffer */
+    }
+    /* part [s][r][NH][Rkv], ml [s][r][NH][2] */
+#pragma unroll
+    for (int h = 0; h < FH; h++) {
+        if (h0 + h >= NH) break;
+        float *o = part + (((int64_t)s * T + r) * NH + h0 + h) * Rkv;
+        if (tid < Rkv) o[tid] = acc[0][h];
+        if (tid + 256 < Rkv) o[tid + 256] = acc[1][h];
+    }
+    if (lane == 0)
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            int h = h0 + 2 * warp + j;
+            if (h < NH) ml[(((int64_t)s * T + r) * NH + h) * 2] = m2[j], ml[(((int64_t)s * T + r) * NH + h) * 2 + 1] = l2[j];
+        }
+}
+
+/* lat[r][h] = sum over the row's splits of part w_s, w_s = e^(m_s - M) / L, M the splits' largest
+ * m and L = sum l_s e^(m_s - M) (lane s holds split s; the sum a fixed tree), splits in order */
+__global__ void __launch_bounds__(512) k_attn_merge(const float *__restrict__ part, const float *__restrict__ ml, const int *__restrict__ seln, int per,
+                                                    int NH, int Rkv, float *__restrict__ lat) {
+    __shared__ float w[32];
+    const int T = gridDim.y, r = blockIdx.y, h = blockIdx.x, ns = (seln[r] + per - 1) / per;
+    if (threadIdx.x < 32) {
+        int s = threadIdx.x;
+        const float *x = ml + (((int64_t)s * T + r) * NH + h) * 2;
+        float m = s < ns ? x[0] : -INFINITY, lv = s < ns ? x[1] : 0.f;
+        float M = warp_max(m), e = s < ns ? expf(m - M) : 0.f, L = warp_sum(lv * e);
+        w[s] = e / L;
+    }
+    __syncthreads();
+    const int64_t step = (int64_t)T * NH * Rkv;
+    for (int c = threadIdx.x; c < Rkv; c += blockDim.x) { /* every split's load in flight at once */
+        const float *pc = part + ((int64_t)r * NH + h) * Rkv + c;
+        float x[CU_ATTN_SPLITS], v = 0.f;
+#pragma unroll
+        for (int s = 0; s < CU_ATTN_SPLITS; s++) x[s] = s < ns ? pc[s * step] : 0.f;
+#pragma unroll
+        for (int s = 0; s < CU_ATTN_SPLITS; s++)
+            if (s < ns) v = fmaf(x[s], w[s], v);
+        lat[((int64_t)r * NH + h) * Rkv + c] = v;
+    }
+}
+
+int cuk_attn_flash_ok(int T, int Rkv, int Dr) { return T >= 1 && T <= 8 && Rkv <= 512 && (Rkv + Dr) % 32 == 0 && attn_flash_smem(Rkv, Dr) <= 227 * 1024; }
+
+/* the flash form's split: keys a block (whole tiles) for about one wave of blocks */
+static int attn_flash_per(int T, int NH, int nmax) {
+    int blocks = T * ((NH + FH - 1) / FH), want = (132 + blocks - 1) / blocks, tiles = (nmax + FK - 1) / FK;
+    if (want > CU_ATTN_SPLITS) want = CU_ATTN_SPLITS;
+    if (want < 1) want = 1;
+    int per = (tiles + want - 1) / want;
+    return (per < 1 ? 1 : per) * FK;
+}
+
 int cuk_attn_splits(int T, int NH, int Rkv, int nmax) {
     if (T > 8) return 1;
     int blocks = ((Rkv + GT - 1) / GT) * T * ((NH + GT - 1) / GT);
@@ -1574,7 +1798,17 @@ int cuk_attn_splits(int T, int NH, int Rkv, int nmax) {
 }
 
 void cuk_mla_attn(cudaStream_t st, const float *q, const float *qt, float *S, int64_t ldS, const int32_t *sel, int64_t ld_sel, const int *seln,
-                  int nmax, float *lat, int T, int NH, int Dn, int Dr, int Rkv, float scale, int l, const cu_rowinfo *ri, float *partial, int nsplit) {
+                  int nmax, float *lat, int T, int NH, int Dn, int Dr, int Rkv, float scale, int l, const cu_rowinfo *ri, float *partial, int nsplit,
+                  int flash) {
+    if (flash && cuk_attn_flash_ok(T, Rkv, Dr)) { /* m and l in S: 2 nsplit T NH floats, nsplit <= nmax */
+        int per = attn_flash_per(T, NH, nmax), ns = (nmax + per - 1) / per;
+        size_t smem = attn_flash_smem(Rkv, Dr);
+        cudaFuncSetAttribute(k_attn_flash, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        k_attn_flash<<<dim3((unsigned)ns, (unsigned)T, (unsigned)((NH + FH - 1) / FH)), 256, smem, st>>>(q, qt, sel, ld_sel, seln, NH, Dn, Dr, Rkv, scale,
+                                                                                                          l, ri, per, partial, S);
+        k_attn_merge<<<dim3((unsigned)NH, (unsigned)T), 512, 0, st>>>(partial, S, seln, per, NH, Rkv, lat);
+        return;
+    }
     int hz = (NH + GT - 1) / GT, stages = (Rkv + Dr + GK - 1) / GK, dsplit = 1;
     if (T <= 8) { /* ~2 blocks an SM of an H200 */
         int blocks = ((nmax + GT - 1) / GT) * T * hz, want = (264 + blocks - 1) / blocks;
@@ -1605,10 +1839,12 @@ __global__ void k_dsa_prep(float *qi, float *k, float *iw, const float *kn_w, co
     int r = blockIdx.x, half = Dr / 2;
     cu_rowinfo R = ri[r];
     const float *cs = rope.cos_ + (int64_t)R.pos * half, *sn = rope.sin_ + (int64_t)R.pos * half;
-    if (qi)
-        for (int j = threadIdx.x; j < Hi * half; j += blockDim.x) rope_pair(qi + ((int64_t)r * Hi + j / half) * Di, cs, sn, j % half, half, rope.interleave);
-    if (iw)
-        for (int h = threadIdx.x; h < Hi; h += blockDim.x) iw[(int64_t)r * Hi + h] *= wscale;
+    if (blockIdx.y > 0) { /* the queries' rope parts, 256 pairs a block, and the head weights' scale */
+        int j = (blockIdx.y - 1) * blockDim.x + threadIdx.x;
+        if (qi && j < Hi * half) rope_pair(qi + ((int64_t)r * Hi + j / half) * Di, cs, sn, j % half, half, rope.interleave);
+        if (iw && j < Hi) iw[(int64_t)r * Hi + j] *= wscale;
+        return;
+    }
     const float *kr = k + (int64_t)r * Di;
     double m = 0;
     for (int i = threadIdx.x; i < Di; i += blockDim.x) m += kr[i];
@@ -1627,7 +1863,8 @@ __global__ void k_dsa_prep(float *qi, float *k, float *iw, const float *kn_w, co
 }
 void cuk_dsa_prep(cudaStream_t st, float *qi, float *k, float *iw, const float *kn_w, const float *kn_b, int T, int Hi, int Di, int Dr, float wscale,
                   int l, const cu_rowinfo *ri, cu_rope rope) {
-    k_dsa_prep<<<T, 256, sizeof(float) * Di, st>>>(qi, k, iw, kn_w, kn_b, Hi, Di, Dr, wscale, l, ri, rope);
+    int qb = (Hi * (Dr / 2) > Hi ? Hi * (Dr / 2) : Hi) + 255;
+    if (T > 0) k_dsa_prep<<<dim3((unsigned)T, (unsigned)(1 + (qi || iw ? qb / 256 : 0))), 256, sizeof(float) * Di, st>>>(qi, k, iw, kn_w, kn_b, Hi, Di, Dr, wscale, l, ri, rope);
 }
 
 /* I(s,t) = sum_h w_h ReLU(q_h . k_t), h ascending; one warp per key */
@@ -1642,7 +1879,21 @@ __global__ void k_dsa_scores(const float *qi, const float *iw, float *sc, int64_
     const float *kt = R.ix + ((int64_t)l * R.cap + t) * Di;
     const float *q = qi + (int64_t)r * Hi * Di, *w = iw + (int64_t)r * Hi;
     float acc = 0.f;
-    for (int h = 0; h < Hi; h++) {
+    int h = 0;
+    for (; h + 4 <= Hi; h += 4) { /* four heads' dot products at once (independent chains), joined in h order */
+        float d[4] = {0.f, 0.f, 0.f, 0.f};
+        for (int k = lane; k < Di; k += 32) {
+            float kv = kt[k];
+#pragma unroll
+            for (int j = 0; j < 4; j++) d[j] = fmaf(q[(int64_t)(h + j) * Di + k], kv, d[j]);
+        }
+#pragma unroll
+        for (int j = 0; j < 4; j++) d[j] = warp_sum(d[j]);
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            if (d[j] > 0) acc += w[h + j] * d[j];
+    }
+    for (; h < Hi; h++) {
         float d = 0.f;
         for (int k = lane; k < Di; k += 32) d = fmaf(q[(int64_t)h * Di + k], kt[k], d);
         d = warp_sum(d);
@@ -1683,17 +1934,32 @@ __device__ void block_topk(const float *v, int n, int k, int32_t *idx) {
                 if ((key & mk) == pf) atomicAdd(&hist[(key >> sh) & 255u], 1u);
             }
             __syncthreads();
-            if (threadIdx.x == 0) {
-                unsigned int cum = 0;
-                for (int b = 255; b >= 0; b--) {
-                    if (cum + hist[b] >= (unsigned)kleft) {
-                        prefix |= (uint64_t)b << sh;
-                        mask |= 255ull << sh;
-                        kleft -= (int)cum;
-                        done = hist[b] == (unsigned)kleft; /* all of bin b is taken: keys >= prefix are the k */
-                        break;
+            if (threadIdx.x < 32) { /* the bin where the count from the top reaches kleft: lane j sums bins
+                                     * 255 - 8j down to 248 - 8j, a scan over the lanes finds the lane
+                                     * that holds it, and that lane walks its 8 bins */
+                const int lane = threadIdx.x;
+                unsigned int own = 0, inc;
+#pragma unroll
+                for (int i = 0; i < 8; i++) own += hist[255 - 8 * lane - i];
+                inc = own;
+#pragma unroll
+                for (int o = 1; o < 32; o <<= 1) {
+                    unsigned int u = __shfl_up_sync(0xffffffffu, inc, o);
+                    if (lane >= o) inc += u;
+                }
+                unsigned int at = __ballot_sync(0xffffffffu, inc >= (unsigned)kleft);
+                if (at && lane == __ffs(at) - 1) {
+                    unsigned int cum = inc - own;
+                    for (int b = 255 - 8 * lane; b > 247 - 8 * lane; b--) {
+                        if (cum + hist[b] >= (unsigned)kleft) {
+                            prefix |= (uint64_t)b << sh;
+                            mask |= 255ull << sh;
+                            kleft -= (int)cum;
+                            done = hist[b] == (unsigned)kleft; /* all of bin b is taken: keys >= prefix are the k */
+                            break;
+                        }
+                        cum += hist[b];
                     }
-                    cum += hist[b];
                 }
             }
             __syncthreads();
@@ -1753,22 +2019,36 @@ void cuk_topk(cudaStream_t st, const float *v, int n, int k, int32_t *idx) { k_t
  * scans its own experts e = lane + 32 k in k order, then the lanes' bests meet in a xor tree;
  * with E <= 32 x ROUTE_PER a lane keeps its values in registers (the same comparisons in the
  * same order as from shared memory, so the same choice, NaN scores included) */
-__global__ void k_route(const float *lg, const float *bias, int T, cu_route_cfg c, int32_t *idx, float *wts, int32_t *slot_x) {
+__global__ void k_route(const float *lg, const float *bias, int T, cu_route_cfg c, int32_t *idx, float *wts, int32_t *slot_x, int regs) {
     __shared__ float s[ROUTE_EMAX], ch[ROUTE_EMAX];
     __shared__ unsigned char taken[ROUTE_EMAX];
     int r = blockIdx.x, lane = threadIdx.x, E = c.E, K = c.K;
     const float *l = lg + (int64_t)r * E;
-    for (int e = lane; e < E; e += 32) {
-        s[e] = 1.0f / (1.0f + expf(-l[e]));
-        ch[e] = s[e] + bias[e];
-        taken[e] = 0;
+    if (regs && E <= 32 * ROUTE_PER) { /* the row's logits and biases loaded together first */
+        float lv[ROUTE_PER], bv[ROUTE_PER];
+#pragma unroll
+        for (int k = 0; k < ROUTE_PER; k++) {
+            int e = lane + 32 * k;
+            lv[k] = e < E ? l[e] : 0.f, bv[k] = e < E ? bias[e] : 0.f;
+        }
+#pragma unroll
+        for (int k = 0; k < ROUTE_PER; k++) {
+            int e = lane + 32 * k;
+            if (e < E) s[e] = 1.0f / (1.0f + expf(-lv[k])), ch[e] = s[e] + bv[k], taken[e] = 0;
+        }
+    } else {
+        for (int e = lane; e < E; e += 32) {
+            s[e] = 1.0f / (1.0f + expf(-l[e]));
+            ch[e] = s[e] + bias[e];
+            taken[e] = 0;
+        }
     }
     __syncwarp();
     if (lane == 0) route_group_limit(ch, E, c.n_group, c.topk_group);
     __syncwarp();
     int32_t *ir = idx + (int64_t)r * K;
     double sum = 0;
-    if (E <= 32 * ROUTE_PER) {
+    if (regs && E <= 32 * ROUTE_PER) {
         float cv[ROUTE_PER], sv[ROUTE_PER];
         unsigned tk = 0; /* bit k: expert lane + 32 k taken */
 #pragma unroll
@@ -1824,8 +2104,8 @@ __global__ void k_route(const float *lg, const float *bias, int T, cu_route_cfg 
             slot_x[(int64_t)r * K + k] = r;
         }
 }
-void cuk_route(cudaStream_t st, const float *lg, const float *bias, int T, cu_route_cfg rc, int32_t *idx, float *wts, int32_t *slot_x) {
-    k_route<<<T, 32, 0, st>>>(lg, bias, T, rc, idx, wts, slot_x);
+void cuk_route(cudaStream_t st, const float *lg, const float *bias, int T, cu_route_cfg rc, int32_t *idx, float *wts, int32_t *slot_x, int regs) {
+    if (T > 0) k_route<<<T, 32, 0, st>>>(lg, bias, T, rc, idx, wts, slot_x, regs);
 }
 
 /* trace-driven routing (benchmarks): row r takes the trace's experts of its token ri[r].rtok

@@ -362,6 +362,7 @@ extern "C" void cu_model_close(cu_model *m) {
     if (m->st) cudaStreamDestroy(m->st);
     for (int i = 0; i < PROF_EVENTS && m->prof; i++) cudaEventDestroy(m->ev[i]);
     if (m->pin) cudaFreeHost(m->pin);
+    if (m->pin_logits) cudaFreeHost(m->pin_logits);
     free(m->hrow), free(m->hri), free(m->pieces);
     cut_close(m);
     free(m->allocs);
@@ -431,6 +432,8 @@ extern "C" int cu_model_open(const petrel_engine *e, int device, uint64_t vram_b
     if (!r && !tiered) /* a prompt's chunks read every expert they route to: as few chunks as the VRAM left allows */
         m->rows = cu_chunk_rows(c, m->budget > m->used ? m->budget - m->used : 0, CU_ROWS);
     if (!r && (rc = cudaMallocHost(&m->pin, (size_t)m->rows * PIN_ROW_BYTES)) != cudaSuccess) r = cu_fail(err, rc, "pinned staging");
+    if (!r && (rc = cudaMallocHost(&m->pin_logits, sizeof(float) * CU_PIN_LOGITS * (size_t)c->vocab_size)) != cudaSuccess)
+        r = cu_fail(err, rc, "pinned logits");
     if (!r) {
         m->hrow = (int32_t *)malloc(sizeof(int32_t) * 4 * (size_t)m->rows);
         m->hri = (cu_rowinfo *)malloc(sizeof(cu_rowinfo) * (size_t)m->rows);
@@ -831,7 +834,7 @@ static int chunk_kernels(cu_model *m, fscr &f, const fscr &f0, const chunk_k &ck
         cuk_mla_uk(st, G.kv_b, G.uk_t, f.q, f.qt, t, NH, Dn, Dr, Dv, Rkv, m->heads);
         PROF(P_HEADS);
         cuk_mla_attn(st, f.q, f.qt, f.S, nmax, f.sel, topk, f.seln, nmax, f.lat, t, NH, Dn, Dr, Rkv, scale, l, f.ri, f.partial,
-                     cuk_attn_splits(t, NH, Rkv, nmax));
+                     cuk_attn_splits(t, NH, Rkv, nmax), 1);
         PROF(P_ATTN_CORE);
         cuk_mla_uv(st, G.kv_b, f.lat, f.o, t, NH, Dn, Dv, Rkv, m->heads);
         PROF(P_HEADS);
@@ -975,10 +978,9 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
     if (ex) rc = cudaGraphLaunch(ex, st);
     else r = chunk_kernels(m, f, f0, ck, err);
     if (r) return r;
-    if (nl && rc == cudaSuccess) {
-        int first = *lnext - nl;
-        rc = cudaMemcpyAsync(logits + (size_t)first * V, f.logits, sizeof(float) * nl * V, cudaMemcpyDeviceToHost, st);
-    }
+    const int staged = nl <= CU_PIN_LOGITS;
+    if (nl && rc == cudaSuccess)
+        rc = cudaMemcpyAsync(staged ? m->pin_logits : logits + (size_t)(*lnext - nl) * V, f.logits, sizeof(float) * nl * V, cudaMemcpyDeviceToHost, st);
     if (hidden && rc == cudaSuccess)
         for (int j = 0; j < t && rc == cudaSuccess; j++)
             rc = cudaMemcpyAsync(hidden + (size_t)hcall[j] * H, f.xl + (size_t)j * H, sizeof(float) * H, cudaMemcpyDeviceToHost, st);
@@ -987,6 +989,7 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
     if (rc == cudaSuccess) rc = cudaStreamSynchronize(st);
     if (rc == cudaSuccess) rc = cudaGetLastError();
     if (rc == cudaSuccess && experts_run) *experts_run += nrun;
+    if (rc == cudaSuccess && nl && staged) memcpy(logits + (size_t)(*lnext - nl) * V, m->pin_logits, sizeof(float) * nl * V);
     PROF(P_COPY);
     if (m->prof && rc == cudaSuccess) {
         cudaEventSynchronize(m->ev[m->n_ev - 1]);
@@ -1285,6 +1288,63 @@ extern "C" int cu_uk_check(const pt_wview *kvb, const float *q, int T, int NH, i
     if (!rc) {
         cuk_mla_uk(m.st, K, dw{}, dq, dt, T, NH, Dn, Dr, Dv, Rkv, NULL);
         rc = check_fetch(&m, qt, dt, sizeof(float) * (size_t)T * NH * Rkv, "W_UK", err);
+    }
+    check_done(&m);
+    return rc;
+}
+
+extern "C" int cu_attn_check(const float *q, const float *qt, const float *kv, int cap, const int32_t *sel, int ld_sel, const int *seln, int T,
+                             int NH, int Dn, int Dr, int Rkv, float scale, int flash, float *lat, petrel_error *err) {
+    if (T < 1 || cap < 1 || ld_sel < 1) return pt_err(err, PETREL_EINVAL, "the attention check takes rows, keys and a selection");
+    cu_model m;
+    PT_TRY(check_model(&m, err));
+    int D = Rkv + Dr, nmax = 1, rc = 0;
+    for (int r = 0; r < T; r++) nmax = seln[r] > nmax ? seln[r] : nmax;
+    float *dq = (float *)dalloc(&m, sizeof(float) * (size_t)T * NH * (Dn + Dr), "q", err);
+    float *dqt = (float *)dalloc(&m, sizeof(float) * (size_t)T * NH * Rkv, "q~", err);
+    float *dkv = (float *)dalloc(&m, sizeof(float) * (size_t)cap * D, "keys", err);
+    int32_t *dsel = (int32_t *)dalloc(&m, sizeof(int32_t) * (size_t)T * ld_sel, "sel", err);
+    int *dn = (int *)dalloc(&m, sizeof(int) * T, "seln", err);
+    cu_rowinfo *dri = (cu_rowinfo *)dalloc(&m, sizeof(cu_rowinfo) * T, "rows", err);
+    float *dS = (float *)dalloc(&m, sizeof(float) * (size_t)T * NH * nmax * (T <= 8 ? CU_ATTN_DSPLIT : 1), "S", err);
+    float *dp = (float *)dalloc(&m, sizeof(float) * (size_t)(T <= 8 ? T * CU_ATTN_SPLITS : 1) * NH * Rkv, "partial", err);
+    float *dl = (float *)dalloc(&m, sizeof(float) * (size_t)T * NH * Rkv, "lat", err);
+    if (!dq || !dqt || !dkv || !dsel || !dn || !dri || !dS || !dp || !dl) rc = PETREL_ENOMEM;
+    cu_rowinfo *hri = (cu_rowinfo *)calloc((size_t)T, sizeof(cu_rowinfo));
+    if (!rc && !hri) rc = pt_err(err, PETREL_ENOMEM, "out of memory");
+    for (int r = 0; !rc && r < T; r++) hri[r].kv = dkv, hri[r].cap = cap, hri[r].pos = seln[r] - 1;
+    if (!rc) rc = up_copy(dq, q, sizeof(float) * (size_t)T * NH * (Dn + Dr), err);
+    if (!rc) rc = up_copy(dqt, qt, sizeof(float) * (size_t)T * NH * Rkv, err);
+    if (!rc) rc = up_copy(dkv, kv, sizeof(float) * (size_t)cap * D, err);
+    if (!rc) rc = up_copy(dsel, sel, sizeof(int32_t) * (size_t)T * ld_sel, err);
+    if (!rc) rc = up_copy(dn, seln, sizeof(int) * T, err);
+    if (!rc) rc = up_copy(dri, hri, sizeof(cu_rowinfo) * T, err);
+    if (!rc && flash && !cuk_attn_flash_ok(T, Rkv, Dr)) rc = pt_err(err, PETREL_EUNSUPPORTED, "the one-pass attention does not take this shape");
+    if (!rc) {
+        cuk_mla_attn(m.st, dq, dqt, dS, nmax, dsel, ld_sel, dn, nmax, dl, T, NH, Dn, Dr, Rkv, scale, 0, dri, dp, cuk_attn_splits(T, NH, Rkv, nmax), flash);
+        rc = check_fetch(&m, lat, dl, sizeof(float) * (size_t)T * NH * Rkv, "attention", err);
+    }
+    free(hri);
+    check_done(&m);
+    return rc;
+}
+
+extern "C" int cu_route_check(const float *lg, const float *bias, int T, int E, int K, int n_group, int topk_group, int norm, float scale, int regs,
+                              int32_t *idx, float *wts, petrel_error *err) {
+    if (T < 1 || E < 1 || E > 1024 || K < 1 || K > 32 || K > E) return pt_err(err, PETREL_EINVAL, "the router check takes 1..1024 experts and 1..32 choices");
+    cu_model m;
+    PT_TRY(check_model(&m, err));
+    float *dl = (float *)dalloc(&m, sizeof(float) * (size_t)T * E, "logits", err), *db = (float *)dalloc(&m, sizeof(float) * E, "bias", err);
+    int32_t *di = (int32_t *)dalloc(&m, sizeof(int32_t) * (size_t)T * K, "idx", err), *dx = (int32_t *)dalloc(&m, sizeof(int32_t) * (size_t)T * K, "x", err);
+    float *dw_ = (float *)dalloc(&m, sizeof(float) * (size_t)T * K, "wts", err);
+    int rc = dl && db && di && dx && dw_ ? 0 : PETREL_ENOMEM;
+    if (!rc) rc = up_copy(dl, lg, sizeof(float) * (size_t)T * E, err);
+    if (!rc) rc = up_copy(db, bias, sizeof(float) * E, err);
+    if (!rc) {
+        cu_route_cfg rcfg = {E, K, n_group, topk_group, norm, scale};
+        cuk_route(m.st, dl, db, T, rcfg, di, dw_, dx, regs);
+        rc = check_fetch(&m, idx, di, sizeof(int32_t) * (size_t)T * K, "route", err);
+        if (!rc) rc = check_fetch(&m, wts, dw_, sizeof(float) * (size_t)T * K, "route", err);
     }
     check_done(&m);
     return rc;

@@ -72,3 +72,14 @@ int cu_topk_check(const float *v, int n, int k, int32_t *idx, petrel_error *err)
     (void)v, (void)n, (void)k, (void)idx;
     return pt_err(err, PETREL_EUNSUPPORTED, NO_CUDA);
 }
+int cu_attn_check(const float *q, const float *qt, const float *kv, int cap, const int32_t *sel, int ld_sel, const int *seln, int T, int NH, int Dn,
+                  int Dr, int Rkv, float scale, int flash, float *lat, petrel_error *err) {
+    (void)q, (void)qt, (void)kv, (void)cap, (void)sel, (void)ld_sel, (void)seln, (void)T, (void)NH, (void)Dn, (void)Dr, (void)Rkv, (void)scale;
+    (void)flash, (void)lat;
+    return pt_err(err, PETREL_EUNSUPPORTED, NO_CUDA);
+}
+int cu_route_check(const float *lg, const float *bias, int T, int E, int K, int n_group, int topk_group, int norm, float scale, int regs,
+                   int32_t *idx, float *wts, petrel_error *err) {
+    (void)lg, (void)bias, (void)T, (void)E, (void)K, (void)n_group, (void)topk_group, (void)norm, (void)scale, (void)regs, (void)idx, (void)wts;
+    return pt_err(err, PETREL_EUNSUPPORTED, NO_CUDA);
+}
