@@ -287,7 +287,8 @@ TEST(cuda, attention_forms) {
                               {3, 20, 16, 32, 96, 400, 1, 33, 300},
                               {8, 32, 128, 64, 512, 2100, 2048, 1, 700, 31, 32, 33, 2000, 64},
                               {2, 5, 8, 6, 100, 90, 90, 17},
-                              {1, 3, 4, 8, 100, 50, 45}};
+                              {1, 3, 4, 8, 100, 50, 45},
+                              {2, 16, 8, 32, 64, 300, 300, 77}};
     petrel_error err = {0};
     for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
         const int *sh = shapes[k];
@@ -331,14 +332,17 @@ TEST(cuda, attention_forms) {
         CHECK_MSG(rc0 == 0, "cu_attn_check: %s", err.msg);
         double e0 = rc0 ? 1 : test_rel_l2(y0, ref, n);
         CHECK_MSG(e0 < 1e-5, "attention, three kernels (%d rows, %d heads, Rkv %d): rel err %.3g", T, NH, Rkv, e0);
-        int rc1 = cu_attn_check(q, qt, kv, cap, sel, ld, seln, T, NH, Dn, Dr, Rkv, scale, 1, y1, &err);
-        if ((Rkv + Dr) % 32) {
-            CHECK_MSG(rc1 == PETREL_EUNSUPPORTED, "one-pass attention took Rkv + Dr = %d (not a multiple of 32): rc %d", Rkv + Dr, rc1);
-        } else {
+        for (int form = 1; form <= 2; form++) { /* the one pass on f32 fma, then on tensor cores */
+            int rc1 = cu_attn_check(q, qt, kv, cap, sel, ld, seln, T, NH, Dn, Dr, Rkv, scale, form, y1, &err);
+            if ((Rkv + Dr) % (form == 1 ? 32 : 64) || (form == 2 && Rkv % 8)) {
+                CHECK_MSG(rc1 == PETREL_EUNSUPPORTED, "one-pass attention form %d took Rkv %d + Dr %d: rc %d", form, Rkv, Dr, rc1);
+                continue;
+            }
             CHECK_MSG(rc1 == 0, "cu_attn_check: %s", err.msg);
             double e1 = rc1 ? 1 : test_rel_l2(y1, ref, n);
-            CHECK_MSG(e1 < 1e-5, "attention, one pass (%d rows, %d heads, Rkv %d): rel err %.3g", T, NH, Rkv, e1);
-            if (getenv("PETREL_TEST_VERBOSE")) fprintf(stderr, "  attention %d rows %d heads: three kernels %.3g, one pass %.3g\n", T, NH, e0, e1);
+            CHECK_MSG(e1 < 1e-5, "attention, one pass form %d (%d rows, %d heads, Rkv %d): rel err %.3g", form, T, NH, Rkv, e1);
+            if (getenv("PETREL_TEST_VERBOSE"))
+                fprintf(stderr, "  attention %d rows %d heads: three kernels %.3g, one pass form %d %.3g\n", T, NH, e0, form, e1);
         }
         free(q), free(qt), free(kv), free(ref), free(y0), free(y1), free(sel), free(p);
     }

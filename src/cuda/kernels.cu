@@ -1611,12 +1611,20 @@ __global__ void k_attn_reduce(const float *partial, float *lat, int64_t n, int n
  * selection in tiles of FK: the tile's keys (c | k_pe, all D) copied to shared memory while the
  * previous tile computes (two buffers, cp.async; a key's 16-byte chunk j sits at chunk
  * j ^ (key & 7) of its row, so a warp's reads of one chunk of 32 keys, and of 32 columns of one
- * key, meet no bank twice), the scores of its FH heads (warp w: heads 4 (w & 3) .. + 3 over one
- * half of the dimension, lane = key; the halves added in order), an online softmax (running max
- * m and sum l a head), then acc[h][c] = acc alpha + sum_k p[h][k] c_k[c], keys ascending. The
- * block writes its unnormalized acc, m and l; k_attn_merge joins the splits. */
+ * key, meet no bank twice), the tile's scores of the FH heads, an online softmax (running max m
+ * and sum l a head), then acc[h][c] = acc alpha + sum_k p[h][k] c_k[c]. The block writes its
+ * unnormalized acc, m and l; k_attn_merge joins the splits. Two forms of the products:
+ *   TC 0  f32 fma: scores by warp w for heads 4 (w & 3) .. + 3 over one half of the dimension
+ *         (lane = key, the halves added in order); P C by thread: columns tid, tid + 256 of
+ *         every head, keys ascending;
+ *   TC 1  tensor cores (mma.m16n8k8 tf32) on f32 operands split in two tf32 parts each
+ *         (x = hi + lo; a b ~ a_lo b_hi + a_hi b_lo + a_hi b_hi, f32 accumulation: errors near
+ *         f32 rounding): scores by warp w over the w-th eighth of the dimension for all 16
+ *         heads and 32 keys (the eighths added in order), P C by warp w for columns
+ *         64 w .. 64 w + 63. */
 #define FH 16
 #define FK 32
+#define FSP 36 /* row stride of the partial scores and the TC form's probabilities */
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -1624,7 +1632,7 @@ __device__ __forceinline__ float warp_max(float v) {
 }
 size_t attn_flash_smem(int Rkv, int Dr) {
     int D = Rkv + Dr;
-    return sizeof(float) * (2 * (size_t)FK * D + (size_t)D * FH + 2 * FH * FK + FK * FH + FH);
+    return sizeof(float) * (2 * (size_t)FK * D + (size_t)(D + 4) * FH + 8 * FH * FSP + 2 * FH * FSP + FH);
 }
 /* key k's element d in a swizzled tile */
 __device__ __forceinline__ int ksw(int k, int d, int D) { return k * D + ((((d >> 2) ^ (k & 7))) << 2) + (d & 3); }
@@ -1638,17 +1646,39 @@ __device__ __forceinline__ void flash_tile_load(float *Kb, const float *base, co
         cp_async16(Kb + ksw(k, 4 * c4, D), ok ? base + (int64_t)sr[k0 + k] * D + 4 * c4 : base, ok);
     }
 }
+/* x = hi + lo, each a tf32 (round to nearest) */
+__device__ __forceinline__ void tf32_split(float x, uint32_t &hi, uint32_t &lo) {
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(hi) : "f"(x));
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(lo) : "f"(x - __uint_as_float(hi)));
+}
+__device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+/* c += a b in three tf32 products (the small ones first) */
+__device__ __forceinline__ void mma_3xtf32(float (&c)[4], const uint32_t (&ah)[4], const uint32_t (&al)[4], float b0, float b1) {
+    uint32_t bh0, bl0, bh1, bl1;
+    tf32_split(b0, bh0, bl0);
+    tf32_split(b1, bh1, bl1);
+    mma_tf32(c, al, bh0, bh1);
+    mma_tf32(c, ah, bl0, bl1);
+    mma_tf32(c, ah, bh0, bh1);
+}
+template <int TC>
 __global__ void __launch_bounds__(256) k_attn_flash(const float *__restrict__ q, const float *__restrict__ qt, const int32_t *__restrict__ sel,
                                                     int64_t ld_sel, const int *__restrict__ seln, int NH, int Dn, int Dr, int Rkv, float scale, int l,
                                                     const cu_rowinfo *__restrict__ ri, int per, float *__restrict__ part, float *__restrict__ ml) {
     extern __shared__ __align__(16) float fsm[];
-    const int D = Rkv + Dr, T = gridDim.y;
+    constexpr int NP = TC ? 8 : 2;             /* parts of the dimension the scores are summed from */
+    const int D = Rkv + Dr, qst = D + 4, T = gridDim.y;
     float *Kb0 = fsm, *Kb1 = fsm + FK * D;     /* [FK][D] each, swizzled */
-    float *Qs = Kb1 + FK * D;                  /* [FH][D]: q~ | q_pe */
-    float *Sp = Qs + (size_t)D * FH;           /* [2][FH][FK]: the two halves' partial scores */
-    float *Ps = Sp + 2 * FH * FK;              /* [FK][FH] */
-    float *al = Ps + FK * FH;                  /* [FH]: this tile's rescale a head */
+    float *Qs = Kb1 + FK * D;                  /* [FH][D + 4]: q~ | q_pe */
+    float *Sp = Qs + (size_t)qst * FH;          /* [NP][FH][FSP]: the parts' scores */
+    float *Ps = Sp + 8 * FH * FSP;             /* TC 0: [FK][FH]; TC 1: hi [FH][FSP], then lo */
+    float *al = Ps + 2 * FH * FSP;             /* [FH]: this tile's rescale a head */
     const int s = blockIdx.x, r = blockIdx.y, h0 = blockIdx.z * FH, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t4 = lane & 3;    /* TC: a lane's place in the mma fragments */
     const int n = seln[r], a = s * per, b = a + per < n ? a + per : n;
     if (a >= n) return;
     const cu_rowinfo R = ri[r];
@@ -1660,21 +1690,24 @@ __global__ void __launch_bounds__(256) k_attn_flash(const float *__restrict__ q,
         int hh = h0 + h;
         bool ok = hh < NH;
         const float *src = !ok ? q : d < Rkv ? qt + ((int64_t)r * NH + hh) * Rkv + d : q + ((int64_t)r * NH + hh) * (Dn + Dr) + Dn + (d - Rkv);
-        cp_async4(Qs + h * D + d, src, ok);
+        cp_async4(Qs + h * qst + d, src, ok);
     }
     const int ntile = (b - a + FK - 1) / FK;
     flash_tile_load(Kb0, base, sr, a, b - a < FK ? b - a : FK, D);
     cp_async_commit();
-    /* scores: warp w's heads hq .. hq + 3 over dimensions [d0, d1) (whole chunks of 4) */
-    const int hq = (warp & 3) * 4, half = (D / 4 + 1) / 2 * 4, d0 = (warp >> 2) * half, d1 = d0 + half < D ? d0 + half : D;
+    /* TC 0 scores: warp w's heads hq .. hq + 3 over dimensions [d0, d1) (whole chunks of 4);
+     * TC 1: the warp's eighth of the dimension, [d0, d1) in steps of 8 */
+    const int hq = (warp & 3) * 4, half = (D / 4 + 1) / 2 * 4;
+    const int d0 = TC ? warp * (D / 8) : (warp >> 2) * half, d1 = TC ? d0 + D / 8 : d0 + half < D ? d0 + half : D;
     /* softmax: warp w keeps heads 2w, 2w + 1 */
     float m2[2] = {-INFINITY, -INFINITY}, l2[2] = {0.f, 0.f};
-    /* P C: thread tid's columns tid and tid + 256 of every head */
-    float acc[2][FH];
+    /* P C: TC 0 thread tid's columns tid and tid + 256 of every head; TC 1 the warp's 8 column
+     * tiles of 8 (acc[j]: the fragment of heads g, g + 8 and columns 64 warp + 8 j + 2 t4, + 1) */
+    float acc[2 * FH / 4][4];
 #pragma unroll
-    for (int j = 0; j < 2; j++)
+    for (int j = 0; j < 2 * FH / 4; j++)
 #pragma unroll
-        for (int h = 0; h < FH; h++) acc[j][h] = 0.f;
+        for (int i = 0; i < 4; i++) acc[j][i] = 0.f;
     for (int t = 0; t < ntile; t++) {
         const int k0 = a + t * FK, nk = b - k0 < FK ? b - k0 : FK;
         float *Ks = t & 1 ? Kb1 : Kb0;
@@ -1687,60 +1720,118 @@ __global__ void __launch_bounds__(256) k_attn_flash(const float *__restrict__ q,
             cp_async_wait<0>();
         }
         __syncthreads();
-        {
+        if constexpr (!TC) {
             float d4[4] = {0.f, 0.f, 0.f, 0.f};
             for (int d = d0; d < d1; d += 4) {
                 float4 kv = *reinterpret_cast<const float4 *>(Ks + ksw(lane, d, D));
 #pragma unroll
                 for (int j = 0; j < 4; j++) {
-                    float4 qv = *reinterpret_cast<const float4 *>(Qs + (hq + j) * D + d);
+                    float4 qv = *reinterpret_cast<const float4 *>(Qs + (hq + j) * qst + d);
                     d4[j] = fmaf(qv.x, kv.x, d4[j]), d4[j] = fmaf(qv.y, kv.y, d4[j]), d4[j] = fmaf(qv.z, kv.z, d4[j]), d4[j] = fmaf(qv.w, kv.w, d4[j]);
                 }
             }
 #pragma unroll
-            for (int j = 0; j < 4; j++) Sp[((warp >> 2) * FH + hq + j) * FK + lane] = d4[j];
+            for (int j = 0; j < 4; j++) Sp[((warp >> 2) * FH + hq + j) * FSP + lane] = d4[j];
+        } else {
+            float sc[FK / 8][4];
+#pragma unroll
+            for (int j = 0; j < FK / 8; j++) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
+            for (int d = d0; d < d1; d += 8) {
+                uint32_t ah[4], alo[4];
+                tf32_split(Qs[g * qst + d + t4], ah[0], alo[0]);
+                tf32_split(Qs[(g + 8) * qst + d + t4], ah[1], alo[1]);
+                tf32_split(Qs[g * qst + d + t4 + 4], ah[2], alo[2]);
+                tf32_split(Qs[(g + 8) * qst + d + t4 + 4], ah[3], alo[3]);
+#pragma unroll
+                for (int j = 0; j < FK / 8; j++) /* keys 8 j + g */
+                    mma_3xtf32(sc[j], ah, alo, Ks[ksw(8 * j + g, d + t4, D)], Ks[ksw(8 * j + g, d + t4 + 4, D)]);
+            }
+#pragma unroll
+            for (int j = 0; j < FK / 8; j++) {
+                float *sp = Sp + (size_t)warp * FH * FSP;
+                *reinterpret_cast<float2 *>(sp + g * FSP + 8 * j + 2 * t4) = make_float2(sc[j][0], sc[j][1]);
+                *reinterpret_cast<float2 *>(sp + (g + 8) * FSP + 8 * j + 2 * t4) = make_float2(sc[j][2], sc[j][3]);
+            }
         }
         __syncthreads();
 #pragma unroll
         for (int j = 0; j < 2; j++) {
             int h = 2 * warp + j;
-            float sv = lane < nk ? scale * (Sp[h * FK + lane] + Sp[(FH + h) * FK + lane]) : -INFINITY;
+            float sum = Sp[h * FSP + lane];
+#pragma unroll
+            for (int p = 1; p < NP; p++) sum += Sp[(p * FH + h) * FSP + lane];
+            float sv = lane < nk ? scale * sum : -INFINITY;
             float mn = fmaxf(m2[j], warp_max(sv));
             float p = lane < nk ? expf(sv - mn) : 0.f;
             float alpha = expf(m2[j] - mn);
             l2[j] = l2[j] * alpha + warp_sum(p);
             m2[j] = mn;
-            Ps[lane * FH + h] = p;
+            if constexpr (TC) {
+                uint32_t ph, pl;
+                tf32_split(p, ph, pl);
+                reinterpret_cast<uint32_t *>(Ps)[h * FSP + lane] = ph, reinterpret_cast<uint32_t *>(Ps)[(FH + h) * FSP + lane] = pl;
+            } else {
+                Ps[lane * FH + h] = p;
+            }
             if (lane == 0) al[h] = alpha;
         }
         __syncthreads();
+        if constexpr (!TC) {
 #pragma unroll
-        for (int h = 0; h < FH; h++) {
-            float f = al[h];
-            acc[0][h] *= f, acc[1][h] *= f;
-        }
-        const int c0 = tid, c1 = tid + 256;
-        for (int k = 0; k < nk; k++) {
-            float v0 = c0 < Rkv ? Ks[ksw(k, c0, D)] : 0.f, v1 = c1 < Rkv ? Ks[ksw(k, c1, D)] : 0.f;
-            const float4 *pr = reinterpret_cast<const float4 *>(Ps + k * FH);
+            for (int h = 0; h < FH; h++) {
+                float f = al[h];
+                acc[h / 4][h % 4] *= f, acc[FH / 4 + h / 4][h % 4] *= f;
+            }
+            const int c0 = tid, c1 = tid + 256;
+            for (int k = 0; k < nk; k++) {
+                float v0 = c0 < Rkv ? Ks[ksw(k, c0, D)] : 0.f, v1 = c1 < Rkv ? Ks[ksw(k, c1, D)] : 0.f;
+                const float4 *pr = reinterpret_cast<const float4 *>(Ps + k * FH);
 #pragma unroll
-            for (int g = 0; g < FH / 4; g++) {
-                float4 p = pr[g];
-                acc[0][4 * g] = fmaf(p.x, v0, acc[0][4 * g]), acc[1][4 * g] = fmaf(p.x, v1, acc[1][4 * g]);
-                acc[0][4 * g + 1] = fmaf(p.y, v0, acc[0][4 * g + 1]), acc[1][4 * g + 1] = fmaf(p.y, v1, acc[1][4 * g + 1]);
-                acc[0][4 * g + 2] = fmaf(p.z, v0, acc[0][4 * g + 2]), acc[1][4 * g + 2] = fmaf(p.z, v1, acc[1][4 * g + 2]);
-                acc[0][4 * g + 3] = fmaf(p.w, v0, acc[0][4 * g + 3]), acc[1][4 * g + 3] = fmaf(p.w, v1, acc[1][4 * g + 3]);
+                for (int q4 = 0; q4 < FH / 4; q4++) {
+                    float4 p = pr[q4];
+                    float *x0 = acc[q4], *x1 = acc[FH / 4 + q4];
+                    x0[0] = fmaf(p.x, v0, x0[0]), x1[0] = fmaf(p.x, v1, x1[0]);
+                    x0[1] = fmaf(p.y, v0, x0[1]), x1[1] = fmaf(p.y, v1, x1[1]);
+                    x0[2] = fmaf(p.z, v0, x0[2]), x1[2] = fmaf(p.z, v1, x1[2]);
+                    x0[3] = fmaf(p.w, v0, x0[3]), x1[3] = fmaf(p.w, v1, x1[3]);
+                }
+            }
+        } else {
+            const float fa = al[g], fb = al[g + 8];
+#pragma unroll
+            for (int j = 0; j < 8; j++) acc[j][0] *= fa, acc[j][1] *= fa, acc[j][2] *= fb, acc[j][3] *= fb;
+            const uint32_t *Ph = reinterpret_cast<const uint32_t *>(Ps), *Pl = Ph + FH * FSP;
+#pragma unroll
+            for (int kk = 0; kk < FK; kk += 8) {
+                uint32_t ah[4] = {Ph[g * FSP + kk + t4], Ph[(g + 8) * FSP + kk + t4], Ph[g * FSP + kk + t4 + 4], Ph[(g + 8) * FSP + kk + t4 + 4]};
+                uint32_t alo[4] = {Pl[g * FSP + kk + t4], Pl[(g + 8) * FSP + kk + t4], Pl[g * FSP + kk + t4 + 4], Pl[(g + 8) * FSP + kk + t4 + 4]};
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    int c = 64 * warp + 8 * j + g; /* this lane's column of the B fragment */
+                    if (64 * warp + 8 * j >= Rkv) break;
+                    mma_3xtf32(acc[j], ah, alo, Ks[ksw(kk + t4, c, D)], Ks[ksw(kk + t4 + 4, c, D)]);
+                }
             }
         }
         __syncthreads(); /* this tile's buffer, scores and probabilities are read: the next load may take the buffer */
     }
     /* part [s][r][NH][Rkv], ml [s][r][NH][2] */
+    if constexpr (!TC) {
 #pragma unroll
-    for (int h = 0; h < FH; h++) {
-        if (h0 + h >= NH) break;
-        float *o = part + (((int64_t)s * T + r) * NH + h0 + h) * Rkv;
-        if (tid < Rkv) o[tid] = acc[0][h];
-        if (tid + 256 < Rkv) o[tid + 256] = acc[1][h];
+        for (int h = 0; h < FH; h++) {
+            if (h0 + h >= NH) break;
+            float *o = part + (((int64_t)s * T + r) * NH + h0 + h) * Rkv;
+            if (tid < Rkv) o[tid] = acc[h / 4][h % 4];
+            if (tid + 256 < Rkv) o[tid + 256] = acc[FH / 4 + h / 4][h % 4];
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            int c = 64 * warp + 8 * j + 2 * t4;
+            if (64 * warp + 8 * j >= Rkv) break;
+            if (h0 + g < NH) *reinterpret_cast<float2 *>(part + (((int64_t)s * T + r) * NH + h0 + g) * Rkv + c) = make_float2(acc[j][0], acc[j][1]);
+            if (h0 + g + 8 < NH) *reinterpret_cast<float2 *>(part + (((int64_t)s * T + r) * NH + h0 + g + 8) * Rkv + c) = make_float2(acc[j][2], acc[j][3]);
+        }
     }
     if (lane == 0)
 #pragma unroll
@@ -1777,7 +1868,10 @@ __global__ void __launch_bounds__(512) k_attn_merge(const float *__restrict__ pa
     }
 }
 
-int cuk_attn_flash_ok(int T, int Rkv, int Dr) { return T >= 1 && T <= 8 && Rkv <= 512 && (Rkv + Dr) % 32 == 0 && attn_flash_smem(Rkv, Dr) <= 227 * 1024; }
+int cuk_attn_flash_ok(int T, int Rkv, int Dr) {
+    if (T < 1 || T > 8 || Rkv > 512 || (Rkv + Dr) % 32 || attn_flash_smem(Rkv, Dr) > 227 * 1024) return 0;
+    return (Rkv + Dr) % 64 == 0 && Rkv % 8 == 0 ? 2 : 1;
+}
 
 /* the flash form's split: keys a block (whole tiles) for about one wave of blocks */
 static int attn_flash_per(int T, int NH, int nmax) {
@@ -1800,12 +1894,19 @@ int cuk_attn_splits(int T, int NH, int Rkv, int nmax) {
 void cuk_mla_attn(cudaStream_t st, const float *q, const float *qt, float *S, int64_t ldS, const int32_t *sel, int64_t ld_sel, const int *seln,
                   int nmax, float *lat, int T, int NH, int Dn, int Dr, int Rkv, float scale, int l, const cu_rowinfo *ri, float *partial, int nsplit,
                   int flash) {
-    if (flash && cuk_attn_flash_ok(T, Rkv, Dr)) { /* m and l in S: 2 nsplit T NH floats, nsplit <= nmax */
+    int form = flash ? cuk_attn_flash_ok(T, Rkv, Dr) : 0;
+    if (form && flash < form) form = flash; /* flash 1: the f32 fma form even where tensor cores would take the shape */
+    if (form) { /* m and l in S: 2 nsplit T NH floats, nsplit <= nmax */
         int per = attn_flash_per(T, NH, nmax), ns = (nmax + per - 1) / per;
         size_t smem = attn_flash_smem(Rkv, Dr);
-        cudaFuncSetAttribute(k_attn_flash, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        k_attn_flash<<<dim3((unsigned)ns, (unsigned)T, (unsigned)((NH + FH - 1) / FH)), 256, smem, st>>>(q, qt, sel, ld_sel, seln, NH, Dn, Dr, Rkv, scale,
-                                                                                                          l, ri, per, partial, S);
+        dim3 grid((unsigned)ns, (unsigned)T, (unsigned)((NH + FH - 1) / FH));
+        if (form == 2) {
+            cudaFuncSetAttribute(k_attn_flash<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+            k_attn_flash<1><<<grid, 256, smem, st>>>(q, qt, sel, ld_sel, seln, NH, Dn, Dr, Rkv, scale, l, ri, per, partial, S);
+        } else {
+            cudaFuncSetAttribute(k_attn_flash<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+            k_attn_flash<0><<<grid, 256, smem, st>>>(q, qt, sel, ld_sel, seln, NH, Dn, Dr, Rkv, scale, l, ri, per, partial, S);
+        }
         k_attn_merge<<<dim3((unsigned)NH, (unsigned)T), 512, 0, st>>>(partial, S, seln, per, NH, Rkv, lat);
         return;
     }

@@ -834,7 +834,7 @@ static int chunk_kernels(cu_model *m, fscr &f, const fscr &f0, const chunk_k &ck
         cuk_mla_uk(st, G.kv_b, G.uk_t, f.q, f.qt, t, NH, Dn, Dr, Dv, Rkv, m->heads);
         PROF(P_HEADS);
         cuk_mla_attn(st, f.q, f.qt, f.S, nmax, f.sel, topk, f.seln, nmax, f.lat, t, NH, Dn, Dr, Rkv, scale, l, f.ri, f.partial,
-                     cuk_attn_splits(t, NH, Rkv, nmax), 1);
+                     cuk_attn_splits(t, NH, Rkv, nmax), 2);
         PROF(P_ATTN_CORE);
         cuk_mla_uv(st, G.kv_b, f.lat, f.o, t, NH, Dn, Dv, Rkv, m->heads);
         PROF(P_HEADS);
@@ -1319,7 +1319,7 @@ extern "C" int cu_attn_check(const float *q, const float *qt, const float *kv, i
     if (!rc) rc = up_copy(dsel, sel, sizeof(int32_t) * (size_t)T * ld_sel, err);
     if (!rc) rc = up_copy(dn, seln, sizeof(int) * T, err);
     if (!rc) rc = up_copy(dri, hri, sizeof(cu_rowinfo) * T, err);
-    if (!rc && flash && !cuk_attn_flash_ok(T, Rkv, Dr)) rc = pt_err(err, PETREL_EUNSUPPORTED, "the one-pass attention does not take this shape");
+    if (!rc && flash && cuk_attn_flash_ok(T, Rkv, Dr) < flash) rc = pt_err(err, PETREL_EUNSUPPORTED, "this one-pass attention form does not take the shape");
     if (!rc) {
         cuk_mla_attn(m.st, dq, dqt, dS, nmax, dsel, ld_sel, dn, nmax, dl, T, NH, Dn, Dr, Rkv, scale, 0, dri, dp, cuk_attn_splits(T, NH, Rkv, nmax), flash);
         rc = check_fetch(&m, lat, dl, sizeof(float) * (size_t)T * NH * Rkv, "attention", err);
