@@ -109,7 +109,9 @@ void cuk_mla_uv(cudaStream_t st, const dw &kvb, const float *lat, float *o, int 
  * S [T*NH][ldS] = scale [q~ | q_pe] . [c | k_pe] (all heads of a row against one tile of its
  * keys at a time), softmax in place, lat [T][NH][Rkv] = P C. Split over nsplit key ranges
  * (partial: [nsplit][T][NH][Rkv]) when few rows leave the GPU idle, summed in split order. S
- * holds CU_ATTN_DSPLIT blocks of [T][NH][ldS] for T <= 8. */
+ * holds CU_ATTN_DSPLIT blocks of [T][NH][ldS] for T <= 8. With flash, shapes a one-pass form
+ * takes (below) run it instead: partial then holds its key ranges' unnormalized outputs (at
+ * most CU_ATTN_SPLITS ranges) and S their running max and sum. */
 void cuk_mla_attn(cudaStream_t st, const float *q, const float *qt, float *S, int64_t ldS, const int32_t *sel, int64_t ld_sel,
                   const int *seln, int nmax, float *lat, int T, int NH, int Dn, int Dr, int Rkv, float scale, int l, const cu_rowinfo *ri,
                   float *partial, int nsplit, int flash);
