@@ -694,6 +694,15 @@ TEST(experts, trace_read_hostile) {
         CHECK_MSG(strstr(err.msg, "entries") != NULL, "%s: %s", big[i], err.msg);
         CHECK(u.ids == NULL);
     }
+    /* a header of many layers and few tokens: room for its tokens only (the fuzzer's 194-byte file of
+     * 6666662 layers and 3 tokens once asked for 256 tokens' room, 10 GB) */
+    f = fopen(path, "w");
+    fprintf(f, "# petrel-trace v1 layers=100000 experts=10 topk=2 tokens=3\n0 0 1 2\n1 99999 3\n2 5 4 9\n");
+    fclose(f);
+    CHECK_MSG(xs_trace_read(&u, path, &err) == 0, "%s", err.msg);
+    CHECK_MSG(u.n_tokens == 3 && u.cap_tokens == 3, "tokens %d, room for %d", u.n_tokens, u.cap_tokens);
+    CHECK(u.ids && u.ids[((size_t)1 * 100000 + 99999) * 2] == 3 && u.ids[((size_t)2 * 100000 + 5) * 2 + 1] == 9);
+    xs_trace_deinit(&u);
     /* refused with one line naming it, nothing kept: a header promising more tokens than the lines
      * hold (it once sized the allocation: 77 M tokens filled 537 MB for a two-line file), a line
      * that jumps ahead of token order, a (token, layer) listed twice */

@@ -31,10 +31,14 @@ void xs_trace_deinit(xs_trace *t) {
     memset(t, 0, sizeof *t);
 }
 
-static int reserve(xs_trace *t, int tokens, petrel_error *err) {
+/* room for `tokens` tokens, doubling from 256, never past `limit` tokens (0: none; a read trace's
+ * header count, which its lines cannot exceed: a header of millions of layers and 3 tokens once
+ * took 256 tokens' room, 10 GB, for a 194-byte file) */
+static int reserve(xs_trace *t, int tokens, int limit, petrel_error *err) {
     if (tokens <= t->cap_tokens) return 0;
     int cap = t->cap_tokens ? t->cap_tokens : 256;
     while (cap < tokens) cap *= 2;
+    if (limit > 0 && cap > limit) cap = limit > tokens ? limit : tokens;
     size_t per = (size_t)t->n_layers * (size_t)t->topk;
     int16_t *n = realloc(t->ids, sizeof(int16_t) * per * (size_t)cap);
     if (!n) return pt_err(err, PETREL_ENOMEM, "trace: out of memory for %d tokens", cap);
@@ -49,7 +53,7 @@ int xs_trace_add(xs_trace *t, int token, int layer, const int32_t *ids, int k, p
         return pt_err(err, PETREL_EINVAL, "trace: token %d out of order (have %d)", token, t->n_tokens);
     if (layer < 0 || layer >= t->n_layers || k <= 0 || k > t->topk)
         return pt_err(err, PETREL_EINVAL, "trace: layer %d / k %d out of range", layer, k);
-    PT_TRY(reserve(t, token + 1, err));
+    PT_TRY(reserve(t, token + 1, 0, err));
     if (token == t->n_tokens) t->n_tokens++;
     int16_t *d = t->ids + ((size_t)token * t->n_layers + layer) * t->topk;
     for (int i = 0; i < t->topk; i++) d[i] = -1;
@@ -151,7 +155,7 @@ int xs_trace_read(xs_trace *t, const char *path, petrel_error *err) {
             goto fail;
         }
         if (v[0] > top) {
-            if ((rc = reserve(t, (int)v[0] + 1, err))) goto fail;
+            if ((rc = reserve(t, (int)v[0] + 1, T, err))) goto fail;
             top = (int)v[0];
             t->n_tokens = top + 1;
         }
