@@ -664,6 +664,13 @@ TEST(cuda, decode_int8_rows) {
             bad = 0;
             for (size_t i = 0; !rc2 && i < (size_t)T * V; i++) bad += memcmp(&l0[i], &l1[i], 4) != 0;
             CHECK_MSG(!rc2 && bad == 0, "int8 decode: %zu logits differ between graph and direct launches", bad);
+            CHECK_MSG(cu_model_fused_count(g->cu) > 0, "int8 decode: no norm quantized its output");
+            cu_model_use_fused_quant(g->cu, 0); /* each norm's output quantized by its own kernel instead */
+            int rc3 = run_logits(g, ids, T, 1, l0);
+            cu_model_use_fused_quant(g->cu, 1);
+            bad = 0;
+            for (size_t i = 0; !rc3 && i < (size_t)T * V; i++) bad += memcmp(&l0[i], &l1[i], 4) != 0;
+            CHECK_MSG(!rc3 && bad == 0, "int8 decode: %zu logits differ between quantizing in the norms and after them", bad);
             CHECK(petrel_session_create(g, T, &a, &err) == 0 && petrel_session_create(g, T, &b, &err) == 0 && petrel_batch_create(g, 8, &bt, &err) == 0);
             int done_rows = 0;
             for (int t = 0; t < T && bt; t++, done_rows++) {

@@ -59,6 +59,12 @@ void cu_model_use_stacks(cu_model *m, int on);
  * one per bucket of 256 keys; cu_model_use_graphs(m, 0) launches them directly instead (tests:
  * the same bits either way) */
 void cu_model_use_graphs(cu_model *m, int on);
+/* Up to 8 rows on the quantized path: each norm also writes its output as int8 (q8, groups of
+ * 32) for the products that read it, instead of a quantization kernel after it;
+ * cu_model_use_fused_quant(m, 0) leaves it to that kernel (tests: the same bits either way).
+ * cu_model_fused_count: the norm outputs quantized by the norm since open. */
+void cu_model_use_fused_quant(cu_model *m, int on);
+unsigned long long cu_model_fused_count(const cu_model *m);
 int cu_model_graph_count(const cu_model *m); /* the decode graphs kept now (0: none made, or graphs off) */
 /* The expert tiers' counters since open (all zero when every expert is in HBM): per MoE layer
  * of a forward, `uses` distinct experts ran, `hits` of them were in an HBM slot, the rest were

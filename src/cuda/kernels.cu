@@ -556,18 +556,14 @@ void cuk_gemv_swiglu(cudaStream_t st, const dw &G, const dw &U, const float *x, 
  * ones, then the 4 odd ones) with the sum of each 32 values (the nibbles are q + 8: the dot of
  * the stored nibbles less 8 x that sum is the dot of q); the GEMM's q4 form keeps plain order
  * and one sum a group. */
+/* one group of x quantized by one warp: lane j holds values j (q8) or 2j, 2j + 1 (q4) in v;
+ * writes the group's int8 values at qg, its scale at *dg and (q4) its sums at sg */
 template <int MODE> /* 0 q8 (groups of 32), 1 q4 (64, the GEMV's nibble order and sums), 2 q4 in plain order and group sums (the GEMM's) */
-__global__ void k_actq(const float *__restrict__ x, int64_t ldx, int cols, cu_xq X) {
-    /* one warp a group: lane j holds values j (q8) or 2j, 2j + 1 (q4) */
-    constexpr int Q4 = MODE == 1, G = MODE ? 64 : 32, PER = G / 32;
-    const int r = blockIdx.y, lane = threadIdx.x & 31, ng = cols / G;
-    const int g = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (g >= ng) return;
-    const float *xg = x + (int64_t)r * ldx + (int64_t)g * G;
-    float v[PER], amax = 0.f, probe = 0.f;
+__device__ __forceinline__ void actq_group(const float (&v)[MODE ? 2 : 1], int lane, int8_t *qg, float *dg, int32_t *sg) {
+    constexpr int Q4 = MODE == 1, PER = MODE ? 2 : 1;
+    float amax = 0.f, probe = 0.f;
 #pragma unroll
     for (int k = 0; k < PER; k++) {
-        v[k] = xg[PER * lane + k];
         float a = fabsf(v[k]);
         amax = a > amax ? a : amax;
         probe += v[k] - v[k]; /* NaN if any x is NaN or inf */
@@ -579,8 +575,7 @@ __global__ void k_actq(const float *__restrict__ x, int64_t ldx, int cols, cu_xq
         probe += p;                 /* zeros, or NaN */
     }
     float id = amax > 0.f && amax < INFINITY ? __fdiv_rn(127.f, amax) : 0.f;
-    if (lane == 0) X.d[(int64_t)r * X.ldd + g] = __fadd_rn(__fdiv_rn(amax, 127.f), probe);
-    int8_t *qg = X.q + (int64_t)r * X.ldq + (int64_t)g * G;
+    if (lane == 0) *dg = __fadd_rn(__fdiv_rn(amax, 127.f), probe);
     int sum = 0;
 #pragma unroll
     for (int k = 0; k < PER; k++) {
@@ -595,12 +590,26 @@ __global__ void k_actq(const float *__restrict__ x, int64_t ldx, int cols, cu_xq
     if (Q4) { /* the sums of values 0 .. 31 (lanes 0 .. 15) and 32 .. 63 (lanes 16 .. 31) */
 #pragma unroll
         for (int o = 8; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-        if ((lane & 15) == 0) X.s[(int64_t)r * X.lds + 2 * g + (lane >> 4)] = sum;
+        if ((lane & 15) == 0) sg[lane >> 4] = sum;
     } else if (MODE == 2) { /* the group's sum */
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-        if (lane == 0) X.s[(int64_t)r * X.lds + g] = sum;
+        if (lane == 0) sg[0] = sum;
     }
+}
+template <int MODE>
+__global__ void k_actq(const float *__restrict__ x, int64_t ldx, int cols, cu_xq X) {
+    /* one warp a group */
+    constexpr int Q4 = MODE == 1, G = MODE ? 64 : 32, PER = G / 32;
+    const int r = blockIdx.y, lane = threadIdx.x & 31, ng = cols / G;
+    const int g = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (g >= ng) return;
+    const float *xg = x + (int64_t)r * ldx + (int64_t)g * G;
+    float v[PER];
+#pragma unroll
+    for (int k = 0; k < PER; k++) v[k] = xg[PER * lane + k];
+    actq_group<MODE>(v, lane, X.q + (int64_t)r * X.ldq + (int64_t)g * G, X.d + (int64_t)r * X.ldd + g,
+                     MODE ? X.s + (int64_t)r * X.lds + (Q4 ? 2 * g : g) : nullptr);
 }
 
 /* The split GEMV's form (kp column parts, U chunks of each row in flight) on int8 x: a lane's
@@ -1235,9 +1244,18 @@ void cuk_embed(cudaStream_t st, const dw &W, const int32_t *ids, int T, float *h
 
 /* Row norms: one block a row, each thread's values i = tid + k blockDim summed in k order into
  * a double, then the block's sum. The first NORM_PF of a thread's values are loaded together
- * into registers (one wait for all of them, not one a value), the rest in a loop. */
+ * into registers (one wait for all of them, not one a value), the rest in a loop. With X.q the
+ * output rows are also quantized as k_actq<0> does (q8, groups of 32: a warp's 32 values of one
+ * step are one group; n a multiple of 32), into X's row r. */
 #define NORM_PF 8
-__global__ void k_rmsnorm(float *y, int64_t ldy, const float *x, int64_t ldx, const float *w, int n, double eps) {
+__device__ __forceinline__ void norm_out(float *yr, int i, float v, const cu_xq &X, int r) {
+    yr[i] = v;
+    if (X.q) {
+        float g1[1] = {v};
+        actq_group<0>(g1, threadIdx.x & 31, X.q + (int64_t)r * X.ldq + (i & ~31), X.d + (int64_t)r * X.ldd + (i >> 5), nullptr);
+    }
+}
+__global__ void k_rmsnorm(float *y, int64_t ldy, const float *x, int64_t ldx, const float *w, int n, double eps, cu_xq X) {
     const float *xr = x + blockIdx.x * ldx;
     float *yr = y + blockIdx.x * ldy;
     const int b = blockDim.x;
@@ -1257,18 +1275,18 @@ __global__ void k_rmsnorm(float *y, int64_t ldy, const float *x, int64_t ldx, co
 #pragma unroll
     for (int k = 0; k < NORM_PF; k++) {
         int i = threadIdx.x + k * b;
-        if (i < n) yr[i] = w[i] * (v[k] * r);
+        if (i < n) norm_out(yr, i, w[i] * (v[k] * r), X, blockIdx.x);
     }
-    for (int i = threadIdx.x + NORM_PF * b; i < n; i += b) yr[i] = w[i] * (xr[i] * r);
+    for (int i = threadIdx.x + NORM_PF * b; i < n; i += b) norm_out(yr, i, w[i] * (xr[i] * r), X, blockIdx.x);
 }
-void cuk_rmsnorm(cudaStream_t st, float *y, int64_t ldy, const float *x, int64_t ldx, const float *w, int n, int T, double eps) {
-    if (T > 0) k_rmsnorm<<<T, 1024, 0, st>>>(y, ldy, x, ldx, w, n, eps);
+void cuk_rmsnorm(cudaStream_t st, float *y, int64_t ldy, const float *x, int64_t ldx, const float *w, int n, int T, double eps, const cu_xq *X) {
+    if (T > 0) k_rmsnorm<<<T, 1024, 0, st>>>(y, ldy, x, ldx, w, n, eps, X ? *X : cu_xq{});
 }
 
 /* h += a (+ b: a + b first), then y = rmsnorm(h): cuk_add(s) and cuk_rmsnorm in one pass. The
  * pointers do not alias (else each step's loads would wait for the last step's store). */
 __global__ void k_add_rmsnorm(float *__restrict__ y, float *__restrict__ h, const float *__restrict__ a, const float *__restrict__ b,
-                              const float *__restrict__ w, int n, double eps) {
+                              const float *__restrict__ w, int n, double eps, cu_xq X) {
     float *hr = h + (int64_t)blockIdx.x * n, *yr = y + (int64_t)blockIdx.x * n;
     const float *ar = a + (int64_t)blockIdx.x * n, *br = b ? b + (int64_t)blockIdx.x * n : nullptr;
     const int bd = blockDim.x;
@@ -1294,12 +1312,12 @@ __global__ void k_add_rmsnorm(float *__restrict__ y, float *__restrict__ h, cons
 #pragma unroll
     for (int k = 0; k < NORM_PF; k++) {
         int i = threadIdx.x + k * bd;
-        if (i < n) yr[i] = w[i] * (v[k] * r);
+        if (i < n) norm_out(yr, i, w[i] * (v[k] * r), X, blockIdx.x);
     }
-    for (int i = threadIdx.x + NORM_PF * bd; i < n; i += bd) yr[i] = w[i] * (hr[i] * r);
+    for (int i = threadIdx.x + NORM_PF * bd; i < n; i += bd) norm_out(yr, i, w[i] * (hr[i] * r), X, blockIdx.x);
 }
-void cuk_add_rmsnorm(cudaStream_t st, float *y, float *h, const float *a, const float *b, const float *w, int n, int T, double eps) {
-    if (T > 0) k_add_rmsnorm<<<T, 1024, 0, st>>>(y, h, a, b, w, n, eps);
+void cuk_add_rmsnorm(cudaStream_t st, float *y, float *h, const float *a, const float *b, const float *w, int n, int T, double eps, const cu_xq *X) {
+    if (T > 0) k_add_rmsnorm<<<T, 1024, 0, st>>>(y, h, a, b, w, n, eps, X ? *X : cu_xq{});
 }
 
 __global__ void k_add(float *h, const float *y, int64_t n) {

@@ -461,6 +461,13 @@ extern "C" void cu_model_use_stacks(cu_model *m, int on) {
     graphs_clear(m);
     pthread_mutex_unlock(&m->mu);
 }
+extern "C" void cu_model_use_fused_quant(cu_model *m, int on) {
+    pthread_mutex_lock(&m->mu);
+    m->no_fuse = !on;
+    graphs_clear(m);
+    pthread_mutex_unlock(&m->mu);
+}
+extern "C" unsigned long long cu_model_fused_count(const cu_model *m) { return m->fused; }
 extern "C" int cu_model_graph_count(const cu_model *m) {
     int n = 0;
     for (int i = 0; i < CU_GRAPHS; i++) n += m->graphs[i].ex != NULL;
@@ -639,6 +646,10 @@ static size_t carve(uint8_t *base, const petrel_config *c, int T, int nmax, int 
     TAKE(xq, int8_t, (size_t)cap);
     TAKE(xqd, float, (size_t)cap / 32);
     TAKE(xqs, int32_t, (size_t)cap / 32);
+    int xn = H > c->q_lora_rank ? H : c->q_lora_rank;
+    TAKE(xn, int8_t, 8 * (size_t)xn);
+    TAKE(xnd, float, 8 * (size_t)xn / 32 + 1);
+    f->xn_of = NULL, f->xn_cols = 0;
 #undef TAKE
     return off + 256;
 }
@@ -660,10 +671,25 @@ int cu_chunk_rows(const petrel_config *c, uint64_t left, int least) {
  * or with gemm the GEMM's plain order); 0 when W does not take it. */
 static int quant_x(const cu_model *m, const fscr &f, const dw &W, const float *x, int64_t ldx, int n, cu_xq *X, int gemm = 0) {
     int ok = m->tc ? (gemm ? cuk_gemm_q_ok(W) : cuk_gemv_q_ok(W)) : 0, q4 = ok == 2;
+    if (ok == 1 && !gemm && n <= 8 && x == f.xn_of && W.cols == f.xn_cols && ldx == W.cols) { /* the norm quantized x already */
+        *X = cu_xq{f.xn, f.xnd, f.xqs, W.cols, W.cols / 32, W.cols / 32};
+        return 1;
+    }
     if (!ok || (int64_t)n * W.cols > f.xq_cap) return 0;
     *X = cu_xq{f.xq, f.xqd, f.xqs, W.cols, W.cols / (q4 ? 64 : 32), W.cols / 32};
     cuk_actq(m->st, x, ldx, n, (int)W.cols, q4 ? (gemm ? 2 : 1) : 0, *X);
     return 1;
+}
+
+/* the quantized output a norm of t rows of cols values into y writes beside y (NULL: none):
+ * up to 8 rows on the quantized path, cols a multiple of 32; f records whose values they are */
+static const cu_xq *norm_q(cu_model *m, fscr &f, const float *y, int cols, int t, cu_xq *X) {
+    f.xn_of = NULL;
+    if (!m->tc || m->no_fuse || t > 8 || cols % 32) return NULL;
+    m->fused++;
+    *X = cu_xq{f.xn, f.xnd, NULL, cols, cols / 32, cols / 32};
+    f.xn_of = y, f.xn_cols = cols;
+    return X;
 }
 
 /* y[n][W.rows] = x[n][W.cols] W^T by the form for n rows: up to 8 the GEMV, else the GEMM, each
@@ -727,10 +753,11 @@ static void swiglu(const cu_model *m, const dw &g, const dw &u, const dw &d, con
 
 /* the end of layer l: h += a (+ b: a + b first), then the next layer's input norm into x, or
  * after the last layer the final norm into xl when anything reads it (f.need_xl) */
-static void residual_norm(const cu_model *m, int l, float *a, const float *b, const fscr &f, int t) {
+static void residual_norm(cu_model *m, int l, float *a, const float *b, fscr &f, int t) {
     const petrel_config *c = m->c;
     int H = c->hidden_size;
-    if (l + 1 < c->num_hidden_layers) cuk_add_rmsnorm(m->st, f.x, f.h, a, b, m->L[l + 1].in_norm, H, t, c->rms_norm_eps);
+    cu_xq X;
+    if (l + 1 < c->num_hidden_layers) cuk_add_rmsnorm(m->st, f.x, f.h, a, b, m->L[l + 1].in_norm, H, t, c->rms_norm_eps, norm_q(m, f, f.x, H, t, &X));
     else if (f.need_xl) cuk_add_rmsnorm(m->st, f.xl, f.h, a, b, m->norm, H, t, c->rms_norm_eps);
     else {
         if (b) cuk_add(m->st, a, b, (int64_t)t * H);
@@ -803,7 +830,8 @@ static int chunk_kernels(cu_model *m, fscr &f, const fscr &f0, const chunk_k &ck
     int have_sel = 0;
     for (int l = 0; l < c->num_hidden_layers; l++) {
         const cu_layer &G = m->L[l];
-        if (l == 0) cuk_rmsnorm(st, f.x, H, f.h, H, G.in_norm, H, t, c->rms_norm_eps); /* later layers': with the residual */
+        cu_xq XN;
+        if (l == 0) cuk_rmsnorm(st, f.x, H, f.h, H, G.in_norm, H, t, c->rms_norm_eps, norm_q(m, f, f.x, H, t, &XN)); /* later layers': with the residual */
         const int sel_here = c->layer_indexer_full[l] || !have_sel, ix_q = sel_here && G.has_idx && need_q;
         { /* the products of x (q_a, kv_a, the indexer's keys and head weights), then those of the
            * normed q_a (q_b, the indexer's queries): each x quantized once on int8 x, and for one
@@ -813,7 +841,7 @@ static int chunk_kernels(cu_model *m, fscr &f, const fscr &f0, const chunk_k &ck
             float **ys[4] = {&f.qa, &f.kva, &f.ki, &f.iw};
             stack_gemv(m, f, G.on_x, ws, ys, sel_here && G.has_idx ? (ix_q ? 4 : 3) : 2, f.x, f.on_x, f.on_x_cap, t);
         }
-        cuk_rmsnorm(st, f.qa, Rq, f.qa, Rq, G.q_a_norm, Rq, t, 1e-6);
+        cuk_rmsnorm(st, f.qa, Rq, f.qa, Rq, G.q_a_norm, Rq, t, 1e-6, norm_q(m, f, f.qa, Rq, t, &XN));
         {
             const dw *ws[2] = {&G.q_b, &G.iq};
             float **ys[2] = {&f.q, &f.qi};
@@ -839,7 +867,7 @@ static int chunk_kernels(cu_model *m, fscr &f, const fscr &f0, const chunk_k &ck
         cuk_mla_uv(st, G.kv_b, f.lat, f.o, t, NH, Dn, Dv, Rkv, m->heads);
         PROF(P_HEADS);
         mm(m, f, G.o, f.o, f.y, t);
-        cuk_add_rmsnorm(st, f.x, f.h, f.y, NULL, G.post_norm, H, t, c->rms_norm_eps);
+        cuk_add_rmsnorm(st, f.x, f.h, f.y, NULL, G.post_norm, H, t, c->rms_norm_eps, norm_q(m, f, f.x, H, t, &XN));
         PROF(P_O_PROJ);
         if (!G.is_moe) {
             swiglu(m, G.gate, G.up, G.down, f.x, t, f, f.y);
@@ -870,6 +898,7 @@ static int chunk_kernels(cu_model *m, fscr &f, const fscr &f0, const chunk_k &ck
         int contiguous = 1;
         for (int j = 1; j < nl; j++) contiguous &= hl[j] == hl[0] + j;
         if (!contiguous) {
+            f.xn_of = NULL; /* f.x is overwritten */
             for (int j = 0; j < nl; j++) cudaMemcpyAsync(f.x + (size_t)j * H, f.xl + (size_t)hl[j] * H, sizeof(float) * H, cudaMemcpyDeviceToDevice, st);
             xh = f.x;
         }
