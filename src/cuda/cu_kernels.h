@@ -120,10 +120,9 @@ void cuk_mla_attn(cudaStream_t st, const float *q, const float *qt, float *S, in
                   float *partial, int nsplit, int flash);
 /* The one-pass forms cuk_mla_attn takes with flash (k_attn_flash: each block a range of keys
  * for 16 heads with an online softmax, then the ranges merged in order): 0 none (more than 8
- * rows, Rkv > 512, Rkv + Dr not a multiple of 32: the scores / softmax / P C kernels above),
- * 1 the f32 fma form, 2 also the tensor-core form (Rkv + Dr a multiple of 64, Rkv of 8): the
- * products on tf32 pairs, x = hi + lo. flash 2 takes the best form the shape allows, 1 at most
- * the fma form. */
+ * rows, Rkv > 512, Rkv + Dr not a multiple of 4: the scores / softmax / P C kernels above),
+ * else 2: the f32 fma form (1) and the tensor-core form, the products on tf32 pairs (x = hi +
+ * lo). flash 2 takes the tensor-core form, 1 the fma form. */
 int cuk_attn_flash_ok(int T, int Rkv, int Dr);
 /* the split count cuk_mla_attn takes for T rows of at most nmax keys (<= CU_ATTN_SPLITS); the
  * scores of up to 8 rows split their dimension in up to CU_ATTN_DSPLIT parts (S then holds

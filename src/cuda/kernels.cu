@@ -1639,7 +1639,9 @@ __global__ void k_attn_reduce(const float *partial, float *lat, int64_t n, int n
  *         (x = hi + lo; a b ~ a_lo b_hi + a_hi b_lo + a_hi b_hi, f32 accumulation: errors near
  *         f32 rounding): scores by warp w over the w-th eighth of the dimension for all 16
  *         heads and 32 keys (the eighths added in order), P C by warp w for columns
- *         64 w .. 64 w + 63. */
+ *         64 w .. 64 w + 63.
+ * Shared rows hold the dimension rounded up to 64 (zeros past D), so any D of whole 16-byte
+ * chunks (a multiple of 4) takes either form. */
 #define FH 16
 #define FK 32
 #define FSP 36 /* row stride of the partial scores and the TC form's probabilities */
@@ -1648,20 +1650,23 @@ __device__ __forceinline__ float warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
+/* shared rows hold Dp = D rounded up to 64 values (zeros past D) */
+__host__ __device__ __forceinline__ int flash_dp(int D) { return (D + 63) / 64 * 64; }
 size_t attn_flash_smem(int Rkv, int Dr) {
-    int D = Rkv + Dr;
-    return sizeof(float) * (2 * (size_t)FK * D + (size_t)(D + 4) * FH + 8 * FH * FSP + 2 * FH * FSP + FH);
+    int Dp = flash_dp(Rkv + Dr);
+    return sizeof(float) * (2 * (size_t)FK * Dp + (size_t)(Dp + 4) * FH + 8 * FH * FSP + 2 * FH * FSP + FH);
 }
-/* key k's element d in a swizzled tile */
-__device__ __forceinline__ int ksw(int k, int d, int D) { return k * D + ((((d >> 2) ^ (k & 7))) << 2) + (d & 3); }
-__device__ __forceinline__ void flash_tile_load(float *Kb, const float *base, const int32_t *sr, int k0, int nk, int D) {
-    const int D4 = D / 4;
+/* key k's element d in a swizzled tile of rows of Dp values */
+__device__ __forceinline__ int ksw(int k, int d, int Dp) { return k * Dp + ((((d >> 2) ^ (k & 7))) << 2) + (d & 3); }
+/* keys k0 .. k0 + nk - 1 (rows of D values in the cache) into the tile; zeros past D and nk */
+__device__ __forceinline__ void flash_tile_load(float *Kb, const float *base, const int32_t *sr, int k0, int nk, int D, int Dp) {
+    const int D4 = Dp / 4;
     int k = threadIdx.x / D4, c4 = threadIdx.x % D4; /* element i = k D4 + c4, stepped without a division */
     for (; k < FK; c4 += blockDim.x) {                 /* a warp reads 512 bytes of one key */
         while (c4 >= D4) c4 -= D4, k++;
         if (k >= FK) break;
-        bool ok = k < nk;
-        cp_async16(Kb + ksw(k, 4 * c4, D), ok ? base + (int64_t)sr[k0 + k] * D + 4 * c4 : base, ok);
+        bool ok = k < nk && 4 * c4 < D;
+        cp_async16(Kb + ksw(k, 4 * c4, Dp), ok ? base + (int64_t)sr[k0 + k] * D + 4 * c4 : base, ok);
     }
 }
 /* x = hi + lo, each a tf32 (round to nearest) */
@@ -1689,9 +1694,9 @@ __global__ void __launch_bounds__(256) k_attn_flash(const float *__restrict__ q,
                                                     const cu_rowinfo *__restrict__ ri, int per, float *__restrict__ part, float *__restrict__ ml) {
     extern __shared__ __align__(16) float fsm[];
     constexpr int NP = TC ? 8 : 2;             /* parts of the dimension the scores are summed from */
-    const int D = Rkv + Dr, qst = D + 4, T = gridDim.y;
-    float *Kb0 = fsm, *Kb1 = fsm + FK * D;     /* [FK][D] each, swizzled */
-    float *Qs = Kb1 + FK * D;                  /* [FH][D + 4]: q~ | q_pe */
+    const int D = Rkv + Dr, Dp = flash_dp(D), qst = Dp + 4, T = gridDim.y;
+    float *Kb0 = fsm, *Kb1 = fsm + FK * Dp;    /* [FK][Dp] each, swizzled */
+    float *Qs = Kb1 + FK * Dp;                 /* [FH][Dp + 4]: q~ | q_pe, zeros past D */
     float *Sp = Qs + (size_t)qst * FH;          /* [NP][FH][FSP]: the parts' scores */
     float *Ps = Sp + 8 * FH * FSP;             /* TC 0: [FK][FH]; TC 1: hi [FH][FSP], then lo */
     float *al = Ps + 2 * FH * FSP;             /* [FH]: this tile's rescale a head */
@@ -1702,21 +1707,20 @@ __global__ void __launch_bounds__(256) k_attn_flash(const float *__restrict__ q,
     const cu_rowinfo R = ri[r];
     const float *base = R.kv + (int64_t)l * R.cap * D;
     const int32_t *sr = sel + (int64_t)r * ld_sel;
-    for (int h = tid / D, d = tid % D; h < FH; d += 256) { /* element h D + d, stepped without a division */
-        while (d >= D) d -= D, h++;
+    for (int h = tid / Dp, d = tid % Dp; h < FH; d += 256) { /* element h Dp + d, stepped without a division */
+        while (d >= Dp) d -= Dp, h++;
         if (h >= FH) break;
         int hh = h0 + h;
-        bool ok = hh < NH;
+        bool ok = hh < NH && d < D;
         const float *src = !ok ? q : d < Rkv ? qt + ((int64_t)r * NH + hh) * Rkv + d : q + ((int64_t)r * NH + hh) * (Dn + Dr) + Dn + (d - Rkv);
         cp_async4(Qs + h * qst + d, src, ok);
     }
     const int ntile = (b - a + FK - 1) / FK;
-    flash_tile_load(Kb0, base, sr, a, b - a < FK ? b - a : FK, D);
+    flash_tile_load(Kb0, base, sr, a, b - a < FK ? b - a : FK, D, Dp);
     cp_async_commit();
     /* TC 0 scores: warp w's heads hq .. hq + 3 over dimensions [d0, d1) (whole chunks of 4);
      * TC 1: the warp's eighth of the dimension, [d0, d1) in steps of 8 */
-    const int hq = (warp & 3) * 4, half = (D / 4 + 1) / 2 * 4;
-    const int d0 = TC ? warp * (D / 8) : (warp >> 2) * half, d1 = TC ? d0 + D / 8 : d0 + half < D ? d0 + half : D;
+    const int hq = (warp & 3) * 4, d0 = TC ? warp * (Dp / 8) : (warp >> 2) * (Dp / 2), d1 = d0 + (TC ? Dp / 8 : Dp / 2);
     /* softmax: warp w keeps heads 2w, 2w + 1 */
     float m2[2] = {-INFINITY, -INFINITY}, l2[2] = {0.f, 0.f};
     /* P C: TC 0 thread tid's columns tid and tid + 256 of every head; TC 1 the warp's 8 column
@@ -1731,7 +1735,7 @@ __global__ void __launch_bounds__(256) k_attn_flash(const float *__restrict__ q,
         float *Ks = t & 1 ? Kb1 : Kb0;
         if (t + 1 < ntile) {
             int k1 = k0 + FK;
-            flash_tile_load(t & 1 ? Kb0 : Kb1, base, sr, k1, b - k1 < FK ? b - k1 : FK, D);
+            flash_tile_load(t & 1 ? Kb0 : Kb1, base, sr, k1, b - k1 < FK ? b - k1 : FK, D, Dp);
             cp_async_commit();
             cp_async_wait<1>();
         } else {
@@ -1741,7 +1745,7 @@ __global__ void __launch_bounds__(256) k_attn_flash(const float *__restrict__ q,
         if constexpr (!TC) {
             float d4[4] = {0.f, 0.f, 0.f, 0.f};
             for (int d = d0; d < d1; d += 4) {
-                float4 kv = *reinterpret_cast<const float4 *>(Ks + ksw(lane, d, D));
+                float4 kv = *reinterpret_cast<const float4 *>(Ks + ksw(lane, d, Dp));
 #pragma unroll
                 for (int j = 0; j < 4; j++) {
                     float4 qv = *reinterpret_cast<const float4 *>(Qs + (hq + j) * qst + d);
@@ -1762,7 +1766,7 @@ __global__ void __launch_bounds__(256) k_attn_flash(const float *__restrict__ q,
                 tf32_split(Qs[(g + 8) * qst + d + t4 + 4], ah[3], alo[3]);
 #pragma unroll
                 for (int j = 0; j < FK / 8; j++) /* keys 8 j + g */
-                    mma_3xtf32(sc[j], ah, alo, Ks[ksw(8 * j + g, d + t4, D)], Ks[ksw(8 * j + g, d + t4 + 4, D)]);
+                    mma_3xtf32(sc[j], ah, alo, Ks[ksw(8 * j + g, d + t4, Dp)], Ks[ksw(8 * j + g, d + t4 + 4, Dp)]);
             }
 #pragma unroll
             for (int j = 0; j < FK / 8; j++) {
@@ -1802,7 +1806,7 @@ __global__ void __launch_bounds__(256) k_attn_flash(const float *__restrict__ q,
             }
             const int c0 = tid, c1 = tid + 256;
             for (int k = 0; k < nk; k++) {
-                float v0 = c0 < Rkv ? Ks[ksw(k, c0, D)] : 0.f, v1 = c1 < Rkv ? Ks[ksw(k, c1, D)] : 0.f;
+                float v0 = c0 < Rkv ? Ks[ksw(k, c0, Dp)] : 0.f, v1 = c1 < Rkv ? Ks[ksw(k, c1, Dp)] : 0.f;
                 const float4 *pr = reinterpret_cast<const float4 *>(Ps + k * FH);
 #pragma unroll
                 for (int q4 = 0; q4 < FH / 4; q4++) {
@@ -1827,7 +1831,7 @@ __global__ void __launch_bounds__(256) k_attn_flash(const float *__restrict__ q,
                 for (int j = 0; j < 8; j++) {
                     int c = 64 * warp + 8 * j + g; /* this lane's column of the B fragment */
                     if (64 * warp + 8 * j >= Rkv) break;
-                    mma_3xtf32(acc[j], ah, alo, Ks[ksw(kk + t4, c, D)], Ks[ksw(kk + t4 + 4, c, D)]);
+                    mma_3xtf32(acc[j], ah, alo, c < Rkv ? Ks[ksw(kk + t4, c, Dp)] : 0.f, c < Rkv ? Ks[ksw(kk + t4 + 4, c, Dp)] : 0.f);
                 }
             }
         }
@@ -1847,8 +1851,11 @@ __global__ void __launch_bounds__(256) k_attn_flash(const float *__restrict__ q,
         for (int j = 0; j < 8; j++) {
             int c = 64 * warp + 8 * j + 2 * t4;
             if (64 * warp + 8 * j >= Rkv) break;
-            if (h0 + g < NH) *reinterpret_cast<float2 *>(part + (((int64_t)s * T + r) * NH + h0 + g) * Rkv + c) = make_float2(acc[j][0], acc[j][1]);
-            if (h0 + g + 8 < NH) *reinterpret_cast<float2 *>(part + (((int64_t)s * T + r) * NH + h0 + g + 8) * Rkv + c) = make_float2(acc[j][2], acc[j][3]);
+            float *o0 = part + (((int64_t)s * T + r) * NH + h0 + g) * Rkv + c, *o1 = o0 + (int64_t)8 * Rkv;
+            if (h0 + g < NH && c < Rkv) o0[0] = acc[j][0];
+            if (h0 + g < NH && c + 1 < Rkv) o0[1] = acc[j][1];
+            if (h0 + g + 8 < NH && c < Rkv) o1[0] = acc[j][2];
+            if (h0 + g + 8 < NH && c + 1 < Rkv) o1[1] = acc[j][3];
         }
     }
     if (lane == 0)
@@ -1887,8 +1894,7 @@ __global__ void __launch_bounds__(512) k_attn_merge(const float *__restrict__ pa
 }
 
 int cuk_attn_flash_ok(int T, int Rkv, int Dr) {
-    if (T < 1 || T > 8 || Rkv > 512 || (Rkv + Dr) % 32 || attn_flash_smem(Rkv, Dr) > 227 * 1024) return 0;
-    return (Rkv + Dr) % 64 == 0 && Rkv % 8 == 0 ? 2 : 1;
+    return T >= 1 && T <= 8 && Rkv <= 512 && (Rkv + Dr) % 4 == 0 && attn_flash_smem(Rkv, Dr) <= 227 * 1024 ? 2 : 0;
 }
 
 /* the flash form's split: keys a block (whole tiles) for about one wave of blocks */
