@@ -282,19 +282,21 @@ TEST(cuda, uk_from_kv_b) {
 /* the attention core against a double reference: the one-pass form and the three-kernel form */
 TEST(cuda, attention_forms) {
     if (!need_gpu()) return;
-    /* T, NH, Dn, Dr, Rkv, cap, then seln of each row */
+    /* T, NH, Dn, Dr, Rkv, cap, then seln of each row (up to 8 rows; more take seln by a rule) */
     const int shapes[][14] = {{1, 64, 128, 64, 512, 2100, 2048},
                               {3, 20, 16, 32, 96, 400, 1, 33, 300},
                               {8, 32, 128, 64, 512, 2100, 2048, 1, 700, 31, 32, 33, 2000, 64},
                               {2, 5, 8, 6, 100, 90, 90, 17},
                               {1, 3, 4, 8, 100, 50, 45},
                               {2, 16, 8, 32, 64, 300, 300, 77},
-                              {3, 4, 8, 8, 20, 40, 40, 1, 9}};
+                              {3, 4, 8, 8, 20, 40, 40, 1, 9},
+                              {20, 24, 16, 64, 512, 300},
+                              {12, 3, 4, 4, 20, 64}};
     petrel_error err = {0};
     for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
         const int *sh = shapes[k];
-        int T = sh[0], NH = sh[1], Dn = sh[2], Dr = sh[3], Rkv = sh[4], cap = sh[5], D = Rkv + Dr, ld = cap;
-        const int *seln = sh + 6;
+        int T = sh[0], NH = sh[1], Dn = sh[2], Dr = sh[3], Rkv = sh[4], cap = sh[5], D = Rkv + Dr, ld = cap, seln[32];
+        for (int r = 0; r < T; r++) seln[r] = T <= 8 ? sh[6 + r] : 1 + (r * 37) % cap; /* more than 8 rows: prefill's form */
         float scale = 0.3f;
         float *q = malloc(sizeof(float) * (size_t)T * NH * (Dn + Dr)), *qt = malloc(sizeof(float) * (size_t)T * NH * Rkv);
         float *kv = malloc(sizeof(float) * (size_t)cap * D), *ref = malloc(sizeof(float) * (size_t)T * NH * Rkv);
