@@ -65,6 +65,9 @@ static const char *usage =
     "                   the timed decode steps (events between the parts: a little slower), and\n"
     "                   the prefill's routed experts in TOP/s against the measured int8\n"
     "                   tensor-core peak\n"
+    "  --cuda-pdl on|off with --device cuda: launch each kernel of a forward as a programmatic\n"
+    "                   dependent of the one before it (on, the default: it may start while its\n"
+    "                   predecessor ends) or after its end (off); the same results either way\n"
     "  --prefix-cache   after prefill, time a new session of the same prompt through the prefix\n"
     "                   cache (its whole pages taken, the rest run): time to the first token's logits\n"
     "  --route-trace FILE  route every MoE layer by a recorded trace (.txt or .gz; its layers spread\n"
@@ -599,7 +602,7 @@ CLI_CMD(bench) {
     int json = 0;
     const char *golden = NULL, *trace = NULL, *route = NULL;
     long ctx = 0, prompt = 512, steps = 24, bw_mib = 1024, prefill_runs = 3, batch = 0, rounds = 3;
-    int draft_set = 0, prefix_reuse = 0, history_split = 0, profile = 0;
+    int draft_set = 0, prefix_reuse = 0, history_split = 0, profile = 0, pdl = -1;
     bench_draft_opts bd = {0};
     for (int i = 1; i < argc; i++) {
         int r = cli_model_opt(argc, argv, &i, &mo);
@@ -609,6 +612,11 @@ CLI_CMD(bench) {
         else if (!strcmp(argv[i], "--json")) json = 1;
         else if (!strcmp(argv[i], "--prefix-cache")) prefix_reuse = 1;
         else if (!strcmp(argv[i], "--profile")) profile = 1;
+        else if (!strcmp(argv[i], "--cuda-pdl") && i + 1 < argc) {
+            const char *v = argv[++i];
+            if (strcmp(v, "on") && strcmp(v, "off")) return cli_fail("bench: --cuda-pdl: \"%s\" is not on or off", v);
+            pdl = !strcmp(v, "on");
+        }
         else if (!strcmp(argv[i], "--history-split")) history_split = 1;
         else if (!strcmp(argv[i], "--golden") && i + 1 < argc) golden = argv[++i];
         else if (!strcmp(argv[i], "--draft") && i + 1 < argc) { if (cli_opt_draft("bench", argv[++i], &bd.draft)) return 1; draft_set = 1; }
@@ -641,6 +649,8 @@ CLI_CMD(bench) {
     int orc = cli_engine_open(&mo, &eng, &err);
     if (orc) return cli_fail_err("bench", &err);
     double open_s = (double)(pt_now_ns() - open_t0) / 1e9; /* reading, checking and laying out the weights */
+    if (pdl >= 0 && !eng->cu) { petrel_engine_close(eng); return cli_fail("bench: --cuda-pdl is for --device cuda"); }
+    if (pdl >= 0) cu_model_use_pdl(eng->cu, pdl);
     if (route) printf("routing: every MoE layer's choices from %s (%d tokens, trace layers spread over the %d MoE layers)\n", route, eng->route->n_tokens,
                       eng->n_moe);
     if (draft_set && bd.draft == 0) { petrel_engine_close(eng); return cli_fail("bench: --draft 0: nothing to compare (give 1..16 or auto)"); }

@@ -632,7 +632,9 @@ done:
  * alone (bitwise: the stacks keep each product's column parts) and against the same rows
  * batched with another session's (1e-6: the attention's key splits follow the batch's rows);
  * on the golden prompt, the decode's KL to the reference within 10 % of the CPU default's (the
- * GPU also quantizes x for q8 weights, the CPU's r16 kernels their own way: not bitwise) */
+ * GPU also quantizes x for q8 weights, the CPU's r16 kernels their own way: not bitwise); graph
+ * and direct launches, norms that quantize their outputs and kernels that do, and kernels
+ * launched as programmatic dependents and not (decode and a prompt's forward), bitwise */
 TEST(cuda, decode_int8_rows) {
     if (!need_gpu()) return;
     const char *pk = test_pack_of("trained", CVQ_Q4);
@@ -674,6 +676,17 @@ TEST(cuda, decode_int8_rows) {
             bad = 0;
             for (size_t i = 0; !rc3 && i < (size_t)T * V; i++) bad += memcmp(&l0[i], &l1[i], 4) != 0;
             CHECK_MSG(!rc3 && bad == 0, "int8 decode: %zu logits differ between quantizing in the norms and after them", bad);
+            cu_model_use_pdl(g->cu, 0); /* each kernel launched after its predecessor's end instead of as its dependent */
+            int rc4 = run_logits(g, ids, T, 1, l0);
+            bad = 0;
+            for (size_t i = 0; !rc4 && i < (size_t)T * V; i++) bad += memcmp(&l0[i], &l1[i], 4) != 0;
+            CHECK_MSG(!rc4 && bad == 0, "int8 decode: %zu logits differ between dependent and ordinary launches", bad);
+            int rc5 = run_logits(g, ids, T, 0, l0); /* the prompt in one forward (the GEMM kernels), both ways */
+            cu_model_use_pdl(g->cu, 1);
+            int rc6 = rc5 ? rc5 : run_logits(g, ids, T, 0, la);
+            bad = 0;
+            for (size_t i = 0; !rc5 && !rc6 && i < (size_t)T * V; i++) bad += memcmp(&l0[i], &la[i], 4) != 0;
+            CHECK_MSG(!rc5 && !rc6 && bad == 0, "int8 prompt: %zu logits differ between dependent and ordinary launches", bad);
             CHECK(petrel_session_create(g, T, &a, &err) == 0 && petrel_session_create(g, T, &b, &err) == 0 && petrel_batch_create(g, 8, &bt, &err) == 0);
             int done_rows = 0;
             for (int t = 0; t < T && bt; t++, done_rows++) {

@@ -65,6 +65,11 @@ void cu_model_use_graphs(cu_model *m, int on);
  * cu_model_fused_count: the norm outputs quantized by the norm since open. */
 void cu_model_use_fused_quant(cu_model *m, int on);
 unsigned long long cu_model_fused_count(const cu_model *m);
+/* Kernels of a forward (resident, not profiled) are launched as programmatic dependents: each
+ * may start while the one before it ends, and waits for that end before touching memory;
+ * cu_model_use_pdl(m, 0) launches each after its predecessor's end instead (tests and
+ * benchmarks: the same bits either way) */
+void cu_model_use_pdl(cu_model *m, int on);
 int cu_model_graph_count(const cu_model *m); /* the decode graphs kept now (0: none made, or graphs off) */
 /* The expert tiers' counters since open (all zero when every expert is in HBM): per MoE layer
  * of a forward, `uses` distinct experts ran, `hits` of them were in an HBM slot, the rest were

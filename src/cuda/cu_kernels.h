@@ -23,6 +23,11 @@ struct dw {
     int64_t estride, sstride; /* stacked experts: bytes / scales between experts */
 };
 
+/* The calling thread's launch mode: on, each launch lets the next kernel of its stream start
+ * before it ends (programmatic dependent launch; every kernel waits for its predecessor's end
+ * before touching memory, so results are the same bits). Returns the mode it replaces. */
+int cuk_pdl(int on);
+
 /* y[slot][rows] = W_e x[row]: the GEMV form (each weight row read once for up to 8 x rows).
  * slot_e / slot_x NULL: slots are the n x rows of expert 0; else slot i takes expert slot_e[i]
  * and x row slot_x[i] (x rows may repeat), one slot at a time. */

@@ -67,6 +67,7 @@ struct cu_model {
     uint8_t *scr;               /* the forward's scratch (grown on demand) */
     int no_stacks;              /* run the layers' stacked products each alone (cu_model_use_stacks) */
     int no_fuse;                /* norms leave their outputs' quantization to cuk_actq (cu_model_use_fused_quant) */
+    int no_pdl;                 /* launch each kernel after its predecessor's end (cu_model_use_pdl) */
     unsigned long long fused;   /* norm outputs quantized by the norm since open */
     size_t scr_cap;
     char desc[256];

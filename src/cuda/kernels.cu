@@ -19,6 +19,38 @@
 
 enum { QF32 = 0, QBF16 = 1, QF16 = 2, QQ8ROW = 4, QQ8G = 5, QQ4G = 6 };
 
+/* ---- launches: programmatic dependent launch (PDL) ----
+ * Every kernel opens with pdl_enter(): griddepcontrol.wait (return once the grid before it in the
+ * stream has completed and its memory is visible; nothing when the kernel was not launched as a
+ * dependent), then griddepcontrol.launch_dependents (the next kernel may be launched once every
+ * block of this one has passed here). With the calling thread's launch mode on (cuk_pdl), a
+ * launch lets the next kernel start its launch and take the multiprocessors its predecessor's
+ * last blocks free, instead of waiting for the predecessor's end first; every kernel reads and
+ * writes global memory only after its wait, so the order of every access is what plain stream
+ * order gives (the same bits: tests compare the two launch modes). */
+__device__ __forceinline__ void pdl_enter() {
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+static thread_local int t_pdl;
+int cuk_pdl(int on) {
+    int was = t_pdl;
+    t_pdl = on;
+    return was;
+}
+template <typename... KA, typename... A> static void cu_launch(void (*k)(KA...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, A... args) {
+    if (!t_pdl) {
+        k<<<grid, block, smem, st>>>(args...);
+        return;
+    }
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = st, cfg.attrs = at, cfg.numAttrs = 1;
+    cudaLaunchKernelEx(&cfg, k, args...);
+}
+
 __device__ __forceinline__ float wget(const dw &W, int64_t e, int64_t r, int64_t c) {
     const uint8_t *row = W.d + e * W.estride + r * W.rb;
     const float *s = W.s ? W.s + e * W.sstride + r * W.sc : nullptr;
@@ -266,6 +298,7 @@ template <int QT, int VAL, int TR, int FUSE>
 __global__ void __launch_bounds__(256, TR <= 2 ? 2 : 1) k_gemv_split(dw W, const uint8_t *d2, const float *s2, const float *__restrict__ x, int64_t ldx,
                                                  float *__restrict__ y, int64_t ldy, int n, int kp, const int32_t *slot_e,
                                                  const int32_t *slot_x) {
+    pdl_enter();
     constexpr int RW = GV_RW, RO = FUSE ? RW / 2 : RW;     /* weight rows, output rows per warp */
     constexpr int U = 2; /* chunks of each row in flight (more spill at 128 registers) */
     constexpr int SCALED = QT == QQ8ROW || QT == QQ8G || QT == QQ4G;
@@ -396,6 +429,7 @@ template <int QT, int VAL, int TR, int FUSE>
 __global__ void __launch_bounds__(256, TR <= 2 ? 2 : 1) k_gemv_stream(dw W, const uint8_t *d2, const float *s2, const float *__restrict__ x, int64_t ldx,
                                                                float *__restrict__ y, int64_t ldy, int n, const int32_t *slot_e,
                                                                const int32_t *slot_x) {
+    pdl_enter();
     constexpr int RW = GV_RW, RO = FUSE ? RW / 2 : RW; /* weight rows, output rows per warp */
     constexpr int U = (QT == QQ8ROW || QT == QQ8G) && TR == 1 ? 2 : 1; /* chunks of each row per step (more spill) */
     int lane = threadIdx.x & 31;
@@ -506,7 +540,7 @@ static void gemv_go(cudaStream_t st, const dw &W, const dw *W2, const float *x, 
             int64_t bx = ((int64_t)sm_count() * 2 + n - 1) / n; /* 2 blocks an SM in all */
             if (bx > (groups + 7) / 8) bx = (groups + 7) / 8;
             dim3 grid((unsigned)bx, (unsigned)n);
-#define GV(Q, V) k_gemv_stream<Q, V, TR, FUSE><<<grid, 256, 0, st>>>(W, d2, s2, x, ldx, y, ldy, n, se, sx)
+#define GV(Q, V) cu_launch(k_gemv_stream<Q, V, TR, FUSE>, grid, 256, 0, st, W, d2, s2, x, ldx, y, ldy, n, se, sx)
             GV_FORMATS(GV)
 #undef GV
             return;
@@ -514,7 +548,7 @@ static void gemv_go(cudaStream_t st, const dw &W, const dw *W2, const float *x, 
     }
     int kp = gemv_parts(W, RO, !wide ? 8 : qt == QQ4G ? 32 : 16, 8);
     dim3 grid((unsigned)((W.rows + RO * (8 / kp) - 1) / (RO * (8 / kp))), (unsigned)((n + TR - 1) / TR));
-#define GV(Q, V) k_gemv_split<Q, V, TR, FUSE><<<grid, 256, 0, st>>>(W, d2, s2, x, ldx, y, ldy, n, kp, se, sx)
+#define GV(Q, V) cu_launch(k_gemv_split<Q, V, TR, FUSE>, grid, 256, 0, st, W, d2, s2, x, ldx, y, ldy, n, kp, se, sx)
     GV_FORMATS(GV)
 #undef GV
 }
@@ -599,6 +633,7 @@ __device__ __forceinline__ void actq_group(const float (&v)[MODE ? 2 : 1], int l
 }
 template <int MODE>
 __global__ void k_actq(const float *__restrict__ x, int64_t ldx, int cols, cu_xq X) {
+    pdl_enter();
     /* one warp a group */
     constexpr int Q4 = MODE == 1, G = MODE ? 64 : 32, PER = G / 32;
     const int r = blockIdx.y, lane = threadIdx.x & 31, ng = cols / G;
@@ -617,6 +652,7 @@ __global__ void k_actq(const float *__restrict__ x, int64_t ldx, int cols, cu_xq
 template <int Q4, int TR, int FUSE>
 __global__ void __launch_bounds__(256, TR <= 2 ? 2 : 1) k_gemv_q(dw W, const uint8_t *d2, const float *s2, cu_xq X, float *__restrict__ y, int64_t ldy,
                                                             int n, int kp, const int32_t *slot_e, const int32_t *slot_x) {
+    pdl_enter();
     constexpr int RW = GV_RW, RO = FUSE ? RW / 2 : RW, U = 2;
     constexpr int VAL = Q4 ? 32 : 16, G = Q4 ? 64 : 32;
     __shared__ float red[8][RW * TR];
@@ -704,9 +740,9 @@ void cuk_actq(cudaStream_t st, const float *x, int64_t ldx, int n, int cols, int
     if (n <= 0) return;
     int ng = cols / (q4 ? 64 : 32);
     dim3 grid((unsigned)((ng + 7) / 8), (unsigned)n); /* 8 groups a block */
-    if (q4 == 2) k_actq<2><<<grid, 256, 0, st>>>(x, ldx, cols, X);
-    else if (q4) k_actq<1><<<grid, 256, 0, st>>>(x, ldx, cols, X);
-    else k_actq<0><<<grid, 256, 0, st>>>(x, ldx, cols, X);
+    if (q4 == 2) cu_launch(k_actq<2>, grid, 256, 0, st, x, ldx, cols, X);
+    else if (q4) cu_launch(k_actq<1>, grid, 256, 0, st, x, ldx, cols, X);
+    else cu_launch(k_actq<0>, grid, 256, 0, st, x, ldx, cols, X);
 }
 
 int cuk_gemv_q_parts(const dw &W) { return gemv_parts(W, GV_RW, W.qt == QQ4G ? 32 : 16, 4); }
@@ -718,8 +754,8 @@ static void gemvq_go(cudaStream_t st, const dw &W, const dw *W2, const cu_xq &X,
     const uint8_t *d2 = W2 ? W2->d : nullptr;
     const float *s2 = W2 ? W2->s : nullptr;
     dim3 grid((unsigned)((W.rows + RO * (8 / kp) - 1) / (RO * (8 / kp))), (unsigned)((n + TR - 1) / TR));
-    if (q4) k_gemv_q<1, TR, FUSE><<<grid, 256, 0, st>>>(W, d2, s2, X, y, ldy, n, kp, se, sx);
-    else k_gemv_q<0, TR, FUSE><<<grid, 256, 0, st>>>(W, d2, s2, X, y, ldy, n, kp, se, sx);
+    if (q4) cu_launch(k_gemv_q<1, TR, FUSE>, grid, 256, 0, st, W, d2, s2, X, y, ldy, n, kp, se, sx);
+    else cu_launch(k_gemv_q<0, TR, FUSE>, grid, 256, 0, st, W, d2, s2, X, y, ldy, n, kp, se, sx);
 }
 
 template <int FUSE>
@@ -780,6 +816,7 @@ __device__ __forceinline__ void tile_fma(const float (*A)[GT + 4], const float (
 template <int QT>
 __global__ void k_gemm(dw W, const float *__restrict__ x, int64_t ldx, float *__restrict__ y, int64_t ldy, int n, const int32_t *tiles,
                        const int *ntiles, const int32_t *list, const int32_t *xmap) {
+    pdl_enter();
     __shared__ float Xs[GK][GT + 4], Ws[GK][GT + 4];
     int first, cnt;
     int64_t e;
@@ -833,6 +870,7 @@ __global__ void k_gemm(dw W, const float *__restrict__ x, int64_t ldx, float *__
 template <int QT>
 __global__ void __launch_bounds__(128) k_gemm_tc(dw W, const float *__restrict__ x, int64_t ldx, float *__restrict__ y, int64_t ldy, int n,
                                                  const int32_t *tiles, const int *ntiles, const int32_t *list, const int32_t *xmap) {
+    pdl_enter();
     using namespace nvcuda;
     __shared__ __align__(32) __nv_bfloat16 As[GT][TK + 16], Bs[GT][TK + 16];
     __shared__ __align__(32) float Cs[GT][GT + 8];
@@ -938,6 +976,7 @@ struct gq_layout {
 template <int Q4, int QM>
 __global__ void __launch_bounds__(2 * QM) k_gemm_q(dw W, cu_xq X, float *__restrict__ y, int64_t ldy, int n, const int32_t *tiles, const int *ntiles,
                                                 const int32_t *list, const int32_t *xmap) {
+    pdl_enter();
     typedef gq_layout<Q4, QM> L;
     constexpr int NT = 2 * QM; /* threads: QM / 32 x 2 warps of 32 x 32 */
     constexpr int G = L::G, NG = L::NG;
@@ -1112,6 +1151,7 @@ __global__ void __launch_bounds__(2 * QM) k_gemm_q(dw W, cu_xq X, float *__restr
 /* the int8 tensor cores' peak: each warp 8 independent chains of mma.m16n8k32 s8 (no memory
  * traffic), the sums xor-ed into *sink so nothing is dropped */
 __global__ void __launch_bounds__(256) k_mma_peak(int iters, unsigned int *sink) {
+    pdl_enter();
     int c[8][4] = {};
     const uint32_t a0 = threadIdx.x * 0x01010101u, a1 = a0 ^ 0x5a5a5a5au, b0 = a0 + 0x03030303u, b1 = a1 + 0x07070707u;
     for (int it = 0; it < iters; it++)
@@ -1127,13 +1167,13 @@ __global__ void __launch_bounds__(256) k_mma_peak(int iters, unsigned int *sink)
 }
 double cuk_mma_peak(cudaStream_t st, unsigned int *sink, int sms, float *ms) {
     const int iters = 4096, blocks = sms * 4;
-    k_mma_peak<<<blocks, 256, 0, st>>>(64, sink); /* warm */
+    cu_launch(k_mma_peak, blocks, 256, 0, st, 64, sink); /* warm */
     cudaEvent_t a, b;
     cudaEventCreate(&a), cudaEventCreate(&b);
     double best = 0;
     for (int rep = 0; rep < 3; rep++) {
         cudaEventRecord(a, st);
-        k_mma_peak<<<blocks, 256, 0, st>>>(iters, sink);
+        cu_launch(k_mma_peak, blocks, 256, 0, st, iters, sink);
         cudaEventRecord(b, st);
         cudaEventSynchronize(b);
         float t = 0;
@@ -1158,7 +1198,7 @@ static void gemm_q_go(cudaStream_t st, const dw &W, const cu_xq &X, float *y, in
     if (nt <= 0) return;
     const int smem = QS * gq_layout<Q4, QM>::STAGE; /* past the 48 KB a launch may take unasked (set on the current device) */
     cudaFuncSetAttribute(k_gemm_q<Q4, QM>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    k_gemm_q<Q4, QM><<<dim3((unsigned)nt, (unsigned)((W.rows + GT - 1) / GT)), 2 * QM, smem, st>>>(W, X, y, ldy, n, tiles, ntiles_dev, list, xmap);
+    cu_launch(k_gemm_q<Q4, QM>, dim3((unsigned)nt, (unsigned)((W.rows + GT - 1) / GT)), 2 * QM, smem, st, W, X, y, ldy, n, tiles, ntiles_dev, list, xmap);
 }
 void cuk_gemm_q(cudaStream_t st, const dw &W, const cu_xq &X, float *y, int64_t ldy, int n, const int32_t *tiles, const int *ntiles_dev,
                 int max_tiles, const int32_t *list, const int32_t *xmap) {
@@ -1180,21 +1220,21 @@ void cuk_gemm(cudaStream_t st, const dw &W, const float *x, int64_t ldx, float *
     dim3 grid((unsigned)((W.rows + GT - 1) / GT), (unsigned)nt);
     if (tc && cuk_gemm_tc_ok(W)) {
         switch (W.qt) {
-        case QQ8ROW: k_gemm_tc<QQ8ROW><<<grid, 128, 0, st>>>(W, x, ldx, y, ldy, n, tiles, ntiles_dev, list, xmap); break;
-        case QQ8G: k_gemm_tc<QQ8G><<<grid, 128, 0, st>>>(W, x, ldx, y, ldy, n, tiles, ntiles_dev, list, xmap); break;
-        default: k_gemm_tc<QQ4G><<<grid, 128, 0, st>>>(W, x, ldx, y, ldy, n, tiles, ntiles_dev, list, xmap); break;
+        case QQ8ROW: cu_launch(k_gemm_tc<QQ8ROW>, grid, 128, 0, st, W, x, ldx, y, ldy, n, tiles, ntiles_dev, list, xmap); break;
+        case QQ8G: cu_launch(k_gemm_tc<QQ8G>, grid, 128, 0, st, W, x, ldx, y, ldy, n, tiles, ntiles_dev, list, xmap); break;
+        default: cu_launch(k_gemm_tc<QQ4G>, grid, 128, 0, st, W, x, ldx, y, ldy, n, tiles, ntiles_dev, list, xmap); break;
         }
         return;
     }
     int qt = W.cols % 8 == 0 ? W.qt : -1;
     switch (qt) {
-    case QF32: k_gemm<QF32><<<grid, 256, 0, st>>>(W, x, ldx, y, ldy, n, tiles, ntiles_dev, list, xmap); break;
-    case QBF16: k_gemm<QBF16><<<grid, 256, 0, st>>>(W, x, ldx, y, ldy, n, tiles, ntiles_dev, list, xmap); break;
-    case QF16: k_gemm<QF16><<<grid, 256, 0, st>>>(W, x, ldx, y, ldy, n, tiles, ntiles_dev, list, xmap); break;
-    case QQ8ROW: k_gemm<QQ8ROW><<<grid, 256, 0, st>>>(W, x, ldx, y, ldy, n, tiles, ntiles_dev, list, xmap); break;
-    case QQ8G: k_gemm<QQ8G><<<grid, 256, 0, st>>>(W, x, ldx, y, ldy, n, tiles, ntiles_dev, list, xmap); break;
-    case QQ4G: k_gemm<QQ4G><<<grid, 256, 0, st>>>(W, x, ldx, y, ldy, n, tiles, ntiles_dev, list, xmap); break;
-    default: k_gemm<-1><<<grid, 256, 0, st>>>(W, x, ldx, y, ldy, n, tiles, ntiles_dev, list, xmap); break;
+    case QF32: cu_launch(k_gemm<QF32>, grid, 256, 0, st, W, x, ldx, y, ldy, n, tiles, ntiles_dev, list, xmap); break;
+    case QBF16: cu_launch(k_gemm<QBF16>, grid, 256, 0, st, W, x, ldx, y, ldy, n, tiles, ntiles_dev, list, xmap); break;
+    case QF16: cu_launch(k_gemm<QF16>, grid, 256, 0, st, W, x, ldx, y, ldy, n, tiles, ntiles_dev, list, xmap); break;
+    case QQ8ROW: cu_launch(k_gemm<QQ8ROW>, grid, 256, 0, st, W, x, ldx, y, ldy, n, tiles, ntiles_dev, list, xmap); break;
+    case QQ8G: cu_launch(k_gemm<QQ8G>, grid, 256, 0, st, W, x, ldx, y, ldy, n, tiles, ntiles_dev, list, xmap); break;
+    case QQ4G: cu_launch(k_gemm<QQ4G>, grid, 256, 0, st, W, x, ldx, y, ldy, n, tiles, ntiles_dev, list, xmap); break;
+    default: cu_launch(k_gemm<-1>, grid, 256, 0, st, W, x, ldx, y, ldy, n, tiles, ntiles_dev, list, xmap); break;
     }
 }
 
@@ -1235,11 +1275,12 @@ __device__ float block_max_f(float v) {
 }
 
 __global__ void k_embed(dw W, const int32_t *ids, float *h) {
+    pdl_enter();
     int64_t r = blockIdx.y, c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (c < W.cols) h[r * W.cols + c] = wget(W, 0, ids[r], c);
 }
 void cuk_embed(cudaStream_t st, const dw &W, const int32_t *ids, int T, float *h) {
-    if (T > 0) k_embed<<<dim3((unsigned)((W.cols + 255) / 256), (unsigned)T), 256, 0, st>>>(W, ids, h);
+    if (T > 0) cu_launch(k_embed, dim3((unsigned)((W.cols + 255) / 256), (unsigned)T), 256, 0, st, W, ids, h);
 }
 
 /* Row norms: one block a row, each thread's values i = tid + k blockDim summed in k order into
@@ -1256,6 +1297,7 @@ __device__ __forceinline__ void norm_out(float *yr, int i, float v, const cu_xq 
     }
 }
 __global__ void k_rmsnorm(float *y, int64_t ldy, const float *x, int64_t ldx, const float *w, int n, double eps, cu_xq X) {
+    pdl_enter();
     const float *xr = x + blockIdx.x * ldx;
     float *yr = y + blockIdx.x * ldy;
     const int b = blockDim.x;
@@ -1280,13 +1322,14 @@ __global__ void k_rmsnorm(float *y, int64_t ldy, const float *x, int64_t ldx, co
     for (int i = threadIdx.x + NORM_PF * b; i < n; i += b) norm_out(yr, i, w[i] * (xr[i] * r), X, blockIdx.x);
 }
 void cuk_rmsnorm(cudaStream_t st, float *y, int64_t ldy, const float *x, int64_t ldx, const float *w, int n, int T, double eps, const cu_xq *X) {
-    if (T > 0) k_rmsnorm<<<T, 1024, 0, st>>>(y, ldy, x, ldx, w, n, eps, X ? *X : cu_xq{});
+    if (T > 0) cu_launch(k_rmsnorm, T, 1024, 0, st, y, ldy, x, ldx, w, n, eps, X ? *X : cu_xq{});
 }
 
 /* h += a (+ b: a + b first), then y = rmsnorm(h): cuk_add(s) and cuk_rmsnorm in one pass. The
  * pointers do not alias (else each step's loads would wait for the last step's store). */
 __global__ void k_add_rmsnorm(float *__restrict__ y, float *__restrict__ h, const float *__restrict__ a, const float *__restrict__ b,
                               const float *__restrict__ w, int n, double eps, cu_xq X) {
+    pdl_enter();
     float *hr = h + (int64_t)blockIdx.x * n, *yr = y + (int64_t)blockIdx.x * n;
     const float *ar = a + (int64_t)blockIdx.x * n, *br = b ? b + (int64_t)blockIdx.x * n : nullptr;
     const int bd = blockDim.x;
@@ -1317,17 +1360,19 @@ __global__ void k_add_rmsnorm(float *__restrict__ y, float *__restrict__ h, cons
     for (int i = threadIdx.x + NORM_PF * bd; i < n; i += bd) norm_out(yr, i, w[i] * (hr[i] * r), X, blockIdx.x);
 }
 void cuk_add_rmsnorm(cudaStream_t st, float *y, float *h, const float *a, const float *b, const float *w, int n, int T, double eps, const cu_xq *X) {
-    if (T > 0) k_add_rmsnorm<<<T, 1024, 0, st>>>(y, h, a, b, w, n, eps, X ? *X : cu_xq{});
+    if (T > 0) cu_launch(k_add_rmsnorm, T, 1024, 0, st, y, h, a, b, w, n, eps, X ? *X : cu_xq{});
 }
 
 __global__ void k_add(float *h, const float *y, int64_t n) {
+    pdl_enter();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) h[i] += y[i];
 }
 void cuk_add(cudaStream_t st, float *h, const float *y, int64_t n) {
-    if (n > 0) k_add<<<(unsigned)((n + 255) / 256), 256, 0, st>>>(h, y, n);
+    if (n > 0) cu_launch(k_add, (unsigned)((n + 255) / 256), 256, 0, st, h, y, n);
 }
 __global__ void k_silu_mul(float *g, const float *u, int64_t n) {
+    pdl_enter();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
         float a = g[i];
@@ -1335,7 +1380,7 @@ __global__ void k_silu_mul(float *g, const float *u, int64_t n) {
     }
 }
 void cuk_silu_mul(cudaStream_t st, float *g, const float *u, int64_t n) {
-    if (n > 0) k_silu_mul<<<(unsigned)((n + 255) / 256), 256, 0, st>>>(g, u, n);
+    if (n > 0) cu_launch(k_silu_mul, (unsigned)((n + 255) / 256), 256, 0, st, g, u, n);
 }
 
 /* op_rope on x[0..2 half) with the position's table row */
@@ -1352,6 +1397,7 @@ __device__ __forceinline__ void rope_pair(float *x, const float *cs, const float
  * the latent into the cache and rotates its rope part */
 __global__ void k_mla_prep(float *q, const float *kva, const float *kv_norm, int NH, int Dn, int Dr, int Rkv, int l, const cu_rowinfo *ri,
                            cu_rope rope) {
+    pdl_enter();
     int r = blockIdx.x, half = Dr / 2, Dqk = Dn + Dr;
     cu_rowinfo R = ri[r];
     const float *cs = rope.cos_ + (int64_t)R.pos * half, *sn = rope.sin_ + (int64_t)R.pos * half;
@@ -1377,7 +1423,7 @@ __global__ void k_mla_prep(float *q, const float *kva, const float *kv_norm, int
 }
 void cuk_mla_prep(cudaStream_t st, float *q, const float *kva, const float *kv_norm, int T, int NH, int Dn, int Dr, int Rkv, int l,
                   const cu_rowinfo *ri, cu_rope rope) {
-    if (T > 0) k_mla_prep<<<dim3((unsigned)T, (unsigned)(1 + (NH * (Dr / 2) + 255) / 256)), 256, 0, st>>>(q, kva, kv_norm, NH, Dn, Dr, Rkv, l, ri, rope);
+    if (T > 0) cu_launch(k_mla_prep, dim3((unsigned)T, (unsigned)(1 + (NH * (Dr / 2) + 255) / 256)), 256, 0, st, q, kva, kv_norm, NH, Dn, Dr, Rkv, l, ri, rope);
 }
 
 /* y[r][h][n] = sum_k x[r][h][k] Wh[k][n] for each head h (grid.z): NT 0 reads
@@ -1386,6 +1432,7 @@ void cuk_mla_prep(cudaStream_t st, float *q, const float *kva, const float *kv_n
 template <int NT>
 __global__ void k_head_mm(dw W, int64_t row0, int64_t hs, const float *x, int64_t ldxr, int64_t ldxh, int K, int N, float *y, int64_t ldyr,
                           int64_t ldyh, int T) {
+    pdl_enter();
     __shared__ float Xs[GK][GT + 4], Ws[GK][GT + 4];
     int h = blockIdx.z, tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
     int n0 = blockIdx.x * GT, r0 = blockIdx.y * GT;
@@ -1437,6 +1484,7 @@ __global__ void k_head_mm(dw W, int64_t row0, int64_t hs, const float *x, int64_
 #define UK_COLS 256
 #define UK_PARTS 8
 __global__ void __launch_bounds__(512) k_uk_q8(dw W, const float *__restrict__ q, int NH, int Dn, int Dr, int Dv, int Rkv, float *__restrict__ qt) {
+    pdl_enter();
     extern __shared__ float uk_sm[]; /* x [Dn], then the parts' sums [UK_PARTS][UK_COLS] */
     float *xs = uk_sm, *ps = uk_sm + Dn;
     const int h = blockIdx.x, r = blockIdx.y, tid = threadIdx.x, cg = tid & 63, part = tid >> 6;
@@ -1476,7 +1524,7 @@ void cuk_mla_uk(cudaStream_t st, const dw &kvb, const dw &ukt, const float *q, f
                 const int32_t *heads) {
     if (T <= 8 && cuk_mla_uk_direct(kvb, Rkv, Dn)) {
         dim3 g((unsigned)NH, (unsigned)T, (unsigned)((Rkv + UK_COLS - 1) / UK_COLS));
-        k_uk_q8<<<g, 64 * UK_PARTS, sizeof(float) * (Dn + UK_PARTS * UK_COLS), st>>>(kvb, q, NH, Dn, Dr, Dv, Rkv, qt);
+        cu_launch(k_uk_q8, g, 64 * UK_PARTS, sizeof(float) * (Dn + UK_PARTS * UK_COLS), st, kvb, q, NH, Dn, Dr, Dv, Rkv, qt);
         return;
     }
     if (T <= 8 && heads && ukt.d) { /* the GEMV form over W_UK^T's f32 copy, a head per slot */
@@ -1484,7 +1532,7 @@ void cuk_mla_uk(cudaStream_t st, const dw &kvb, const dw &ukt, const float *q, f
         return;
     }
     dim3 g((unsigned)((Rkv + GT - 1) / GT), (unsigned)((T + GT - 1) / GT), (unsigned)NH);
-    k_head_mm<0><<<g, 256, 0, st>>>(kvb, 0, Dn + Dv, q, (int64_t)NH * (Dn + Dr), Dn + Dr, Dn, Rkv, qt, (int64_t)NH * Rkv, Rkv, T);
+    cu_launch(k_head_mm<0>, g, 256, 0, st, kvb, 0, Dn + Dv, q, (int64_t)NH * (Dn + Dr), Dn + Dr, Dn, Rkv, qt, (int64_t)NH * Rkv, Rkv, T);
 }
 void cuk_mla_uv(cudaStream_t st, const dw &kvb, const float *lat, float *o, int T, int NH, int Dn, int Dv, int Rkv, const int32_t *heads) {
     if (T <= 8 && heads) { /* the GEMV form: slot r*NH + h is head h's W_UV (an "expert") on lat row r*NH + h */
@@ -1498,7 +1546,7 @@ void cuk_mla_uv(cudaStream_t st, const dw &kvb, const float *lat, float *o, int 
         return;
     }
     dim3 g((unsigned)((Dv + GT - 1) / GT), (unsigned)((T + GT - 1) / GT), (unsigned)NH);
-    k_head_mm<1><<<g, 256, 0, st>>>(kvb, Dn, Dn + Dv, lat, (int64_t)NH * Rkv, Rkv, Rkv, Dv, o, (int64_t)NH * Dv, Dv, T);
+    cu_launch(k_head_mm<1>, g, 256, 0, st, kvb, Dn, Dn + Dv, lat, (int64_t)NH * Rkv, Rkv, Rkv, Dv, o, (int64_t)NH * Dv, Dv, T);
 }
 
 /* S[r][h][i] = scale * ([q~ | q_pe][r][h] . key(sel[r][i])): a tile of 64 heads x 64 keys of
@@ -1507,6 +1555,7 @@ void cuk_mla_uv(cudaStream_t st, const dw &kvb, const float *lat, float *o, int 
  * unscaled partial sums to S + z pstride, and the softmax adds them in split order. */
 __global__ void k_attn_scores(const float *q, const float *qt, float *S, int64_t ldS, const int32_t *sel, int64_t ld_sel, const int *seln, int NH,
                               int Dn, int Dr, int Rkv, float scale, int l, const cu_rowinfo *ri, int dsplit, int per, int64_t pstride) {
+    pdl_enter();
     __shared__ float Qs[GK][GT + 4], Ks[GK][GT + 4];
     __shared__ const float *kp[GT];
     int hzn = (NH + GT - 1) / GT, split = blockIdx.z / hzn;
@@ -1546,6 +1595,7 @@ __global__ void k_attn_scores(const float *q, const float *qt, float *S, int64_t
 /* p = exp(s - max) / sum over the row's keys, in place; s = scale * the dsplit partials summed
  * in split order first when the scores were split */
 __global__ void k_attn_softmax(float *S, int64_t ldS, const int *seln, int NH, int dsplit, int64_t pstride, float scale) {
+    pdl_enter();
     int rh = blockIdx.x, n = seln[rh / NH];
     float *s = S + (int64_t)rh * ldS;
     float mx = -INFINITY;
@@ -1573,6 +1623,7 @@ __global__ void k_attn_softmax(float *S, int64_t ldS, const int *seln, int NH, i
  * of 64 heads x 64 latent columns of one row, keys ascending */
 __global__ void k_attn_pv(const float *S, int64_t ldS, const int32_t *sel, int64_t ld_sel, const int *seln, float *out, int T, int NH, int Dr,
                           int Rkv, int l, const cu_rowinfo *ri, int nsplit, int per) {
+    pdl_enter();
     __shared__ float Ps[GK][GT + 4], Cs[GK][GT + 4];
     int r = blockIdx.y, c0 = blockIdx.x * GT, hz = blockIdx.z % ((NH + GT - 1) / GT), sp = blockIdx.z / ((NH + GT - 1) / GT), h0 = hz * GT;
     int n = seln[r], a = sp * per, b = a + per < n ? a + per : n;
@@ -1617,6 +1668,7 @@ __global__ void k_attn_pv(const float *S, int64_t ldS, const int32_t *sel, int64
 
 /* lat = the splits' partials summed in split order */
 __global__ void k_attn_reduce(const float *partial, float *lat, int64_t n, int nsplit) {
+    pdl_enter();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float s = 0.f;
@@ -1692,6 +1744,7 @@ template <int TC>
 __global__ void __launch_bounds__(256) k_attn_flash(const float *__restrict__ q, const float *__restrict__ qt, const int32_t *__restrict__ sel,
                                                     int64_t ld_sel, const int *__restrict__ seln, int NH, int Dn, int Dr, int Rkv, float scale, int l,
                                                     const cu_rowinfo *__restrict__ ri, int per, float *__restrict__ part, float *__restrict__ ml) {
+    pdl_enter();
     extern __shared__ __align__(16) float fsm[];
     constexpr int NP = TC ? 8 : 2;             /* parts of the dimension the scores are summed from */
     const int D = Rkv + Dr, Dp = flash_dp(D), qst = Dp + 4, T = gridDim.y;
@@ -1879,6 +1932,7 @@ __global__ void __launch_bounds__(256) k_attn_flash(const float *__restrict__ q,
  * m and L = sum l_s e^(m_s - M) (lane s holds split s; the sum a fixed tree), splits in order */
 __global__ void __launch_bounds__(512) k_attn_merge(const float *__restrict__ part, const float *__restrict__ ml, const int *__restrict__ seln, int per,
                                                     int NH, int Rkv, float *__restrict__ lat) {
+    pdl_enter();
     __shared__ float w[32];
     const int T = gridDim.y, r = blockIdx.y, h = blockIdx.x, ns = (seln[r] + per - 1) / per;
     if (threadIdx.x < 32) {
@@ -1937,13 +1991,13 @@ void cuk_mla_attn(cudaStream_t st, const float *q, const float *qt, float *S, in
         dim3 grid((unsigned)ns, (unsigned)T, (unsigned)((NH + FH - 1) / FH));
         if (form == 2) {
             cudaFuncSetAttribute(k_attn_flash<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-            k_attn_flash<1><<<grid, 256, smem, st>>>(q, qt, sel, ld_sel, seln, NH, Dn, Dr, Rkv, scale, l, ri, per, out, ml);
+            cu_launch(k_attn_flash<1>, grid, 256, smem, st, q, qt, sel, ld_sel, seln, NH, Dn, Dr, Rkv, scale, l, ri, per, out, ml);
         } else {
             cudaFuncSetAttribute(k_attn_flash<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-            k_attn_flash<0><<<grid, 256, smem, st>>>(q, qt, sel, ld_sel, seln, NH, Dn, Dr, Rkv, scale, l, ri, per, out, ml);
+            cu_launch(k_attn_flash<0>, grid, 256, smem, st, q, qt, sel, ld_sel, seln, NH, Dn, Dr, Rkv, scale, l, ri, per, out, ml);
         }
         if (direct) return;
-        k_attn_merge<<<dim3((unsigned)NH, (unsigned)T), 512, 0, st>>>(partial, S, seln, per, NH, Rkv, lat);
+        cu_launch(k_attn_merge, dim3((unsigned)NH, (unsigned)T), 512, 0, st, partial, S, seln, per, NH, Rkv, lat);
         return;
     }
     int hz = (NH + GT - 1) / GT, stages = (Rkv + Dr + GK - 1) / GK, dsplit = 1;
@@ -1957,15 +2011,15 @@ void cuk_mla_attn(cudaStream_t st, const float *q, const float *qt, float *S, in
     dsplit = (stages + dper - 1) / dper;
     int64_t pstride = (int64_t)T * NH * ldS;
     dim3 g1((unsigned)((nmax + GT - 1) / GT), (unsigned)T, (unsigned)(hz * dsplit));
-    k_attn_scores<<<g1, 256, 0, st>>>(q, qt, S, ldS, sel, ld_sel, seln, NH, Dn, Dr, Rkv, scale, l, ri, dsplit, dper, pstride);
-    k_attn_softmax<<<T * NH, 1024, 0, st>>>(S, ldS, seln, NH, dsplit, pstride, scale);
+    cu_launch(k_attn_scores, g1, 256, 0, st, q, qt, S, ldS, sel, ld_sel, seln, NH, Dn, Dr, Rkv, scale, l, ri, dsplit, dper, pstride);
+    cu_launch(k_attn_softmax, T * NH, 1024, 0, st, S, ldS, seln, NH, dsplit, pstride, scale);
     if (nsplit < 1) nsplit = 1;
     int per = ((nmax + nsplit - 1) / nsplit + GK - 1) / GK * GK;
     dim3 g2((unsigned)((Rkv + GT - 1) / GT), (unsigned)T, (unsigned)(hz * nsplit));
-    k_attn_pv<<<g2, 256, 0, st>>>(S, ldS, sel, ld_sel, seln, nsplit > 1 ? partial : lat, T, NH, Dr, Rkv, l, ri, nsplit, per);
+    cu_launch(k_attn_pv, g2, 256, 0, st, S, ldS, sel, ld_sel, seln, nsplit > 1 ? partial : lat, T, NH, Dr, Rkv, l, ri, nsplit, per);
     if (nsplit > 1) {
         int64_t n = (int64_t)T * NH * Rkv;
-        k_attn_reduce<<<(unsigned)((n + 255) / 256), 256, 0, st>>>(partial, lat, n, nsplit);
+        cu_launch(k_attn_reduce, (unsigned)((n + 255) / 256), 256, 0, st, partial, lat, n, nsplit);
     }
 }
 
@@ -1973,6 +2027,7 @@ void cuk_mla_attn(cudaStream_t st, const float *q, const float *qt, float *S, in
 
 __global__ void k_dsa_prep(float *qi, float *k, float *iw, const float *kn_w, const float *kn_b, int Hi, int Di, int Dr, float wscale, int l,
                            const cu_rowinfo *ri, cu_rope rope) {
+    pdl_enter();
     int r = blockIdx.x, half = Dr / 2;
     cu_rowinfo R = ri[r];
     const float *cs = rope.cos_ + (int64_t)R.pos * half, *sn = rope.sin_ + (int64_t)R.pos * half;
@@ -2001,12 +2056,13 @@ __global__ void k_dsa_prep(float *qi, float *k, float *iw, const float *kn_w, co
 void cuk_dsa_prep(cudaStream_t st, float *qi, float *k, float *iw, const float *kn_w, const float *kn_b, int T, int Hi, int Di, int Dr, float wscale,
                   int l, const cu_rowinfo *ri, cu_rope rope) {
     int qb = (Hi * (Dr / 2) > Hi ? Hi * (Dr / 2) : Hi) + 255;
-    if (T > 0) k_dsa_prep<<<dim3((unsigned)T, (unsigned)(1 + (qi || iw ? qb / 256 : 0))), 256, sizeof(float) * Di, st>>>(qi, k, iw, kn_w, kn_b, Hi, Di, Dr, wscale, l, ri, rope);
+    if (T > 0) cu_launch(k_dsa_prep, dim3((unsigned)T, (unsigned)(1 + (qi || iw ? qb / 256 : 0))), 256, sizeof(float) * Di, st, qi, k, iw, kn_w, kn_b, Hi, Di, Dr, wscale, l, ri, rope);
 }
 
 /* I(s,t) = sum_h w_h ReLU(q_h . k_t), h ascending; one warp per key */
 __global__ void k_dsa_scores(const float *qi, const float *iw, float *sc, int64_t ldsc, int Hi, int Di, int topk, int l, const cu_rowinfo *ri,
                              const int *always) {
+    pdl_enter();
     int r = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     cu_rowinfo R = ri[r];
     int n = R.pos + 1;
@@ -2122,6 +2178,7 @@ __device__ void block_topk(const float *v, int n, int k, int32_t *idx) {
 }
 
 __global__ void k_dsa_topk(const float *sc, int64_t ldsc, int32_t *sel, int64_t ld_sel, int *seln, int topk, const cu_rowinfo *ri, const int *always) {
+    pdl_enter();
     int r = blockIdx.x, n = ri[r].pos + 1;
     int32_t *out = sel + (int64_t)r * ld_sel;
     if (n <= topk && !always[r]) {
@@ -2138,13 +2195,16 @@ void cuk_dsa_select(cudaStream_t st, const float *qi, const float *iw, float *sc
                     int Hi, int Di, int topk, int l, const cu_rowinfo *ri, const int *always, int nmax) {
     if (qi) {
         dim3 g((unsigned)T, (unsigned)((nmax + 7) / 8));
-        k_dsa_scores<<<g, 256, 0, st>>>(qi, iw, sc, ldsc, Hi, Di, topk, l, ri, always);
+        cu_launch(k_dsa_scores, g, 256, 0, st, qi, iw, sc, ldsc, Hi, Di, topk, l, ri, always);
     }
-    k_dsa_topk<<<T, 1024, 0, st>>>(sc, ldsc, sel, ld_sel, seln, topk, ri, always);
+    cu_launch(k_dsa_topk, T, 1024, 0, st, sc, ldsc, sel, ld_sel, seln, topk, ri, always);
 }
 
-__global__ void k_topk1(const float *v, int n, int k, int32_t *idx) { block_topk(v, n, k, idx); }
-void cuk_topk(cudaStream_t st, const float *v, int n, int k, int32_t *idx) { k_topk1<<<1, 1024, 0, st>>>(v, n, k, idx); }
+__global__ void k_topk1(const float *v, int n, int k, int32_t *idx) {
+    pdl_enter();
+    block_topk(v, n, k, idx);
+}
+void cuk_topk(cudaStream_t st, const float *v, int n, int k, int32_t *idx) { cu_launch(k_topk1, 1, 1024, 0, st, v, n, k, idx); }
 
 /* ---- MoE ---- */
 
@@ -2157,6 +2217,7 @@ void cuk_topk(cudaStream_t st, const float *v, int n, int k, int32_t *idx) { k_t
  * with E <= 32 x ROUTE_PER a lane keeps its values in registers (the same comparisons in the
  * same order as from shared memory, so the same choice, NaN scores included) */
 __global__ void k_route(const float *lg, const float *bias, int T, cu_route_cfg c, int32_t *idx, float *wts, int32_t *slot_x, int regs) {
+    pdl_enter();
     __shared__ float s[ROUTE_EMAX], ch[ROUTE_EMAX];
     __shared__ unsigned char taken[ROUTE_EMAX];
     int r = blockIdx.x, lane = threadIdx.x, E = c.E, K = c.K;
@@ -2242,13 +2303,14 @@ __global__ void k_route(const float *lg, const float *bias, int T, cu_route_cfg 
         }
 }
 void cuk_route(cudaStream_t st, const float *lg, const float *bias, int T, cu_route_cfg rc, int32_t *idx, float *wts, int32_t *slot_x, int regs) {
-    if (T > 0) k_route<<<T, 32, 0, st>>>(lg, bias, T, rc, idx, wts, slot_x, regs);
+    if (T > 0) cu_launch(k_route, T, 32, 0, st, lg, bias, T, rc, idx, wts, slot_x, regs);
 }
 
 /* trace-driven routing (benchmarks): row r takes the trace's experts of its token ri[r].rtok
  * (modulo the trace's length) at trace layer tl, weighted as moe_route_given does */
 __global__ void k_route_given(const float *lg, int T, cu_route_cfg c, const int16_t *trace, int n_tok, int n_layers, int tl, const cu_rowinfo *ri,
                               int32_t *idx, float *wts) {
+    pdl_enter();
     int r = blockIdx.x * blockDim.x + threadIdx.x;
     if (r >= T) return;
     int K = c.K;
@@ -2270,7 +2332,7 @@ __global__ void k_route_given(const float *lg, int T, cu_route_cfg c, const int1
 }
 void cuk_route_given(cudaStream_t st, const float *lg, int T, cu_route_cfg rc, const int16_t *trace, int n_tok, int n_layers, int tl,
                      const cu_rowinfo *ri, int32_t *idx, float *wts) {
-    if (T > 0) k_route_given<<<(T + 63) / 64, 64, 0, st>>>(lg, T, rc, trace, n_tok, n_layers, tl, ri, idx, wts);
+    if (T > 0) cu_launch(k_route_given, (T + 63) / 64, 64, 0, st, lg, T, rc, trace, n_tok, n_layers, tl, ri, idx, wts);
 }
 
 /* counting sort of the T*K choice slots by expert (rows ascending within one), and the GEMM's
@@ -2278,6 +2340,7 @@ void cuk_route_given(cudaStream_t st, const float *lg, int T, cu_route_cfg rc, c
  * warp 0, 32 slots a step (a slot's place: its expert's next place plus the earlier lanes of
  * the step that chose the same expert) */
 __global__ void k_moe_sort(const int32_t *idx, int T, int K, int E, int tm, int32_t *list, int32_t *tiles, int *ntiles) {
+    pdl_enter();
     extern __shared__ int cnt[]; /* [E + 1] */
     for (int e = threadIdx.x; e <= E; e += blockDim.x) cnt[e] = 0;
     __syncthreads();
@@ -2308,11 +2371,12 @@ __global__ void k_moe_sort(const int32_t *idx, int T, int K, int E, int tm, int3
     }
 }
 void cuk_moe_sort(cudaStream_t st, const int32_t *idx, int T, int K, int E, int tm, int32_t *list, int32_t *tiles, int *ntiles) {
-    k_moe_sort<<<1, 1024, sizeof(int) * (E + 1), st>>>(idx, T, K, E, tm, list, tiles, ntiles);
+    cu_launch(k_moe_sort, 1, 1024, sizeof(int) * (E + 1), st, idx, T, K, E, tm, list, tiles, ntiles);
 }
 
 /* row blockIdx.y, columns blockIdx.x * 256 ..: one column a thread */
 __global__ void k_moe_combine(const float *yk, const int32_t *idx, const float *wts, int K, int H, float *out) {
+    pdl_enter();
     __shared__ int order[32], id[32];
     __shared__ float w[32];
     int r = blockIdx.y, kk = K < 32 ? K : 32, k = threadIdx.x;
@@ -2333,18 +2397,20 @@ __global__ void k_moe_combine(const float *yk, const int32_t *idx, const float *
     out[(int64_t)r * H + c] = acc;
 }
 void cuk_moe_combine(cudaStream_t st, const float *yk, const int32_t *idx, const float *wts, int T, int K, int H, float *out) {
-    if (T > 0) k_moe_combine<<<dim3((unsigned)((H + 255) / 256), (unsigned)T), 256, 0, st>>>(yk, idx, wts, K, H, out);
+    if (T > 0) cu_launch(k_moe_combine, dim3((unsigned)((H + 255) / 256), (unsigned)T), 256, 0, st, yk, idx, wts, K, H, out);
 }
 
 __global__ void k_count_union(const int32_t *idx, int n, int32_t *mark, unsigned long long *count) {
+    pdl_enter();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n && atomicExch(&mark[idx[i]], 1) == 0) atomicAdd(count, 1ull);
 }
 void cuk_count_union(cudaStream_t st, const int32_t *idx, int n, int32_t *mark, unsigned long long *count) {
-    if (n > 0) k_count_union<<<(n + 255) / 256, 256, 0, st>>>(idx, n, mark, count);
+    if (n > 0) cu_launch(k_count_union, (n + 255) / 256, 256, 0, st, idx, n, mark, count);
 }
 
 __global__ void k_read(const uint4 *p, size_t n, unsigned int *sink) {
+    pdl_enter();
     unsigned int x = 0;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         uint4 v = __ldcs(p + i);
@@ -2352,12 +2418,13 @@ __global__ void k_read(const uint4 *p, size_t n, unsigned int *sink) {
     }
     if (x == 0x9e3779b9u) atomicXor(sink, x); /* never true for zeroed memory: keeps the loads */
 }
-void cuk_read(cudaStream_t st, const uint4 *p, size_t n, unsigned int *sink) { k_read<<<132 * 8, 512, 0, st>>>(p, n, sink); }
+void cuk_read(cudaStream_t st, const uint4 *p, size_t n, unsigned int *sink) { cu_launch(k_read, 132 * 8, 512, 0, st, p, n, sink); }
 
 /* ---- the expert tiers' copies (tiers.cu) ---- */
 
 /* scales: one thread an entry of [rows][sc] */
 __global__ void k_unpack_scales(const void *raw, int sdt, int r16, int64_t rows, int64_t scale_cols, int64_t sc, float *s) {
+    pdl_enter();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= rows * sc) return;
     int64_t r = i / sc, g = i % sc;
@@ -2371,6 +2438,7 @@ __global__ void k_unpack_scales(const void *raw, int sdt, int r16, int64_t rows,
 /* row-interleaved data (PT_LAYOUT_R16, quant/qtypes.h) into the plain layout: one thread an
  * output byte (q8: w + 128 -> int8 w; q4: two columns' nibbles, w + 8 kept) */
 __global__ void k_unpack_r16(const uint8_t *raw, int q4, int64_t rows, int64_t rb, uint8_t *d) {
+    pdl_enter();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= rows * rb) return;
     int64_t r = i / rb, ob = i % rb;
@@ -2390,16 +2458,17 @@ __global__ void k_unpack_r16(const uint8_t *raw, int q4, int64_t rows, int64_t r
 }
 void cuk_unpack(cudaStream_t st, int qt, int r16, const uint8_t *raw_d, const void *raw_s, int sdt, int64_t rows, int64_t rb, int64_t scale_cols,
                 int64_t sc, uint8_t *d, float *s) {
-    if (raw_d && r16) k_unpack_r16<<<(unsigned)((rows * rb + 255) / 256), 256, 0, st>>>(raw_d, qt == QQ4G, rows, rb, d);
-    if (raw_s && sc) k_unpack_scales<<<(unsigned)((rows * sc + 255) / 256), 256, 0, st>>>(raw_s, sdt, r16, rows, scale_cols, sc, s);
+    if (raw_d && r16) cu_launch(k_unpack_r16, (unsigned)((rows * rb + 255) / 256), 256, 0, st, raw_d, qt == QQ4G, rows, rb, d);
+    if (raw_s && sc) cu_launch(k_unpack_scales, (unsigned)((rows * sc + 255) / 256), 256, 0, st, raw_s, sdt, r16, rows, scale_cols, sc, s);
 }
 
 __global__ void k_scatter_rows(const float *src, int64_t n, const int32_t *pos, float *dst) {
+    pdl_enter();
     int j = blockIdx.y;
     const float *a = src + (int64_t)j * n;
     float *b = dst + (int64_t)pos[j] * n;
     for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < n; c += (int64_t)gridDim.x * blockDim.x) b[c] = a[c];
 }
 void cuk_scatter_rows(cudaStream_t st, const float *src, int m, int64_t n, const int32_t *pos, float *dst) {
-    if (m > 0) k_scatter_rows<<<dim3((unsigned)((n + 255) / 256 < 64 ? (n + 255) / 256 : 64), (unsigned)m), 256, 0, st>>>(src, n, pos, dst);
+    if (m > 0) cu_launch(k_scatter_rows, dim3((unsigned)((n + 255) / 256 < 64 ? (n + 255) / 256 : 64), (unsigned)m), 256, 0, st, src, n, pos, dst);
 }

@@ -468,6 +468,12 @@ extern "C" void cu_model_use_fused_quant(cu_model *m, int on) {
     pthread_mutex_unlock(&m->mu);
 }
 extern "C" unsigned long long cu_model_fused_count(const cu_model *m) { return m->fused; }
+extern "C" void cu_model_use_pdl(cu_model *m, int on) {
+    pthread_mutex_lock(&m->mu);
+    m->no_pdl = !on;
+    graphs_clear(m); /* a graph keeps the launches' attributes it was captured with */
+    pthread_mutex_unlock(&m->mu);
+}
 extern "C" int cu_model_graph_count(const cu_model *m) {
     int n = 0;
     for (int i = 0; i < CU_GRAPHS; i++) n += m->graphs[i].ex != NULL;
@@ -909,6 +915,16 @@ static int chunk_kernels(cu_model *m, fscr &f, const fscr &f0, const chunk_k &ck
     return 0;
 }
 
+/* chunk_kernels in the model's launch mode: kernels start as their predecessors end
+ * (programmatic dependent launch) unless turned off, profiled (events between the parts) or
+ * tiered (experts on other streams and the host) */
+static int chunk_run(cu_model *m, fscr &f, const fscr &f0, const chunk_k &ck, petrel_error *err) {
+    const int was = cuk_pdl(!m->no_pdl && !m->prof && !m->tiers);
+    const int r = chunk_kernels(m, f, f0, ck, err);
+    cuk_pdl(was);
+    return r;
+}
+
 static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *ids, int T, float *logits, const int32_t *lrows, int nlog,
                          int *lnext, float *hidden, uint64_t *experts_run, petrel_error *err) {
     const petrel_config *c = m->c;
@@ -993,7 +1009,7 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
         if (!ex) {
             cudaGraph_t g = NULL;
             if (cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) == cudaSuccess) {
-                r = chunk_kernels(m, f, f0, ck, err);
+                r = chunk_run(m, f, f0, ck, err);
                 if (cudaStreamEndCapture(st, &g) == cudaSuccess && !r && g && cudaGraphInstantiate(&ex, g, 0) == cudaSuccess) graph_put(m, key, ex);
                 else ex = NULL;
                 if (g) cudaGraphDestroy(g);
@@ -1005,7 +1021,7 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
         }
     }
     if (ex) rc = cudaGraphLaunch(ex, st);
-    else r = chunk_kernels(m, f, f0, ck, err);
+    else r = chunk_run(m, f, f0, ck, err);
     if (r) return r;
     const int staged = nl <= CU_PIN_LOGITS;
     if (nl && rc == cudaSuccess)
