@@ -1890,37 +1890,28 @@ __global__ void __launch_bounds__(256) k_attn_flash(const float *__restrict__ q,
         }
         __syncthreads(); /* this tile's buffer, scores and probabilities are read: the next load may take the buffer */
     }
-    /* part [s][r][NH][Rkv], ml [s][r][NH][2]; without ml (one range a row) part is lat itself:
-     * acc scaled by 1 / l, as k_attn_merge scales one range */
-    if (!ml) { /* the heads' sums, for 1 / l */
-        if (lane == 0) al[2 * warp] = l2[0], al[2 * warp + 1] = l2[1];
-        __syncthreads();
-    }
+    /* part [s][r][NH][Rkv], ml [s][r][NH][2] */
     if constexpr (!TC) {
 #pragma unroll
         for (int h = 0; h < FH; h++) {
             if (h0 + h >= NH) break;
             float *o = part + (((int64_t)s * T + r) * NH + h0 + h) * Rkv;
-            const float ih = ml ? 1.f : 1.f / al[h];
-            if (tid < Rkv) o[tid] = ml ? acc[h / 4][h % 4] : fmaf(acc[h / 4][h % 4], ih, 0.f);
-            if (tid + 256 < Rkv) o[tid + 256] = ml ? acc[FH / 4 + h / 4][h % 4] : fmaf(acc[FH / 4 + h / 4][h % 4], ih, 0.f);
+            if (tid < Rkv) o[tid] = acc[h / 4][h % 4];
+            if (tid + 256 < Rkv) o[tid + 256] = acc[FH / 4 + h / 4][h % 4];
         }
     } else {
-        const float ia = ml ? 1.f : 1.f / al[g], ib = ml ? 1.f : 1.f / al[g + 8];
 #pragma unroll
         for (int j = 0; j < 8; j++) {
             int c = 64 * warp + 8 * j + 2 * t4;
             if (64 * warp + 8 * j >= Rkv) break;
             float *o0 = part + (((int64_t)s * T + r) * NH + h0 + g) * Rkv + c, *o1 = o0 + (int64_t)8 * Rkv;
-            float v0 = ml ? acc[j][0] : fmaf(acc[j][0], ia, 0.f), v1 = ml ? acc[j][1] : fmaf(acc[j][1], ia, 0.f);
-            float v2 = ml ? acc[j][2] : fmaf(acc[j][2], ib, 0.f), v3 = ml ? acc[j][3] : fmaf(acc[j][3], ib, 0.f);
-            if (h0 + g < NH && c < Rkv) o0[0] = v0;
-            if (h0 + g < NH && c + 1 < Rkv) o0[1] = v1;
-            if (h0 + g + 8 < NH && c < Rkv) o1[0] = v2;
-            if (h0 + g + 8 < NH && c + 1 < Rkv) o1[1] = v3;
+            if (h0 + g < NH && c < Rkv) o0[0] = acc[j][0];
+            if (h0 + g < NH && c + 1 < Rkv) o0[1] = acc[j][1];
+            if (h0 + g + 8 < NH && c < Rkv) o1[0] = acc[j][2];
+            if (h0 + g + 8 < NH && c + 1 < Rkv) o1[1] = acc[j][3];
         }
     }
-    if (lane == 0 && ml)
+    if (lane == 0)
 #pragma unroll
         for (int j = 0; j < 2; j++) {
             int h = h0 + 2 * warp + j;
@@ -1957,7 +1948,7 @@ __global__ void __launch_bounds__(512) k_attn_merge(const float *__restrict__ pa
 }
 
 int cuk_attn_flash_ok(int T, int Rkv, int Dr) {
-    return T >= 1 && Rkv <= 512 && (Rkv + Dr) % 4 == 0 && attn_flash_smem(Rkv, Dr) <= 227 * 1024 ? 2 : 0;
+    return T >= 1 && T <= 8 && Rkv <= 512 && (Rkv + Dr) % 4 == 0 && attn_flash_smem(Rkv, Dr) <= 227 * 1024 ? 2 : 0;
 }
 
 /* the flash form's split: keys a block (whole tiles) for about one wave of blocks */
@@ -1983,20 +1974,17 @@ void cuk_mla_attn(cudaStream_t st, const float *q, const float *qt, float *S, in
                   int flash) {
     int form = flash ? cuk_attn_flash_ok(T, Rkv, Dr) : 0;
     if (form && flash < form) form = flash; /* flash 1: the f32 fma form even where tensor cores would take the shape */
-    if (form) { /* up to 8 rows: key ranges merged after, m and l in S (2 nsplit T NH floats, nsplit <= nmax); more: one range a row, lat written directly */
-        const int direct = T > 8;
-        int per = direct ? (nmax + FK - 1) / FK * FK : attn_flash_per(T, NH, nmax), ns = (nmax + per - 1) / per;
-        float *out = direct ? lat : partial, *ml = direct ? nullptr : S;
+    if (form) { /* m and l in S: 2 nsplit T NH floats, nsplit <= nmax */
+        int per = attn_flash_per(T, NH, nmax), ns = (nmax + per - 1) / per;
         size_t smem = attn_flash_smem(Rkv, Dr);
         dim3 grid((unsigned)ns, (unsigned)T, (unsigned)((NH + FH - 1) / FH));
         if (form == 2) {
             cudaFuncSetAttribute(k_attn_flash<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-            cu_launch(k_attn_flash<1>, grid, 256, smem, st, q, qt, sel, ld_sel, seln, NH, Dn, Dr, Rkv, scale, l, ri, per, out, ml);
+            cu_launch(k_attn_flash<1>, grid, 256, smem, st, q, qt, sel, ld_sel, seln, NH, Dn, Dr, Rkv, scale, l, ri, per, partial, S);
         } else {
             cudaFuncSetAttribute(k_attn_flash<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-            cu_launch(k_attn_flash<0>, grid, 256, smem, st, q, qt, sel, ld_sel, seln, NH, Dn, Dr, Rkv, scale, l, ri, per, out, ml);
+            cu_launch(k_attn_flash<0>, grid, 256, smem, st, q, qt, sel, ld_sel, seln, NH, Dn, Dr, Rkv, scale, l, ri, per, partial, S);
         }
-        if (direct) return;
         cu_launch(k_attn_merge, dim3((unsigned)NH, (unsigned)T), 512, 0, st, partial, S, seln, per, NH, Rkv, lat);
         return;
     }

@@ -402,6 +402,7 @@ extern "C" int cu_model_open(const petrel_engine *e, int device, uint64_t vram_b
     if (!(m->L = (cu_layer *)calloc((size_t)L, sizeof(cu_layer)))) r = pt_err(err, PETREL_ENOMEM, "out of memory");
     m->rows = CU_ROWS;
     m->use_graphs = 1;
+    m->no_fuse = 1; /* the norms' own quantization: off (on the 1-dense + 4-MoE slice it cost more than the kernels it saves) */
     const model_w *w = &e->w;
     if (!r) r = up_w(m, &w->embed_tokens, "embed_tokens", &m->embed, err);
     if (!r) {
