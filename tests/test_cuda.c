@@ -632,7 +632,8 @@ done:
  * on the golden prompt, the decode's KL to the reference within 10 % of the CPU default's (the
  * GPU also quantizes x for q8 weights, the CPU's r16 kernels their own way: not bitwise); graph
  * and direct launches, norms that quantize their outputs and kernels that do, and kernels
- * launched as programmatic dependents and not (decode and a prompt's forward), bitwise */
+ * launched as programmatic dependents and not (decode and a prompt's forward), and a step's
+ * kernels on two streams and on one, bitwise */
 TEST(cuda, decode_int8_rows) {
     if (!need_gpu()) return;
     const char *pk = test_pack_of("trained", CVQ_Q4);
@@ -674,6 +675,13 @@ TEST(cuda, decode_int8_rows) {
             bad = 0;
             for (size_t i = 0; !rc3 && i < (size_t)T * V; i++) bad += memcmp(&l0[i], &l1[i], 4) != 0;
             CHECK_MSG(!rc3 && bad == 0, "int8 decode: %zu logits differ between quantizing in the norms and after them", bad);
+            CHECK_MSG(cu_model_fork_count(g->cu) > 0, "int8 decode: no part of a step ran on the second stream");
+            cu_model_use_fork(g->cu, 0); /* every kernel on one stream: the shared experts and the DSA top-k in line */
+            int rc7 = run_logits(g, ids, T, 1, l0);
+            cu_model_use_fork(g->cu, 1);
+            bad = 0;
+            for (size_t i = 0; !rc7 && i < (size_t)T * V; i++) bad += memcmp(&l0[i], &l1[i], 4) != 0;
+            CHECK_MSG(!rc7 && bad == 0, "int8 decode: %zu logits differ between one stream and two", bad);
             cu_model_use_pdl(g->cu, 0); /* each kernel launched after its predecessor's end instead of as its dependent */
             int rc4 = run_logits(g, ids, T, 1, l0);
             bad = 0;

@@ -71,6 +71,12 @@ unsigned long long cu_model_fused_count(const cu_model *m);
  * cu_model_use_pdl(m, 0) launches each after its predecessor's end instead (tests and
  * benchmarks: the same bits either way) */
 void cu_model_use_pdl(cu_model *m, int on);
+/* Forwards of up to 8 rows (resident, not profiled) run parts of a layer on a second stream:
+ * the shared expert beside the router and routed experts, the DSA keys and top-k beside the MLA
+ * queries' rope and W_UK products; cu_model_use_fork(m, 0) keeps every kernel on one stream
+ * (tests and benchmarks: the same kernels on the same inputs, the same bits either way) */
+void cu_model_use_fork(cu_model *m, int on);
+unsigned long long cu_model_fork_count(const cu_model *m); /* parts launched or captured on the second stream since open */
 int cu_model_graph_count(const cu_model *m); /* the decode graphs kept now (0: none made, or graphs off) */
 /* The expert tiers' counters since open (all zero when every expert is in HBM): per MoE layer
  * of a forward, `uses` distinct experts ran, `hits` of them were in an HBM slot, the rest were

@@ -68,6 +68,13 @@ struct cu_model {
     int no_stacks;              /* run the layers' stacked products each alone (cu_model_use_stacks) */
     int no_fuse;                /* norms leave their outputs' quantization to cuk_actq (cu_model_use_fused_quant) */
     int no_pdl;                 /* launch each kernel after its predecessor's end (cu_model_use_pdl) */
+    int no_fork;                /* run every kernel of a step on one stream (cu_model_use_fork) */
+    unsigned long long forks;   /* parts launched (or captured) on the side stream since open */
+    /* the side stream of up to 8 rows' forwards: a MoE layer's shared expert beside its router
+     * and routed experts, and a selecting layer's DSA keys and top-k beside the MLA queries'
+     * rope and W_UK products; fork / join: the events that order the two streams */
+    cudaStream_t side;
+    cudaEvent_t fork, join;
     unsigned long long fused;   /* norm outputs quantized by the norm since open */
     size_t scr_cap;
     char desc[256];
@@ -129,6 +136,13 @@ struct fscr {
      * hold xn_of [rows][xn_cols] as cuk_actq mode 0 would; xn_of NULL when they hold nothing */
     int8_t *xn;
     float *xnd;
+    /* the shared expert's own intermediates and int8 x while it runs on the side stream (up to
+     * 8 rows; sxq_cap bytes) */
+    float *sgb, *sub;
+    int8_t *sxq;
+    float *sxqd;
+    int32_t *sxqs;
+    int64_t sxq_cap;
     const float *xn_of;
     int xn_cols;
     int t;               /* the chunk's rows (f.x) */

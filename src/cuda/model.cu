@@ -360,6 +360,9 @@ extern "C" void cu_model_close(cu_model *m) {
     if (m->rope_cos) cudaFree(m->rope_cos);
     if (m->rope_sin) cudaFree(m->rope_sin);
     if (m->st) cudaStreamDestroy(m->st);
+    if (m->side) cudaStreamDestroy(m->side);
+    if (m->fork) cudaEventDestroy(m->fork);
+    if (m->join) cudaEventDestroy(m->join);
     for (int i = 0; i < PROF_EVENTS && m->prof; i++) cudaEventDestroy(m->ev[i]);
     if (m->pin) cudaFreeHost(m->pin);
     if (m->pin_logits) cudaFreeHost(m->pin_logits);
@@ -394,7 +397,10 @@ extern "C" int cu_model_open(const petrel_engine *e, int device, uint64_t vram_b
     size_t fr = 0, tot = 0;
     cudaMemGetInfo(&fr, &tot);
     m->budget = vram_budget ? vram_budget : (fr > (1ull << 30) ? fr - (1ull << 30) : fr);
-    if ((rc = cudaStreamCreateWithFlags(&m->st, cudaStreamNonBlocking)) != cudaSuccess) {
+    if ((rc = cudaStreamCreateWithFlags(&m->st, cudaStreamNonBlocking)) != cudaSuccess ||
+        (rc = cudaStreamCreateWithFlags(&m->side, cudaStreamNonBlocking)) != cudaSuccess ||
+        (rc = cudaEventCreateWithFlags(&m->fork, cudaEventDisableTiming)) != cudaSuccess ||
+        (rc = cudaEventCreateWithFlags(&m->join, cudaEventDisableTiming)) != cudaSuccess) {
         cu_model_close(m);
         return cu_fail(err, rc, "stream");
     }
@@ -475,6 +481,13 @@ extern "C" void cu_model_use_pdl(cu_model *m, int on) {
     graphs_clear(m); /* a graph keeps the launches' attributes it was captured with */
     pthread_mutex_unlock(&m->mu);
 }
+extern "C" void cu_model_use_fork(cu_model *m, int on) {
+    pthread_mutex_lock(&m->mu);
+    m->no_fork = !on;
+    graphs_clear(m);
+    pthread_mutex_unlock(&m->mu);
+}
+extern "C" unsigned long long cu_model_fork_count(const cu_model *m) { return m->forks; }
 extern "C" int cu_model_graph_count(const cu_model *m) {
     int n = 0;
     for (int i = 0; i < CU_GRAPHS; i++) n += m->graphs[i].ex != NULL;
@@ -656,6 +669,15 @@ static size_t carve(uint8_t *base, const petrel_config *c, int T, int nmax, int 
     int xn = H > c->q_lora_rank ? H : c->q_lora_rank;
     TAKE(xn, int8_t, 8 * (size_t)xn);
     TAKE(xnd, float, 8 * (size_t)xn / 32 + 1);
+    /* the shared expert on the side stream (up to 8 rows): its gate / up outputs and int8 x */
+    const int side = T <= 8 ? T : 0;
+    const int64_t scap = (int64_t)side * (((H > Ish ? H : Ish) + 63) / 64 * 64);
+    f->sxq_cap = scap;
+    TAKE(sgb, float, (size_t)side * Ish + 1);
+    TAKE(sub, float, (size_t)side * Ish + 1);
+    TAKE(sxq, int8_t, (size_t)scap + 1);
+    TAKE(sxqd, float, (size_t)scap / 32 + 1);
+    TAKE(sxqs, int32_t, (size_t)scap / 32 + 1);
     f->xn_of = NULL, f->xn_cols = 0;
 #undef TAKE
     return off + 256;
@@ -831,6 +853,8 @@ static int chunk_kernels(cu_model *m, fscr &f, const fscr &f0, const chunk_k &ck
     cu_rope irope = {m->rope_cos, m->rope_sin, c->indexer_rope_interleave};
     cu_route_cfg rcfg = {E, K, c->n_group, c->topk_group, c->norm_topk_prob, c->routed_scaling_factor};
     const float scale = (float)(1.0 / sqrt((double)Dqk)), wscale = (float)(1.0 / sqrt((double)Hi) / sqrt((double)Di));
+    /* up to 8 rows, resident and not profiled: parts of a layer on the side stream too */
+    const int fork = !m->no_fork && !m->prof && !m->tiers && t <= 8 && f.sxq_cap > 0;
     cuk_embed(st, m->embed, f.ids, t, f.h);
     cudaMemsetAsync(f.count, 0, sizeof(unsigned long long), st);
     PROF(P_EMBED);
@@ -854,19 +878,25 @@ static int chunk_kernels(cu_model *m, fscr &f, const fscr &f0, const chunk_k &ck
             float **ys[2] = {&f.q, &f.qi};
             stack_gemv(m, f, G.on_qa, ws, ys, ix_q ? 2 : 1, f.qa, f.on_qa, f.on_qa_cap, t);
         }
+        if (sel_here && !G.has_idx && need_q)
+            return pt_err(err, PETREL_EUNSUPPORTED, "layer %d has no DSA indexer weights: cannot select %d of %d keys", l, topk, ck.keys);
+        /* the selection (the indexer's keys, then the top-k) on the side stream while the MLA
+         * queries' rope and W_UK products run here: they share no buffer */
+        const int dsa_side = fork && sel_here;
+        auto select_keys = [&](cudaStream_t ds) {
+            if (G.has_idx) cuk_dsa_prep(ds, need_q ? f.qi : NULL, f.ki, need_q ? f.iw : NULL, G.ik_w, G.ik_b, t, Hi, Di, Dr, wscale, l, f.ri, irope);
+            cuk_dsa_select(ds, need_q && G.has_idx ? f.qi : NULL, f.iw, f.sc, need_q ? nall : 1, f.sel, topk, f.seln, t, Hi, Di, topk, l, f.ri, f.always, nall);
+        };
+        if (dsa_side) cudaEventRecord(m->fork, st), cudaStreamWaitEvent(m->side, m->fork, 0), select_keys(m->side), m->forks++;
         cuk_mla_prep(st, f.q, f.kva, G.kv_a_norm, t, NH, Dn, Dr, Rkv, l, f.ri, rope);
         PROF(P_ATTN_PROJ);
-        if (sel_here) {
-            if (G.has_idx) {
-                cuk_dsa_prep(st, need_q ? f.qi : NULL, f.ki, need_q ? f.iw : NULL, G.ik_w, G.ik_b, t, Hi, Di, Dr, wscale, l, f.ri, irope);
-            } else if (need_q) {
-                return pt_err(err, PETREL_EUNSUPPORTED, "layer %d has no DSA indexer weights: cannot select %d of %d keys", l, topk, ck.keys);
-            }
-            cuk_dsa_select(st, need_q && G.has_idx ? f.qi : NULL, f.iw, f.sc, need_q ? nall : 1, f.sel, topk, f.seln, t, Hi, Di, topk, l, f.ri, f.always, nall);
-            have_sel = 1;
+        if (sel_here && !dsa_side) {
+            select_keys(st);
             PROF(P_INDEXER);
         }
+        have_sel |= sel_here;
         cuk_mla_uk(st, G.kv_b, G.uk_t, f.q, f.qt, t, NH, Dn, Dr, Dv, Rkv, m->heads);
+        if (dsa_side) cudaEventRecord(m->join, m->side), cudaStreamWaitEvent(st, m->join, 0);
         PROF(P_HEADS);
         cuk_mla_attn(st, f.q, f.qt, f.S, nmax, f.sel, topk, f.seln, nmax, f.lat, t, NH, Dn, Dr, Rkv, scale, l, f.ri, f.partial,
                      cuk_attn_splits(t, NH, Rkv, nmax), 2);
@@ -882,6 +912,19 @@ static int chunk_kernels(cu_model *m, fscr &f, const fscr &f0, const chunk_k &ck
             PROF(P_DENSE);
             continue;
         }
+        /* the shared expert on the side stream (its own intermediates and int8 x, into f.y)
+         * while the router and the routed experts run here; joined before the residual */
+        const int sh_side = fork && G.has_shared;
+        if (sh_side) {
+            cudaEventRecord(m->fork, st), cudaStreamWaitEvent(m->side, m->fork, 0);
+            fscr fs = f;
+            fs.gb = f.sgb, fs.ub = f.sub, fs.xq = f.sxq, fs.xqd = f.sxqd, fs.xqs = f.sxqs, fs.xq_cap = f.sxq_cap;
+            m->st = m->side; /* swiglu and its products launch on m->st */
+            swiglu(m, G.sg, G.su, G.sd, f.x, t, fs, f.y);
+            m->st = st;
+            cudaEventRecord(m->join, m->side);
+            m->forks++;
+        }
         mm(m, f, G.router, f.x, f.lg, t);
         cuk_route(st, f.lg, G.bias, t, rcfg, f.idx, f.wts, f.slot_x);
         if (m->route) /* trace-driven routing: the trace's choices replace the router's (its layers spread as on the CPU) */
@@ -895,7 +938,8 @@ static int chunk_kernels(cu_model *m, fscr &f, const fscr &f0, const chunk_k &ck
         PROF(P_EXPERTS_DOWN);
         cuk_moe_combine(st, f.yk, f.idx, f.wts, t, K, H, f.mo);
         PROF(P_COMBINE);
-        if (G.has_shared) swiglu(m, G.sg, G.su, G.sd, f.x, t, f, f.y);
+        if (sh_side) cudaStreamWaitEvent(st, m->join, 0);
+        else if (G.has_shared) swiglu(m, G.sg, G.su, G.sd, f.x, t, f, f.y);
         residual_norm(m, l, f.mo, G.has_shared ? f.y : NULL, f, t);
         PROF(P_SHARED);
     }
