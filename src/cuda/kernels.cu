@@ -1689,9 +1689,9 @@ __global__ void k_attn_reduce(const float *partial, float *lat, int64_t n, int n
  *         every head, keys ascending;
  *   TC 1  tensor cores (mma.m16n8k8 tf32) on f32 operands split in two tf32 parts each
  *         (x = hi + lo; a b ~ a_lo b_hi + a_hi b_lo + a_hi b_hi, f32 accumulation: errors near
- *         f32 rounding): scores by warp w over the w-th eighth of the dimension for all 16
- *         heads and 32 keys (the eighths added in order), P C by warp w for columns
- *         64 w .. 64 w + 63.
+ *         f32 rounding), 16 warps: scores by warp w over the (w & 7)-th eighth of the
+ *         dimension for all 16 heads and keys 16 (w >> 3) .. + 15 (the eighths added in
+ *         order), P C by warp w for columns 32 w .. 32 w + 31.
  * Shared rows hold the dimension rounded up to 64 (zeros past D), so any D of whole 16-byte
  * chunks (a multiple of 4) takes either form. */
 #define FH 16
@@ -1741,12 +1741,13 @@ __device__ __forceinline__ void mma_3xtf32(float (&c)[4], const uint32_t (&ah)[4
     mma_tf32(c, ah, bh0, bh1);
 }
 template <int TC>
-__global__ void __launch_bounds__(256) k_attn_flash(const float *__restrict__ q, const float *__restrict__ qt, const int32_t *__restrict__ sel,
+__global__ void __launch_bounds__(TC ? 512 : 256) k_attn_flash(const float *__restrict__ q, const float *__restrict__ qt, const int32_t *__restrict__ sel,
                                                     int64_t ld_sel, const int *__restrict__ seln, int NH, int Dn, int Dr, int Rkv, float scale, int l,
                                                     const cu_rowinfo *__restrict__ ri, int per, float *__restrict__ part, float *__restrict__ ml) {
     pdl_enter();
     extern __shared__ __align__(16) float fsm[];
     constexpr int NP = TC ? 8 : 2;             /* parts of the dimension the scores are summed from */
+    constexpr int NW = TC ? 16 : 8, HW = FH / NW; /* warps; heads a warp keeps in the softmax */
     const int D = Rkv + Dr, Dp = flash_dp(D), qst = Dp + 4, T = gridDim.y;
     float *Kb0 = fsm, *Kb1 = fsm + FK * Dp;    /* [FK][Dp] each, swizzled */
     float *Qs = Kb1 + FK * Dp;                 /* [FH][Dp + 4]: q~ | q_pe, zeros past D */
@@ -1760,27 +1761,44 @@ __global__ void __launch_bounds__(256) k_attn_flash(const float *__restrict__ q,
     const cu_rowinfo R = ri[r];
     const float *base = R.kv + (int64_t)l * R.cap * D;
     const int32_t *sr = sel + (int64_t)r * ld_sel;
-    for (int h = tid / Dp, d = tid % Dp; h < FH; d += 256) { /* element h Dp + d, stepped without a division */
-        while (d >= Dp) d -= Dp, h++;
-        if (h >= FH) break;
-        int hh = h0 + h;
-        bool ok = hh < NH && d < D;
-        const float *src = !ok ? q : d < Rkv ? qt + ((int64_t)r * NH + hh) * Rkv + d : q + ((int64_t)r * NH + hh) * (Dn + Dr) + Dn + (d - Rkv);
-        cp_async4(Qs + h * qst + d, src, ok);
+    if (((Rkv | Dn | Dr) & 3) == 0 && ((reinterpret_cast<uintptr_t>(q) | reinterpret_cast<uintptr_t>(qt)) & 15) == 0) {
+        /* 16-byte copies: chunk c of a head's Dp / 4 never straddles q~ and q_pe */
+        const int D4 = Dp / 4;
+        for (int h = tid / D4, c = tid % D4; h < FH; c += NW * 32) { /* chunk h D4 + c, stepped without a division */
+            while (c >= D4) c -= D4, h++;
+            if (h >= FH) break;
+            int hh = h0 + h, d = 4 * c;
+            bool ok = hh < NH && d < D;
+            const float *src = !ok ? q : d < Rkv ? qt + ((int64_t)r * NH + hh) * Rkv + d : q + ((int64_t)r * NH + hh) * (Dn + Dr) + Dn + (d - Rkv);
+            cp_async16(Qs + h * qst + d, src, ok);
+        }
+    } else {
+        for (int h = tid / Dp, d = tid % Dp; h < FH; d += NW * 32) { /* element h Dp + d, stepped without a division */
+            while (d >= Dp) d -= Dp, h++;
+            if (h >= FH) break;
+            int hh = h0 + h;
+            bool ok = hh < NH && d < D;
+            const float *src = !ok ? q : d < Rkv ? qt + ((int64_t)r * NH + hh) * Rkv + d : q + ((int64_t)r * NH + hh) * (Dn + Dr) + Dn + (d - Rkv);
+            cp_async4(Qs + h * qst + d, src, ok);
+        }
     }
     const int ntile = (b - a + FK - 1) / FK;
     flash_tile_load(Kb0, base, sr, a, b - a < FK ? b - a : FK, D, Dp);
     cp_async_commit();
     /* TC 0 scores: warp w's heads hq .. hq + 3 over dimensions [d0, d1) (whole chunks of 4);
-     * TC 1: the warp's eighth of the dimension, [d0, d1) in steps of 8 */
-    const int hq = (warp & 3) * 4, d0 = TC ? warp * (Dp / 8) : (warp >> 2) * (Dp / 2), d1 = d0 + (TC ? Dp / 8 : Dp / 2);
-    /* softmax: warp w keeps heads 2w, 2w + 1 */
-    float m2[2] = {-INFINITY, -INFINITY}, l2[2] = {0.f, 0.f};
-    /* P C: TC 0 thread tid's columns tid and tid + 256 of every head; TC 1 the warp's 8 column
-     * tiles of 8 (acc[j]: the fragment of heads g, g + 8 and columns 64 warp + 8 j + 2 t4, + 1) */
-    float acc[2 * FH / 4][4];
+     * TC 1: warp w's eighth w & 7 of the dimension, [d0, d1) in steps of 8, for keys
+     * 16 (w >> 3) .. + 15 */
+    const int hq = (warp & 3) * 4, d0 = TC ? (warp & 7) * (Dp / 8) : (warp >> 2) * (Dp / 2), d1 = d0 + (TC ? Dp / 8 : Dp / 2);
+    /* softmax: warp w keeps heads HW w .. HW w + HW - 1 */
+    float m2[HW], l2[HW];
 #pragma unroll
-    for (int j = 0; j < 2 * FH / 4; j++)
+    for (int j = 0; j < HW; j++) m2[j] = -INFINITY, l2[j] = 0.f;
+    /* P C: TC 0 thread tid's columns tid and tid + 256 of every head; TC 1 the warp's 4 column
+     * tiles of 8 (acc[j]: the fragment of heads g, g + 8 and columns 32 warp + 8 j + 2 t4, + 1) */
+    constexpr int NA = TC ? 4 : 2 * FH / 4;
+    float acc[NA][4];
+#pragma unroll
+    for (int j = 0; j < NA; j++)
 #pragma unroll
         for (int i = 0; i < 4; i++) acc[j][i] = 0.f;
     for (int t = 0; t < ntile; t++) {
@@ -1808,9 +1826,11 @@ __global__ void __launch_bounds__(256) k_attn_flash(const float *__restrict__ q,
 #pragma unroll
             for (int j = 0; j < 4; j++) Sp[((warp >> 2) * FH + hq + j) * FSP + lane] = d4[j];
         } else {
-            float sc[FK / 8][4];
+            constexpr int KJ = FK / 16; /* the warp's key tiles of 8: keys 16 (warp >> 3) + 8 j + g */
+            const int kb = 16 * (warp >> 3);
+            float sc[KJ][4];
 #pragma unroll
-            for (int j = 0; j < FK / 8; j++) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
+            for (int j = 0; j < KJ; j++) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
             for (int d = d0; d < d1; d += 8) {
                 uint32_t ah[4], alo[4];
                 tf32_split(Qs[g * qst + d + t4], ah[0], alo[0]);
@@ -1818,20 +1838,20 @@ __global__ void __launch_bounds__(256) k_attn_flash(const float *__restrict__ q,
                 tf32_split(Qs[g * qst + d + t4 + 4], ah[2], alo[2]);
                 tf32_split(Qs[(g + 8) * qst + d + t4 + 4], ah[3], alo[3]);
 #pragma unroll
-                for (int j = 0; j < FK / 8; j++) /* keys 8 j + g */
-                    mma_3xtf32(sc[j], ah, alo, Ks[ksw(8 * j + g, d + t4, Dp)], Ks[ksw(8 * j + g, d + t4 + 4, Dp)]);
+                for (int j = 0; j < KJ; j++)
+                    mma_3xtf32(sc[j], ah, alo, Ks[ksw(kb + 8 * j + g, d + t4, Dp)], Ks[ksw(kb + 8 * j + g, d + t4 + 4, Dp)]);
             }
 #pragma unroll
-            for (int j = 0; j < FK / 8; j++) {
-                float *sp = Sp + (size_t)warp * FH * FSP;
+            for (int j = 0; j < KJ; j++) {
+                float *sp = Sp + (size_t)(warp & 7) * FH * FSP + kb;
                 *reinterpret_cast<float2 *>(sp + g * FSP + 8 * j + 2 * t4) = make_float2(sc[j][0], sc[j][1]);
                 *reinterpret_cast<float2 *>(sp + (g + 8) * FSP + 8 * j + 2 * t4) = make_float2(sc[j][2], sc[j][3]);
             }
         }
         __syncthreads();
 #pragma unroll
-        for (int j = 0; j < 2; j++) {
-            int h = 2 * warp + j;
+        for (int j = 0; j < HW; j++) {
+            int h = HW * warp + j;
             float sum = Sp[h * FSP + lane];
 #pragma unroll
             for (int p = 1; p < NP; p++) sum += Sp[(p * FH + h) * FSP + lane];
@@ -1874,16 +1894,16 @@ __global__ void __launch_bounds__(256) k_attn_flash(const float *__restrict__ q,
         } else {
             const float fa = al[g], fb = al[g + 8];
 #pragma unroll
-            for (int j = 0; j < 8; j++) acc[j][0] *= fa, acc[j][1] *= fa, acc[j][2] *= fb, acc[j][3] *= fb;
+            for (int j = 0; j < NA; j++) acc[j][0] *= fa, acc[j][1] *= fa, acc[j][2] *= fb, acc[j][3] *= fb;
             const uint32_t *Ph = reinterpret_cast<const uint32_t *>(Ps), *Pl = Ph + FH * FSP;
 #pragma unroll
             for (int kk = 0; kk < FK; kk += 8) {
                 uint32_t ah[4] = {Ph[g * FSP + kk + t4], Ph[(g + 8) * FSP + kk + t4], Ph[g * FSP + kk + t4 + 4], Ph[(g + 8) * FSP + kk + t4 + 4]};
                 uint32_t alo[4] = {Pl[g * FSP + kk + t4], Pl[(g + 8) * FSP + kk + t4], Pl[g * FSP + kk + t4 + 4], Pl[(g + 8) * FSP + kk + t4 + 4]};
 #pragma unroll
-                for (int j = 0; j < 8; j++) {
-                    int c = 64 * warp + 8 * j + g; /* this lane's column of the B fragment */
-                    if (64 * warp + 8 * j >= Rkv) break;
+                for (int j = 0; j < NA; j++) {
+                    int c = 32 * warp + 8 * j + g; /* this lane's column of the B fragment */
+                    if (32 * warp + 8 * j >= Rkv) break;
                     mma_3xtf32(acc[j], ah, alo, c < Rkv ? Ks[ksw(kk + t4, c, Dp)] : 0.f, c < Rkv ? Ks[ksw(kk + t4 + 4, c, Dp)] : 0.f);
                 }
             }
@@ -1901,9 +1921,9 @@ __global__ void __launch_bounds__(256) k_attn_flash(const float *__restrict__ q,
         }
     } else {
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
-            int c = 64 * warp + 8 * j + 2 * t4;
-            if (64 * warp + 8 * j >= Rkv) break;
+        for (int j = 0; j < NA; j++) {
+            int c = 32 * warp + 8 * j + 2 * t4;
+            if (32 * warp + 8 * j >= Rkv) break;
             float *o0 = part + (((int64_t)s * T + r) * NH + h0 + g) * Rkv + c, *o1 = o0 + (int64_t)8 * Rkv;
             if (h0 + g < NH && c < Rkv) o0[0] = acc[j][0];
             if (h0 + g < NH && c + 1 < Rkv) o0[1] = acc[j][1];
@@ -1913,8 +1933,8 @@ __global__ void __launch_bounds__(256) k_attn_flash(const float *__restrict__ q,
     }
     if (lane == 0)
 #pragma unroll
-        for (int j = 0; j < 2; j++) {
-            int h = h0 + 2 * warp + j;
+        for (int j = 0; j < HW; j++) {
+            int h = h0 + HW * warp + j;
             if (h < NH) ml[(((int64_t)s * T + r) * NH + h) * 2] = m2[j], ml[(((int64_t)s * T + r) * NH + h) * 2 + 1] = l2[j];
         }
 }
@@ -1980,7 +2000,7 @@ void cuk_mla_attn(cudaStream_t st, const float *q, const float *qt, float *S, in
         dim3 grid((unsigned)ns, (unsigned)T, (unsigned)((NH + FH - 1) / FH));
         if (form == 2) {
             cudaFuncSetAttribute(k_attn_flash<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-            cu_launch(k_attn_flash<1>, grid, 256, smem, st, q, qt, sel, ld_sel, seln, NH, Dn, Dr, Rkv, scale, l, ri, per, partial, S);
+            cu_launch(k_attn_flash<1>, grid, 512, smem, st, q, qt, sel, ld_sel, seln, NH, Dn, Dr, Rkv, scale, l, ri, per, partial, S);
         } else {
             cudaFuncSetAttribute(k_attn_flash<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
             cu_launch(k_attn_flash<0>, grid, 256, smem, st, q, qt, sel, ld_sel, seln, NH, Dn, Dr, Rkv, scale, l, ri, per, partial, S);
