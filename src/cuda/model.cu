@@ -462,42 +462,25 @@ extern "C" int cu_model_open(const petrel_engine *e, int device, uint64_t vram_b
 
 extern "C" const char *cu_model_describe(const cu_model *m) { return m->desc; }
 extern "C" uint64_t cu_model_weight_bytes(const cu_model *m) { return m->wbytes; }
-extern "C" void cu_model_use_stacks(cu_model *m, int on) {
+/* a launch-mode switch: set under the lock, and the graphs dropped (a graph keeps the launches
+ * and attributes it was captured with) */
+static void set_mode(cu_model *m, int *flag, int v) {
     pthread_mutex_lock(&m->mu);
-    m->no_stacks = !on;
+    *flag = v;
     graphs_clear(m);
     pthread_mutex_unlock(&m->mu);
 }
-extern "C" void cu_model_use_fused_quant(cu_model *m, int on) {
-    pthread_mutex_lock(&m->mu);
-    m->no_fuse = !on;
-    graphs_clear(m);
-    pthread_mutex_unlock(&m->mu);
-}
+extern "C" void cu_model_use_stacks(cu_model *m, int on) { set_mode(m, &m->no_stacks, !on); }
+extern "C" void cu_model_use_fused_quant(cu_model *m, int on) { set_mode(m, &m->no_fuse, !on); }
+extern "C" void cu_model_use_pdl(cu_model *m, int on) { set_mode(m, &m->no_pdl, !on); }
+extern "C" void cu_model_use_fork(cu_model *m, int on) { set_mode(m, &m->no_fork, !on); }
+extern "C" void cu_model_use_graphs(cu_model *m, int on) { set_mode(m, &m->use_graphs, on); }
 extern "C" unsigned long long cu_model_fused_count(const cu_model *m) { return m->fused; }
-extern "C" void cu_model_use_pdl(cu_model *m, int on) {
-    pthread_mutex_lock(&m->mu);
-    m->no_pdl = !on;
-    graphs_clear(m); /* a graph keeps the launches' attributes it was captured with */
-    pthread_mutex_unlock(&m->mu);
-}
-extern "C" void cu_model_use_fork(cu_model *m, int on) {
-    pthread_mutex_lock(&m->mu);
-    m->no_fork = !on;
-    graphs_clear(m);
-    pthread_mutex_unlock(&m->mu);
-}
 extern "C" unsigned long long cu_model_fork_count(const cu_model *m) { return m->forks; }
 extern "C" int cu_model_graph_count(const cu_model *m) {
     int n = 0;
     for (int i = 0; i < CU_GRAPHS; i++) n += m->graphs[i].ex != NULL;
     return n;
-}
-extern "C" void cu_model_use_graphs(cu_model *m, int on) {
-    pthread_mutex_lock(&m->mu);
-    m->use_graphs = on;
-    graphs_clear(m);
-    pthread_mutex_unlock(&m->mu);
 }
 extern "C" int cu_model_stacks(const cu_model *m) {
     int n = 0;
