@@ -624,6 +624,50 @@ done:
     petrel_engine_close(d);
 }
 
+/* the routed experts a forward runs (bench's bytes per step): one session's decode rows (K
+ * distinct experts a MoE layer, counted on the host) as the CPU counts them; two sessions'
+ * rows in one forward (their union, counted on the device) between K and 2 K a MoE layer */
+static uint64_t count_experts(petrel_engine *e, int rows, const int32_t *ids, int steps) {
+    petrel_session *s[2] = {NULL, NULL};
+    petrel_batch *bt = NULL;
+    petrel_error err = {0};
+    uint64_t n = 0;
+    float *lg = malloc(sizeof(float) * 2 * (size_t)e->cfg.vocab_size);
+    if (lg && !petrel_session_create(e, steps, &s[0], &err) && !petrel_session_create(e, steps, &s[1], &err) && !petrel_batch_create(e, 8, &bt, &err)) {
+        int t = 0;
+        for (; t < steps; t++) {
+            petrel_row r[2] = {{s[0], ids[t], 1}, {s[1], ids[steps - 1 - t], 1}};
+            if (petrel_batch_forward(bt, r, rows, lg, &err)) break;
+        }
+        if (t == steps) n = batch_stats(bt)->experts_run;
+    }
+    if (!n) test_fail(__FILE__, __LINE__, "count_experts: %s", err.msg[0] ? err.msg : "out of memory");
+    petrel_batch_free(bt);
+    petrel_session_free(s[0]);
+    petrel_session_free(s[1]);
+    free(lg);
+    return n;
+}
+TEST(cuda, experts_counted) {
+    if (!need_gpu()) return;
+    const char *pk = test_pack_of("trained", CVQ_Q4);
+    if (!pk) return;
+    petrel_engine *g = open_dev(pk, "cuda", 0), *c = open_dev(pk, NULL, 0);
+    if (g && c) {
+        int32_t ids[12];
+        for (int i = 0; i < 12; i++) ids[i] = (i * 977 + 3) % g->cfg.vocab_size;
+        uint64_t K = (uint64_t)g->cfg.num_experts_per_tok, moe = 0;
+        for (int l = 0; l < g->cfg.num_hidden_layers; l++) moe += g->w.layers[l].is_moe;
+        uint64_t g1 = count_experts(g, 1, ids, 12), c1 = count_experts(c, 1, ids, 12), g2 = count_experts(g, 2, ids, 12);
+        CHECK_MSG(g1 == c1 && g1 == 12 * K * moe, "one row a forward: GPU counted %llu experts, the CPU %llu (12 x %llu x %llu)", (unsigned long long)g1,
+                  (unsigned long long)c1, (unsigned long long)K, (unsigned long long)moe);
+        CHECK_MSG(g2 >= 12 * K * moe && g2 <= 24 * K * moe, "two rows a forward: GPU counted %llu experts, not within %llu..%llu", (unsigned long long)g2,
+                  (unsigned long long)(12 * K * moe), (unsigned long long)(24 * K * moe));
+    }
+    petrel_engine_close(g);
+    petrel_engine_close(c);
+}
+
 /* decode on int8 activations (a q4 pack: q8_g32 attention weights): one session's rows one at
  * a time, each layer's products of x (q_a, kv_a, the indexer's wk and weights_proj) and of the
  * normed q_a (q_b, wq_b) as one GEMV over their stack, against the same with each product

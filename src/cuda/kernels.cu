@@ -1940,8 +1940,9 @@ __global__ void __launch_bounds__(TC ? 512 : 256) k_attn_flash(const float *__re
 }
 
 /* lat[r][h] = sum over the row's splits of part w_s, w_s = e^(m_s - M) / L, M the splits' largest
- * m and L = sum l_s e^(m_s - M) (lane s holds split s; the sum a fixed tree), splits in order */
-__global__ void __launch_bounds__(512) k_attn_merge(const float *__restrict__ part, const float *__restrict__ ml, const int *__restrict__ seln, int per,
+ * m and L = sum l_s e^(m_s - M) (lane s holds split s; the sum a fixed tree), splits in order;
+ * block (h, r, z) takes columns z 128 .. z 128 + 127 */
+__global__ void __launch_bounds__(128) k_attn_merge(const float *__restrict__ part, const float *__restrict__ ml, const int *__restrict__ seln, int per,
                                                     int NH, int Rkv, float *__restrict__ lat) {
     pdl_enter();
     __shared__ float w[32];
@@ -1955,7 +1956,7 @@ __global__ void __launch_bounds__(512) k_attn_merge(const float *__restrict__ pa
     }
     __syncthreads();
     const int64_t step = (int64_t)T * NH * Rkv;
-    for (int c = threadIdx.x; c < Rkv; c += blockDim.x) { /* every split's load in flight at once */
+    for (int c = blockIdx.z * blockDim.x + threadIdx.x; c < Rkv; c += gridDim.z * blockDim.x) { /* every split's load in flight at once */
         const float *pc = part + ((int64_t)r * NH + h) * Rkv + c;
         float x[CU_ATTN_SPLITS], v = 0.f;
 #pragma unroll
@@ -2005,7 +2006,7 @@ void cuk_mla_attn(cudaStream_t st, const float *q, const float *qt, float *S, in
             cudaFuncSetAttribute(k_attn_flash<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
             cu_launch(k_attn_flash<0>, grid, 256, smem, st, q, qt, sel, ld_sel, seln, NH, Dn, Dr, Rkv, scale, l, ri, per, partial, S);
         }
-        cu_launch(k_attn_merge, dim3((unsigned)NH, (unsigned)T), 512, 0, st, partial, S, seln, per, NH, Rkv, lat);
+        cu_launch(k_attn_merge, dim3((unsigned)NH, (unsigned)T, (unsigned)((Rkv + 127) / 128)), 128, 0, st, partial, S, seln, per, NH, Rkv, lat);
         return;
     }
     int hz = (NH + GT - 1) / GT, stages = (Rkv + Dr + GK - 1) / GK, dsplit = 1;

@@ -838,8 +838,11 @@ static int chunk_kernels(cu_model *m, fscr &f, const fscr &f0, const chunk_k &ck
     const float scale = (float)(1.0 / sqrt((double)Dqk)), wscale = (float)(1.0 / sqrt((double)Hi) / sqrt((double)Di));
     /* up to 8 rows, resident and not profiled: parts of a layer on the side stream too */
     const int fork = !m->no_fork && !m->prof && !m->tiers && t <= 8 && f.sxq_cap > 0;
+    /* the experts a forward runs, counted on the device where rows may share experts (one row's
+     * K router choices are distinct: chunk_forward counts those on the host) */
+    const int count_dev = t > 1 || m->route;
     cuk_embed(st, m->embed, f.ids, t, f.h);
-    cudaMemsetAsync(f.count, 0, sizeof(unsigned long long), st);
+    if (count_dev) cudaMemsetAsync(f.count, 0, sizeof(unsigned long long), st);
     PROF(P_EMBED);
     int have_sel = 0;
     for (int l = 0; l < c->num_hidden_layers; l++) {
@@ -912,8 +915,10 @@ static int chunk_kernels(cu_model *m, fscr &f, const fscr &f0, const chunk_k &ck
         cuk_route(st, f.lg, G.bias, t, rcfg, f.idx, f.wts, f.slot_x);
         if (m->route) /* trace-driven routing: the trace's choices replace the router's (its layers spread as on the CPU) */
             cuk_route_given(st, f.lg, t, rcfg, m->route, m->route_tokens, m->route_layers, m->e->route_layer[m->e->moe_index[l]], f.ri, f.idx, f.wts);
-        cudaMemsetAsync(f.mark, 0, sizeof(int32_t) * E, st);
-        cuk_count_union(st, f.idx, t * K, f.mark, f.count);
+        if (count_dev) {
+            cudaMemsetAsync(f.mark, 0, sizeof(int32_t) * E, st);
+            cuk_count_union(st, f.idx, t * K, f.mark, f.count);
+        }
         PROF(P_ROUTER);
         int ns = t * K;
         if (m->tiers) PT_TRY(cut_experts(m, l, f, t, ns <= CU_EXP_GEMV, err));
@@ -1058,7 +1063,10 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
         for (int j = 0; j < t && rc == cudaSuccess; j++)
             rc = cudaMemcpyAsync(hidden + (size_t)hcall[j] * H, f.xl + (size_t)j * H, sizeof(float) * H, cudaMemcpyDeviceToHost, st);
     unsigned long long nrun = 0;
-    if (rc == cudaSuccess) rc = cudaMemcpyAsync(&nrun, f.count, sizeof nrun, cudaMemcpyDeviceToHost, st);
+    if (t == 1 && !m->route) /* chunk_kernels' count_dev: one row runs K distinct experts a MoE layer */
+        for (int l = 0; l < c->num_hidden_layers; l++) nrun += m->L[l].is_moe ? (unsigned long long)c->num_experts_per_tok : 0;
+    else if (rc == cudaSuccess)
+        rc = cudaMemcpyAsync(&nrun, f.count, sizeof nrun, cudaMemcpyDeviceToHost, st);
     if (rc == cudaSuccess) rc = cudaStreamSynchronize(st);
     if (rc == cudaSuccess) rc = cudaGetLastError();
     if (rc == cudaSuccess && experts_run) *experts_run += nrun;
