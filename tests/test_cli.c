@@ -187,7 +187,7 @@ TEST(cli, failures_are_one_line) {
     const char *b = bin();
     if (!b) return;
     const char *tiny = test_data("tiny");
-    char cases[][1024] = {"", "", "", "", "", "", "", "", "", "", "", "", "", ""};
+    char cases[][1024] = {"", "", "", "", "", "", "", "", "", "", "", "", "", "", "", "", ""};
     snprintf(cases[0], 1024, "%s generate --model /nonexistent --ids 1 -n 2", b);
     snprintf(cases[1], 1024, "%s generate --model %s --ids 1,99999 -n 2", b, tiny);
     snprintf(cases[2], 1024, "%s generate --model %s --ids '' -n 2", b, tiny);
@@ -202,6 +202,9 @@ TEST(cli, failures_are_one_line) {
     snprintf(cases[11], 1024, "%s generate --model %s --ids 1 -n 2 --act-quant maybe", b, tiny);
     snprintf(cases[12], 1024, "%s generate --model %s --ids 1 -n 2 --relayout", b, tiny);
     snprintf(cases[13], 1024, "%s logits --model %s --ids 1,2 --out %s/x.bin --decode --mtp", b, tiny, test_tmpdir());
+    snprintf(cases[14], 1024, "%s bench --model %s --cuda-fork maybe", b, tiny);
+    snprintf(cases[15], 1024, "%s bench --model %s --steps 1 --prompt 2 --prefill-runs 1 --cuda-fork on", b, tiny); /* not on a GPU */
+    snprintf(cases[16], 1024, "%s bench --model %s --steps 1 --prompt 2 --prefill-runs 1 --cuda-pdl off", b, tiny);
     for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++) {
         char out[4096], err[4096];
         int rc = test_sh(cases[i], out, sizeof out, err, sizeof err);
