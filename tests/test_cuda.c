@@ -283,13 +283,14 @@ TEST(cuda, uk_from_kv_b) {
 TEST(cuda, attention_forms) {
     if (!need_gpu()) return;
     /* T, NH, Dn, Dr, Rkv, cap, then seln of each row */
-    const int shapes[][14] = {{1, 64, 128, 64, 512, 2100, 2048},
+    const int shapes[][20] = {{1, 64, 128, 64, 512, 2100, 2048},
                               {3, 20, 16, 32, 96, 400, 1, 33, 300},
                               {8, 32, 128, 64, 512, 2100, 2048, 1, 700, 31, 32, 33, 2000, 64},
                               {2, 5, 8, 6, 100, 90, 90, 17},
                               {1, 3, 4, 8, 100, 50, 45},
                               {2, 16, 8, 32, 64, 300, 300, 77},
-                              {3, 4, 8, 8, 20, 40, 40, 1, 9}};
+                              {3, 4, 8, 8, 20, 40, 40, 1, 9},
+                              {12, 16, 8, 32, 64, 300, 300, 1, 17, 64, 65, 128, 200, 299, 33, 5, 250, 100}};
     petrel_error err = {0};
     for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
         const int *sh = shapes[k];
@@ -333,6 +334,10 @@ TEST(cuda, attention_forms) {
         CHECK_MSG(rc0 == 0, "cu_attn_check: %s", err.msg);
         double e0 = rc0 ? 1 : test_rel_l2(y0, ref, n);
         CHECK_MSG(e0 < 1e-5, "attention, three kernels (%d rows, %d heads, Rkv %d): rel err %.3g", T, NH, Rkv, e0);
+        int rc3 = cu_attn_check(q, qt, kv, cap, sel, ld, seln, T, NH, Dn, Dr, Rkv, scale, 3, y1, &err);
+        CHECK_MSG(rc3 == 0, "cu_attn_check: %s", err.msg);
+        double e3 = rc3 ? 1 : test_rel_l2(y1, ref, n);
+        CHECK_MSG(e3 < 1e-5, "attention, three kernels on tensor cores (%d rows, %d heads, Rkv %d): rel err %.3g", T, NH, Rkv, e3);
         for (int form = 1; form <= 2; form++) { /* the one pass on f32 fma, then on tensor cores */
             int rc1 = cu_attn_check(q, qt, kv, cap, sel, ld, seln, T, NH, Dn, Dr, Rkv, scale, form, y1, &err);
             if ((Rkv + Dr) % 4) {

@@ -142,8 +142,9 @@ int cu_uk_check(const pt_wview *kvb, const float *q, int T, int NH, int Dn, int 
 /* The attention core of T rows on one layer's keys kv [cap][Rkv + Dr] (c | k_pe): row r over
  * keys sel[r][0 .. seln[r]) with q [T][NH][Dn + Dr] (its q_pe after Dn) and q~ qt [T][NH][Rkv]:
  * lat [T][NH][Rkv] = softmax(scale [q~ | q_pe] . keys) c; flash 0 the scores / softmax / P C
- * kernels, 1 the one-pass form on f32 fma, 2 the one-pass form on tensor cores (tf32 pairs);
- * PETREL_EUNSUPPORTED where the form does not take the shape (cuk_attn_flash_ok). */
+ * kernels, 1 the one-pass form on f32 fma, 2 the one-pass form on tensor cores (tf32 pairs),
+ * 3 the three kernels on tensor cores; PETREL_EUNSUPPORTED where a one-pass form does not take
+ * the shape (cuk_attn_flash_ok). */
 int cu_attn_check(const float *q, const float *qt, const float *kv, int cap, const int32_t *sel, int ld_sel, const int *seln, int T, int NH, int Dn,
                   int Dr, int Rkv, float scale, int flash, float *lat, petrel_error *err);
 /* The router (moe_route) of T rows of E logits on the GPU: idx / wts [T][K]; regs 1 the form

@@ -127,7 +127,9 @@ void cuk_mla_attn(cudaStream_t st, const float *q, const float *qt, float *S, in
  * for 16 heads with an online softmax, then the ranges merged in order): 0 none (more than 8
  * rows, Rkv > 512, Rkv + Dr not a multiple of 4: the scores / softmax / P C kernels above),
  * else 2: the f32 fma form (1) and the tensor-core form, the products on tf32 pairs (x = hi +
- * lo). flash 2 takes the tensor-core form, 1 the fma form. */
+ * lo). flash 2 takes the tensor-core form, 1 the fma form. Where no one pass runs, flash 2 and
+ * 3 run the three kernels' score and P C tiles on tensor cores too (tf32 pairs, tile_mma), 0 and
+ * 1 on f32 fma; flash 3 takes the three kernels on tensor cores whatever the rows. */
 int cuk_attn_flash_ok(int T, int Rkv, int Dr);
 /* the split count cuk_mla_attn takes for T rows of at most nmax keys (<= CU_ATTN_SPLITS); the
  * scores of up to 8 rows split their dimension in up to CU_ATTN_DSPLIT parts (S then holds

@@ -1549,10 +1549,60 @@ void cuk_mla_uv(cudaStream_t st, const dw &kvb, const float *lat, float *o, int 
     cu_launch(k_head_mm<1>, g, 256, 0, st, kvb, Dn, Dn + Dv, lat, (int64_t)NH * Rkv, Rkv, Rkv, Dv, o, (int64_t)NH * Dv, Dv, T);
 }
 
+/* x = hi + lo, each a tf32 (round to nearest) */
+__device__ __forceinline__ void tf32_split(float x, uint32_t &hi, uint32_t &lo) {
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(hi) : "f"(x));
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(lo) : "f"(x - __uint_as_float(hi)));
+}
+__device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+/* c += a b in three tf32 products (the small ones first) */
+__device__ __forceinline__ void mma_3xtf32(float (&c)[4], const uint32_t (&ah)[4], const uint32_t (&al)[4], float b0, float b1) {
+    uint32_t bh0, bl0, bh1, bl1;
+    tf32_split(b0, bh0, bl0);
+    tf32_split(b1, bh1, bl1);
+    mma_tf32(c, al, bh0, bh1);
+    mma_tf32(c, ah, bl0, bl1);
+    mma_tf32(c, ah, bh0, bh1);
+}
+/* one stage of a 64 x 64 tile on tensor cores (mma.m16n8k8 tf32, each product in three: errors
+ * near f32 rounding): warp w takes rows 16 (w & 3) .. + 15 and columns 32 (w >> 2) .. + 31, acc[nt]
+ * its n8 tile nt's fragment (tile_pos: where each value goes) */
+__device__ __forceinline__ void tile_mma(const float (*A)[GT + 4], const float (*B)[GT + 4], float acc[4][4]) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
+    const int wm = (warp & 3) * 16, wn = (warp >> 2) * 32;
+#pragma unroll
+    for (int k0 = 0; k0 < GK; k0 += 8) {
+        uint32_t ah[4], al[4];
+        tf32_split(A[k0 + t4][wm + g], ah[0], al[0]);
+        tf32_split(A[k0 + t4][wm + g + 8], ah[1], al[1]);
+        tf32_split(A[k0 + t4 + 4][wm + g], ah[2], al[2]);
+        tf32_split(A[k0 + t4 + 4][wm + g + 8], ah[3], al[3]);
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++) mma_3xtf32(acc[nt], ah, al, B[k0 + t4][wn + nt * 8 + g], B[k0 + t4 + 4][wn + nt * 8 + g]);
+    }
+}
+/* the tile row and column of a thread's acc[i][j]: tile_fma's (4 ty + i, 4 tx + j), or
+ * tile_mma's fragment layout (TC) */
+template <int TC>
+__device__ __forceinline__ void tile_pos(int i, int j, int &row, int &col) {
+    const int tid = threadIdx.x;
+    if (TC) {
+        const int lane = tid & 31, warp = tid >> 5;
+        row = (warp & 3) * 16 + (lane >> 2) + (j >= 2 ? 8 : 0), col = (warp >> 2) * 32 + i * 8 + 2 * (lane & 3) + (j & 1);
+    } else {
+        row = (tid >> 4) * 4 + i, col = (tid & 15) * 4 + j;
+    }
+}
+
 /* S[r][h][i] = scale * ([q~ | q_pe][r][h] . key(sel[r][i])): a tile of 64 heads x 64 keys of
  * one row, the dimension ascending in one fma chain (c first, then k_pe). Split over dsplit
  * ranges of per stages of the dimension (few rows leave the GPU idle): split z writes its
  * unscaled partial sums to S + z pstride, and the softmax adds them in split order. */
+template <int TC>
 __global__ void k_attn_scores(const float *q, const float *qt, float *S, int64_t ldS, const int32_t *sel, int64_t ld_sel, const int *seln, int NH,
                               int Dn, int Dr, int Rkv, float scale, int l, const cu_rowinfo *ri, int dsplit, int per, int64_t pstride) {
     pdl_enter();
@@ -1577,19 +1627,19 @@ __global__ void k_attn_scores(const float *q, const float *qt, float *S, int64_t
             Ks[lk + j][lm] = kp[lm] && k < D ? kp[lm][k] : 0.f;
         }
         __syncthreads();
-        tile_fma(Qs, Ks, tx, ty, acc);
+        if (TC) tile_mma(Qs, Ks, acc);
+        else tile_fma(Qs, Ks, tx, ty, acc);
         __syncthreads();
     }
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        int h = h0 + ty * 4 + i;
-        if (h >= NH) continue;
+    for (int i = 0; i < 4; i++)
 #pragma unroll
         for (int j = 0; j < 4; j++) {
-            int t = i0 + tx * 4 + j;
-            if (t < n) S[split * pstride + ((int64_t)r * NH + h) * ldS + t] = dsplit > 1 ? acc[i][j] : scale * acc[i][j];
+            int row, col;
+            tile_pos<TC>(i, j, row, col);
+            const int h = h0 + row, t = i0 + col;
+            if (h < NH && t < n) S[split * pstride + ((int64_t)r * NH + h) * ldS + t] = dsplit > 1 ? acc[i][j] : scale * acc[i][j];
         }
-    }
 }
 
 /* p = exp(s - max) / sum over the row's keys, in place; s = scale * the dsplit partials summed
@@ -1621,6 +1671,7 @@ __global__ void k_attn_softmax(float *S, int64_t ldS, const int *seln, int NH, i
 
 /* lat[r][h][c] (or split z's partial) = sum over the split's keys i of p[r][h][i] c_i[c]: a tile
  * of 64 heads x 64 latent columns of one row, keys ascending */
+template <int TC>
 __global__ void k_attn_pv(const float *S, int64_t ldS, const int32_t *sel, int64_t ld_sel, const int *seln, float *out, int T, int NH, int Dr,
                           int Rkv, int l, const cu_rowinfo *ri, int nsplit, int per) {
     pdl_enter();
@@ -1650,20 +1701,20 @@ __global__ void k_attn_pv(const float *S, int64_t ldS, const int32_t *sel, int64
             }
         }
         __syncthreads();
-        tile_fma(Ps, Cs, tx, ty, acc);
+        if (TC) tile_mma(Ps, Cs, acc);
+        else tile_fma(Ps, Cs, tx, ty, acc);
         __syncthreads();
     }
     float *o = nsplit > 1 ? out + (int64_t)sp * T * NH * Rkv : out;
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        int h = h0 + ty * 4 + i;
-        if (h >= NH) continue;
+    for (int i = 0; i < 4; i++)
 #pragma unroll
         for (int j = 0; j < 4; j++) {
-            int c = c0 + tx * 4 + j;
-            if (c < Rkv) o[((int64_t)r * NH + h) * Rkv + c] = acc[i][j];
+            int row, col;
+            tile_pos<TC>(i, j, row, col);
+            const int h = h0 + row, c = c0 + col;
+            if (h < NH && c < Rkv) o[((int64_t)r * NH + h) * Rkv + c] = acc[i][j];
         }
-    }
 }
 
 /* lat = the splits' partials summed in split order */
@@ -1720,25 +1771,6 @@ __device__ __forceinline__ void flash_tile_load(float *Kb, const float *base, co
         bool ok = k < nk && 4 * c4 < D;
         cp_async16(Kb + ksw(k, 4 * c4, Dp), ok ? base + (int64_t)sr[k0 + k] * D + 4 * c4 : base, ok);
     }
-}
-/* x = hi + lo, each a tf32 (round to nearest) */
-__device__ __forceinline__ void tf32_split(float x, uint32_t &hi, uint32_t &lo) {
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(hi) : "f"(x));
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(lo) : "f"(x - __uint_as_float(hi)));
-}
-__device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-/* c += a b in three tf32 products (the small ones first) */
-__device__ __forceinline__ void mma_3xtf32(float (&c)[4], const uint32_t (&ah)[4], const uint32_t (&al)[4], float b0, float b1) {
-    uint32_t bh0, bl0, bh1, bl1;
-    tf32_split(b0, bh0, bl0);
-    tf32_split(b1, bh1, bl1);
-    mma_tf32(c, al, bh0, bh1);
-    mma_tf32(c, ah, bl0, bl1);
-    mma_tf32(c, ah, bh0, bh1);
 }
 template <int TC>
 __global__ void __launch_bounds__(TC ? 512 : 256) k_attn_flash(const float *__restrict__ q, const float *__restrict__ qt, const int32_t *__restrict__ sel,
@@ -1993,8 +2025,9 @@ int cuk_attn_splits(int T, int NH, int Rkv, int nmax) {
 void cuk_mla_attn(cudaStream_t st, const float *q, const float *qt, float *S, int64_t ldS, const int32_t *sel, int64_t ld_sel, const int *seln,
                   int nmax, float *lat, int T, int NH, int Dn, int Dr, int Rkv, float scale, int l, const cu_rowinfo *ri, float *partial, int nsplit,
                   int flash) {
-    int form = flash ? cuk_attn_flash_ok(T, Rkv, Dr) : 0;
+    int form = flash && flash < 3 ? cuk_attn_flash_ok(T, Rkv, Dr) : 0;
     if (form && flash < form) form = flash; /* flash 1: the f32 fma form even where tensor cores would take the shape */
+    const int tc3 = flash >= 2;                 /* the three kernels on tensor cores: flash 3, or 2 where no one pass takes the rows */
     if (form) { /* m and l in S: 2 nsplit T NH floats, nsplit <= nmax */
         int per = attn_flash_per(T, NH, nmax), ns = (nmax + per - 1) / per;
         size_t smem = attn_flash_smem(Rkv, Dr);
@@ -2020,12 +2053,14 @@ void cuk_mla_attn(cudaStream_t st, const float *q, const float *qt, float *S, in
     dsplit = (stages + dper - 1) / dper;
     int64_t pstride = (int64_t)T * NH * ldS;
     dim3 g1((unsigned)((nmax + GT - 1) / GT), (unsigned)T, (unsigned)(hz * dsplit));
-    cu_launch(k_attn_scores, g1, 256, 0, st, q, qt, S, ldS, sel, ld_sel, seln, NH, Dn, Dr, Rkv, scale, l, ri, dsplit, dper, pstride);
+    if (tc3) cu_launch(k_attn_scores<1>, g1, 256, 0, st, q, qt, S, ldS, sel, ld_sel, seln, NH, Dn, Dr, Rkv, scale, l, ri, dsplit, dper, pstride);
+    else cu_launch(k_attn_scores<0>, g1, 256, 0, st, q, qt, S, ldS, sel, ld_sel, seln, NH, Dn, Dr, Rkv, scale, l, ri, dsplit, dper, pstride);
     cu_launch(k_attn_softmax, T * NH, 1024, 0, st, S, ldS, seln, NH, dsplit, pstride, scale);
     if (nsplit < 1) nsplit = 1;
     int per = ((nmax + nsplit - 1) / nsplit + GK - 1) / GK * GK;
     dim3 g2((unsigned)((Rkv + GT - 1) / GT), (unsigned)T, (unsigned)(hz * nsplit));
-    cu_launch(k_attn_pv, g2, 256, 0, st, S, ldS, sel, ld_sel, seln, nsplit > 1 ? partial : lat, T, NH, Dr, Rkv, l, ri, nsplit, per);
+    if (tc3) cu_launch(k_attn_pv<1>, g2, 256, 0, st, S, ldS, sel, ld_sel, seln, nsplit > 1 ? partial : lat, T, NH, Dr, Rkv, l, ri, nsplit, per);
+    else cu_launch(k_attn_pv<0>, g2, 256, 0, st, S, ldS, sel, ld_sel, seln, nsplit > 1 ? partial : lat, T, NH, Dr, Rkv, l, ri, nsplit, per);
     if (nsplit > 1) {
         int64_t n = (int64_t)T * NH * Rkv;
         cu_launch(k_attn_reduce, (unsigned)((n + 255) / 256), 256, 0, st, partial, lat, n, nsplit);

@@ -1400,7 +1400,8 @@ extern "C" int cu_attn_check(const float *q, const float *qt, const float *kv, i
     if (!rc) rc = up_copy(dsel, sel, sizeof(int32_t) * (size_t)T * ld_sel, err);
     if (!rc) rc = up_copy(dn, seln, sizeof(int) * T, err);
     if (!rc) rc = up_copy(dri, hri, sizeof(cu_rowinfo) * T, err);
-    if (!rc && flash && cuk_attn_flash_ok(T, Rkv, Dr) < flash) rc = pt_err(err, PETREL_EUNSUPPORTED, "this one-pass attention form does not take the shape");
+    if (!rc && flash && flash < 3 && cuk_attn_flash_ok(T, Rkv, Dr) < flash)
+        rc = pt_err(err, PETREL_EUNSUPPORTED, "this one-pass attention form does not take the shape");
     if (!rc) {
         cuk_mla_attn(m.st, dq, dqt, dS, nmax, dsel, ld_sel, dn, nmax, dl, T, NH, Dn, Dr, Rkv, scale, 0, dri, dp, cuk_attn_splits(T, NH, Rkv, nmax), flash);
         rc = check_fetch(&m, lat, dl, sizeof(float) * (size_t)T * NH * Rkv, "attention", err);
