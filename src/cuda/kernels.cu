@@ -1599,7 +1599,8 @@ __device__ __forceinline__ void tile_pos(int i, int j, int &row, int &col) {
 }
 
 /* S[r][h][i] = scale * ([q~ | q_pe][r][h] . key(sel[r][i])): a tile of 64 heads x 64 keys of
- * one row, the dimension ascending in one fma chain (c first, then k_pe). Split over dsplit
+ * one row, the dimension ascending in one fma chain (c first, then k_pe; TC: tile_mma's
+ * tensor-core products, a stage of 32 at a time). Split over dsplit
  * ranges of per stages of the dimension (few rows leave the GPU idle): split z writes its
  * unscaled partial sums to S + z pstride, and the softmax adds them in split order. */
 template <int TC>
@@ -1670,7 +1671,7 @@ __global__ void k_attn_softmax(float *S, int64_t ldS, const int *seln, int NH, i
 }
 
 /* lat[r][h][c] (or split z's partial) = sum over the split's keys i of p[r][h][i] c_i[c]: a tile
- * of 64 heads x 64 latent columns of one row, keys ascending */
+ * of 64 heads x 64 latent columns of one row, keys ascending (TC: on tensor cores, tile_mma) */
 template <int TC>
 __global__ void k_attn_pv(const float *S, int64_t ldS, const int32_t *sel, int64_t ld_sel, const int *seln, float *out, int T, int NH, int Dr,
                           int Rkv, int l, const cu_rowinfo *ri, int nsplit, int per) {
