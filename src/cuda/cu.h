@@ -59,13 +59,6 @@ void cu_model_use_stacks(cu_model *m, int on);
  * one per bucket of 256 keys; cu_model_use_graphs(m, 0) launches them directly instead (tests:
  * the same bits either way) */
 void cu_model_use_graphs(cu_model *m, int on);
-/* cu_model_use_fused_quant(m, 1): up to 8 rows on the quantized path, each norm also writes its
- * output as int8 (q8, groups of 32) for the products that read it, instead of a quantization
- * kernel after it (off by default: it measured slower on the 1-dense + 4-MoE slice; tests: the
- * same bits either way).
- * cu_model_fused_count: the norm outputs quantized by the norm since open. */
-void cu_model_use_fused_quant(cu_model *m, int on);
-unsigned long long cu_model_fused_count(const cu_model *m);
 /* Kernels of a forward (resident, not profiled) are launched as programmatic dependents: each
  * may start while the one before it ends, and waits for that end before touching memory;
  * cu_model_use_pdl(m, 0) launches each after its predecessor's end instead (tests and

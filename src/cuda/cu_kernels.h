@@ -79,13 +79,10 @@ int cuk_gemm_tc_ok(const dw &W);
 
 /* Row ops over T rows. */
 void cuk_embed(cudaStream_t st, const dw &W, const int32_t *ids, int T, float *h);
-void cuk_rmsnorm(cudaStream_t st, float *y, int64_t ldy, const float *x, int64_t ldx, const float *w, int n, int T, double eps, const cu_xq *X = nullptr);
+void cuk_rmsnorm(cudaStream_t st, float *y, int64_t ldy, const float *x, int64_t ldx, const float *w, int n, int T, double eps);
 void cuk_add(cudaStream_t st, float *h, const float *y, int64_t n);
-/* h [T][n] += a (+ b, a + b first when b is not NULL), then y [T][n] = rmsnorm(h) with w.
- * Both norms with X also write y quantized as cuk_actq mode 0 does (q8, groups of 32; n a
- * multiple of 32), the same bytes and scales. */
-void cuk_add_rmsnorm(cudaStream_t st, float *y, float *h, const float *a, const float *b, const float *w, int n, int T, double eps,
-                     const cu_xq *X = nullptr);
+/* h [T][n] += a (+ b, a + b first when b is not NULL), then y [T][n] = rmsnorm(h) with w */
+void cuk_add_rmsnorm(cudaStream_t st, float *y, float *h, const float *a, const float *b, const float *w, int n, int T, double eps);
 void cuk_silu_mul(cudaStream_t st, float *g, const float *u, int64_t n);
 
 /* Per-row attention state: each row's session cache and position. */

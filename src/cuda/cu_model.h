@@ -66,7 +66,6 @@ struct cu_model {
     int rope_cap;
     uint8_t *scr;               /* the forward's scratch (grown on demand) */
     int no_stacks;              /* run the layers' stacked products each alone (cu_model_use_stacks) */
-    int no_fuse;                /* norms leave their outputs' quantization to cuk_actq (cu_model_use_fused_quant) */
     int no_pdl;                 /* launch each kernel after its predecessor's end (cu_model_use_pdl) */
     int no_fork;                /* run every kernel of a step on one stream (cu_model_use_fork) */
     unsigned long long forks;   /* parts launched (or captured) on the side stream since open */
@@ -75,7 +74,6 @@ struct cu_model {
      * rope and W_UK products; fork / join: the events that order the two streams */
     cudaStream_t side;
     cudaEvent_t fork, join;
-    unsigned long long fused;   /* norm outputs quantized by the norm since open */
     size_t scr_cap;
     char desc[256];
     /* the profile (cu_model_profile): events between the parts of a forward, and their sums */
@@ -132,10 +130,6 @@ struct fscr {
     float *xqd;          /* their group scales */
     int32_t *xqs;        /* their sums of 32 values (q4) */
     int64_t xq_cap;
-    /* a norm's output quantized by the norm itself (q8 groups of 32, up to 8 rows): xn / xnd
-     * hold xn_of [rows][xn_cols] as cuk_actq mode 0 would; xn_of NULL when they hold nothing */
-    int8_t *xn;
-    float *xnd;
     /* the shared expert's own intermediates and int8 x while it runs on the side stream (up to
      * 8 rows; sxq_cap bytes) */
     float *sgb, *sub;
@@ -143,8 +137,6 @@ struct fscr {
     float *sxqd;
     int32_t *sxqs;
     int64_t sxq_cap;
-    const float *xn_of;
-    int xn_cols;
     int t;               /* the chunk's rows (f.x) */
     int need_xl; /* the final norm is read (hidden states or logits) */
 };

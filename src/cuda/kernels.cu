@@ -1285,18 +1285,9 @@ void cuk_embed(cudaStream_t st, const dw &W, const int32_t *ids, int T, float *h
 
 /* Row norms: one block a row, each thread's values i = tid + k blockDim summed in k order into
  * a double, then the block's sum. The first NORM_PF of a thread's values are loaded together
- * into registers (one wait for all of them, not one a value), the rest in a loop. With X.q the
- * output rows are also quantized as k_actq<0> does (q8, groups of 32: a warp's 32 values of one
- * step are one group; n a multiple of 32), into X's row r. */
+ * into registers (one wait for all of them, not one a value), the rest in a loop. */
 #define NORM_PF 8
-__device__ __forceinline__ void norm_out(float *yr, int i, float v, const cu_xq &X, int r) {
-    yr[i] = v;
-    if (X.q) {
-        float g1[1] = {v};
-        actq_group<0>(g1, threadIdx.x & 31, X.q + (int64_t)r * X.ldq + (i & ~31), X.d + (int64_t)r * X.ldd + (i >> 5), nullptr);
-    }
-}
-__global__ void k_rmsnorm(float *y, int64_t ldy, const float *x, int64_t ldx, const float *w, int n, double eps, cu_xq X) {
+__global__ void k_rmsnorm(float *y, int64_t ldy, const float *x, int64_t ldx, const float *w, int n, double eps) {
     pdl_enter();
     const float *xr = x + blockIdx.x * ldx;
     float *yr = y + blockIdx.x * ldy;
@@ -1317,18 +1308,18 @@ __global__ void k_rmsnorm(float *y, int64_t ldy, const float *x, int64_t ldx, co
 #pragma unroll
     for (int k = 0; k < NORM_PF; k++) {
         int i = threadIdx.x + k * b;
-        if (i < n) norm_out(yr, i, w[i] * (v[k] * r), X, blockIdx.x);
+        if (i < n) yr[i] = w[i] * (v[k] * r);
     }
-    for (int i = threadIdx.x + NORM_PF * b; i < n; i += b) norm_out(yr, i, w[i] * (xr[i] * r), X, blockIdx.x);
+    for (int i = threadIdx.x + NORM_PF * b; i < n; i += b) yr[i] = w[i] * (xr[i] * r);
 }
-void cuk_rmsnorm(cudaStream_t st, float *y, int64_t ldy, const float *x, int64_t ldx, const float *w, int n, int T, double eps, const cu_xq *X) {
-    if (T > 0) cu_launch(k_rmsnorm, T, 1024, 0, st, y, ldy, x, ldx, w, n, eps, X ? *X : cu_xq{});
+void cuk_rmsnorm(cudaStream_t st, float *y, int64_t ldy, const float *x, int64_t ldx, const float *w, int n, int T, double eps) {
+    if (T > 0) cu_launch(k_rmsnorm, T, 1024, 0, st, y, ldy, x, ldx, w, n, eps);
 }
 
 /* h += a (+ b: a + b first), then y = rmsnorm(h): cuk_add(s) and cuk_rmsnorm in one pass. The
  * pointers do not alias (else each step's loads would wait for the last step's store). */
 __global__ void k_add_rmsnorm(float *__restrict__ y, float *__restrict__ h, const float *__restrict__ a, const float *__restrict__ b,
-                              const float *__restrict__ w, int n, double eps, cu_xq X) {
+                              const float *__restrict__ w, int n, double eps) {
     pdl_enter();
     float *hr = h + (int64_t)blockIdx.x * n, *yr = y + (int64_t)blockIdx.x * n;
     const float *ar = a + (int64_t)blockIdx.x * n, *br = b ? b + (int64_t)blockIdx.x * n : nullptr;
@@ -1355,12 +1346,12 @@ __global__ void k_add_rmsnorm(float *__restrict__ y, float *__restrict__ h, cons
 #pragma unroll
     for (int k = 0; k < NORM_PF; k++) {
         int i = threadIdx.x + k * bd;
-        if (i < n) norm_out(yr, i, w[i] * (v[k] * r), X, blockIdx.x);
+        if (i < n) yr[i] = w[i] * (v[k] * r);
     }
-    for (int i = threadIdx.x + NORM_PF * bd; i < n; i += bd) norm_out(yr, i, w[i] * (hr[i] * r), X, blockIdx.x);
+    for (int i = threadIdx.x + NORM_PF * bd; i < n; i += bd) yr[i] = w[i] * (hr[i] * r);
 }
-void cuk_add_rmsnorm(cudaStream_t st, float *y, float *h, const float *a, const float *b, const float *w, int n, int T, double eps, const cu_xq *X) {
-    if (T > 0) cu_launch(k_add_rmsnorm, T, 1024, 0, st, y, h, a, b, w, n, eps, X ? *X : cu_xq{});
+void cuk_add_rmsnorm(cudaStream_t st, float *y, float *h, const float *a, const float *b, const float *w, int n, int T, double eps) {
+    if (T > 0) cu_launch(k_add_rmsnorm, T, 1024, 0, st, y, h, a, b, w, n, eps);
 }
 
 __global__ void k_add(float *h, const float *y, int64_t n) {

@@ -408,7 +408,6 @@ extern "C" int cu_model_open(const petrel_engine *e, int device, uint64_t vram_b
     if (!(m->L = (cu_layer *)calloc((size_t)L, sizeof(cu_layer)))) r = pt_err(err, PETREL_ENOMEM, "out of memory");
     m->rows = CU_ROWS;
     m->use_graphs = 1;
-    m->no_fuse = 1; /* the norms' own quantization: off (on the 1-dense + 4-MoE slice it cost more than the kernels it saves) */
     const model_w *w = &e->w;
     if (!r) r = up_w(m, &w->embed_tokens, "embed_tokens", &m->embed, err);
     if (!r) {
@@ -471,11 +470,9 @@ static void set_mode(cu_model *m, int *flag, int v) {
     pthread_mutex_unlock(&m->mu);
 }
 extern "C" void cu_model_use_stacks(cu_model *m, int on) { set_mode(m, &m->no_stacks, !on); }
-extern "C" void cu_model_use_fused_quant(cu_model *m, int on) { set_mode(m, &m->no_fuse, !on); }
 extern "C" void cu_model_use_pdl(cu_model *m, int on) { set_mode(m, &m->no_pdl, !on); }
 extern "C" void cu_model_use_fork(cu_model *m, int on) { set_mode(m, &m->no_fork, !on); }
 extern "C" void cu_model_use_graphs(cu_model *m, int on) { set_mode(m, &m->use_graphs, on); }
-extern "C" unsigned long long cu_model_fused_count(const cu_model *m) { return m->fused; }
 extern "C" unsigned long long cu_model_fork_count(const cu_model *m) { return m->forks; }
 extern "C" int cu_model_graph_count(const cu_model *m) {
     int n = 0;
@@ -649,9 +646,6 @@ static size_t carve(uint8_t *base, const petrel_config *c, int T, int nmax, int 
     TAKE(xq, int8_t, (size_t)cap);
     TAKE(xqd, float, (size_t)cap / 32);
     TAKE(xqs, int32_t, (size_t)cap / 32);
-    int xn = H > c->q_lora_rank ? H : c->q_lora_rank;
-    TAKE(xn, int8_t, 8 * (size_t)xn);
-    TAKE(xnd, float, 8 * (size_t)xn / 32 + 1);
     /* the shared expert on the side stream (up to 8 rows): its gate / up outputs and int8 x */
     const int side = T <= 8 ? T : 0;
     const int64_t scap = (int64_t)side * (((H > Ish ? H : Ish) + 63) / 64 * 64);
@@ -661,7 +655,6 @@ static size_t carve(uint8_t *base, const petrel_config *c, int T, int nmax, int 
     TAKE(sxq, int8_t, (size_t)scap + 1);
     TAKE(sxqd, float, (size_t)scap / 32 + 1);
     TAKE(sxqs, int32_t, (size_t)scap / 32 + 1);
-    f->xn_of = NULL, f->xn_cols = 0;
 #undef TAKE
     return off + 256;
 }
@@ -683,25 +676,10 @@ int cu_chunk_rows(const petrel_config *c, uint64_t left, int least) {
  * or with gemm the GEMM's plain order); 0 when W does not take it. */
 static int quant_x(const cu_model *m, const fscr &f, const dw &W, const float *x, int64_t ldx, int n, cu_xq *X, int gemm = 0) {
     int ok = m->tc ? (gemm ? cuk_gemm_q_ok(W) : cuk_gemv_q_ok(W)) : 0, q4 = ok == 2;
-    if (ok == 1 && !gemm && n <= 8 && x == f.xn_of && W.cols == f.xn_cols && ldx == W.cols) { /* the norm quantized x already */
-        *X = cu_xq{f.xn, f.xnd, f.xqs, W.cols, W.cols / 32, W.cols / 32};
-        return 1;
-    }
     if (!ok || (int64_t)n * W.cols > f.xq_cap) return 0;
     *X = cu_xq{f.xq, f.xqd, f.xqs, W.cols, W.cols / (q4 ? 64 : 32), W.cols / 32};
     cuk_actq(m->st, x, ldx, n, (int)W.cols, q4 ? (gemm ? 2 : 1) : 0, *X);
     return 1;
-}
-
-/* the quantized output a norm of t rows of cols values into y writes beside y (NULL: none):
- * up to 8 rows on the quantized path, cols a multiple of 32; f records whose values they are */
-static const cu_xq *norm_q(cu_model *m, fscr &f, const float *y, int cols, int t, cu_xq *X) {
-    f.xn_of = NULL;
-    if (!m->tc || m->no_fuse || t > 8 || cols % 32) return NULL;
-    m->fused++;
-    *X = cu_xq{f.xn, f.xnd, NULL, cols, cols / 32, cols / 32};
-    f.xn_of = y, f.xn_cols = cols;
-    return X;
 }
 
 /* y[n][W.rows] = x[n][W.cols] W^T by the form for n rows: up to 8 the GEMV, else the GEMM, each
@@ -768,8 +746,7 @@ static void swiglu(const cu_model *m, const dw &g, const dw &u, const dw &d, con
 static void residual_norm(cu_model *m, int l, float *a, const float *b, fscr &f, int t) {
     const petrel_config *c = m->c;
     int H = c->hidden_size;
-    cu_xq X;
-    if (l + 1 < c->num_hidden_layers) cuk_add_rmsnorm(m->st, f.x, f.h, a, b, m->L[l + 1].in_norm, H, t, c->rms_norm_eps, norm_q(m, f, f.x, H, t, &X));
+    if (l + 1 < c->num_hidden_layers) cuk_add_rmsnorm(m->st, f.x, f.h, a, b, m->L[l + 1].in_norm, H, t, c->rms_norm_eps);
     else if (f.need_xl) cuk_add_rmsnorm(m->st, f.xl, f.h, a, b, m->norm, H, t, c->rms_norm_eps);
     else {
         if (b) cuk_add(m->st, a, b, (int64_t)t * H);
@@ -847,8 +824,7 @@ static int chunk_kernels(cu_model *m, fscr &f, const fscr &f0, const chunk_k &ck
     int have_sel = 0;
     for (int l = 0; l < c->num_hidden_layers; l++) {
         const cu_layer &G = m->L[l];
-        cu_xq XN;
-        if (l == 0) cuk_rmsnorm(st, f.x, H, f.h, H, G.in_norm, H, t, c->rms_norm_eps, norm_q(m, f, f.x, H, t, &XN)); /* later layers': with the residual */
+        if (l == 0) cuk_rmsnorm(st, f.x, H, f.h, H, G.in_norm, H, t, c->rms_norm_eps); /* later layers': with the residual */
         const int sel_here = c->layer_indexer_full[l] || !have_sel, ix_q = sel_here && G.has_idx && need_q;
         { /* the products of x (q_a, kv_a, the indexer's keys and head weights), then those of the
            * normed q_a (q_b, the indexer's queries): each x quantized once on int8 x, and for one
@@ -858,7 +834,7 @@ static int chunk_kernels(cu_model *m, fscr &f, const fscr &f0, const chunk_k &ck
             float **ys[4] = {&f.qa, &f.kva, &f.ki, &f.iw};
             stack_gemv(m, f, G.on_x, ws, ys, sel_here && G.has_idx ? (ix_q ? 4 : 3) : 2, f.x, f.on_x, f.on_x_cap, t);
         }
-        cuk_rmsnorm(st, f.qa, Rq, f.qa, Rq, G.q_a_norm, Rq, t, 1e-6, norm_q(m, f, f.qa, Rq, t, &XN));
+        cuk_rmsnorm(st, f.qa, Rq, f.qa, Rq, G.q_a_norm, Rq, t, 1e-6);
         {
             const dw *ws[2] = {&G.q_b, &G.iq};
             float **ys[2] = {&f.q, &f.qi};
@@ -890,7 +866,7 @@ static int chunk_kernels(cu_model *m, fscr &f, const fscr &f0, const chunk_k &ck
         cuk_mla_uv(st, G.kv_b, f.lat, f.o, t, NH, Dn, Dv, Rkv, m->heads);
         PROF(P_HEADS);
         mm(m, f, G.o, f.o, f.y, t);
-        cuk_add_rmsnorm(st, f.x, f.h, f.y, NULL, G.post_norm, H, t, c->rms_norm_eps, norm_q(m, f, f.x, H, t, &XN));
+        cuk_add_rmsnorm(st, f.x, f.h, f.y, NULL, G.post_norm, H, t, c->rms_norm_eps);
         PROF(P_O_PROJ);
         if (!G.is_moe) {
             swiglu(m, G.gate, G.up, G.down, f.x, t, f, f.y);
@@ -937,7 +913,6 @@ static int chunk_kernels(cu_model *m, fscr &f, const fscr &f0, const chunk_k &ck
         int contiguous = 1;
         for (int j = 1; j < nl; j++) contiguous &= hl[j] == hl[0] + j;
         if (!contiguous) {
-            f.xn_of = NULL; /* f.x is overwritten */
             for (int j = 0; j < nl; j++) cudaMemcpyAsync(f.x + (size_t)j * H, f.xl + (size_t)hl[j] * H, sizeof(float) * H, cudaMemcpyDeviceToDevice, st);
             xh = f.x;
         }

@@ -21,11 +21,9 @@ uint64_t cu_model_weight_bytes(const cu_model *m) { (void)m; return 0; }
 int cu_model_stacks(const cu_model *m) { (void)m; return 0; }
 void cu_model_use_stacks(cu_model *m, int on) { (void)m, (void)on; }
 void cu_model_use_graphs(cu_model *m, int on) { (void)m, (void)on; }
-void cu_model_use_fused_quant(cu_model *m, int on) { (void)m, (void)on; }
 void cu_model_use_pdl(cu_model *m, int on) { (void)m, (void)on; }
 void cu_model_use_fork(cu_model *m, int on) { (void)m, (void)on; }
 unsigned long long cu_model_fork_count(const cu_model *m) { (void)m; return 0; }
-unsigned long long cu_model_fused_count(const cu_model *m) { (void)m; return 0; }
 int cu_model_graph_count(const cu_model *m) { (void)m; return 0; }
 void cu_model_tier_stats(const cu_model *m, cu_tier_stats *out) {
     (void)m;
