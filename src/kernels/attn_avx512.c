@@ -14,7 +14,9 @@
  *      times 1/sum; lanes past nk get 0 (masks, so the sum adds exactly the ref's terms).
  *   3. latent sum, tasks (block, 64 columns): a tile of 6 queries x 64 columns (24 accumulators)
  *      walks t ascending, per t four loads of c_t and six broadcasts of p, 24 FMAs; a strip of
- *      64 columns (256 B per key) stays in L2 for all the block's tiles.
+ *      64 columns (256 B per key) stays in L2 for all the block's tiles. The strip of key t + 8
+ *      is prefetched into L1: the keys' rows lie at a stride (2304 B in a GLM-5 cache) that the
+ *      hardware prefetchers take late on a cold cache (decode: the cache comes from memory).
  * Every output element is one chain in the order kernels.h defines, whatever its tile, lane or
  * task: results do not depend on M, the blocking or the threads (tests/test_kernels.c). */
 #include <immintrin.h>
@@ -150,6 +152,10 @@ AI void lat_tile(const int IB, const kn_attn *a, const float *P, const int *nk, 
     }
     for (int64_t t = 0; t < tn; t++) {
         const float *c = a->kc[t] + c0, *p = P + t * MB + m0;
+        if (t + 8 < tn) { /* the strip of key t + 8: rows at a stride the prefetchers take late */
+            const char *nx = (const char *)(a->kc[t + 8] + c0);
+            _mm_prefetch(nx, _MM_HINT_T0), _mm_prefetch(nx + 64, _MM_HINT_T0), _mm_prefetch(nx + 128, _MM_HINT_T0), _mm_prefetch(nx + 192, _MM_HINT_T0);
+        }
         __m512 w[4];
 #pragma GCC unroll 4
         for (int u = 0; u < 4; u++) w[u] = _mm512_maskz_loadu_ps(mk[u], c + u * 16);
