@@ -680,9 +680,8 @@ TEST(cuda, experts_counted) {
  * batched with another session's (1e-6: the attention's key splits follow the batch's rows);
  * on the golden prompt, the decode's KL to the reference within 10 % of the CPU default's (the
  * GPU also quantizes x for q8 weights, the CPU's r16 kernels their own way: not bitwise); graph
- * and direct launches, norms that quantize their outputs and kernels that do, and kernels
- * launched as programmatic dependents and not (decode and a prompt's forward), and a step's
- * kernels on two streams and on one, bitwise */
+ * and direct launches, kernels launched as programmatic dependents and not (decode and a
+ * prompt's forward), and a step's kernels on two streams and on one, bitwise */
 TEST(cuda, decode_int8_rows) {
     if (!need_gpu()) return;
     const char *pk = test_pack_of("trained", CVQ_Q4);

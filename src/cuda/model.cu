@@ -743,7 +743,7 @@ static void swiglu(const cu_model *m, const dw &g, const dw &u, const dw &d, con
 
 /* the end of layer l: h += a (+ b: a + b first), then the next layer's input norm into x, or
  * after the last layer the final norm into xl when anything reads it (f.need_xl) */
-static void residual_norm(cu_model *m, int l, float *a, const float *b, fscr &f, int t) {
+static void residual_norm(const cu_model *m, int l, float *a, const float *b, const fscr &f, int t) {
     const petrel_config *c = m->c;
     int H = c->hidden_size;
     if (l + 1 < c->num_hidden_layers) cuk_add_rmsnorm(m->st, f.x, f.h, a, b, m->L[l + 1].in_norm, H, t, c->rms_norm_eps);
@@ -798,6 +798,10 @@ struct chunk_k {
     int keys;          /* the most keys a row has (nall is its launch size) */
 };
 
+/* the experts a forward runs are counted on the device where rows may share experts; one row's
+ * K router choices are distinct, so chunk_forward counts those on the host (no kernel) */
+static int experts_counted_on_device(const cu_model *m, int t) { return t > 1 || m->route; }
+
 /* A chunk's kernels from the embedding to the head, its rows' arrays on the device and f carved:
  * launched on the stream, or captured there as a decode step's graph (chunk_forward) */
 static int chunk_kernels(cu_model *m, fscr &f, const fscr &f0, const chunk_k &ck, petrel_error *err) {
@@ -815,9 +819,7 @@ static int chunk_kernels(cu_model *m, fscr &f, const fscr &f0, const chunk_k &ck
     const float scale = (float)(1.0 / sqrt((double)Dqk)), wscale = (float)(1.0 / sqrt((double)Hi) / sqrt((double)Di));
     /* up to 8 rows, resident and not profiled: parts of a layer on the side stream too */
     const int fork = !m->no_fork && !m->prof && !m->tiers && t <= 8 && f.sxq_cap > 0;
-    /* the experts a forward runs, counted on the device where rows may share experts (one row's
-     * K router choices are distinct: chunk_forward counts those on the host) */
-    const int count_dev = t > 1 || m->route;
+    const int count_dev = experts_counted_on_device(m, t);
     cuk_embed(st, m->embed, f.ids, t, f.h);
     if (count_dev) cudaMemsetAsync(f.count, 0, sizeof(unsigned long long), st);
     PROF(P_EMBED);
@@ -1038,7 +1040,7 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
         for (int j = 0; j < t && rc == cudaSuccess; j++)
             rc = cudaMemcpyAsync(hidden + (size_t)hcall[j] * H, f.xl + (size_t)j * H, sizeof(float) * H, cudaMemcpyDeviceToHost, st);
     unsigned long long nrun = 0;
-    if (t == 1 && !m->route) /* chunk_kernels' count_dev: one row runs K distinct experts a MoE layer */
+    if (!experts_counted_on_device(m, t)) /* one row runs K distinct experts a MoE layer */
         for (int l = 0; l < c->num_hidden_layers; l++) nrun += m->L[l].is_moe ? (unsigned long long)c->num_experts_per_tok : 0;
     else if (rc == cudaSuccess)
         rc = cudaMemcpyAsync(&nrun, f.count, sizeof nrun, cudaMemcpyDeviceToHost, st);
