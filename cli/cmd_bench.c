@@ -71,6 +71,9 @@ static const char *usage =
     "  --cuda-fork on|off with --device cuda: run a decode step's shared experts and DSA top-k on a\n"
     "                   second stream beside the routed experts and the MLA queries (on, the\n"
     "                   default) or every kernel on one stream (off); the same results either way\n"
+    "  --cuda-experts int8|bf16 with --device cuda: a prompt's routed experts (q4) on the int8\n"
+    "                   tensor-core GEMM (int8, the default: the CPU's int8 bits per product) or the\n"
+    "                   bf16 one (bf16: the scales in the dequantized weights, f32 sums)\n"
     "  --prefix-cache   after prefill, time a new session of the same prompt through the prefix\n"
     "                   cache (its whole pages taken, the rest run): time to the first token's logits\n"
     "  --route-trace FILE  route every MoE layer by a recorded trace (.txt or .gz; its layers spread\n"
@@ -605,7 +608,7 @@ CLI_CMD(bench) {
     int json = 0;
     const char *golden = NULL, *trace = NULL, *route = NULL;
     long ctx = 0, prompt = 512, steps = 24, bw_mib = 1024, prefill_runs = 3, batch = 0, rounds = 3;
-    int draft_set = 0, prefix_reuse = 0, history_split = 0, profile = 0, pdl = -1, two_streams = -1;
+    int draft_set = 0, prefix_reuse = 0, history_split = 0, profile = 0, pdl = -1, two_streams = -1, bf16_experts = -1;
     bench_draft_opts bd = {0};
     for (int i = 1; i < argc; i++) {
         int r = cli_model_opt(argc, argv, &i, &mo);
@@ -624,6 +627,11 @@ CLI_CMD(bench) {
             const char *v = argv[++i];
             if (strcmp(v, "on") && strcmp(v, "off")) return cli_fail("bench: --cuda-fork: \"%s\" is not on or off", v);
             two_streams = !strcmp(v, "on");
+        }
+        else if (!strcmp(argv[i], "--cuda-experts") && i + 1 < argc) {
+            const char *v = argv[++i];
+            if (strcmp(v, "bf16") && strcmp(v, "int8")) return cli_fail("bench: --cuda-experts: \"%s\" is not int8 or bf16", v);
+            bf16_experts = !strcmp(v, "bf16");
         }
         else if (!strcmp(argv[i], "--history-split")) history_split = 1;
         else if (!strcmp(argv[i], "--golden") && i + 1 < argc) golden = argv[++i];
@@ -661,6 +669,8 @@ CLI_CMD(bench) {
     if (pdl >= 0) cu_model_use_pdl(eng->cu, pdl);
     if (two_streams >= 0 && !eng->cu) { petrel_engine_close(eng); return cli_fail("bench: --cuda-fork is for --device cuda"); }
     if (two_streams >= 0) cu_model_use_fork(eng->cu, two_streams);
+    if (bf16_experts >= 0 && !eng->cu) { petrel_engine_close(eng); return cli_fail("bench: --cuda-experts is for --device cuda"); }
+    if (bf16_experts >= 0) cu_model_use_bf16_experts(eng->cu, bf16_experts);
     if (route) printf("routing: every MoE layer's choices from %s (%d tokens, trace layers spread over the %d MoE layers)\n", route, eng->route->n_tokens,
                       eng->n_moe);
     if (draft_set && bd.draft == 0) { petrel_engine_close(eng); return cli_fail("bench: --draft 0: nothing to compare (give 1..16 or auto)"); }

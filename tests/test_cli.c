@@ -187,7 +187,7 @@ TEST(cli, failures_are_one_line) {
     const char *b = bin();
     if (!b) return;
     const char *tiny = test_data("tiny");
-    char cases[][1024] = {"", "", "", "", "", "", "", "", "", "", "", "", "", "", "", "", ""};
+    char cases[][1024] = {"", "", "", "", "", "", "", "", "", "", "", "", "", "", "", "", "", "", ""};
     snprintf(cases[0], 1024, "%s generate --model /nonexistent --ids 1 -n 2", b);
     snprintf(cases[1], 1024, "%s generate --model %s --ids 1,99999 -n 2", b, tiny);
     snprintf(cases[2], 1024, "%s generate --model %s --ids '' -n 2", b, tiny);
@@ -205,6 +205,8 @@ TEST(cli, failures_are_one_line) {
     snprintf(cases[14], 1024, "%s bench --model %s --cuda-fork maybe", b, tiny);
     snprintf(cases[15], 1024, "%s bench --model %s --steps 1 --prompt 2 --prefill-runs 1 --cuda-fork on", b, tiny); /* not on a GPU */
     snprintf(cases[16], 1024, "%s bench --model %s --steps 1 --prompt 2 --prefill-runs 1 --cuda-pdl off", b, tiny);
+    snprintf(cases[17], 1024, "%s bench --model %s --cuda-experts fp8", b, tiny);
+    snprintf(cases[18], 1024, "%s bench --model %s --steps 1 --prompt 2 --prefill-runs 1 --cuda-experts int8", b, tiny); /* not on a GPU */
     for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++) {
         char out[4096], err[4096];
         int rc = test_sh(cases[i], out, sizeof out, err, sizeof err);

@@ -218,6 +218,85 @@ TEST(cuda, gemm_int8_tensor_cores) {
         }
 }
 
+/* bf16 of f, round to nearest even (finite values) */
+static double bf16_rn(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&f, &u, 4);
+    return f;
+}
+/* the bf16 GEMM's operands exactly: y = sum of bf16(x) bf16(bf16(q - 8) bf16(s)), in double */
+static void ref_gemm_w4(const pt_wview *W, const float *x, int n, float *y) {
+    double *w = malloc(sizeof(double) * (size_t)W->cols), *xb = malloc(sizeof(double) * (size_t)(n * W->cols));
+    for (int64_t i = 0; i < n * W->cols; i++) xb[i] = bf16_rn(x[i]);
+    for (int64_t r = 0; r < W->rows; r++) {
+        const uint8_t *q = W->data + r * W->row_bytes;
+        for (int64_t c = 0; c < W->cols; c++) {
+            int64_t si = r * W->scale_cols + c / W->block_cols;
+            float s;
+            if (W->scale_dtype == PT_F32) memcpy(&s, (const uint8_t *)W->scale + 4 * si, 4);
+            else {
+                uint16_t h;
+                memcpy(&h, (const uint8_t *)W->scale + 2 * si, 2);
+                uint32_t u = (uint32_t)h << 16;
+                memcpy(&s, &u, 4);
+            }
+            int v = (c & 1 ? q[c >> 1] >> 4 : q[c >> 1] & 15) - 8;
+            w[c] = bf16_rn((float)(v * bf16_rn(s)));
+        }
+        for (int i = 0; i < n; i++) {
+            double acc = 0;
+            for (int64_t c = 0; c < W->cols; c++) acc += xb[(int64_t)i * W->cols + c] * w[c];
+            y[(int64_t)i * W->rows + r] = (float)acc;
+        }
+    }
+    free(w), free(xb);
+}
+
+/* the routed experts' prompt GEMM on bf16 tensor cores (q4 weights unpacked to bf16 with their
+ * scales) against a double sum over the same bf16 operands: 3e-5; over a row list (128-row
+ * tiles, one and two a call) bitwise equal to plain rows; a row alone as in a call of n; the
+ * formats and widths it does not take refused */
+TEST(cuda, gemm_bf16_experts) {
+    if (!need_gpu()) return;
+    const pt_qtype fmts[] = {PT_Q4_G64, PT_Q8_G32};
+    const int64_t shapes[][2] = {{64, 256}, {130, 1024}, {257, 64}, {2048, 6144}, {37, 96}};
+    const int ns[] = {9, 100, 200};
+    petrel_error err = {0};
+    for (size_t f = 0; f < 2; f++)
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+            uint8_t *d;
+            void *sc;
+            pt_wview W = rand_weight(fmts[f], shapes[s][0], shapes[s][1], s % 2 ? PT_BF16 : PT_F32, &d, &sc);
+            int takes = W.qtype == PT_Q4_G64 && W.cols % 64 == 0;
+            for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
+                int n = ns[k];
+                if (W.cols >= 4096 && n > 100) break; /* the double reference's time */
+                float *x = malloc(sizeof(float) * n * W.cols), *y = malloc(sizeof(float) * n * W.rows);
+                float *yl = malloc(sizeof(float) * n * W.rows), *ref = malloc(sizeof(float) * n * W.rows), *y1 = malloc(sizeof(float) * W.rows);
+                for (int64_t i = 0; i < n * W.cols; i++) x[i] = frand() * (i % 7 == 0 ? 9.f : 1.f);
+                int rc = cu_matmul_check(&W, x, n, y, 8, &err);
+                CHECK_MSG(takes ? rc == 0 : rc == PETREL_EUNSUPPORTED, "%s [%lld x %lld]: the bf16 GEMM %s (%s)", pt_qtype_name(W.qtype),
+                          (long long)W.rows, (long long)W.cols, takes ? "refused" : "took it", err.msg);
+                if (rc == 0) {
+                    ref_gemm_w4(&W, x, n, ref);
+                    double e = test_rel_l2(y, ref, (size_t)n * W.rows);
+                    CHECK_MSG(e < 3e-5, "%s [%lld x %lld] n=%d: bf16 GEMM vs the double sum of its operands rel err %.3g", pt_qtype_name(W.qtype),
+                              (long long)W.rows, (long long)W.cols, n, e);
+                    if (getenv("PETREL_TEST_VERBOSE")) fprintf(stderr, "  bf16 GEMM [%lld x %lld] n=%d rel err %.3g\n", (long long)W.rows, (long long)W.cols, n, e);
+                    CHECK(cu_matmul_check(&W, x, n, yl, 9, &err) == 0);
+                    CHECK_MSG(!memcmp(yl, y, sizeof(float) * n * W.rows), "n=%d: the bf16 GEMM over a row list differs from plain rows", n);
+                    CHECK(cu_matmul_check(&W, x + (int64_t)(n - 1) * W.cols, 1, y1, 8, &err) == 0);
+                    CHECK_MSG(!memcmp(y1, y + (int64_t)(n - 1) * W.rows, sizeof(float) * W.rows), "n=%d: a bf16 GEMM row depends on its call", n);
+                }
+                free(x), free(y), free(yl), free(ref), free(y1);
+                if (rc) break;
+            }
+            free(d), free(sc);
+        }
+}
+
 /* the fused SwiGLU form of the int8 GEMV (gate and up rows of one warp, silu(g) * u written)
  * against the CPU's int8 reference of each product, plain rows and slots */
 TEST(cuda, swiglu_int8_activations) {
@@ -438,6 +517,36 @@ static int run_logits(petrel_engine *e, const int32_t *ids, int T, int decode, f
     if (rc) test_fail(__FILE__, __LINE__, "forward: %s", err.msg);
     petrel_session_free(s);
     return rc;
+}
+
+/* a prompt longer than the CPU's chunk (512 rows) goes to the GPU in the GPU's chunks: the
+ * engine takes more rows a chunk than the CPU's, and a 900-token prompt in one call gives the
+ * bits of the same prompt fed as 512 + 388 */
+TEST(cuda, prompt_chunks) {
+    if (!need_gpu()) return;
+    const char *pk = test_pack_of("trained", CVQ_Q4);
+    if (!pk) return;
+    petrel_engine *g = open_dev(pk, "cuda", 0);
+    if (!g) return;
+    int V = g->cfg.vocab_size, T = 900;
+    CHECK_MSG(cu_model_chunk_rows(g->cu) > 512, "the GPU takes %d rows a chunk, no more than the CPU's 512", cu_model_chunk_rows(g->cu));
+    int32_t *ids = malloc(sizeof(int32_t) * T);
+    for (int i = 0; i < T; i++) ids[i] = (i * 197 + 11) % V;
+    float *la = malloc(sizeof(float) * (size_t)T * V), *lb = malloc(sizeof(float) * (size_t)T * V);
+    petrel_session *a = NULL, *b = NULL;
+    petrel_error err = {0};
+    if (!petrel_session_create(g, T, &a, &err) && !petrel_session_create(g, T, &b, &err) && !petrel_session_forward(a, ids, T, la, 1, &err) &&
+        !petrel_session_forward(b, ids, 512, lb, 1, &err) && !petrel_session_forward(b, ids + 512, T - 512, lb + (size_t)512 * V, 1, &err)) {
+        size_t bad = 0;
+        for (size_t i = 0; i < (size_t)T * V; i++) bad += memcmp(&la[i], &lb[i], 4) != 0;
+        CHECK_MSG(bad == 0, "a %d-token prompt in one call: %zu logits differ from 512 + %d", T, bad, T - 512);
+    } else {
+        test_fail(__FILE__, __LINE__, "prompt_chunks: %s", err.msg);
+    }
+    petrel_session_free(a);
+    petrel_session_free(b);
+    free(ids), free(la), free(lb);
+    petrel_engine_close(g);
 }
 
 /* every golden prompt in prefill and decode: GPU vs reference (1e-4) and vs the CPU (1e-5) */

@@ -50,6 +50,9 @@ int cu_model_open(const struct petrel_engine *e, int device, uint64_t vram_budge
 void cu_model_close(cu_model *m);
 /* One line: "NVIDIA H200 (cuda:0, 139.8 GiB), weights 2.31 GB in HBM". */
 const char *cu_model_describe(const cu_model *m);
+/* the most rows one chunk of a forward takes (a prompt's expert weights are read once a chunk):
+ * a session hands the GPU its prompt in pieces of this many rows, not the CPU's chunk */
+int cu_model_chunk_rows(const cu_model *m);
 uint64_t cu_model_weight_bytes(const cu_model *m);
 /* how many of the layers' weight stacks (products of one x in one GEMV for one row) are in use;
  * cu_model_use_stacks(m, 0) runs each product alone instead (tests: the same bits either way) */
@@ -69,6 +72,11 @@ void cu_model_use_pdl(cu_model *m, int on);
  * queries' rope and W_UK products; cu_model_use_fork(m, 0) keeps every kernel on one stream
  * (tests and benchmarks: the same kernels on the same inputs, the same bits either way) */
 void cu_model_use_fork(cu_model *m, int on);
+/* A prompt's routed experts (chunks past the GEMV's rows, q4 experts on the quantized path) run
+ * on the int8 tensor-core GEMM (the CPU's int8 bits per product); cu_model_use_bf16_experts(m, 1)
+ * runs them on the bf16 one instead (cuk_gemm_w4: the scales in the dequantized weights, f32
+ * sums; as fast on an H100 at 2048-row chunks, bench/RESULTS.md 2026-12-06) */
+void cu_model_use_bf16_experts(cu_model *m, int on);
 unsigned long long cu_model_fork_count(const cu_model *m); /* parts launched or captured on the second stream since open */
 int cu_model_graph_count(const cu_model *m); /* the decode graphs kept now (0: none made, or graphs off) */
 /* The expert tiers' counters since open (all zero when every expert is in HBM): per MoE layer
@@ -124,7 +132,8 @@ void cu_model_profile_report(const cu_model *m, char *buf, size_t n);
  * 4 the quantized path's GEMV on int8 x (q8_g32, q4_g64 of whole groups; else PETREL_EUNSUPPORTED),
  * 5 the same as n slots of the weight, slot i on x row n-1-i (y[i] = W x[n-1-i]), 6 the quantized
  * path's GEMM on int8 tensor cores (plain rows), 7 the same over a row list (every row one
- * expert's choice: the routed experts' tiles). */
+ * expert's choice: the routed experts' tiles), 8 the bf16 GEMM over q4 weights (cuk_gemm_w4; else
+ * PETREL_EUNSUPPORTED), 9 the same over a row list (128-row tiles). */
 int cu_matmul_check(const pt_wview *W, const float *x, int n, float *y, int path, petrel_error *err);
 /* The quantized path's fused SwiGLU GEMV on the GPU: y[n][rows] = silu(Wg x) * (Wu x) on int8 x
  * (Wg, Wu: one int8 format (q8_g32 / q4_g64) and shape; n 1..8 plain rows, or with slots n slots

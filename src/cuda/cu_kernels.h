@@ -10,6 +10,7 @@
  * routed experts of a layer one after another (estride bytes, sstride scales apart). */
 #ifndef PETREL_CUDA_KERNELS_H
 #define PETREL_CUDA_KERNELS_H
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -59,6 +60,16 @@ int cuk_gemm_q_ok(const dw &W);
 double cuk_mma_peak(cudaStream_t st, unsigned int *sink, int sms, float *ms);
 void cuk_gemm_q(cudaStream_t st, const dw &W, const cu_xq &X, float *y, int64_t ldy, int n, const int32_t *tiles, const int *ntiles_dev,
                 int max_tiles, const int32_t *list, const int32_t *xmap);
+/* The routed experts' prompt GEMM on bf16 tensor cores (cuk_gemm_w4_ok: q4 weights with groups
+ * of a power of two >= 32 columns, whole 64 columns): y = bf16(x) W^T with each weight bf16(bf16(q -
+ * 8) * bf16(scale)), f32 sums; no per-group epilogue, so far fewer instructions than the int8
+ * GEMM's; not the CPU's int8 bits (closer to f32). x rows come from cuk_xbf16p ([n][cols] f32 to
+ * bf16 in the kernel's column order, ldxh a multiple of 8); tiles from cuk_moe_sort with tm 128
+ * (tiles NULL: n plain rows), list and xmap as cuk_gemm's. */
+int cuk_gemm_w4_ok(const dw &W);
+void cuk_xbf16p(cudaStream_t st, const float *x, int64_t ldx, int n, int cols, __nv_bfloat16 *xh, int64_t ldxh);
+void cuk_gemm_w4(cudaStream_t st, const dw &W, const __nv_bfloat16 *xh, int64_t ldxh, float *y, int64_t ldy, int n, const int32_t *tiles,
+                 const int *ntiles_dev, int max_tiles, const int32_t *list, const int32_t *xmap);
 /* the column parts a row of W is summed in (cuk_gemv_q, plain rows): two weights of one format
  * and width with the same count give a row the same bits */
 int cuk_gemv_q_parts(const dw &W);

@@ -1210,6 +1210,184 @@ void cuk_gemm_q(cudaStream_t st, const dw &W, const cu_xq &X, float *y, int64_t 
                : gemm_q_go<0, 128>(st, W, X, y, ldy, n, tiles, ntiles_dev, max_tiles, list, xmap);
 }
 
+/* ---- the routed experts' prompt GEMM on bf16 tensor cores over q4 weights ----
+ * y[row][c] = sum over k of bf16(x[row][k]) * w[c][k], w = bf16(bf16(q - 8) * bf16(group scale)),
+ * the sums in f32 by mma.m16n8k16 (bf16 operands), for q4 weights with groups of a power of two
+ * >= 32 columns and whole 64 columns (cuk_gemm_w4_ok). Unlike the int8 GEMM, no work per group and
+ * output: the scales go into the weights as their nibbles become bf16 in registers ((nibble |
+ * 0x4300) is the bf16 of 128 + q; less 136 gives q - 8 exactly; times the scale rounds once), and
+ * each weight is unpacked once a block, for all its rows. x comes as cuk_xbf16p writes it: bf16,
+ * each 8 columns in the order 0 4 1 5 2 6 3 7, the order in which a 32-bit word of 8 nibbles
+ * unpacks by shifts (nibbles i and i + 4 share a bf16x2), so a lane's fragments of x and of the
+ * weights hold the same columns with no shuffle (the mma's k is a permutation of the columns,
+ * the same one for both operands: the same products). A block: up to 128 x rows (a row list's
+ * tile, cuk_moe_sort with tm 128, or plain rows) by 128 weight rows; 8 warps, each every row by
+ * 16 weight rows (m fragments past the tile's count skipped), 64 columns a step, 4 steps in
+ * flight (cp.async into a ring of shared-memory stages; x's 16-byte chunks swizzled by row
+ * parity, so a quarter warp's 16-byte reads meet no bank twice). A row's sums run in the same
+ * order whatever else its tile holds: a row alone gives the same bits as in a call of many. */
+#define W4M 128 /* x rows a block */
+#define W4N 128 /* weight rows a block */
+#define W4K 64  /* columns a step */
+#define W4S 4   /* steps in flight */
+struct w4_layout {
+    static constexpr int A = 0, B = A + W4M * W4K * 2, SC = B + W4N * W4K / 2, STAGE = SC + W4N * 2 * 4;
+};
+/* one 32-bit word of 8 nibbles (columns 0 .. 7, q + 8) times bf16 scale s2 as 4 bf16x2: columns
+ * (0, 4), (1, 5), (2, 6), (3, 7) */
+__device__ __forceinline__ void w4_unpack(uint32_t w, __nv_bfloat162 s2, uint32_t o[4]) {
+    const uint32_t M = 0x000f000fu, MAG = 0x43004300u;
+    const __nv_bfloat162 b136 = __floats2bfloat162_rn(136.f, 136.f);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const uint32_t p = ((w >> (4 * i)) & M) | MAG;
+        __nv_bfloat162 v = __hmul2(__hsub2(*(const __nv_bfloat162 *)&p, b136), s2);
+        o[i] = *(const uint32_t *)&v;
+    }
+}
+__device__ __forceinline__ void mma_bf16(float c[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+__global__ void __launch_bounds__(256, 2) k_gemm_w4(dw W, const __nv_bfloat16 *__restrict__ xh, int64_t ldxh, float *__restrict__ y, int64_t ldy,
+                                                   int n, const int32_t *tiles, const int *ntiles, const int32_t *list, const int32_t *xmap) {
+    pdl_enter();
+    typedef w4_layout L;
+    extern __shared__ __align__(16) uint8_t w4_smem[];
+    __shared__ const __nv_bfloat16 *xp[W4M]; /* the tile's x rows (NULL: none) */
+    int first, cnt;
+    int64_t e;
+    if (!gemm_tile(tiles, ntiles, blockIdx.y, n, W4M, &e, &first, &cnt)) return;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
+    const int nm = (cnt + 15) >> 4; /* the m fragments holding rows */
+    const int64_t n0 = (int64_t)blockIdx.x * W4N;
+    for (int r = tid; r < W4M; r += blockDim.x) {
+        const __nv_bfloat16 *v = nullptr;
+        if (r < cnt) v = xh + (tiles ? (xmap ? xmap[list[first + r]] : list[first + r]) : first + r) * ldxh;
+        xp[r] = v;
+    }
+    __syncthreads();
+    /* each thread's sources: 4 of x's 16-byte chunks a step (rows ar + 32 i, chunk ach; row
+     * pointers from shared memory, to spare registers), one of the weights' (row tid / 2, half
+     * tid % 2), and threads < 128 weight row tid's two scale slots (columns k0 and k0 + 32 of the
+     * step) */
+    const int ach = tid & 7, ar = tid >> 3;
+    const int adst = L::A + ar * 128 + 16 * (ach ^ (ar & 1));
+    const int br = tid >> 1;
+    const bool bok = n0 + br < W.rows;
+    const uint8_t *bp = W.d + e * W.estride + (bok ? n0 + br : 0) * W.rb + 16 * (tid & 1);
+    const int bdst = L::B + br * 32 + 16 * (tid & 1);
+    const bool sok = tid < W4N && n0 + tid < W.rows;
+    const float *sp = W.s + e * W.sstride + (sok ? n0 + tid : 0) * W.sc;
+    const int nk = (int)(W.cols / W4K), gs = __ffs(W.g) - 1; /* W.g a power of two (cuk_gemm_w4_ok) */
+    uint8_t *const S0 = w4_smem, *const Send = w4_smem + W4S * L::STAGE;
+    uint8_t *Sw = S0;
+    auto issue = [&](int kt) { /* step kt into stage Sw, then Sw to the next stage */
+        const int k0 = kt * W4K;
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            if (ar + 32 * i < 16 * nm) {
+                const __nv_bfloat16 *x = xp[ar + 32 * i];
+                cp_async16(Sw + adst + 4096 * i, x ? x + 8 * ach + k0 : xh, x != nullptr);
+            }
+        cp_async16(Sw + bdst, bp + k0 / 2, bok);
+        if (tid < W4N) {
+            cp_async4(Sw + L::SC + tid * 8, sp + (k0 >> gs), sok);
+            cp_async4(Sw + L::SC + tid * 8 + 4, sp + ((k0 + 32) >> gs), sok);
+        }
+        Sw += L::STAGE;
+        if (Sw == Send) Sw = S0;
+    };
+    /* the lane's read offsets in a stage: x rows g and g + 8 of m fragment 0, chunk of slice pair
+     * p; its two weight rows' 8 bytes and scale */
+    const int aoff0 = L::A + g * 128 + 16 * ((2 * t4) ^ (g & 1)), aoff1 = L::A + g * 128 + 16 * ((2 * t4 + 1) ^ (g & 1));
+    const int boff = L::B + (warp * 16 + g) * 32 + 8 * t4, soff = L::SC + (warp * 16 + g) * 8 + 4 * (t4 >> 1);
+    float acc[8][2][4] = {};
+#pragma unroll
+    for (int s = 0; s < W4S - 1; s++) {
+        if (s < nk) issue(s);
+        cp_async_commit();
+    }
+    const uint8_t *S = S0;
+    for (int kt = 0; kt < nk; kt++) {
+        cp_async_wait<W4S - 2>(); /* step kt's bytes have landed (this thread's) */
+        __syncthreads();          /* everyone's; and every warp is done with step kt - 1's stage, refilled next */
+        if (kt + W4S - 1 < nk) issue(kt + W4S - 1);
+        cp_async_commit();
+        /* the warp's weight rows 16 warp + 8 j + g: the lane's 16 columns 16 t4 .. + 15 of the
+         * step as bf16, slice s (k 16 s .. + 15 of the mma's) in bf[j][s] */
+        uint32_t bf[2][4][2];
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            const uint2 wq = *(const uint2 *)(S + boff + 256 * j);
+            const __nv_bfloat162 s2 = __float2bfloat162_rn(*(const float *)(S + soff + 64 * j));
+            uint32_t o[4];
+            w4_unpack(wq.x, s2, o);
+            bf[j][0][0] = o[0], bf[j][0][1] = o[1], bf[j][1][0] = o[2], bf[j][1][1] = o[3];
+            w4_unpack(wq.y, s2, o);
+            bf[j][2][0] = o[0], bf[j][2][1] = o[1], bf[j][3][0] = o[2], bf[j][3][1] = o[3];
+        }
+#pragma unroll
+        for (int p = 0; p < 2; p++) {
+            const uint8_t *Ap = S + (p ? aoff1 : aoff0);
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                if (i >= nm) break;
+                /* rows 16 i + g and + 8: x's 8 columns 16 t4 + 8 p .. + 7 (columns (0, 4), (1, 5) for
+                 * slice 2 p; (2, 6), (3, 7) for slice 2 p + 1) */
+                const uint4 lo = *(const uint4 *)(Ap + 2048 * i), hi = *(const uint4 *)(Ap + 2048 * i + 1024);
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    mma_bf16(acc[i][j], lo.x, hi.x, lo.y, hi.y, bf[j][2 * p][0], bf[j][2 * p][1]);
+                    mma_bf16(acc[i][j], lo.z, hi.z, lo.w, hi.w, bf[j][2 * p + 1][0], bf[j][2 * p + 1][1]);
+                }
+            }
+        }
+        S += L::STAGE;
+        if (S == Send) S = S0;
+    }
+    cp_async_wait<0>();
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const int r = 16 * i + g + (c >= 2 ? 8 : 0);
+                const int64_t col = n0 + warp * 16 + j * 8 + 2 * t4 + (c & 1);
+                if (r >= cnt || col >= W.rows) continue;
+                const int64_t yr = tiles ? list[first + r] : first + r;
+                y[yr * ldy + col] = acc[i][j][c];
+            }
+}
+/* x rows [n][cols] (f32) to bf16 in k_gemm_w4's order: each 8 columns 0 4 1 5 2 6 3 7 */
+__global__ void k_xbf16p(const float *__restrict__ x, int64_t ldx, int cols, __nv_bfloat16 *__restrict__ xh, int64_t ldxh) {
+    pdl_enter();
+    const int64_t r = blockIdx.y;
+    const int c8 = blockIdx.x * blockDim.x + threadIdx.x;
+    if (8 * c8 >= cols) return;
+    const float4 a = *(const float4 *)(x + r * ldx + 8 * c8), b = *(const float4 *)(x + r * ldx + 8 * c8 + 4);
+    __nv_bfloat162 p[4] = {__floats2bfloat162_rn(a.x, b.x), __floats2bfloat162_rn(a.y, b.y), __floats2bfloat162_rn(a.z, b.z),
+                           __floats2bfloat162_rn(a.w, b.w)};
+    *(uint4 *)(xh + r * ldxh + 8 * c8) = *(const uint4 *)p;
+}
+
+int cuk_gemm_w4_ok(const dw &W) { return W.qt == QQ4G && W.s && W.g >= 32 && !(W.g & (W.g - 1)) && W.cols % W4K == 0 && W.rb % 16 == 0; }
+void cuk_xbf16p(cudaStream_t st, const float *x, int64_t ldx, int n, int cols, __nv_bfloat16 *xh, int64_t ldxh) {
+    if (n <= 0) return;
+    cu_launch(k_xbf16p, dim3((unsigned)((cols / 8 + 127) / 128), (unsigned)n), 128, 0, st, x, ldx, cols, xh, ldxh);
+}
+void cuk_gemm_w4(cudaStream_t st, const dw &W, const __nv_bfloat16 *xh, int64_t ldxh, float *y, int64_t ldy, int n, const int32_t *tiles,
+                 const int *ntiles_dev, int max_tiles, const int32_t *list, const int32_t *xmap) {
+    int nt = tiles ? max_tiles : (n + W4M - 1) / W4M;
+    if (nt <= 0) return;
+    const int smem = W4S * w4_layout::STAGE; /* past the 48 KB a launch may take unasked (set on the current device) */
+    cudaFuncSetAttribute(k_gemm_w4, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    cu_launch(k_gemm_w4, dim3((unsigned)((W.rows + W4N - 1) / W4N), (unsigned)nt), 256, smem, st, W, xh, ldxh, y, ldy, n, tiles, ntiles_dev, list,
+              xmap);
+}
+
 /* quantized weights only: a bf16 or f32 checkpoint keeps its exact f32 products, as on the CPU */
 int cuk_gemm_tc_ok(const dw &W) { return W.cols % 8 == 0 && (W.qt == QQ4G || W.qt == QQ8G || W.qt == QQ8ROW); }
 

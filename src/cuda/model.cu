@@ -460,6 +460,7 @@ extern "C" int cu_model_open(const petrel_engine *e, int device, uint64_t vram_b
 }
 
 extern "C" const char *cu_model_describe(const cu_model *m) { return m->desc; }
+extern "C" int cu_model_chunk_rows(const cu_model *m) { return m->rows; }
 extern "C" uint64_t cu_model_weight_bytes(const cu_model *m) { return m->wbytes; }
 /* a launch-mode switch: set under the lock, and the graphs dropped (a graph keeps the launches
  * and attributes it was captured with) */
@@ -472,6 +473,7 @@ static void set_mode(cu_model *m, int *flag, int v) {
 extern "C" void cu_model_use_stacks(cu_model *m, int on) { set_mode(m, &m->no_stacks, !on); }
 extern "C" void cu_model_use_pdl(cu_model *m, int on) { set_mode(m, &m->no_pdl, !on); }
 extern "C" void cu_model_use_fork(cu_model *m, int on) { set_mode(m, &m->no_fork, !on); }
+extern "C" void cu_model_use_bf16_experts(cu_model *m, int on) { set_mode(m, &m->w4, on); }
 extern "C" void cu_model_use_graphs(cu_model *m, int on) { set_mode(m, &m->use_graphs, on); }
 extern "C" unsigned long long cu_model_fork_count(const cu_model *m) { return m->forks; }
 extern "C" int cu_model_graph_count(const cu_model *m) {
@@ -646,6 +648,7 @@ static size_t carve(uint8_t *base, const petrel_config *c, int T, int nmax, int 
     TAKE(xq, int8_t, (size_t)cap);
     TAKE(xqd, float, (size_t)cap / 32);
     TAKE(xqs, int32_t, (size_t)cap / 32);
+    TAKE(xh, __nv_bfloat16, (size_t)cap);
     /* the shared expert on the side stream (up to 8 rows): its gate / up outputs and int8 x */
     const int side = T <= 8 ? T : 0;
     const int64_t scap = (int64_t)side * (((H > Ish ? H : Ish) + 63) / 64 * 64);
@@ -767,11 +770,24 @@ void experts_compute(cu_model *m, const cu_layer &G, const fscr &f, const int32_
         else cuk_gemv(st, G.ed, f.gb, I, y, H, n, idx, NULL);
         return;
     }
+    const int fits = (int64_t)f.t * H <= f.xq_cap && (int64_t)n * I <= f.xq_cap;
+    const int mt = (n + 63) / 64 + sort_e + 1; /* tiles of 64 or 128 rows: at most this many */
+    /* on the quantized path, q4 experts on the bf16 GEMM where asked (128-row tiles: an expert's
+     * rows of a 2048-row chunk in one) */
+    if (m->tc && m->w4 && fits && cuk_gemm_w4_ok(G.eg) && cuk_gemm_w4_ok(G.eu) && cuk_gemm_w4_ok(G.ed)) {
+        cuk_moe_sort(st, idx, sort_t, sort_k, sort_e, 128, f.list, f.tiles, f.ntiles);
+        cuk_xbf16p(st, f.x, H, f.t, H, f.xh, H);
+        cuk_gemm_w4(st, G.eg, f.xh, H, f.gb, I, n, f.tiles, f.ntiles, mt, f.list, xrow);
+        cuk_gemm_w4(st, G.eu, f.xh, H, f.ub, I, n, f.tiles, f.ntiles, mt, f.list, xrow);
+        cuk_silu_mul(st, f.gb, f.ub, (int64_t)n * I);
+        prof_mark(m, P_EXPERTS);
+        cuk_xbf16p(st, f.gb, I, n, I, f.xh, I);
+        cuk_gemm_w4(st, G.ed, f.xh, I, y, H, n, f.tiles, f.ntiles, mt, f.list, NULL);
+        return;
+    }
     /* on int8 x when the quantized path takes all three products, else the f32 / bf16 forms */
     cu_xq X;
-    const int q = m->tc && cuk_gemm_q_ok(G.eg) && cuk_gemm_q_ok(G.eg) == cuk_gemm_q_ok(G.eu) && cuk_gemm_q_ok(G.ed) &&
-                  (int64_t)f.t * H <= f.xq_cap && (int64_t)n * I <= f.xq_cap;
-    const int mt = (n + 63) / 64 + sort_e + 1;
+    const int q = m->tc && cuk_gemm_q_ok(G.eg) && cuk_gemm_q_ok(G.eg) == cuk_gemm_q_ok(G.eu) && cuk_gemm_q_ok(G.ed) && fits;
     cuk_moe_sort(st, idx, sort_t, sort_k, sort_e, 64, f.list, f.tiles, f.ntiles);
     if (q) { /* the chunk's x rows quantized once for gate and up (the choices map to them), then each choice's down input */
         quant_x(m, f, G.eg, f.x, H, f.t, &X, 1);
@@ -1281,6 +1297,26 @@ extern "C" int cu_matmul_check(const pt_wview *W, const float *x, int n, float *
                     cuk_gemm_q(m.st, G, X, dy, W->rows, n, tiles, nt, mt, list, NULL);
                 } else {
                     cuk_gemm_q(m.st, G, X, dy, W->rows, n, NULL, NULL, 0, NULL, NULL);
+                }
+            }
+        } else if (path == 8 || path == 9) { /* the bf16 GEMM over q4 weights; 9 over a row list (one expert's 128-row tiles) */
+            int64_t cols = W->cols;
+            int mt = n / 64 + 2;
+            int32_t *rl = path == 9 ? (int32_t *)dalloc(&m, sizeof(int32_t) * (size_t)(2 * n + 3 * mt + 1), "row list", err) : NULL;
+            __nv_bfloat16 *xh = (__nv_bfloat16 *)dalloc(&m, sizeof(__nv_bfloat16) * (size_t)(n * cols), "x bf16", err);
+            if (!cuk_gemm_w4_ok(G))
+                rc = pt_err(err, PETREL_EUNSUPPORTED, "the bf16 GEMM takes q4 weights of groups of a power of two >= 32 columns and whole 64 columns, not %s [%lld x %lld]",
+                            pt_qtype_name(W->qtype), (long long)W->rows, (long long)cols);
+            else if (!xh || (path == 9 && !rl)) rc = PETREL_ENOMEM;
+            if (!rc) {
+                cuk_xbf16p(m.st, dx, cols, n, (int)cols, xh, cols);
+                if (path == 9) { /* every row chooses expert 0 of 1: the list is the rows in order */
+                    int32_t *idx = rl, *list = rl + n, *tiles = rl + 2 * n, *nt = tiles + 3 * mt;
+                    cudaMemsetAsync(idx, 0, sizeof(int32_t) * (size_t)n, m.st);
+                    cuk_moe_sort(m.st, idx, n, 1, 1, 128, list, tiles, nt);
+                    cuk_gemm_w4(m.st, G, xh, cols, dy, W->rows, n, tiles, nt, mt, list, NULL);
+                } else {
+                    cuk_gemm_w4(m.st, G, xh, cols, dy, W->rows, n, NULL, NULL, 0, NULL, NULL);
                 }
             }
         } else if (path == 1 || (path == 0 && n <= 8)) {

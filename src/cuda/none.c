@@ -17,12 +17,14 @@ int cu_model_open(const struct petrel_engine *e, int device, uint64_t vram_budge
 }
 void cu_model_close(cu_model *m) { (void)m; }
 const char *cu_model_describe(const cu_model *m) { (void)m; return ""; }
+int cu_model_chunk_rows(const cu_model *m) { (void)m; return 0; }
 uint64_t cu_model_weight_bytes(const cu_model *m) { (void)m; return 0; }
 int cu_model_stacks(const cu_model *m) { (void)m; return 0; }
 void cu_model_use_stacks(cu_model *m, int on) { (void)m, (void)on; }
 void cu_model_use_graphs(cu_model *m, int on) { (void)m, (void)on; }
 void cu_model_use_pdl(cu_model *m, int on) { (void)m, (void)on; }
 void cu_model_use_fork(cu_model *m, int on) { (void)m, (void)on; }
+void cu_model_use_bf16_experts(cu_model *m, int on) { (void)m, (void)on; }
 unsigned long long cu_model_fork_count(const cu_model *m) { (void)m; return 0; }
 int cu_model_graph_count(const cu_model *m) { (void)m; return 0; }
 void cu_model_tier_stats(const cu_model *m, cu_tier_stats *out) {
