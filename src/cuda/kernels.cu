@@ -1767,6 +1767,18 @@ __device__ __forceinline__ void tile_pos(int i, int j, int &row, int &col) {
     }
 }
 
+/* v[j] = p[k + j] for k + j < end, else 0 (p NULL: all 0); two 16-byte loads when the 8 lie
+ * inside and p + k is 16-byte aligned */
+__device__ __forceinline__ void attn_fetch8(const float *p, int k, int end, float v[8]) {
+    if (p && k + 8 <= end && !(((uintptr_t)(p + k)) & 15)) {
+        const float4 a = *(const float4 *)(p + k), b = *(const float4 *)(p + k + 4);
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+        return;
+    }
+#pragma unroll
+    for (int j = 0; j < 8; j++) v[j] = p && k + j < end ? p[k + j] : 0.f;
+}
+
 /* S[r][h][i] = scale * ([q~ | q_pe][r][h] . key(sel[r][i])): a tile of 64 heads x 64 keys of
  * one row, the dimension ascending in one fma chain (c first, then k_pe; TC: tile_mma's
  * tensor-core products, a stage of 32 at a time). Split over dsplit
@@ -1789,14 +1801,24 @@ __global__ void k_attn_scores(const float *q, const float *qt, float *S, int64_t
     const float *qa = hq < NH ? qt + ((int64_t)r * NH + hq) * Rkv : nullptr, *qb = hq < NH ? q + ((int64_t)r * NH + hq) * (Dn + Dr) + Dn : nullptr;
     float acc[4][4] = {};
     int ka = split * per * GK, kb = ka + per * GK < D ? ka + per * GK : D;
+    /* each stage's 8 + 8 values of the thread come into registers while the stage before computes
+     * (16-byte loads where aligned), then into shared memory: the same values, the same bits */
+    float qv[8], kv[8];
+    auto fetch = [&](int k0) {
+        const int k = k0 + lk;
+        if (k + 8 <= Rkv) attn_fetch8(qa, k, Rkv, qv);
+        else if (k >= Rkv) attn_fetch8(qb ? qb - Rkv : nullptr, k, D, qv);
+        else /* the 8 straddle c and k_pe */
+#pragma unroll
+            for (int j = 0; j < 8; j++) qv[j] = qa && k + j < D ? (k + j < Rkv ? qa[k + j] : qb[k + j - Rkv]) : 0.f;
+        attn_fetch8(kp[lm], k, D, kv);
+    };
+    if (ka < kb) fetch(ka);
     for (int k0 = ka; k0 < kb; k0 += GK) {
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
-            int k = k0 + lk + j;
-            Qs[lk + j][lm] = qa && k < D ? (k < Rkv ? qa[k] : qb[k - Rkv]) : 0.f;
-            Ks[lk + j][lm] = kp[lm] && k < D ? kp[lm][k] : 0.f;
-        }
+        for (int j = 0; j < 8; j++) Qs[lk + j][lm] = qv[j], Ks[lk + j][lm] = kv[j];
         __syncthreads();
+        if (k0 + GK < kb) fetch(k0 + GK);
         if (TC) tile_mma(Qs, Ks, acc);
         else tile_fma(Qs, Ks, tx, ty, acc);
         __syncthreads();
@@ -1855,22 +1877,19 @@ __global__ void k_attn_pv(const float *S, int64_t ldS, const int32_t *sel, int64
     int hp = h0 + lm;
     const float *pr = hp < NH ? S + ((int64_t)r * NH + hp) * ldS : nullptr;
     float acc[4][4] = {};
+    /* as the scores: each stage's values in registers while the stage before computes */
+    float pv[8], cv[8];
+    auto fetch = [&](int k0) {
+        attn_fetch8(pr, k0 + lk, b, pv);
+        const int k = k0 + ck;
+        attn_fetch8(k < b ? base + (int64_t)sr[k] * D : nullptr, c0 + cc, Rkv, cv);
+    };
+    if (a < b) fetch(a);
     for (int k0 = a; k0 < b; k0 += GK) {
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
-            int k = k0 + lk + j;
-            Ps[lk + j][lm] = pr && k < b ? pr[k] : 0.f;
-        }
-        {
-            int k = k0 + ck;
-            const float *row = k < b ? base + (int64_t)sr[k] * D : nullptr;
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                int c = c0 + cc + j;
-                Cs[ck][cc + j] = row && c < Rkv ? row[c] : 0.f;
-            }
-        }
+        for (int j = 0; j < 8; j++) Ps[lk + j][lm] = pv[j], Cs[ck][cc + j] = cv[j];
         __syncthreads();
+        if (k0 + GK < b) fetch(k0 + GK);
         if (TC) tile_mma(Ps, Cs, acc);
         else tile_fma(Ps, Cs, tx, ty, acc);
         __syncthreads();
