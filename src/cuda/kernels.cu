@@ -1595,6 +1595,45 @@ void cuk_mla_prep(cudaStream_t st, float *q, const float *kva, const float *kv_n
     if (T > 0) cu_launch(k_mla_prep, dim3((unsigned)T, (unsigned)(1 + (NH * (Dr / 2) + 255) / 256)), 256, 0, st, q, kva, kv_norm, NH, Dn, Dr, Rkv, l, ri, rope);
 }
 
+/* v[j] = p[k + j] for k + j < end, else 0 (p NULL: all 0); two 16-byte loads when the 8 lie
+ * inside and p + k is 16-byte aligned */
+__device__ __forceinline__ void attn_fetch8(const float *p, int k, int end, float v[8]) {
+    if (p && k + 8 <= end && !(((uintptr_t)(p + k)) & 15)) {
+        const float4 a = *(const float4 *)(p + k), b = *(const float4 *)(p + k + 4);
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+        return;
+    }
+#pragma unroll
+    for (int j = 0; j < 8; j++) v[j] = p && k + j < end ? p[k + j] : 0.f;
+}
+
+struct f8 {
+    float4 a, b;
+};
+/* wfetch8's rare form, out of line (it would hold the kernel's registers): one by one by wget */
+__device__ __noinline__ f8 wfetch8_each(const dw &W, int64_t r, int64_t c, int64_t end, bool ok) {
+    float v[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) v[j] = ok && c + j < end ? wget(W, 0, r, c + j) : 0.f;
+    return f8{make_float4(v[0], v[1], v[2], v[3]), make_float4(v[4], v[5], v[6], v[7])};
+}
+/* v[j] = W row r (of expert 0), columns c + j for c + j < end and ok, else 0: for the formats a
+ * kv_b comes in (f32, bf16, q8_g32) the 8 through load8 where they lie in one group and are
+ * aligned (wget's values, fewer instructions); the rest one by one */
+__device__ __forceinline__ void wfetch8(const dw &W, int64_t r, int64_t c, int64_t end, bool ok, float v[8]) {
+    if (ok && c + 8 <= end && !(c & 7) && !(W.rb & 15) && !((uintptr_t)W.d & 15) && (!W.s || W.qt == QQ8ROW || !(W.g & 7))) {
+        const uint8_t *row = W.d + r * W.rb;
+        const float *s = W.s ? W.s + r * W.sc : nullptr;
+        switch (W.qt) {
+        case QF32: load8<QF32>(row, s, W.g, c, v); return;
+        case QBF16: load8<QBF16>(row, s, W.g, c, v); return;
+        case QQ8G: load8<QQ8G>(row, s, W.g, c, v); return;
+        }
+    }
+    const f8 e = wfetch8_each(W, r, c, end, ok);
+    v[0] = e.a.x, v[1] = e.a.y, v[2] = e.a.z, v[3] = e.a.w, v[4] = e.b.x, v[5] = e.b.y, v[6] = e.b.z, v[7] = e.b.w;
+}
+
 /* y[r][h][n] = sum_k x[r][h][k] Wh[k][n] for each head h (grid.z): NT 0 reads
  * Wh[k][n] = W[row0 + h hs + k][n] (W_UK^T q), NT 1 reads Wh[k][n] = W[row0 + h hs + n][k]
  * (W_UV lat); 64 x 64 tiles, k ascending per output */
@@ -1609,29 +1648,26 @@ __global__ void k_head_mm(dw W, int64_t row0, int64_t hs, const float *x, int64_
     int wk = tid >> 3, wn = (tid & 7) * 8;      /* NT 0's W loader: along n */
     const int64_t wr = row0 + (int64_t)h * hs;
     float acc[4][4] = {};
+    /* each stage's 8 x values and 8 weights of the thread come into registers while the stage
+     * before computes (16-byte x loads, a weight's 8 values dequantized together where they lie
+     * in one group), then into shared memory: the same values, the same bits */
+    float xv[8], wv[8];
+    auto fetch = [&](int k0) {
+        const int r = r0 + lm;
+        attn_fetch8(r < T ? x + (int64_t)r * ldxr + (int64_t)h * ldxh : nullptr, k0 + lk, K, xv);
+        if (NT) wfetch8(W, wr + n0 + lm, k0 + lk, K, n0 + lm < N, wv);
+        else wfetch8(W, wr + k0 + wk, n0 + wn, N, k0 + wk < K, wv);
+    };
+    fetch(0);
     for (int k0 = 0; k0 < K; k0 += GK) {
-        int r = r0 + lm;
 #pragma unroll
         for (int j = 0; j < 8; j++) {
-            int k = k0 + lk + j;
-            Xs[lk + j][lm] = r < T && k < K ? x[(int64_t)r * ldxr + (int64_t)h * ldxh + k] : 0.f;
-        }
-        if (NT) {
-            int n = n0 + lm;
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                int k = k0 + lk + j;
-                Ws[lk + j][lm] = n < N && k < K ? wget(W, 0, wr + n, k) : 0.f;
-            }
-        } else {
-            int k = k0 + wk;
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                int n = n0 + wn + j;
-                Ws[wk][wn + j] = n < N && k < K ? wget(W, 0, wr + k, n) : 0.f;
-            }
+            Xs[lk + j][lm] = xv[j];
+            if (NT) Ws[lk + j][lm] = wv[j];
+            else Ws[wk][wn + j] = wv[j];
         }
         __syncthreads();
+        if (k0 + GK < K) fetch(k0 + GK);
         tile_fma(Xs, Ws, tx, ty, acc);
         __syncthreads();
     }
@@ -1765,18 +1801,6 @@ __device__ __forceinline__ void tile_pos(int i, int j, int &row, int &col) {
     } else {
         row = (tid >> 4) * 4 + i, col = (tid & 15) * 4 + j;
     }
-}
-
-/* v[j] = p[k + j] for k + j < end, else 0 (p NULL: all 0); two 16-byte loads when the 8 lie
- * inside and p + k is 16-byte aligned */
-__device__ __forceinline__ void attn_fetch8(const float *p, int k, int end, float v[8]) {
-    if (p && k + 8 <= end && !(((uintptr_t)(p + k)) & 15)) {
-        const float4 a = *(const float4 *)(p + k), b = *(const float4 *)(p + k + 4);
-        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-        return;
-    }
-#pragma unroll
-    for (int j = 0; j < 8; j++) v[j] = p && k + j < end ? p[k + j] : 0.f;
 }
 
 /* S[r][h][i] = scale * ([q~ | q_pe][r][h] . key(sel[r][i])): a tile of 64 heads x 64 keys of
