@@ -101,6 +101,18 @@ template <int QT> __device__ __forceinline__ void load8(const uint8_t *row, cons
     }
 }
 
+/* v[j] = p[k + j] for k + j < end, else 0 (p NULL: all 0); two 16-byte loads when the 8 lie
+ * inside and p + k is 16-byte aligned */
+__device__ __forceinline__ void fetch8(const float *p, int k, int end, float v[8]) {
+    if (p && k + 8 <= end && !(((uintptr_t)(p + k)) & 15)) {
+        const float4 a = *(const float4 *)(p + k), b = *(const float4 *)(p + k + 4);
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+        return;
+    }
+#pragma unroll
+    for (int j = 0; j < 8; j++) v[j] = p && k + j < end ? p[k + j] : 0.f;
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -833,20 +845,25 @@ __global__ void k_gemm(dw W, const float *__restrict__ x, int64_t ldx, float *__
     const uint8_t *wd = W.d + e * W.estride + wrow * W.rb;
     const float *ws = W.s ? W.s + e * W.sstride + wrow * W.sc : nullptr;
     float acc[4][4] = {};
-    for (int64_t k0 = 0; k0 < W.cols; k0 += GK) {
-        int64_t kb = k0 + lk;
-#pragma unroll
-        for (int j = 0; j < 8; j++) Xs[lk + j][lm] = xrow >= 0 && kb + j < W.cols ? x[xrow * ldx + kb + j] : 0.f;
-        float w[8];
+    /* each stage's 8 x values (16-byte loads where aligned) and 8 weights of the thread come into
+     * registers while the stage before computes, then into shared memory: the same bits */
+    float xv[8], w[8];
+    auto fetch = [&](int64_t k0) {
+        const int64_t kb = k0 + lk;
+        fetch8(xrow >= 0 ? x + xrow * ldx : nullptr, (int)kb, (int)W.cols, xv);
         if (wrow < W.rows && QT >= 0 && kb + 8 <= W.cols) {
             load8<QT < 0 ? 0 : QT>(wd, ws, W.g, kb, w);
         } else {
 #pragma unroll
             for (int j = 0; j < 8; j++) w[j] = wrow < W.rows && kb + j < W.cols ? wget(W, e, wrow, kb + j) : 0.f;
         }
+    };
+    fetch(0);
+    for (int64_t k0 = 0; k0 < W.cols; k0 += GK) {
 #pragma unroll
-        for (int j = 0; j < 8; j++) Ws[lk + j][lm] = w[j];
+        for (int j = 0; j < 8; j++) Xs[lk + j][lm] = xv[j], Ws[lk + j][lm] = w[j];
         __syncthreads();
+        if (k0 + GK < W.cols) fetch(k0 + GK);
         tile_fma(Xs, Ws, tx, ty, acc);
         __syncthreads();
     }
@@ -1595,18 +1612,6 @@ void cuk_mla_prep(cudaStream_t st, float *q, const float *kva, const float *kv_n
     if (T > 0) cu_launch(k_mla_prep, dim3((unsigned)T, (unsigned)(1 + (NH * (Dr / 2) + 255) / 256)), 256, 0, st, q, kva, kv_norm, NH, Dn, Dr, Rkv, l, ri, rope);
 }
 
-/* v[j] = p[k + j] for k + j < end, else 0 (p NULL: all 0); two 16-byte loads when the 8 lie
- * inside and p + k is 16-byte aligned */
-__device__ __forceinline__ void attn_fetch8(const float *p, int k, int end, float v[8]) {
-    if (p && k + 8 <= end && !(((uintptr_t)(p + k)) & 15)) {
-        const float4 a = *(const float4 *)(p + k), b = *(const float4 *)(p + k + 4);
-        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-        return;
-    }
-#pragma unroll
-    for (int j = 0; j < 8; j++) v[j] = p && k + j < end ? p[k + j] : 0.f;
-}
-
 struct f8 {
     float4 a, b;
 };
@@ -1654,7 +1659,7 @@ __global__ void k_head_mm(dw W, int64_t row0, int64_t hs, const float *x, int64_
     float xv[8], wv[8];
     auto fetch = [&](int k0) {
         const int r = r0 + lm;
-        attn_fetch8(r < T ? x + (int64_t)r * ldxr + (int64_t)h * ldxh : nullptr, k0 + lk, K, xv);
+        fetch8(r < T ? x + (int64_t)r * ldxr + (int64_t)h * ldxh : nullptr, k0 + lk, K, xv);
         if (NT) wfetch8(W, wr + n0 + lm, k0 + lk, K, n0 + lm < N, wv);
         else wfetch8(W, wr + k0 + wk, n0 + wn, N, k0 + wk < K, wv);
     };
@@ -1830,12 +1835,12 @@ __global__ void k_attn_scores(const float *q, const float *qt, float *S, int64_t
     float qv[8], kv[8];
     auto fetch = [&](int k0) {
         const int k = k0 + lk;
-        if (k + 8 <= Rkv) attn_fetch8(qa, k, Rkv, qv);
-        else if (k >= Rkv) attn_fetch8(qb ? qb - Rkv : nullptr, k, D, qv);
+        if (k + 8 <= Rkv) fetch8(qa, k, Rkv, qv);
+        else if (k >= Rkv) fetch8(qb ? qb - Rkv : nullptr, k, D, qv);
         else /* the 8 straddle c and k_pe */
 #pragma unroll
             for (int j = 0; j < 8; j++) qv[j] = qa && k + j < D ? (k + j < Rkv ? qa[k + j] : qb[k + j - Rkv]) : 0.f;
-        attn_fetch8(kp[lm], k, D, kv);
+        fetch8(kp[lm], k, D, kv);
     };
     if (ka < kb) fetch(ka);
     for (int k0 = ka; k0 < kb; k0 += GK) {
@@ -1904,9 +1909,9 @@ __global__ void k_attn_pv(const float *S, int64_t ldS, const int32_t *sel, int64
     /* as the scores: each stage's values in registers while the stage before computes */
     float pv[8], cv[8];
     auto fetch = [&](int k0) {
-        attn_fetch8(pr, k0 + lk, b, pv);
+        fetch8(pr, k0 + lk, b, pv);
         const int k = k0 + ck;
-        attn_fetch8(k < b ? base + (int64_t)sr[k] * D : nullptr, c0 + cc, Rkv, cv);
+        fetch8(k < b ? base + (int64_t)sr[k] * D : nullptr, c0 + cc, Rkv, cv);
     };
     if (a < b) fetch(a);
     for (int k0 = a; k0 < b; k0 += GK) {
