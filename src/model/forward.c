@@ -380,6 +380,7 @@ int session_span_rows(const petrel_session *s) {
     /* on the GPU a prompt goes in the GPU's chunks (up to 2048 rows: each chunk reads the routed
      * experts it uses once), not the CPU's batch */
     int g = s->eng->cu ? cu_model_chunk_rows(s->eng->cu) : 0;
+    if (g > s->cap) g = s->cap; /* callers size buffers by this */
     if (g > s->max_batch) return g;
     return s->pf.rows > s->max_batch && !s->trace && !s->eng->trace ? s->pf.rows : s->max_batch;
 }
