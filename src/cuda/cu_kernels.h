@@ -62,8 +62,9 @@ void cuk_gemm_q(cudaStream_t st, const dw &W, const cu_xq &X, float *y, int64_t 
                 int max_tiles, const int32_t *list, const int32_t *xmap);
 /* The routed experts' prompt GEMM on bf16 tensor cores (cuk_gemm_w4_ok: q4 weights with groups
  * of a power of two >= 32 columns, whole 64 columns): y = bf16(x) W^T with each weight bf16(bf16(q -
- * 8) * bf16(scale)), f32 sums; no per-group epilogue, so far fewer instructions than the int8
- * GEMM's; not the CPU's int8 bits (closer to f32). x rows come from cuk_xbf16p ([n][cols] f32 to
+ * 8) * bf16(scale)), f32 sums; no per-group epilogue (the unpacking costs about as much per
+ * product at ~64 rows an expert: as fast as the int8 GEMM, bench/RESULTS.md); not the CPU's int8
+ * bits (closer to f32). x rows come from cuk_xbf16p ([n][cols] f32 to
  * bf16 in the kernel's column order, ldxh a multiple of 8); tiles from cuk_moe_sort with tm 128
  * (tiles NULL: n plain rows), list and xmap as cuk_gemm's. */
 int cuk_gemm_w4_ok(const dw &W);
