@@ -113,6 +113,18 @@ __device__ __forceinline__ void fetch8(const float *p, int k, int end, float v[8
     for (int j = 0; j < 8; j++) v[j] = p && k + j < end ? p[k + j] : 0.f;
 }
 
+/* fetch8's half: v[j] = p[k + j] for k + j < end, else 0; one 16-byte load when the 4 lie inside
+ * and p + k is aligned */
+__device__ __forceinline__ void fetch4(const float *p, int k, int end, float v[4]) {
+    if (p && k + 4 <= end && !(((uintptr_t)(p + k)) & 15)) {
+        const float4 a = *(const float4 *)(p + k);
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+        return;
+    }
+#pragma unroll
+    for (int j = 0; j < 4; j++) v[j] = p && k + j < end ? p[k + j] : 0.f;
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -1780,20 +1792,35 @@ __device__ __forceinline__ void mma_3xtf32(float (&c)[4], const uint32_t (&ah)[4
 }
 /* one stage of a 64 x 64 tile on tensor cores (mma.m16n8k8 tf32, each product in three: errors
  * near f32 rounding): warp w takes rows 16 (w & 3) .. + 15 and columns 32 (w >> 2) .. + 31, acc[nt]
- * its n8 tile nt's fragment (tile_pos: where each value goes) */
-__device__ __forceinline__ void tile_mma(const float (*A)[GT + 4], const float (*B)[GT + 4], float acc[4][4]) {
+ * its n8 tile nt's fragment (tile_pos: where each value goes). A is m-major, A[m TA + k] (TA = GK
+ * + 4: a fragment's 32 reads 4 g + t4 banks apart, none twice); B is n-major, B[n TA + k], or
+ * k-major (BK), B[k TB + n] (TB = GT + 8: 8 t4 + g apart). */
+#define TA (GK + 4)
+#define TB (GT + 8)
+template <int BK>
+__device__ __forceinline__ void tile_mma(const float *A, const float *B, float acc[4][4]) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
     const int wm = (warp & 3) * 16, wn = (warp >> 2) * 32;
+    const float *a0 = A + (wm + g) * TA + t4, *a1 = a0 + 8 * TA;
 #pragma unroll
     for (int k0 = 0; k0 < GK; k0 += 8) {
         uint32_t ah[4], al[4];
-        tf32_split(A[k0 + t4][wm + g], ah[0], al[0]);
-        tf32_split(A[k0 + t4][wm + g + 8], ah[1], al[1]);
-        tf32_split(A[k0 + t4 + 4][wm + g], ah[2], al[2]);
-        tf32_split(A[k0 + t4 + 4][wm + g + 8], ah[3], al[3]);
+        tf32_split(a0[k0], ah[0], al[0]);
+        tf32_split(a1[k0], ah[1], al[1]);
+        tf32_split(a0[k0 + 4], ah[2], al[2]);
+        tf32_split(a1[k0 + 4], ah[3], al[3]);
 #pragma unroll
-        for (int nt = 0; nt < 4; nt++) mma_3xtf32(acc[nt], ah, al, B[k0 + t4][wn + nt * 8 + g], B[k0 + t4 + 4][wn + nt * 8 + g]);
+        for (int nt = 0; nt < 4; nt++) {
+            const int n = wn + nt * 8 + g;
+            if (BK) mma_3xtf32(acc[nt], ah, al, B[(k0 + t4) * TB + n], B[(k0 + t4 + 4) * TB + n]);
+            else mma_3xtf32(acc[nt], ah, al, B[n * TA + k0 + t4], B[n * TA + k0 + t4 + 4]);
+        }
     }
+}
+/* v[0..8) into p[0..8) by two 16-byte stores (p 16-byte aligned) */
+__device__ __forceinline__ void put8(float *p, const float v[8]) {
+    *reinterpret_cast<float4 *>(p) = make_float4(v[0], v[1], v[2], v[3]);
+    *reinterpret_cast<float4 *>(p + 4) = make_float4(v[4], v[5], v[6], v[7]);
 }
 /* the tile row and column of a thread's acc[i][j]: tile_fma's (4 ty + i, 4 tx + j), or
  * tile_mma's fragment layout (TC) */
@@ -1817,7 +1844,8 @@ template <int TC>
 __global__ void k_attn_scores(const float *q, const float *qt, float *S, int64_t ldS, const int32_t *sel, int64_t ld_sel, const int *seln, int NH,
                               int Dn, int Dr, int Rkv, float scale, int l, const cu_rowinfo *ri, int dsplit, int per, int64_t pstride) {
     pdl_enter();
-    __shared__ float Qs[GK][GT + 4], Ks[GK][GT + 4];
+    /* f32 fma: [GK][GT + 4] k-major; TC: [GT][TA] m-major (tile_mma) */
+    __shared__ __align__(16) float Qs[GT * TA], Ks[GT * TA];
     __shared__ const float *kp[GT];
     int hzn = (NH + GT - 1) / GT, split = blockIdx.z / hzn;
     int r = blockIdx.y, i0 = blockIdx.x * GT, h0 = (blockIdx.z % hzn) * GT, n = seln[r];
@@ -1844,12 +1872,16 @@ __global__ void k_attn_scores(const float *q, const float *qt, float *S, int64_t
     };
     if (ka < kb) fetch(ka);
     for (int k0 = ka; k0 < kb; k0 += GK) {
+        if (TC) {
+            put8(Qs + lm * TA + lk, qv), put8(Ks + lm * TA + lk, kv);
+        } else {
 #pragma unroll
-        for (int j = 0; j < 8; j++) Qs[lk + j][lm] = qv[j], Ks[lk + j][lm] = kv[j];
+            for (int j = 0; j < 8; j++) Qs[(lk + j) * (GT + 4) + lm] = qv[j], Ks[(lk + j) * (GT + 4) + lm] = kv[j];
+        }
         __syncthreads();
         if (k0 + GK < kb) fetch(k0 + GK);
-        if (TC) tile_mma(Qs, Ks, acc);
-        else tile_fma(Qs, Ks, tx, ty, acc);
+        if (TC) tile_mma<0>(Qs, Ks, acc);
+        else tile_fma(reinterpret_cast<const float(*)[GT + 4]>(Qs), reinterpret_cast<const float(*)[GT + 4]>(Ks), tx, ty, acc);
         __syncthreads();
     }
 #pragma unroll
@@ -1896,7 +1928,8 @@ template <int TC>
 __global__ void k_attn_pv(const float *S, int64_t ldS, const int32_t *sel, int64_t ld_sel, const int *seln, float *out, int T, int NH, int Dr,
                           int Rkv, int l, const cu_rowinfo *ri, int nsplit, int per) {
     pdl_enter();
-    __shared__ float Ps[GK][GT + 4], Cs[GK][GT + 4];
+    /* f32 fma: both [GK][GT + 4] k-major; TC: P [GT][TA] m-major, C [GK][TB] k-major (tile_mma) */
+    __shared__ __align__(16) float Ps[GT * TA], Cs[GK * TB];
     int r = blockIdx.y, c0 = blockIdx.x * GT, hz = blockIdx.z % ((NH + GT - 1) / GT), sp = blockIdx.z / ((NH + GT - 1) / GT), h0 = hz * GT;
     int n = seln[r], a = sp * per, b = a + per < n ? a + per : n;
     int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4, lm = tid >> 2, lk = (tid & 3) * 8, ck = tid >> 3, cc = (tid & 7) * 8, D = Rkv + Dr;
@@ -1908,19 +1941,30 @@ __global__ void k_attn_pv(const float *S, int64_t ldS, const int32_t *sel, int64
     float acc[4][4] = {};
     /* as the scores: each stage's values in registers while the stage before computes */
     float pv[8], cv[8];
+    /* TC: a thread's columns of C are cq .. cq + 3 and cq + 32 .. cq + 35, so the 8 threads of a
+     * quarter warp store 32 neighbouring values of one key (no bank twice) */
+    const int cq = (tid & 7) * 4;
     auto fetch = [&](int k0) {
         fetch8(pr, k0 + lk, b, pv);
         const int k = k0 + ck;
-        fetch8(k < b ? base + (int64_t)sr[k] * D : nullptr, c0 + cc, Rkv, cv);
+        const float *cr = k < b ? base + (int64_t)sr[k] * D : nullptr;
+        if (TC) fetch4(cr, c0 + cq, Rkv, cv), fetch4(cr, c0 + cq + 32, Rkv, cv + 4);
+        else fetch8(cr, c0 + cc, Rkv, cv);
     };
     if (a < b) fetch(a);
     for (int k0 = a; k0 < b; k0 += GK) {
+        if (TC) {
+            put8(Ps + lm * TA + lk, pv);
+            *reinterpret_cast<float4 *>(Cs + ck * TB + cq) = make_float4(cv[0], cv[1], cv[2], cv[3]);
+            *reinterpret_cast<float4 *>(Cs + ck * TB + cq + 32) = make_float4(cv[4], cv[5], cv[6], cv[7]);
+        } else {
 #pragma unroll
-        for (int j = 0; j < 8; j++) Ps[lk + j][lm] = pv[j], Cs[ck][cc + j] = cv[j];
+            for (int j = 0; j < 8; j++) Ps[(lk + j) * (GT + 4) + lm] = pv[j], Cs[ck * (GT + 4) + cc + j] = cv[j];
+        }
         __syncthreads();
         if (k0 + GK < b) fetch(k0 + GK);
-        if (TC) tile_mma(Ps, Cs, acc);
-        else tile_fma(Ps, Cs, tx, ty, acc);
+        if (TC) tile_mma<1>(Ps, Cs, acc);
+        else tile_fma(reinterpret_cast<const float(*)[GT + 4]>(Ps), reinterpret_cast<const float(*)[GT + 4]>(Cs), tx, ty, acc);
         __syncthreads();
     }
     float *o = nsplit > 1 ? out + (int64_t)sp * T * NH * Rkv : out;
