@@ -1790,30 +1790,44 @@ __device__ __forceinline__ void mma_3xtf32(float (&c)[4], const uint32_t (&ah)[4
     mma_tf32(c, ah, bl0, bl1);
     mma_tf32(c, ah, bh0, bh1);
 }
-/* one stage of a 64 x 64 tile on tensor cores (mma.m16n8k8 tf32, each product in three: errors
- * near f32 rounding): warp w takes rows 16 (w & 3) .. + 15 and columns 32 (w >> 2) .. + 31, acc[nt]
- * its n8 tile nt's fragment (tile_pos: where each value goes). A is m-major, A[m TA + k] (TA = GK
- * + 4: a fragment's 32 reads 4 g + t4 banks apart, none twice); B is n-major, B[n TA + k], or
- * k-major (BK), B[k TB + n] (TB = GT + 8: 8 t4 + g apart). */
+/* the keys (scores) or latent columns (P C) of a prompt attention tile: 128 on tensor cores, 64 by fma */
+__host__ __device__ constexpr int attn_tile_keys(int tc) { return tc ? 2 * GT : GT; }
+/* one stage of a 64 x 128 tile on tensor cores (mma.m16n8k8 tf32, each product in three: errors
+ * near f32 rounding, the small ones first): warp w takes rows 32 (w & 1) .. + 31 and columns
+ * 32 (w >> 1) .. + 31 (each fragment split and read once for two or four products), acc[mt][nt]
+ * its m16 tile mt's n8 tile nt (tile_pos: where each value goes). A is m-major, A[m TA + k] (TA =
+ * GK + 4: a fragment's 32 reads 4 g + t4 banks apart, none twice); B is n-major, B[n TA + k], or
+ * k-major (BK), B[k TB + n] (TB = 2 GT + 8: 8 t4 + g apart). */
 #define TA (GK + 4)
-#define TB (GT + 8)
+#define TB (2 * GT + 8)
 template <int BK>
-__device__ __forceinline__ void tile_mma(const float *A, const float *B, float acc[4][4]) {
+__device__ __forceinline__ void tile_mma(const float *A, const float *B, float acc[2][4][4]) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
-    const int wm = (warp & 3) * 16, wn = (warp >> 2) * 32;
-    const float *a0 = A + (wm + g) * TA + t4, *a1 = a0 + 8 * TA;
+    const int wm = (warp & 1) * 32, wn = (warp >> 1) * 32;
+    const float *a0 = A + (wm + g) * TA + t4;
 #pragma unroll
     for (int k0 = 0; k0 < GK; k0 += 8) {
-        uint32_t ah[4], al[4];
-        tf32_split(a0[k0], ah[0], al[0]);
-        tf32_split(a1[k0], ah[1], al[1]);
-        tf32_split(a0[k0 + 4], ah[2], al[2]);
-        tf32_split(a1[k0 + 4], ah[3], al[3]);
+        uint32_t ah[2][4], al[2][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++) {
+            const float *am = a0 + mt * 16 * TA + k0;
+            tf32_split(am[0], ah[mt][0], al[mt][0]);
+            tf32_split(am[8 * TA], ah[mt][1], al[mt][1]);
+            tf32_split(am[4], ah[mt][2], al[mt][2]);
+            tf32_split(am[8 * TA + 4], ah[mt][3], al[mt][3]);
+        }
 #pragma unroll
         for (int nt = 0; nt < 4; nt++) {
             const int n = wn + nt * 8 + g;
-            if (BK) mma_3xtf32(acc[nt], ah, al, B[(k0 + t4) * TB + n], B[(k0 + t4 + 4) * TB + n]);
-            else mma_3xtf32(acc[nt], ah, al, B[n * TA + k0 + t4], B[n * TA + k0 + t4 + 4]);
+            uint32_t bh0, bl0, bh1, bl1;
+            tf32_split(BK ? B[(k0 + t4) * TB + n] : B[n * TA + k0 + t4], bh0, bl0);
+            tf32_split(BK ? B[(k0 + t4 + 4) * TB + n] : B[n * TA + k0 + t4 + 4], bh1, bl1);
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++) {
+                mma_tf32(acc[mt][nt], al[mt], bh0, bh1);
+                mma_tf32(acc[mt][nt], ah[mt], bl0, bl1);
+                mma_tf32(acc[mt][nt], ah[mt], bh0, bh1);
+            }
         }
     }
 }
@@ -1822,45 +1836,48 @@ __device__ __forceinline__ void put8(float *p, const float v[8]) {
     *reinterpret_cast<float4 *>(p) = make_float4(v[0], v[1], v[2], v[3]);
     *reinterpret_cast<float4 *>(p + 4) = make_float4(v[4], v[5], v[6], v[7]);
 }
-/* the tile row and column of a thread's acc[i][j]: tile_fma's (4 ty + i, 4 tx + j), or
- * tile_mma's fragment layout (TC) */
+/* the tile row and column of a thread's acc[i][j]: tile_fma's (4 ty + i, 4 tx + j) for i < 4, or
+ * tile_mma's fragment layout (TC), i = 4 mt + nt for i < 8 */
 template <int TC>
 __device__ __forceinline__ void tile_pos(int i, int j, int &row, int &col) {
     const int tid = threadIdx.x;
     if (TC) {
         const int lane = tid & 31, warp = tid >> 5;
-        row = (warp & 3) * 16 + (lane >> 2) + (j >= 2 ? 8 : 0), col = (warp >> 2) * 32 + i * 8 + 2 * (lane & 3) + (j & 1);
+        row = (warp & 1) * 32 + (i >> 2) * 16 + (lane >> 2) + (j >= 2 ? 8 : 0), col = (warp >> 1) * 32 + (i & 3) * 8 + 2 * (lane & 3) + (j & 1);
     } else {
         row = (tid >> 4) * 4 + i, col = (tid & 15) * 4 + j;
     }
 }
 
-/* S[r][h][i] = scale * ([q~ | q_pe][r][h] . key(sel[r][i])): a tile of 64 heads x 64 keys of
- * one row, the dimension ascending in one fma chain (c first, then k_pe; TC: tile_mma's
- * tensor-core products, a stage of 32 at a time). Split over dsplit
- * ranges of per stages of the dimension (few rows leave the GPU idle): split z writes its
- * unscaled partial sums to S + z pstride, and the softmax adds them in split order. */
+/* S[r][h][i] = scale * ([q~ | q_pe][r][h] . key(sel[r][i])): a tile of 64 heads x NT keys of
+ * one row (f32 fma: 64; TC: 128), the dimension ascending in one fma chain (c first, then k_pe;
+ * TC: tile_mma's tensor-core products, a stage of 32 at a time). Split over dsplit ranges of per
+ * stages of the dimension (few rows leave the GPU idle): split z writes its unscaled partial sums
+ * to S + z pstride, and the softmax adds them in split order. */
 template <int TC>
 __global__ void k_attn_scores(const float *q, const float *qt, float *S, int64_t ldS, const int32_t *sel, int64_t ld_sel, const int *seln, int NH,
                               int Dn, int Dr, int Rkv, float scale, int l, const cu_rowinfo *ri, int dsplit, int per, int64_t pstride) {
     pdl_enter();
-    /* f32 fma: [GK][GT + 4] k-major; TC: [GT][TA] m-major (tile_mma) */
-    __shared__ __align__(16) float Qs[GT * TA], Ks[GT * TA];
-    __shared__ const float *kp[GT];
+    constexpr int NT = attn_tile_keys(TC);
+    /* f32 fma: [GK][GT + 4] k-major; TC: Q [GT][TA] m-major, K [NT][TA] n-major (tile_mma) */
+    __shared__ __align__(16) float Qs[GT * TA], Ks[NT * TA];
+    __shared__ const float *kp[NT];
     int hzn = (NH + GT - 1) / GT, split = blockIdx.z / hzn;
-    int r = blockIdx.y, i0 = blockIdx.x * GT, h0 = (blockIdx.z % hzn) * GT, n = seln[r];
+    int r = blockIdx.y, i0 = blockIdx.x * NT, h0 = (blockIdx.z % hzn) * GT, n = seln[r];
     if (i0 >= n) return;
     int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4, lm = tid >> 2, lk = (tid & 3) * 8, D = Rkv + Dr;
+    /* TC: the thread's key is tid >> 1, its 16 values (tid & 1) 16 .. + 15 of a stage */
+    const int km = TC ? tid >> 1 : lm, kk = TC ? (tid & 1) * 16 : lk;
     cu_rowinfo R = ri[r];
-    if (tid < GT) kp[tid] = i0 + tid < n ? R.kv + ((int64_t)l * R.cap + sel[(int64_t)r * ld_sel + i0 + tid]) * D : nullptr;
+    if (tid < NT) kp[tid] = i0 + tid < n ? R.kv + ((int64_t)l * R.cap + sel[(int64_t)r * ld_sel + i0 + tid]) * D : nullptr;
     __syncthreads();
     int hq = h0 + lm;
     const float *qa = hq < NH ? qt + ((int64_t)r * NH + hq) * Rkv : nullptr, *qb = hq < NH ? q + ((int64_t)r * NH + hq) * (Dn + Dr) + Dn : nullptr;
-    float acc[4][4] = {};
+    float acc[2][4][4] = {};
     int ka = split * per * GK, kb = ka + per * GK < D ? ka + per * GK : D;
-    /* each stage's 8 + 8 values of the thread come into registers while the stage before computes
+    /* each stage's values of the thread come into registers while the stage before computes
      * (16-byte loads where aligned), then into shared memory: the same values, the same bits */
-    float qv[8], kv[8];
+    float qv[8], kv[TC ? 16 : 8];
     auto fetch = [&](int k0) {
         const int k = k0 + lk;
         if (k + 8 <= Rkv) fetch8(qa, k, Rkv, qv);
@@ -1868,12 +1885,13 @@ __global__ void k_attn_scores(const float *q, const float *qt, float *S, int64_t
         else /* the 8 straddle c and k_pe */
 #pragma unroll
             for (int j = 0; j < 8; j++) qv[j] = qa && k + j < D ? (k + j < Rkv ? qa[k + j] : qb[k + j - Rkv]) : 0.f;
-        fetch8(kp[lm], k, D, kv);
+        fetch8(kp[km], k0 + kk, D, kv);
+        if (TC) fetch8(kp[km], k0 + kk + 8, D, kv + 8);
     };
     if (ka < kb) fetch(ka);
     for (int k0 = ka; k0 < kb; k0 += GK) {
-        if (TC) {
-            put8(Qs + lm * TA + lk, qv), put8(Ks + lm * TA + lk, kv);
+        if (TC) { /* a quarter warp's 16-byte stores meet every bank once */
+            put8(Qs + lm * TA + lk, qv), put8(Ks + km * TA + kk, kv), put8(Ks + km * TA + kk + 8, kv + 8);
         } else {
 #pragma unroll
             for (int j = 0; j < 8; j++) Qs[(lk + j) * (GT + 4) + lm] = qv[j], Ks[(lk + j) * (GT + 4) + lm] = kv[j];
@@ -1881,17 +1899,18 @@ __global__ void k_attn_scores(const float *q, const float *qt, float *S, int64_t
         __syncthreads();
         if (k0 + GK < kb) fetch(k0 + GK);
         if (TC) tile_mma<0>(Qs, Ks, acc);
-        else tile_fma(reinterpret_cast<const float(*)[GT + 4]>(Qs), reinterpret_cast<const float(*)[GT + 4]>(Ks), tx, ty, acc);
+        else tile_fma(reinterpret_cast<const float(*)[GT + 4]>(Qs), reinterpret_cast<const float(*)[GT + 4]>(Ks), tx, ty, acc[0]);
         __syncthreads();
     }
 #pragma unroll
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < (TC ? 8 : 4); i++)
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             int row, col;
             tile_pos<TC>(i, j, row, col);
             const int h = h0 + row, t = i0 + col;
-            if (h < NH && t < n) S[split * pstride + ((int64_t)r * NH + h) * ldS + t] = dsplit > 1 ? acc[i][j] : scale * acc[i][j];
+            const float v = acc[i >> 2][i & 3][j];
+            if (h < NH && t < n) S[split * pstride + ((int64_t)r * NH + h) * ldS + t] = dsplit > 1 ? v : scale * v;
         }
 }
 
@@ -1923,14 +1942,16 @@ __global__ void k_attn_softmax(float *S, int64_t ldS, const int *seln, int NH, i
 }
 
 /* lat[r][h][c] (or split z's partial) = sum over the split's keys i of p[r][h][i] c_i[c]: a tile
- * of 64 heads x 64 latent columns of one row, keys ascending (TC: on tensor cores, tile_mma) */
+ * of 64 heads x NT latent columns of one row (f32 fma: 64; TC: 128, on tensor cores, tile_mma),
+ * keys ascending */
 template <int TC>
 __global__ void k_attn_pv(const float *S, int64_t ldS, const int32_t *sel, int64_t ld_sel, const int *seln, float *out, int T, int NH, int Dr,
                           int Rkv, int l, const cu_rowinfo *ri, int nsplit, int per) {
     pdl_enter();
+    constexpr int NT = attn_tile_keys(TC);
     /* f32 fma: both [GK][GT + 4] k-major; TC: P [GT][TA] m-major, C [GK][TB] k-major (tile_mma) */
     __shared__ __align__(16) float Ps[GT * TA], Cs[GK * TB];
-    int r = blockIdx.y, c0 = blockIdx.x * GT, hz = blockIdx.z % ((NH + GT - 1) / GT), sp = blockIdx.z / ((NH + GT - 1) / GT), h0 = hz * GT;
+    int r = blockIdx.y, c0 = blockIdx.x * NT, hz = blockIdx.z % ((NH + GT - 1) / GT), sp = blockIdx.z / ((NH + GT - 1) / GT), h0 = hz * GT;
     int n = seln[r], a = sp * per, b = a + per < n ? a + per : n;
     int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4, lm = tid >> 2, lk = (tid & 3) * 8, ck = tid >> 3, cc = (tid & 7) * 8, D = Rkv + Dr;
     cu_rowinfo R = ri[r];
@@ -1938,25 +1959,27 @@ __global__ void k_attn_pv(const float *S, int64_t ldS, const int32_t *sel, int64
     const int32_t *sr = sel + (int64_t)r * ld_sel;
     int hp = h0 + lm;
     const float *pr = hp < NH ? S + ((int64_t)r * NH + hp) * ldS : nullptr;
-    float acc[4][4] = {};
+    float acc[2][4][4] = {};
     /* as the scores: each stage's values in registers while the stage before computes */
-    float pv[8], cv[8];
-    /* TC: a thread's columns of C are cq .. cq + 3 and cq + 32 .. cq + 35, so the 8 threads of a
-     * quarter warp store 32 neighbouring values of one key (no bank twice) */
+    float pv[8], cv[TC ? 16 : 8];
+    /* TC: a thread's columns of C are cq + 32 j .. + 3 (j < 4), so the 8 threads of a quarter warp
+     * store 32 neighbouring values of one key (no bank twice) */
     const int cq = (tid & 7) * 4;
     auto fetch = [&](int k0) {
         fetch8(pr, k0 + lk, b, pv);
         const int k = k0 + ck;
         const float *cr = k < b ? base + (int64_t)sr[k] * D : nullptr;
-        if (TC) fetch4(cr, c0 + cq, Rkv, cv), fetch4(cr, c0 + cq + 32, Rkv, cv + 4);
+        if (TC)
+#pragma unroll
+            for (int j = 0; j < 4; j++) fetch4(cr, c0 + cq + 32 * j, Rkv, cv + 4 * j);
         else fetch8(cr, c0 + cc, Rkv, cv);
     };
     if (a < b) fetch(a);
     for (int k0 = a; k0 < b; k0 += GK) {
         if (TC) {
             put8(Ps + lm * TA + lk, pv);
-            *reinterpret_cast<float4 *>(Cs + ck * TB + cq) = make_float4(cv[0], cv[1], cv[2], cv[3]);
-            *reinterpret_cast<float4 *>(Cs + ck * TB + cq + 32) = make_float4(cv[4], cv[5], cv[6], cv[7]);
+#pragma unroll
+            for (int j = 0; j < 4; j++) *reinterpret_cast<float4 *>(Cs + ck * TB + cq + 32 * j) = make_float4(cv[4 * j], cv[4 * j + 1], cv[4 * j + 2], cv[4 * j + 3]);
         } else {
 #pragma unroll
             for (int j = 0; j < 8; j++) Ps[(lk + j) * (GT + 4) + lm] = pv[j], Cs[ck * (GT + 4) + cc + j] = cv[j];
@@ -1964,18 +1987,18 @@ __global__ void k_attn_pv(const float *S, int64_t ldS, const int32_t *sel, int64
         __syncthreads();
         if (k0 + GK < b) fetch(k0 + GK);
         if (TC) tile_mma<1>(Ps, Cs, acc);
-        else tile_fma(reinterpret_cast<const float(*)[GT + 4]>(Ps), reinterpret_cast<const float(*)[GT + 4]>(Cs), tx, ty, acc);
+        else tile_fma(reinterpret_cast<const float(*)[GT + 4]>(Ps), reinterpret_cast<const float(*)[GT + 4]>(Cs), tx, ty, acc[0]);
         __syncthreads();
     }
     float *o = nsplit > 1 ? out + (int64_t)sp * T * NH * Rkv : out;
 #pragma unroll
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < (TC ? 8 : 4); i++)
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             int row, col;
             tile_pos<TC>(i, j, row, col);
             const int h = h0 + row, c = c0 + col;
-            if (h < NH && c < Rkv) o[((int64_t)r * NH + h) * Rkv + c] = acc[i][j];
+            if (h < NH && c < Rkv) o[((int64_t)r * NH + h) * Rkv + c] = acc[i >> 2][i & 3][j];
         }
 }
 
@@ -2304,9 +2327,10 @@ void cuk_mla_attn(cudaStream_t st, const float *q, const float *qt, float *S, in
         cu_launch(k_attn_merge, dim3((unsigned)NH, (unsigned)T, (unsigned)((Rkv + 127) / 128)), 128, 0, st, partial, S, seln, per, NH, Rkv, lat);
         return;
     }
+    const int nt = attn_tile_keys(tc3); /* keys (scores) and columns (P C) a tile */
     int hz = (NH + GT - 1) / GT, stages = (Rkv + Dr + GK - 1) / GK, dsplit = 1;
     if (T <= 8) { /* ~2 blocks an SM of an H200 */
-        int blocks = ((nmax + GT - 1) / GT) * T * hz, want = (264 + blocks - 1) / blocks;
+        int blocks = ((nmax + nt - 1) / nt) * T * hz, want = (264 + blocks - 1) / blocks;
         dsplit = want < stages ? want : stages;
         if (dsplit > CU_ATTN_DSPLIT) dsplit = CU_ATTN_DSPLIT;
         if (dsplit < 1) dsplit = 1;
@@ -2314,13 +2338,13 @@ void cuk_mla_attn(cudaStream_t st, const float *q, const float *qt, float *S, in
     int dper = (stages + dsplit - 1) / dsplit;
     dsplit = (stages + dper - 1) / dper;
     int64_t pstride = (int64_t)T * NH * ldS;
-    dim3 g1((unsigned)((nmax + GT - 1) / GT), (unsigned)T, (unsigned)(hz * dsplit));
+    dim3 g1((unsigned)((nmax + nt - 1) / nt), (unsigned)T, (unsigned)(hz * dsplit));
     if (tc3) cu_launch(k_attn_scores<1>, g1, 256, 0, st, q, qt, S, ldS, sel, ld_sel, seln, NH, Dn, Dr, Rkv, scale, l, ri, dsplit, dper, pstride);
     else cu_launch(k_attn_scores<0>, g1, 256, 0, st, q, qt, S, ldS, sel, ld_sel, seln, NH, Dn, Dr, Rkv, scale, l, ri, dsplit, dper, pstride);
     cu_launch(k_attn_softmax, T * NH, 1024, 0, st, S, ldS, seln, NH, dsplit, pstride, scale);
     if (nsplit < 1) nsplit = 1;
     int per = ((nmax + nsplit - 1) / nsplit + GK - 1) / GK * GK;
-    dim3 g2((unsigned)((Rkv + GT - 1) / GT), (unsigned)T, (unsigned)(hz * nsplit));
+    dim3 g2((unsigned)((Rkv + nt - 1) / nt), (unsigned)T, (unsigned)(hz * nsplit));
     if (tc3) cu_launch(k_attn_pv<1>, g2, 256, 0, st, S, ldS, sel, ld_sel, seln, nsplit > 1 ? partial : lat, T, NH, Dr, Rkv, l, ri, nsplit, per);
     else cu_launch(k_attn_pv<0>, g2, 256, 0, st, S, ldS, sel, ld_sel, seln, nsplit > 1 ? partial : lat, T, NH, Dr, Rkv, l, ri, nsplit, per);
     if (nsplit > 1) {
