@@ -350,12 +350,52 @@ TEST(cuda, uk_from_kv_b) {
                     for (int i = 0; i < Dn; i++) a += (double)w[((size_t)h * (Dn + Dv) + i) * Rkv + j] * q[((size_t)r * NH + h) * (Dn + Dr) + i];
                     ref[((size_t)r * NH + h) * Rkv + j] = (float)a;
                 }
-        int rc = cu_uk_check(&W, q, T, NH, Dn, Dr, Dv, y, &err);
-        CHECK_MSG(rc == 0, "cu_uk_check: %s", err.msg);
+        int rc = cu_head_check(&W, q, T, NH, Dn, Dr, Dv, 0, 1, y, &err);
+        CHECK_MSG(rc == 0, "cu_head_check: %s", err.msg);
         double e = rc ? 1 : test_rel_l2(y, ref, (size_t)T * NH * Rkv);
         CHECK_MSG(e < 1e-5, "W_UK from kv_b (%d heads, Dn %d, Rkv %d, %d rows): rel err %.3g", NH, Dn, Rkv, T, e);
         free(q), free(y), free(ref), free(w), free(d), free(sc);
     }
+}
+
+/* a prompt's head products (past 8 rows: the tiled GEMM a head), W_UK^T q_nope and W_UV lat, on
+ * tensor cores and by f32 fma, each against a double sum over kv_b's dequantized rows: 1e-5 */
+TEST(cuda, head_products) {
+    if (!need_gpu()) return;
+    const int shapes[][6] = {{4, 32, 8, 24, 96, 9}, {64, 128, 64, 128, 512, 70}, {3, 40, 16, 8, 288, 150}, {2, 24, 8, 200, 96, 33}};
+    const pt_qtype fmts[] = {PT_Q8_G32, PT_F32, PT_BF16};
+    petrel_error err = {0};
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++)
+        for (int uv = 0; uv < 2; uv++) {
+            int NH = shapes[k][0], Dn = shapes[k][1], Dr = shapes[k][2], Dv = shapes[k][3], Rkv = shapes[k][4], T = shapes[k][5];
+            uint8_t *d;
+            void *sc;
+            pt_wview W = rand_weight(fmts[(k + uv) % 3], (int64_t)NH * (Dn + Dv), Rkv, PT_F32, &d, &sc);
+            const int xw = uv ? Rkv : Dn + Dr, yw = uv ? Dv : Rkv;
+            float *x = malloc(sizeof(float) * (size_t)T * NH * xw), *y = malloc(sizeof(float) * (size_t)T * NH * yw);
+            float *ref = malloc(sizeof(float) * (size_t)T * NH * yw), *w = malloc(sizeof(float) * (size_t)NH * (Dn + Dv) * Rkv);
+            for (size_t i = 0; i < (size_t)T * NH * xw; i++) x[i] = frand();
+            for (int64_t r = 0; r < W.rows; r++) pt_dequant_row(&W, r, w + r * Rkv);
+            for (int r = 0; r < T; r++)
+                for (int h = 0; h < NH; h++)
+                    for (int j = 0; j < yw; j++) {
+                        double a = 0;
+                        const float *xr = x + ((size_t)r * NH + h) * xw;
+                        if (uv)
+                            for (int i = 0; i < Rkv; i++) a += (double)w[((size_t)h * (Dn + Dv) + Dn + j) * Rkv + i] * xr[i];
+                        else
+                            for (int i = 0; i < Dn; i++) a += (double)w[((size_t)h * (Dn + Dv) + i) * Rkv + j] * xr[i];
+                        ref[((size_t)r * NH + h) * yw + j] = (float)a;
+                    }
+            for (int tc = 0; tc < 2; tc++) {
+                int rc = cu_head_check(&W, x, T, NH, Dn, Dr, Dv, uv, tc, y, &err);
+                CHECK_MSG(rc == 0, "cu_head_check: %s", err.msg);
+                double e = rc ? 1 : test_rel_l2(y, ref, (size_t)T * NH * yw);
+                CHECK_MSG(e < 1e-5, "%s %s (%s kv_b, %d heads, Dn %d, Dv %d, Rkv %d, %d rows): rel err %.3g", uv ? "W_UV" : "W_UK",
+                          tc ? "tensor cores" : "fma", pt_qtype_name(W.qtype), NH, Dn, Dv, Rkv, T, e);
+            }
+            free(x), free(y), free(ref), free(w), free(d), free(sc);
+        }
 }
 
 /* the attention core against a double reference: the one-pass form and the three-kernel form */

@@ -139,8 +139,11 @@ int cu_matmul_check(const pt_wview *W, const float *x, int n, float *y, int path
  * (Wg, Wu: one int8 format (q8_g32 / q4_g64) and shape; n 1..8 plain rows, or with slots n slots
  * of the pair, slot i on x row n-1-i). */
 int cu_swiglu_check(const pt_wview *Wg, const pt_wview *Wu, const float *x, int n, float *y, int slots, petrel_error *err);
-/* q~ = W_UK[h]^T q_nope[h] of T <= 8 rows by the decode form, from a q8_g32 kv_b [NH (Dn + Dv)][Rkv] */
-int cu_uk_check(const pt_wview *kvb, const float *q, int T, int NH, int Dn, int Dr, int Dv, float *qt, petrel_error *err);
+/* The head products of T rows from kv_b [NH (Dn + Dv)][Rkv] as a forward runs them: uv 0
+ * q~ [T][NH][Rkv] = W_UK[h]^T q_nope[h] from q [T][NH][Dn + Dr] (T <= 8: the decode form, a q8_g32
+ * kv_b), uv 1 o [T][NH][Dv] = W_UV[h] lat[h] from lat [T][NH][Rkv]; past 8 rows the tiled form,
+ * on tensor cores (tc) or by f32 fma. */
+int cu_head_check(const pt_wview *kvb, const float *x, int T, int NH, int Dn, int Dr, int Dv, int uv, int tc, float *y, petrel_error *err);
 /* The attention core of T rows on one layer's keys kv [cap][Rkv + Dr] (c | k_pe): row r over
  * keys sel[r][0 .. seln[r]) with q [T][NH][Dn + Dr] (its q_pe after Dn) and q~ qt [T][NH][Rkv]:
  * lat [T][NH][Rkv] = softmax(scale [q~ | q_pe] . keys) c; flash 0 the scores / softmax / P C

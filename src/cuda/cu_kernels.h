@@ -112,16 +112,17 @@ struct cu_rope { const float *cos_, *sin_; int interleave; };
  * RoPE on k_pe; both written to layer l of the row's cache at its position. */
 void cuk_mla_prep(cudaStream_t st, float *q, const float *kva, const float *kv_norm, int T, int NH, int Dn, int Dr, int Rkv, int l,
                   const cu_rowinfo *ri, cu_rope rope);
-/* The head products, one 64 x 64 tile GEMM per head: q~ [T][NH][Rkv] = W_UK[h]^T q_nope[h]
- * (kv_b rows h*(Dn+Dv) .. +Dn) and o [T][NH][Dv] = W_UV[h] lat[h] (rows h*(Dn+Dv)+Dn .. +Dv). Up to
- * 8 rows both take the GEMV form with the heads as slots (heads [T*NH]: slot i's head i % NH),
- * q~ from kv_b's q8_g32 rows directly (cuk_mla_uk_direct), else over ukt, an f32 copy of
+/* The head products, one tiled GEMM per head: q~ [T][NH][Rkv] = W_UK[h]^T q_nope[h] (kv_b rows
+ * h*(Dn+Dv) .. +Dn) and o [T][NH][Dv] = W_UV[h] lat[h] (rows h*(Dn+Dv)+Dn .. +Dv), on tensor cores
+ * (tc: tf32, each product in three, errors near f32 rounding) or by f32 fma in 64 x 64 tiles.
+ * Up to 8 rows both take the GEMV form with the heads as slots (heads [T*NH]: slot i's head
+ * i % NH), q~ from kv_b's q8_g32 rows directly (cuk_mla_uk_direct), else over ukt, an f32 copy of
  * W_UK^T made at upload ([NH][Rkv][Dn], stacked like experts). */
 void cuk_mla_uk(cudaStream_t st, const dw &kvb, const dw &ukt, const float *q, float *qt, int T, int NH, int Dn, int Dr, int Dv, int Rkv,
-                const int32_t *heads);
+                const int32_t *heads, int tc);
 /* 1: up to 8 rows' q~ read W_UK from kv_b itself (q8_g32; no f32 copy is needed) */
 int cuk_mla_uk_direct(const dw &kvb, int Rkv, int Dn);
-void cuk_mla_uv(cudaStream_t st, const dw &kvb, const float *lat, float *o, int T, int NH, int Dn, int Dv, int Rkv, const int32_t *heads);
+void cuk_mla_uv(cudaStream_t st, const dw &kvb, const float *lat, float *o, int T, int NH, int Dn, int Dv, int Rkv, const int32_t *heads, int tc);
 /* The attention core over each row's sel[r][0..seln[r]) keys of its cache layer l: scores
  * S [T*NH][ldS] = scale [q~ | q_pe] . [c | k_pe] (all heads of a row against one tile of its
  * keys at a time), softmax in place, lat [T][NH][Rkv] = P C. Split over nsplit key ranges

@@ -1651,125 +1651,7 @@ __device__ __forceinline__ void wfetch8(const dw &W, int64_t r, int64_t c, int64
     v[0] = e.a.x, v[1] = e.a.y, v[2] = e.a.z, v[3] = e.a.w, v[4] = e.b.x, v[5] = e.b.y, v[6] = e.b.z, v[7] = e.b.w;
 }
 
-/* y[r][h][n] = sum_k x[r][h][k] Wh[k][n] for each head h (grid.z): NT 0 reads
- * Wh[k][n] = W[row0 + h hs + k][n] (W_UK^T q), NT 1 reads Wh[k][n] = W[row0 + h hs + n][k]
- * (W_UV lat); 64 x 64 tiles, k ascending per output */
-template <int NT>
-__global__ void k_head_mm(dw W, int64_t row0, int64_t hs, const float *x, int64_t ldxr, int64_t ldxh, int K, int N, float *y, int64_t ldyr,
-                          int64_t ldyh, int T) {
-    pdl_enter();
-    __shared__ float Xs[GK][GT + 4], Ws[GK][GT + 4];
-    int h = blockIdx.z, tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
-    int n0 = blockIdx.x * GT, r0 = blockIdx.y * GT;
-    int lm = tid >> 2, lk = (tid & 3) * 8;      /* X loader; NT 1's W loader likewise */
-    int wk = tid >> 3, wn = (tid & 7) * 8;      /* NT 0's W loader: along n */
-    const int64_t wr = row0 + (int64_t)h * hs;
-    float acc[4][4] = {};
-    /* each stage's 8 x values and 8 weights of the thread come into registers while the stage
-     * before computes (16-byte x loads, a weight's 8 values dequantized together where they lie
-     * in one group), then into shared memory: the same values, the same bits */
-    float xv[8], wv[8];
-    auto fetch = [&](int k0) {
-        const int r = r0 + lm;
-        fetch8(r < T ? x + (int64_t)r * ldxr + (int64_t)h * ldxh : nullptr, k0 + lk, K, xv);
-        if (NT) wfetch8(W, wr + n0 + lm, k0 + lk, K, n0 + lm < N, wv);
-        else wfetch8(W, wr + k0 + wk, n0 + wn, N, k0 + wk < K, wv);
-    };
-    fetch(0);
-    for (int k0 = 0; k0 < K; k0 += GK) {
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            Xs[lk + j][lm] = xv[j];
-            if (NT) Ws[lk + j][lm] = wv[j];
-            else Ws[wk][wn + j] = wv[j];
-        }
-        __syncthreads();
-        if (k0 + GK < K) fetch(k0 + GK);
-        tile_fma(Xs, Ws, tx, ty, acc);
-        __syncthreads();
-    }
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        int r = r0 + ty * 4 + i;
-        if (r >= T) continue;
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            int n = n0 + tx * 4 + j;
-            if (n < N) y[(int64_t)r * ldyr + (int64_t)h * ldyh + n] = acc[i][j];
-        }
-    }
-}
-
-/* q~ [T][NH][Rkv] = W_UK[h]^T q_nope[h] read from kv_b's q8_g32 rows as they are (no f32
- * copy): block (h, r, z) takes 256 of the Rkv columns, 64 threads of 4 columns (one scale) in
- * each of 8 parts of the Dn rows (ascending in a part), the parts' sums added in part order */
-#define UK_COLS 256
-#define UK_PARTS 8
-__global__ void __launch_bounds__(512) k_uk_q8(dw W, const float *__restrict__ q, int NH, int Dn, int Dr, int Dv, int Rkv, float *__restrict__ qt) {
-    pdl_enter();
-    extern __shared__ float uk_sm[]; /* x [Dn], then the parts' sums [UK_PARTS][UK_COLS] */
-    float *xs = uk_sm, *ps = uk_sm + Dn;
-    const int h = blockIdx.x, r = blockIdx.y, tid = threadIdx.x, cg = tid & 63, part = tid >> 6;
-    const float *x = q + ((int64_t)r * NH + h) * (Dn + Dr);
-    for (int i = tid; i < Dn; i += blockDim.x) xs[i] = x[i];
-    __syncthreads();
-    const int c = blockIdx.z * UK_COLS + 4 * cg, per = (Dn + UK_PARTS - 1) / UK_PARTS, i0 = part * per, i1 = i0 + per < Dn ? i0 + per : Dn;
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    if (c < Rkv) {
-        const int64_t row0 = (int64_t)h * (Dn + Dv);
-#pragma unroll 8
-        for (int i = i0; i < i1; i++) {
-            const int64_t rr = row0 + i;
-            const char4 w = *(const char4 *)(W.d + rr * W.rb + c);
-            const float sc = W.s[rr * W.sc + c / 32], xv = xs[i];
-            acc[0] = fmaf((float)w.x * sc, xv, acc[0]);
-            acc[1] = fmaf((float)w.y * sc, xv, acc[1]);
-            acc[2] = fmaf((float)w.z * sc, xv, acc[2]);
-            acc[3] = fmaf((float)w.w * sc, xv, acc[3]);
-        }
-    }
-#pragma unroll
-    for (int k = 0; k < 4; k++) ps[part * UK_COLS + 4 * cg + k] = acc[k];
-    __syncthreads();
-    if (part == 0 && c < Rkv)
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            float v = ps[4 * cg + k];
-            for (int p = 1; p < UK_PARTS; p++) v += ps[p * UK_COLS + 4 * cg + k];
-            qt[((int64_t)r * NH + h) * Rkv + c + k] = v;
-        }
-}
-
-int cuk_mla_uk_direct(const dw &kvb, int Rkv, int Dn) { return kvb.qt == QQ8G && kvb.g == 32 && kvb.s && kvb.cols == Rkv && Rkv % 4 == 0 && Dn <= 4096; }
-
-void cuk_mla_uk(cudaStream_t st, const dw &kvb, const dw &ukt, const float *q, float *qt, int T, int NH, int Dn, int Dr, int Dv, int Rkv,
-                const int32_t *heads) {
-    if (T <= 8 && cuk_mla_uk_direct(kvb, Rkv, Dn)) {
-        dim3 g((unsigned)NH, (unsigned)T, (unsigned)((Rkv + UK_COLS - 1) / UK_COLS));
-        cu_launch(k_uk_q8, g, 64 * UK_PARTS, sizeof(float) * (Dn + UK_PARTS * UK_COLS), st, kvb, q, NH, Dn, Dr, Dv, Rkv, qt);
-        return;
-    }
-    if (T <= 8 && heads && ukt.d) { /* the GEMV form over W_UK^T's f32 copy, a head per slot */
-        cuk_gemv(st, ukt, q, Dn + Dr, qt, Rkv, T * NH, heads, nullptr);
-        return;
-    }
-    dim3 g((unsigned)((Rkv + GT - 1) / GT), (unsigned)((T + GT - 1) / GT), (unsigned)NH);
-    cu_launch(k_head_mm<0>, g, 256, 0, st, kvb, 0, Dn + Dv, q, (int64_t)NH * (Dn + Dr), Dn + Dr, Dn, Rkv, qt, (int64_t)NH * Rkv, Rkv, T);
-}
-void cuk_mla_uv(cudaStream_t st, const dw &kvb, const float *lat, float *o, int T, int NH, int Dn, int Dv, int Rkv, const int32_t *heads) {
-    if (T <= 8 && heads) { /* the GEMV form: slot r*NH + h is head h's W_UV (an "expert") on lat row r*NH + h */
-        dw Wv = kvb;
-        Wv.d = kvb.d + (int64_t)Dn * kvb.rb;
-        Wv.s = kvb.s ? kvb.s + (int64_t)Dn * kvb.sc : nullptr;
-        Wv.rows = Dv;
-        Wv.estride = (int64_t)(Dn + Dv) * kvb.rb;
-        Wv.sstride = (int64_t)(Dn + Dv) * kvb.sc;
-        cuk_gemv(st, Wv, lat, Rkv, o, Dv, T * NH, heads, nullptr);
-        return;
-    }
-    dim3 g((unsigned)((Dv + GT - 1) / GT), (unsigned)((T + GT - 1) / GT), (unsigned)NH);
-    cu_launch(k_head_mm<1>, g, 256, 0, st, kvb, Dn, Dn + Dv, lat, (int64_t)NH * Rkv, Rkv, Rkv, Dv, o, (int64_t)NH * Dv, Dv, T);
-}
+/* ---- tensor-core tiles (tf32, each product in three) ---- */
 
 /* x = hi + lo, each a tf32 (round to nearest) */
 __device__ __forceinline__ void tf32_split(float x, uint32_t &hi, uint32_t &lo) {
@@ -1847,6 +1729,150 @@ __device__ __forceinline__ void tile_pos(int i, int j, int &row, int &col) {
     } else {
         row = (tid >> 4) * 4 + i, col = (tid & 15) * 4 + j;
     }
+}
+
+/* y[r][h][n] = sum_k x[r][h][k] Wh[k][n] for each head h (grid.z): NT 0 reads
+ * Wh[k][n] = W[row0 + h hs + k][n] (W_UK^T q), NT 1 reads Wh[k][n] = W[row0 + h hs + n][k]
+ * (W_UV lat); tiles of 64 rows x 64 columns by fma, or (TC) 64 x 128 on tensor cores
+ * (tile_mma), k ascending per output */
+template <int NT, int TC>
+__global__ void k_head_mm(dw W, int64_t row0, int64_t hs, const float *x, int64_t ldxr, int64_t ldxh, int K, int N, float *y, int64_t ldyr,
+                          int64_t ldyh, int T) {
+    pdl_enter();
+    constexpr int NC = attn_tile_keys(TC);
+    /* f32 fma: both [GK][GT + 4] k-major; TC: x [GT][TA] m-major, W [NC][TA] n-major (NT 1) or
+     * [GK][TB] k-major (NT 0) */
+    __shared__ __align__(16) float Xs[GT * TA], Ws[NC * TA];
+    int h = blockIdx.z, tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
+    int n0 = blockIdx.x * NC, r0 = blockIdx.y * GT;
+    int lm = tid >> 2, lk = (tid & 3) * 8;      /* X loader; NT 1's W loader likewise (TC: tid >> 1, 16 values) */
+    int wk = tid >> 3, wn = (tid & 7) * 8;      /* NT 0's W loader: along n (TC: wn and wn + 64) */
+    const int64_t wr = row0 + (int64_t)h * hs;
+    float acc[2][4][4] = {};
+    /* each stage's x values and weights of the thread come into registers while the stage
+     * before computes (16-byte x loads, a weight's 8 values dequantized together where they lie
+     * in one group), then into shared memory: the same values, the same bits */
+    float xv[8], wv[TC ? 16 : 8];
+    auto fetch = [&](int k0) {
+        const int r = r0 + lm;
+        fetch8(r < T ? x + (int64_t)r * ldxr + (int64_t)h * ldxh : nullptr, k0 + lk, K, xv);
+        if (TC) {
+            if (NT) {
+                const int n = n0 + (tid >> 1), k = k0 + (tid & 1) * 16;
+                wfetch8(W, wr + n, k, K, n < N, wv), wfetch8(W, wr + n, k + 8, K, n < N, wv + 8);
+            } else {
+                wfetch8(W, wr + k0 + wk, n0 + wn, N, k0 + wk < K, wv), wfetch8(W, wr + k0 + wk, n0 + wn + 64, N, k0 + wk < K, wv + 8);
+            }
+        } else if (NT) {
+            wfetch8(W, wr + n0 + lm, k0 + lk, K, n0 + lm < N, wv);
+        } else {
+            wfetch8(W, wr + k0 + wk, n0 + wn, N, k0 + wk < K, wv);
+        }
+    };
+    fetch(0);
+    for (int k0 = 0; k0 < K; k0 += GK) {
+        if (TC) {
+            put8(Xs + lm * TA + lk, xv);
+            if (NT) put8(Ws + (tid >> 1) * TA + (tid & 1) * 16, wv), put8(Ws + (tid >> 1) * TA + (tid & 1) * 16 + 8, wv + 8);
+            else put8(Ws + wk * TB + wn, wv), put8(Ws + wk * TB + wn + 64, wv + 8);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                Xs[(lk + j) * (GT + 4) + lm] = xv[j];
+                if (NT) Ws[(lk + j) * (GT + 4) + lm] = wv[j];
+                else Ws[wk * (GT + 4) + wn + j] = wv[j];
+            }
+        }
+        __syncthreads();
+        if (k0 + GK < K) fetch(k0 + GK);
+        if (TC) tile_mma<NT ? 0 : 1>(Xs, Ws, acc);
+        else tile_fma(reinterpret_cast<const float(*)[GT + 4]>(Xs), reinterpret_cast<const float(*)[GT + 4]>(Ws), tx, ty, acc[0]);
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < (TC ? 8 : 4); i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            int row, col;
+            tile_pos<TC>(i, j, row, col);
+            const int r = r0 + row, n = n0 + col;
+            if (r < T && n < N) y[(int64_t)r * ldyr + (int64_t)h * ldyh + n] = acc[i >> 2][i & 3][j];
+        }
+}
+
+/* q~ [T][NH][Rkv] = W_UK[h]^T q_nope[h] read from kv_b's q8_g32 rows as they are (no f32
+ * copy): block (h, r, z) takes 256 of the Rkv columns, 64 threads of 4 columns (one scale) in
+ * each of 8 parts of the Dn rows (ascending in a part), the parts' sums added in part order */
+#define UK_COLS 256
+#define UK_PARTS 8
+__global__ void __launch_bounds__(512) k_uk_q8(dw W, const float *__restrict__ q, int NH, int Dn, int Dr, int Dv, int Rkv, float *__restrict__ qt) {
+    pdl_enter();
+    extern __shared__ float uk_sm[]; /* x [Dn], then the parts' sums [UK_PARTS][UK_COLS] */
+    float *xs = uk_sm, *ps = uk_sm + Dn;
+    const int h = blockIdx.x, r = blockIdx.y, tid = threadIdx.x, cg = tid & 63, part = tid >> 6;
+    const float *x = q + ((int64_t)r * NH + h) * (Dn + Dr);
+    for (int i = tid; i < Dn; i += blockDim.x) xs[i] = x[i];
+    __syncthreads();
+    const int c = blockIdx.z * UK_COLS + 4 * cg, per = (Dn + UK_PARTS - 1) / UK_PARTS, i0 = part * per, i1 = i0 + per < Dn ? i0 + per : Dn;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    if (c < Rkv) {
+        const int64_t row0 = (int64_t)h * (Dn + Dv);
+#pragma unroll 8
+        for (int i = i0; i < i1; i++) {
+            const int64_t rr = row0 + i;
+            const char4 w = *(const char4 *)(W.d + rr * W.rb + c);
+            const float sc = W.s[rr * W.sc + c / 32], xv = xs[i];
+            acc[0] = fmaf((float)w.x * sc, xv, acc[0]);
+            acc[1] = fmaf((float)w.y * sc, xv, acc[1]);
+            acc[2] = fmaf((float)w.z * sc, xv, acc[2]);
+            acc[3] = fmaf((float)w.w * sc, xv, acc[3]);
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < 4; k++) ps[part * UK_COLS + 4 * cg + k] = acc[k];
+    __syncthreads();
+    if (part == 0 && c < Rkv)
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            float v = ps[4 * cg + k];
+            for (int p = 1; p < UK_PARTS; p++) v += ps[p * UK_COLS + 4 * cg + k];
+            qt[((int64_t)r * NH + h) * Rkv + c + k] = v;
+        }
+}
+
+int cuk_mla_uk_direct(const dw &kvb, int Rkv, int Dn) { return kvb.qt == QQ8G && kvb.g == 32 && kvb.s && kvb.cols == Rkv && Rkv % 4 == 0 && Dn <= 4096; }
+
+void cuk_mla_uk(cudaStream_t st, const dw &kvb, const dw &ukt, const float *q, float *qt, int T, int NH, int Dn, int Dr, int Dv, int Rkv,
+                const int32_t *heads, int tc) {
+    if (T <= 8 && cuk_mla_uk_direct(kvb, Rkv, Dn)) {
+        dim3 g((unsigned)NH, (unsigned)T, (unsigned)((Rkv + UK_COLS - 1) / UK_COLS));
+        cu_launch(k_uk_q8, g, 64 * UK_PARTS, sizeof(float) * (Dn + UK_PARTS * UK_COLS), st, kvb, q, NH, Dn, Dr, Dv, Rkv, qt);
+        return;
+    }
+    if (T <= 8 && heads && ukt.d) { /* the GEMV form over W_UK^T's f32 copy, a head per slot */
+        cuk_gemv(st, ukt, q, Dn + Dr, qt, Rkv, T * NH, heads, nullptr);
+        return;
+    }
+    const int nc = attn_tile_keys(tc);
+    dim3 g((unsigned)((Rkv + nc - 1) / nc), (unsigned)((T + GT - 1) / GT), (unsigned)NH);
+    if (tc) cu_launch(k_head_mm<0, 1>, g, 256, 0, st, kvb, 0, Dn + Dv, q, (int64_t)NH * (Dn + Dr), Dn + Dr, Dn, Rkv, qt, (int64_t)NH * Rkv, Rkv, T);
+    else cu_launch(k_head_mm<0, 0>, g, 256, 0, st, kvb, 0, Dn + Dv, q, (int64_t)NH * (Dn + Dr), Dn + Dr, Dn, Rkv, qt, (int64_t)NH * Rkv, Rkv, T);
+}
+void cuk_mla_uv(cudaStream_t st, const dw &kvb, const float *lat, float *o, int T, int NH, int Dn, int Dv, int Rkv, const int32_t *heads, int tc) {
+    if (T <= 8 && heads) { /* the GEMV form: slot r*NH + h is head h's W_UV (an "expert") on lat row r*NH + h */
+        dw Wv = kvb;
+        Wv.d = kvb.d + (int64_t)Dn * kvb.rb;
+        Wv.s = kvb.s ? kvb.s + (int64_t)Dn * kvb.sc : nullptr;
+        Wv.rows = Dv;
+        Wv.estride = (int64_t)(Dn + Dv) * kvb.rb;
+        Wv.sstride = (int64_t)(Dn + Dv) * kvb.sc;
+        cuk_gemv(st, Wv, lat, Rkv, o, Dv, T * NH, heads, nullptr);
+        return;
+    }
+    const int nc = attn_tile_keys(tc);
+    dim3 g((unsigned)((Dv + nc - 1) / nc), (unsigned)((T + GT - 1) / GT), (unsigned)NH);
+    if (tc) cu_launch(k_head_mm<1, 1>, g, 256, 0, st, kvb, Dn, Dn + Dv, lat, (int64_t)NH * Rkv, Rkv, Rkv, Dv, o, (int64_t)NH * Dv, Dv, T);
+    else cu_launch(k_head_mm<1, 0>, g, 256, 0, st, kvb, Dn, Dn + Dv, lat, (int64_t)NH * Rkv, Rkv, Rkv, Dv, o, (int64_t)NH * Dv, Dv, T);
 }
 
 /* S[r][h][i] = scale * ([q~ | q_pe][r][h] . key(sel[r][i])): a tile of 64 heads x NT keys of

@@ -875,13 +875,13 @@ static int chunk_kernels(cu_model *m, fscr &f, const fscr &f0, const chunk_k &ck
             PROF(P_INDEXER);
         }
         have_sel |= sel_here;
-        cuk_mla_uk(st, G.kv_b, G.uk_t, f.q, f.qt, t, NH, Dn, Dr, Dv, Rkv, m->heads);
+        cuk_mla_uk(st, G.kv_b, G.uk_t, f.q, f.qt, t, NH, Dn, Dr, Dv, Rkv, m->heads, 1);
         if (dsa_side) cudaEventRecord(m->join, m->side), cudaStreamWaitEvent(st, m->join, 0);
         PROF(P_HEADS);
         cuk_mla_attn(st, f.q, f.qt, f.S, nmax, f.sel, topk, f.seln, nmax, f.lat, t, NH, Dn, Dr, Rkv, scale, l, f.ri, f.partial,
                      cuk_attn_splits(t, NH, Rkv, nmax), 2);
         PROF(P_ATTN_CORE);
-        cuk_mla_uv(st, G.kv_b, f.lat, f.o, t, NH, Dn, Dv, Rkv, m->heads);
+        cuk_mla_uv(st, G.kv_b, f.lat, f.o, t, NH, Dn, Dv, Rkv, m->heads, 1);
         PROF(P_HEADS);
         mm(m, f, G.o, f.o, f.y, t);
         cuk_add_rmsnorm(st, f.x, f.h, f.y, NULL, G.post_norm, H, t, c->rms_norm_eps);
@@ -1363,25 +1363,27 @@ extern "C" int cu_swiglu_check(const pt_wview *Wg, const pt_wview *Wu, const flo
     return rc;
 }
 
-/* q~ [T][NH][Rkv] = W_UK[h]^T q_nope[h] from kv_b [NH*(Dn+Dv)][Rkv] by the decode form
- * (cuk_mla_uk), q [T][NH][Dn+Dr] */
-extern "C" int cu_uk_check(const pt_wview *kvb, const float *q, int T, int NH, int Dn, int Dr, int Dv, float *qt, petrel_error *err) {
+/* the head products of T rows as a forward runs them (cu.h) */
+extern "C" int cu_head_check(const pt_wview *kvb, const float *x, int T, int NH, int Dn, int Dr, int Dv, int uv, int tc, float *y,
+                             petrel_error *err) {
     cu_model m;
     PT_TRY(check_model(&m, err));
     dw K;
     int rc = up_w(&m, kvb, "test kv_b", &K, err), Rkv = (int)kvb->cols;
-    if (!rc && (T < 1 || T > 8 || kvb->rows != (int64_t)NH * (Dn + Dv) || !cuk_mla_uk_direct(K, Rkv, Dn)))
-        rc = pt_err(err, PETREL_EUNSUPPORTED, "the W_UK check takes a q8_g32 kv_b of NH (Dn + Dv) rows and 1..8 rows of q");
-    float *dq = NULL, *dt = NULL;
+    if (!rc && (T < 1 || kvb->rows != (int64_t)NH * (Dn + Dv) || (!uv && T <= 8 && !cuk_mla_uk_direct(K, Rkv, Dn))))
+        rc = pt_err(err, PETREL_EUNSUPPORTED, "the head products' check takes a kv_b of NH (Dn + Dv) rows (q8_g32 for W_UK of up to 8 rows)");
+    const size_t xn = (size_t)T * NH * (uv ? Rkv : Dn + Dr), yn = (size_t)T * NH * (uv ? Dv : Rkv);
+    float *dx = NULL, *dy = NULL;
     if (!rc) {
-        dq = (float *)dalloc(&m, sizeof(float) * (size_t)T * NH * (Dn + Dr), "q", err);
-        dt = (float *)dalloc(&m, sizeof(float) * (size_t)T * NH * Rkv, "q~", err);
-        if (!dq || !dt) rc = PETREL_ENOMEM;
+        dx = (float *)dalloc(&m, sizeof(float) * xn, "x", err);
+        dy = (float *)dalloc(&m, sizeof(float) * yn, "y", err);
+        if (!dx || !dy) rc = PETREL_ENOMEM;
     }
-    if (!rc) rc = up_copy(dq, q, sizeof(float) * (size_t)T * NH * (Dn + Dr), err);
+    if (!rc) rc = up_copy(dx, x, sizeof(float) * xn, err);
     if (!rc) {
-        cuk_mla_uk(m.st, K, dw{}, dq, dt, T, NH, Dn, Dr, Dv, Rkv, NULL);
-        rc = check_fetch(&m, qt, dt, sizeof(float) * (size_t)T * NH * Rkv, "W_UK", err);
+        if (uv) cuk_mla_uv(m.st, K, dx, dy, T, NH, Dn, Dv, Rkv, NULL, tc);
+        else cuk_mla_uk(m.st, K, dw{}, dx, dy, T, NH, Dn, Dr, Dv, Rkv, NULL, tc);
+        rc = check_fetch(&m, y, dy, sizeof(float) * yn, uv ? "W_UV" : "W_UK", err);
     }
     check_done(&m);
     return rc;

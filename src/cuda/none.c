@@ -69,8 +69,8 @@ int cu_swiglu_check(const pt_wview *Wg, const pt_wview *Wu, const float *x, int 
     (void)Wg, (void)Wu, (void)x, (void)n, (void)y, (void)slots;
     return pt_err(err, PETREL_EUNSUPPORTED, NO_CUDA);
 }
-int cu_uk_check(const pt_wview *kvb, const float *q, int T, int NH, int Dn, int Dr, int Dv, float *qt, petrel_error *err) {
-    (void)kvb, (void)q, (void)T, (void)NH, (void)Dn, (void)Dr, (void)Dv, (void)qt;
+int cu_head_check(const pt_wview *kvb, const float *x, int T, int NH, int Dn, int Dr, int Dv, int uv, int tc, float *y, petrel_error *err) {
+    (void)kvb, (void)x, (void)T, (void)NH, (void)Dn, (void)Dr, (void)Dv, (void)uv, (void)tc, (void)y;
     return pt_err(err, PETREL_EUNSUPPORTED, NO_CUDA);
 }
 int cu_topk_check(const float *v, int n, int k, int32_t *idx, petrel_error *err) {
