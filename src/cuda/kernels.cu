@@ -130,6 +130,11 @@ __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
 
 /* ---- GEMV ----
  * A warp takes RW weight rows at a time (fused: RW/2 rows of W and the same RW/2 rows of W2,
@@ -1967,6 +1972,46 @@ __global__ void k_attn_softmax(float *S, int64_t ldS, const int *seln, int NH, i
     for (int i = threadIdx.x; i < n; i += blockDim.x) s[i] *= inv;
 }
 
+/* the same for rows of at most 32 SMW keys: a warp a (row, head), the scores held in registers
+ * between the passes (one read and one write of S), the sum in double */
+#define SMW 64
+__global__ void __launch_bounds__(256) k_attn_softmax_w(float *S, int64_t ldS, const int *seln, int NH, int nrh, int dsplit, int64_t pstride,
+                                                        float scale) {
+    pdl_enter();
+    const int rh = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (rh >= nrh) return;
+    const int n = seln[rh / NH];
+    float *s = S + (int64_t)rh * ldS;
+    float v[SMW], mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < SMW; j++) {
+        const int i = lane + 32 * j;
+        v[j] = 0.f;
+        if (i < n) {
+            float a = s[i];
+            if (dsplit > 1) {
+                for (int p = 1; p < dsplit; p++) a += s[p * pstride + i];
+                a *= scale;
+            }
+            v[j] = a, mx = fmaxf(mx, a);
+        }
+    }
+    mx = warp_max(mx);
+    double sum = 0;
+#pragma unroll
+    for (int j = 0; j < SMW; j++)
+        if (lane + 32 * j < n) {
+            v[j] = expf(v[j] - mx);
+            sum += v[j];
+        }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    const float inv = 1.0f / (float)sum;
+#pragma unroll
+    for (int j = 0; j < SMW; j++)
+        if (lane + 32 * j < n) s[lane + 32 * j] = v[j] * inv;
+}
+
 /* lat[r][h][c] (or split z's partial) = sum over the split's keys i of p[r][h][i] c_i[c]: a tile
  * of 64 heads x NT latent columns of one row (f32 fma: 64; TC: 128, on tensor cores, tile_mma),
  * keys ascending */
@@ -2059,11 +2104,6 @@ __global__ void k_attn_reduce(const float *partial, float *lat, int64_t n, int n
 #define FH 16
 #define FK 32
 #define FSP 36 /* row stride of the partial scores and the TC form's probabilities */
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
 /* shared rows hold Dp = D rounded up to 64 values (zeros past D) */
 __host__ __device__ __forceinline__ int flash_dp(int D) { return (D + 63) / 64 * 64; }
 size_t attn_flash_smem(int Rkv, int Dr) {
@@ -2367,7 +2407,8 @@ void cuk_mla_attn(cudaStream_t st, const float *q, const float *qt, float *S, in
     dim3 g1((unsigned)((nmax + nt - 1) / nt), (unsigned)T, (unsigned)(hz * dsplit));
     if (tc3) cu_launch(k_attn_scores<1>, g1, 256, 0, st, q, qt, S, ldS, sel, ld_sel, seln, NH, Dn, Dr, Rkv, scale, l, ri, dsplit, dper, pstride);
     else cu_launch(k_attn_scores<0>, g1, 256, 0, st, q, qt, S, ldS, sel, ld_sel, seln, NH, Dn, Dr, Rkv, scale, l, ri, dsplit, dper, pstride);
-    cu_launch(k_attn_softmax, T * NH, 1024, 0, st, S, ldS, seln, NH, dsplit, pstride, scale);
+    if (nmax <= 32 * SMW) cu_launch(k_attn_softmax_w, (unsigned)((T * NH + 7) / 8), 256, 0, st, S, ldS, seln, NH, T * NH, dsplit, pstride, scale);
+    else cu_launch(k_attn_softmax, T * NH, 1024, 0, st, S, ldS, seln, NH, dsplit, pstride, scale);
     if (nsplit < 1) nsplit = 1;
     int per = ((nmax + nsplit - 1) / nsplit + GK - 1) / GK * GK;
     dim3 g2((unsigned)((Rkv + nt - 1) / nt), (unsigned)T, (unsigned)(hz * nsplit));
