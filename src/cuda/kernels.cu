@@ -1677,8 +1677,9 @@ __device__ __forceinline__ void mma_3xtf32(float (&c)[4], const uint32_t (&ah)[4
     mma_tf32(c, ah, bl0, bl1);
     mma_tf32(c, ah, bh0, bh1);
 }
-/* the keys (scores) or latent columns (P C) of a prompt attention tile: 128 on tensor cores, 64 by fma */
-__host__ __device__ constexpr int attn_tile_keys(int tc) { return tc ? 2 * GT : GT; }
+/* a tile's columns (the attention's keys or latent columns, a head product's outputs): 128 on
+ * tensor cores (tile_mma), 64 by fma (tile_fma) */
+__host__ __device__ constexpr int tile_cols(int tc) { return tc ? 2 * GT : GT; }
 /* one stage of a 64 x 128 tile on tensor cores (mma.m16n8k8 tf32, each product in three: errors
  * near f32 rounding, the small ones first): warp w takes rows 32 (w & 1) .. + 31 and columns
  * 32 (w >> 1) .. + 31 (each fragment split and read once for two or four products), acc[mt][nt]
@@ -1744,7 +1745,7 @@ template <int NT, int TC>
 __global__ void k_head_mm(dw W, int64_t row0, int64_t hs, const float *x, int64_t ldxr, int64_t ldxh, int K, int N, float *y, int64_t ldyr,
                           int64_t ldyh, int T) {
     pdl_enter();
-    constexpr int NC = attn_tile_keys(TC);
+    constexpr int NC = tile_cols(TC);
     /* f32 fma: both [GK][GT + 4] k-major; TC: x [GT][TA] m-major, W [NC][TA] n-major (NT 1) or
      * [GK][TB] k-major (NT 0) */
     __shared__ __align__(16) float Xs[GT * TA], Ws[NC * TA];
@@ -1858,7 +1859,7 @@ void cuk_mla_uk(cudaStream_t st, const dw &kvb, const dw &ukt, const float *q, f
         cuk_gemv(st, ukt, q, Dn + Dr, qt, Rkv, T * NH, heads, nullptr);
         return;
     }
-    const int nc = attn_tile_keys(tc);
+    const int nc = tile_cols(tc);
     dim3 g((unsigned)((Rkv + nc - 1) / nc), (unsigned)((T + GT - 1) / GT), (unsigned)NH);
     if (tc) cu_launch(k_head_mm<0, 1>, g, 256, 0, st, kvb, 0, Dn + Dv, q, (int64_t)NH * (Dn + Dr), Dn + Dr, Dn, Rkv, qt, (int64_t)NH * Rkv, Rkv, T);
     else cu_launch(k_head_mm<0, 0>, g, 256, 0, st, kvb, 0, Dn + Dv, q, (int64_t)NH * (Dn + Dr), Dn + Dr, Dn, Rkv, qt, (int64_t)NH * Rkv, Rkv, T);
@@ -1874,7 +1875,7 @@ void cuk_mla_uv(cudaStream_t st, const dw &kvb, const float *lat, float *o, int 
         cuk_gemv(st, Wv, lat, Rkv, o, Dv, T * NH, heads, nullptr);
         return;
     }
-    const int nc = attn_tile_keys(tc);
+    const int nc = tile_cols(tc);
     dim3 g((unsigned)((Dv + nc - 1) / nc), (unsigned)((T + GT - 1) / GT), (unsigned)NH);
     if (tc) cu_launch(k_head_mm<1, 1>, g, 256, 0, st, kvb, Dn, Dn + Dv, lat, (int64_t)NH * Rkv, Rkv, Rkv, Dv, o, (int64_t)NH * Dv, Dv, T);
     else cu_launch(k_head_mm<1, 0>, g, 256, 0, st, kvb, Dn, Dn + Dv, lat, (int64_t)NH * Rkv, Rkv, Rkv, Dv, o, (int64_t)NH * Dv, Dv, T);
@@ -1889,7 +1890,7 @@ template <int TC>
 __global__ void k_attn_scores(const float *q, const float *qt, float *S, int64_t ldS, const int32_t *sel, int64_t ld_sel, const int *seln, int NH,
                               int Dn, int Dr, int Rkv, float scale, int l, const cu_rowinfo *ri, int dsplit, int per, int64_t pstride) {
     pdl_enter();
-    constexpr int NT = attn_tile_keys(TC);
+    constexpr int NT = tile_cols(TC);
     /* f32 fma: [GK][GT + 4] k-major; TC: Q [GT][TA] m-major, K [NT][TA] n-major (tile_mma) */
     __shared__ __align__(16) float Qs[GT * TA], Ks[NT * TA];
     __shared__ const float *kp[NT];
@@ -2019,7 +2020,7 @@ template <int TC>
 __global__ void k_attn_pv(const float *S, int64_t ldS, const int32_t *sel, int64_t ld_sel, const int *seln, float *out, int T, int NH, int Dr,
                           int Rkv, int l, const cu_rowinfo *ri, int nsplit, int per) {
     pdl_enter();
-    constexpr int NT = attn_tile_keys(TC);
+    constexpr int NT = tile_cols(TC);
     /* f32 fma: both [GK][GT + 4] k-major; TC: P [GT][TA] m-major, C [GK][TB] k-major (tile_mma) */
     __shared__ __align__(16) float Ps[GT * TA], Cs[GK * TB];
     int r = blockIdx.y, c0 = blockIdx.x * NT, hz = blockIdx.z % ((NH + GT - 1) / GT), sp = blockIdx.z / ((NH + GT - 1) / GT), h0 = hz * GT;
@@ -2393,7 +2394,7 @@ void cuk_mla_attn(cudaStream_t st, const float *q, const float *qt, float *S, in
         cu_launch(k_attn_merge, dim3((unsigned)NH, (unsigned)T, (unsigned)((Rkv + 127) / 128)), 128, 0, st, partial, S, seln, per, NH, Rkv, lat);
         return;
     }
-    const int nt = attn_tile_keys(tc3); /* keys (scores) and columns (P C) a tile */
+    const int nt = tile_cols(tc3); /* keys (scores) and columns (P C) a tile */
     int hz = (NH + GT - 1) / GT, stages = (Rkv + Dr + GK - 1) / GK, dsplit = 1;
     if (T <= 8) { /* ~2 blocks an SM of an H200 */
         int blocks = ((nmax + nt - 1) / nt) * T * hz, want = (264 + blocks - 1) / blocks;
