@@ -409,7 +409,9 @@ TEST(cuda, attention_forms) {
                               {1, 3, 4, 8, 100, 50, 45},
                               {2, 16, 8, 32, 64, 300, 300, 77},
                               {3, 4, 8, 8, 20, 40, 40, 1, 9},
-                              {12, 16, 8, 32, 64, 300, 300, 1, 17, 64, 65, 128, 200, 299, 33, 5, 250, 100}};
+                              {12, 16, 8, 32, 64, 300, 300, 1, 17, 64, 65, 128, 200, 299, 33, 5, 250, 100},
+                              /* rows past 2048 keys: the softmax's block form (a warp a row and head up to 2048) */
+                              {9, 4, 8, 8, 32, 2200, 2100, 1, 2049, 2200, 5, 700, 33, 64, 2048}};
     petrel_error err = {0};
     for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
         const int *sh = shapes[k];
