@@ -44,7 +44,7 @@ TEST_OBJ  := $(TEST_SRC:%.c=$(BUILD)/obj/%.o)
 # src/cuda/none.c, so the default build needs no CUDA). The runtime is linked statically.
 CUDA_HOME ?= /usr/local/cuda
 NVCC      ?= $(shell command -v nvcc 2>/dev/null || (test -x $(CUDA_HOME)/bin/nvcc && echo $(CUDA_HOME)/bin/nvcc))
-NVFLAGS    = -std=c++17 -O3 -arch=sm_90a -Iinclude -Isrc -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror,-Wno-unused-parameter
+NVFLAGS    = -std=c++17 -O3 -gencode arch=compute_90a,code=[sm_90a,compute_90a] -Iinclude -Isrc -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror,-Wno-unused-parameter
 CUDA_LIBS  = -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
 CU_SRC    := $(sort $(wildcard src/cuda/*.cu))
 CU_OBJ    := $(CU_SRC:%.cu=$(BUILD)/obj/%.o)

@@ -71,9 +71,10 @@ static const char *usage =
     "  --cuda-fork on|off with --device cuda: run a decode step's shared experts and DSA top-k on a\n"
     "                   second stream beside the routed experts and the MLA queries (on, the\n"
     "                   default) or every kernel on one stream (off); the same results either way\n"
-    "  --cuda-experts int8|bf16 with --device cuda: a prompt's routed experts (q4) on the int8\n"
-    "                   tensor-core GEMM (int8, the default: the CPU's int8 bits per product) or the\n"
-    "                   bf16 one (bf16: the scales in the dequantized weights, f32 sums)\n"
+    "  --cuda-experts int8|bf16|wgmma with --device cuda: a prompt's routed experts (q4) on the\n"
+    "                   int8 tensor-core GEMM (int8, the default: the CPU's int8 bits per product) or\n"
+    "                   a bf16 one (the scales in the dequantized weights, f32 sums): mma.sync (bf16)\n"
+    "                   or Hopper's warpgroup MMA (wgmma)\n"
     "  --prefix-cache   after prefill, time a new session of the same prompt through the prefix\n"
     "                   cache (its whole pages taken, the rest run): time to the first token's logits\n"
     "  --route-trace FILE  route every MoE layer by a recorded trace (.txt or .gz; its layers spread\n"
@@ -630,8 +631,9 @@ CLI_CMD(bench) {
         }
         else if (!strcmp(argv[i], "--cuda-experts") && i + 1 < argc) {
             const char *v = argv[++i];
-            if (strcmp(v, "bf16") && strcmp(v, "int8")) return cli_fail("bench: --cuda-experts: \"%s\" is not int8 or bf16", v);
-            bf16_experts = !strcmp(v, "bf16");
+            if (strcmp(v, "bf16") && strcmp(v, "int8") && strcmp(v, "wgmma"))
+                return cli_fail("bench: --cuda-experts: \"%s\" is not int8, bf16 or wgmma", v);
+            bf16_experts = !strcmp(v, "bf16") ? 1 : !strcmp(v, "wgmma") ? 2 : 0;
         }
         else if (!strcmp(argv[i], "--history-split")) history_split = 1;
         else if (!strcmp(argv[i], "--golden") && i + 1 < argc) golden = argv[++i];
@@ -872,6 +874,11 @@ CLI_CMD(bench) {
                        100 * expert_peak_frac, tc);
             else
                 printf("prefill routed experts (GPU): their kernel time needs --profile; the int8 tensor-core peak measured %.0f TOP/s\n", tc);
+            if (bf16_experts > 0 && gex_s > 0) { /* the bf16 forms run the products in bf16: that format's peak too */
+                double tb = cu_tc_bf16_peak(eng->cu);
+                printf("prefill routed experts (GPU, bf16 products): %.1f%% of the measured bf16 tensor-core peak (%.0f TFLOP/s, wgmma)\n",
+                       tb > 0 ? 100 * expert_gflops / 1e3 / tb : 0, tb);
+            }
         } else {
             peak = measure_peak_gflops(threads, 0);
             expert_gflops = ex_s > 0 ? ex_flop / ex_s / 1e9 : 0;

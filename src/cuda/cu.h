@@ -73,10 +73,11 @@ void cu_model_use_pdl(cu_model *m, int on);
  * (tests and benchmarks: the same kernels on the same inputs, the same bits either way) */
 void cu_model_use_fork(cu_model *m, int on);
 /* A prompt's routed experts (chunks past the GEMV's rows, q4 experts on the quantized path) run
- * on the int8 tensor-core GEMM (the CPU's int8 bits per product); cu_model_use_bf16_experts(m, 1)
- * runs them on the bf16 one instead (cuk_gemm_w4: the scales in the dequantized weights, f32
- * sums; as fast on an H100 at 2048-row chunks, bench/RESULTS.md 2026-12-06) */
-void cu_model_use_bf16_experts(cu_model *m, int on);
+ * on the int8 tensor-core GEMM (form 0: the CPU's int8 bits per product);
+ * cu_model_use_bf16_experts(m, form) runs them on a bf16 one instead (the scales in the
+ * dequantized weights, f32 sums): form 1 on mma.sync (cuk_gemm_w4), 2 on warpgroup MMA
+ * (cuk_gemm_w4g) */
+void cu_model_use_bf16_experts(cu_model *m, int form);
 unsigned long long cu_model_fork_count(const cu_model *m); /* parts launched or captured on the second stream since open */
 int cu_model_graph_count(const cu_model *m); /* the decode graphs kept now (0: none made, or graphs off) */
 /* The expert tiers' counters since open (all zero when every expert is in HBM): per MoE layer
@@ -117,6 +118,8 @@ double cu_hbm_probe(cu_model *m, uint64_t bytes);
 double cu_h2d_probe(cu_model *m, uint64_t bytes);
 /* the int8 tensor cores' peak in TOP/s, measured (chains of mma.m16n8k32 s8, no memory traffic) */
 double cu_tc_int8_peak(cu_model *m);
+/* the bf16 tensor cores' peak in TFLOP/s, measured (chains of wgmma.m64n128k16, no memory traffic) */
+double cu_tc_bf16_peak(cu_model *m);
 /* the profiled routed experts' kernel time (gate, up and down, their quantization and SwiGLU), ms
  * summed since cu_model_profile turned profiling on */
 double cu_model_profile_experts_ms(const cu_model *m);
@@ -133,7 +136,8 @@ void cu_model_profile_report(const cu_model *m, char *buf, size_t n);
  * 5 the same as n slots of the weight, slot i on x row n-1-i (y[i] = W x[n-1-i]), 6 the quantized
  * path's GEMM on int8 tensor cores (plain rows), 7 the same over a row list (every row one
  * expert's choice: the routed experts' tiles), 8 the bf16 GEMM over q4 weights (cuk_gemm_w4; else
- * PETREL_EUNSUPPORTED), 9 the same over a row list (128-row tiles). */
+ * PETREL_EUNSUPPORTED), 9 the same over a row list (128-row tiles), 10 and 11 as 8 and 9 on
+ * warpgroup MMA (cuk_gemm_w4g). */
 int cu_matmul_check(const pt_wview *W, const float *x, int n, float *y, int path, petrel_error *err);
 /* The quantized path's fused SwiGLU GEMV on the GPU: y[n][rows] = silu(Wg x) * (Wu x) on int8 x
  * (Wg, Wu: one int8 format (q8_g32 / q4_g64) and shape; n 1..8 plain rows, or with slots n slots

@@ -58,6 +58,8 @@ int cuk_gemm_q_ok(const dw &W);
 /* the measured int8 tensor-core peak in TOP/s (mma.m16n8k32 s8 chains, no memory traffic), best
  * of 3 runs over sms x 4 blocks; *ms the best run's time */
 double cuk_mma_peak(cudaStream_t st, unsigned int *sink, int sms, float *ms);
+/* the bf16 warpgroup MMA's peak, TFLOP/s (wgmma.m64n128k16 chains, no memory traffic) */
+double cuk_wgmma_peak(cudaStream_t st, unsigned int *sink, int sms, float *ms);
 void cuk_gemm_q(cudaStream_t st, const dw &W, const cu_xq &X, float *y, int64_t ldy, int n, const int32_t *tiles, const int *ntiles_dev,
                 int max_tiles, const int32_t *list, const int32_t *xmap);
 /* The routed experts' prompt GEMM on bf16 tensor cores (cuk_gemm_w4_ok: q4 weights with groups
@@ -71,6 +73,12 @@ int cuk_gemm_w4_ok(const dw &W);
 void cuk_xbf16p(cudaStream_t st, const float *x, int64_t ldx, int n, int cols, __nv_bfloat16 *xh, int64_t ldxh);
 void cuk_gemm_w4(cudaStream_t st, const dw &W, const __nv_bfloat16 *xh, int64_t ldxh, float *y, int64_t ldy, int n, const int32_t *tiles,
                  const int *ntiles_dev, int max_tiles, const int32_t *list, const int32_t *xmap);
+/* The same product on warpgroup MMA (wgmma, sm_90a; the same operands, cuk_gemm_w4_ok's
+ * weights): the weights unpacked once a block into wgmma's register operand, x from shared
+ * memory; x rows from cuk_xbf16g (its own column order), tiles as cuk_gemm_w4's. */
+void cuk_xbf16g(cudaStream_t st, const float *x, int64_t ldx, int n, int cols, __nv_bfloat16 *xh, int64_t ldxh);
+void cuk_gemm_w4g(cudaStream_t st, const dw &W, const __nv_bfloat16 *xh, int64_t ldxh, float *y, int64_t ldy, int n, const int32_t *tiles,
+                  const int *ntiles_dev, int max_tiles, const int32_t *list, const int32_t *xmap);
 /* the column parts a row of W is summed in (cuk_gemv_q, plain rows): two weights of one format
  * and width with the same count give a row the same bits */
 int cuk_gemv_q_parts(const dw &W);

@@ -1422,6 +1422,259 @@ void cuk_gemm_w4(cudaStream_t st, const dw &W, const __nv_bfloat16 *xh, int64_t 
               xmap);
 }
 
+/* ---- the same product on Hopper's warpgroup MMA (wgmma), the weights as operand A ----
+ * y[row][c] as k_gemm_w4 computes it (the same bf16 operands: w = bf16(bf16(q - 8) * bf16(s)),
+ * x bf16; f32 sums), with the roles turned: a warpgroup's wgmma.m64nNk16 multiplies 64 weight
+ * rows (A, from registers: each warp's 16 rows unpacked from q4 straight into the fragment) by
+ * N of the tile's x rows (B, read by the tensor cores from shared memory through a descriptor),
+ * so a weight is unpacked once a block and one instruction does 64 x N x 16 products (the
+ * mma.sync form: 16 x 8 x 16). x comes as cuk_xbf16g writes it: bf16, each 64 columns
+ * permuted so that 16-column slice s of the step holds, at mma k-index kk, the column a lane's
+ * unpacked nibbles give there (w4g_col); both operands see the same permutation of k, so the
+ * products are the same. B's tile in shared memory is the canonical K-major layout without
+ * swizzle: 16-byte chunk c (8 columns) of row r at c * 2048 + 16 r (core matrices of 8 rows x 16
+ * bytes; LBO 2048 between the two chunks of a k16 slice, SBO 128 between 8-row groups). A block:
+ * 2 warpgroups (128 weight rows) by up to 128 x rows (N = 32, 64 or 128, the least that holds
+ * the tile's count), 64 columns a step, W4GS stages (cp.async; each thread fences its
+ * bytes to the async proxy before the barrier). A step's 4 wgmma are one group, waited for
+ * before the next step's unpacking: ptxas serializes products whose register operands are
+ * written while any product is in flight, so the overlap comes from the other warpgroups on
+ * the multiprocessor (2 blocks). Tried and slower (bench/RESULTS.md 2026-12-06): the weights
+ * unpacked into shared memory (both operands there) a step ahead of the products. */
+#define W4GS 4 /* stages: W4GS - 1 steps loading ahead of the one computing */
+struct w4g_layout {
+    static constexpr int X = 0, B = X + W4M * W4K * 2, SC = B + W4N * W4K / 2, STAGE = SC + W4N * 2 * 4;
+};
+/* the x column (0 .. 63 within the step) at position q of cuk_xbf16g's order: slice s = q / 16,
+ * mma k-index kk = q % 16 = 8 h + 2 t + j: lane column t's word s / 2, bf16x2 pair 2 (s % 2) + h,
+ * half j */
+__host__ __device__ __forceinline__ int w4g_col(int q) {
+    const int s = q >> 4, kk = q & 15, t = (kk & 7) >> 1, h = kk >> 3, j = kk & 1;
+    return 16 * t + 8 * (s >> 1) + 2 * (s & 1) + h + 4 * j;
+}
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+/* keeps the compiler from moving an accumulator across the asynchronous products */
+__device__ __forceinline__ void wg_keep(float &v) { asm volatile("" : "+f"(v)::"memory"); }
+/* a K-major shared-memory operand without swizzle at p: LBO (the next 8 columns) and SBO (the
+ * next 8 rows) in bytes */
+__device__ __forceinline__ uint64_t wg_desc(const void *p, uint32_t lbo, uint32_t sbo) {
+    const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    return (uint64_t)((a & 0x3ffff) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32);
+}
+__device__ __forceinline__ void wgmma_n32(float *d, const uint32_t a[4], uint64_t db) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+                 "{%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+__device__ __forceinline__ void wgmma_n64(float *d, const uint32_t a[4], uint64_t db) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+                 "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+__device__ __forceinline__ void wgmma_n128(float *d, const uint32_t a[4], uint64_t db) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+                 "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+template <int N>
+__device__ __forceinline__ void wgmma_n(float *d, const uint32_t a[4], uint64_t db) {
+    if (N == 32) wgmma_n32(d, a, db);
+    else if (N == 64) wgmma_n64(d, a, db);
+    else wgmma_n128(d, a, db);
+}
+/* the block's work for N x rows (the tile's count <= N) */
+template <int N>
+__device__ __forceinline__ void w4g_body(const dw &W, const __nv_bfloat16 *const *xp, float *__restrict__ y, int64_t ldy, int64_t e, int first,
+                                         int cnt, const int32_t *tiles, const int32_t *list, uint8_t *smem) {
+    typedef w4g_layout L;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
+    const int64_t n0 = (int64_t)blockIdx.x * W4N;
+    /* x: the warp's N / 8 rows (rows N / 8 warp + q % (N / 8), chunk q / (N / 8) for q = lane + 32 i:
+     * a quarter warp's 16-byte stores meet distinct banks, a row's chunk pairs read together) */
+    constexpr int R = N / 8, XI = N / 32;
+    /* weights: row tid / 2, half tid % 2 of the step's 32 bytes; threads < 128 row tid's two scale slots */
+    const int br = tid >> 1;
+    const bool bok = n0 + br < W.rows;
+    const uint8_t *bp = W.d + e * W.estride + (bok ? n0 + br : 0) * W.rb + 16 * (tid & 1);
+    const int bdst = L::B + br * 32 + 16 * (tid & 1);
+    const bool sok = tid < W4N && n0 + tid < W.rows;
+    const float *sp = W.s + e * W.sstride + (sok ? n0 + tid : 0) * W.sc;
+    const int nk = (int)(W.cols / W4K), gs = __ffs(W.g) - 1;
+    auto issue = [&](int kt) {
+        uint8_t *S = smem + (kt % W4GS) * L::STAGE;
+        const int k0 = kt * W4K;
+#pragma unroll
+        for (int i = 0; i < XI; i++) {
+            const int q = lane + 32 * i, r = R * warp + q % R, c = q / R;
+            const __nv_bfloat16 *x = xp[r];
+            cp_async16(S + L::X + c * 2048 + 16 * r, x ? x + k0 + 8 * c : (const __nv_bfloat16 *)bp, x != nullptr);
+        }
+        cp_async16(S + bdst, bp + k0 / 2, bok);
+        if (tid < W4N) {
+            cp_async4(S + L::SC + tid * 8, sp + (k0 >> gs), sok);
+            cp_async4(S + L::SC + tid * 8 + 4, sp + ((k0 + 32) >> gs), sok);
+        }
+    };
+    const int boff = L::B + (warp * 16 + g) * 32 + 8 * t4, soff = L::SC + (warp * 16 + g) * 8 + 4 * (t4 >> 1);
+    float acc[N / 2];
+#pragma unroll
+    for (int i = 0; i < N / 2; i++) acc[i] = 0.f;
+#pragma unroll
+    for (int s = 0; s < W4GS - 1; s++) {
+        if (s < nk) issue(s);
+        cp_async_commit();
+    }
+    for (int kt = 0; kt < nk; kt++) {
+        cp_async_wait<W4GS - 2>(); /* this thread's bytes of step kt have landed */
+        fence_async_smem();        /* and are visible to the tensor cores' reads */
+        __syncthreads();           /* everyone's; every warpgroup is done with step kt - 1's products */
+        if (kt + W4GS - 1 < nk) issue(kt + W4GS - 1); /* into step kt - 1's stage */
+        cp_async_commit();
+        const uint8_t *S = smem + (kt % W4GS) * L::STAGE;
+        /* the warp's weight rows 16 warp + g and + 8: the lane's 16 columns 16 t4 .. + 15 of the
+         * step, slice s's fragment in a[s] (rows g, g + 8 at k-indices 2 t4, + 1 and 2 t4 + 8, + 9) */
+        const uint2 w0 = *(const uint2 *)(S + boff), w1 = *(const uint2 *)(S + boff + 256);
+        const __nv_bfloat162 s0 = __float2bfloat162_rn(*(const float *)(S + soff)), s1 = __float2bfloat162_rn(*(const float *)(S + soff + 64));
+        uint32_t a[4][4], o0[4], o1[4];
+        w4_unpack(w0.x, s0, o0);
+        w4_unpack(w1.x, s1, o1);
+        a[0][0] = o0[0], a[0][1] = o1[0], a[0][2] = o0[1], a[0][3] = o1[1];
+        a[1][0] = o0[2], a[1][1] = o1[2], a[1][2] = o0[3], a[1][3] = o1[3];
+        w4_unpack(w0.y, s0, o0);
+        w4_unpack(w1.y, s1, o1);
+        a[2][0] = o0[0], a[2][1] = o1[0], a[2][2] = o0[1], a[2][3] = o1[1];
+        a[3][0] = o0[2], a[3][1] = o1[2], a[3][2] = o0[3], a[3][3] = o1[3];
+        uint64_t db[4]; /* every input register set before the group's first product */
+#pragma unroll
+        for (int s = 0; s < 4; s++) db[s] = wg_desc(S + L::X + s * 4096, 2048, 128);
+#pragma unroll
+        for (int i = 0; i < N / 2; i++) wg_keep(acc[i]);
+        wg_fence();
+#pragma unroll
+        for (int s = 0; s < 4; s++) wgmma_n<N>(acc, a[s], db[s]);
+        wg_commit();
+        wg_wait<0>();
+#pragma unroll
+        for (int i = 0; i < N / 2; i++) wg_keep(acc[i]);
+    }
+    cp_async_wait<0>();
+    /* acc[4 j + c]: weight row 16 warp + g (+ 8 for c >= 2), x row 8 j + 2 t4 + c % 2 */
+#pragma unroll
+    for (int i = 0; i < N / 2; i++) {
+        const int j = i >> 2, c = i & 3;
+        const int r = 8 * j + 2 * t4 + (c & 1);
+        const int64_t col = n0 + warp * 16 + g + (c >= 2 ? 8 : 0);
+        if (r >= cnt || col >= W.rows) continue;
+        const int64_t yr = tiles ? list[first + r] : first + r;
+        y[yr * ldy + col] = acc[i];
+    }
+}
+__global__ void __launch_bounds__(256, 2) k_gemm_w4g(dw W, const __nv_bfloat16 *__restrict__ xh, int64_t ldxh, float *__restrict__ y, int64_t ldy,
+                                                    int n, const int32_t *tiles, const int *ntiles, const int32_t *list, const int32_t *xmap) {
+    pdl_enter();
+    extern __shared__ __align__(128) uint8_t w4g_smem[];
+    __shared__ const __nv_bfloat16 *xp[W4M]; /* the tile's x rows (NULL: none) */
+    int first, cnt;
+    int64_t e;
+    if (!gemm_tile(tiles, ntiles, blockIdx.y, n, W4M, &e, &first, &cnt)) return;
+    for (int r = threadIdx.x; r < W4M; r += blockDim.x) {
+        const __nv_bfloat16 *v = nullptr;
+        if (r < cnt) v = xh + (tiles ? (xmap ? xmap[list[first + r]] : list[first + r]) : first + r) * ldxh;
+        xp[r] = v;
+    }
+    __syncthreads();
+    if (cnt > 64) w4g_body<128>(W, xp, y, ldy, e, first, cnt, tiles, list, w4g_smem);
+    else if (cnt > 32) w4g_body<64>(W, xp, y, ldy, e, first, cnt, tiles, list, w4g_smem);
+    else w4g_body<32>(W, xp, y, ldy, e, first, cnt, tiles, list, w4g_smem);
+}
+/* x rows [n][cols] (f32) to bf16 in k_gemm_w4g's order: position q of each 64 columns holds
+ * column w4g_col(q % 64) of them; a thread writes 8 positions */
+__global__ void k_xbf16g(const float *__restrict__ x, int64_t ldx, int cols, __nv_bfloat16 *__restrict__ xh, int64_t ldxh) {
+    pdl_enter();
+    const int64_t r = blockIdx.y;
+    const int c8 = blockIdx.x * blockDim.x + threadIdx.x;
+    if (8 * c8 >= cols) return;
+    const float *xs = x + r * ldx + 64 * (c8 >> 3);
+    const int q0 = 8 * (c8 & 7);
+    __nv_bfloat162 p[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) p[i] = __floats2bfloat162_rn(xs[w4g_col(q0 + 2 * i)], xs[w4g_col(q0 + 2 * i + 1)]);
+    *(uint4 *)(xh + r * ldxh + 8 * c8) = *(const uint4 *)p;
+}
+void cuk_xbf16g(cudaStream_t st, const float *x, int64_t ldx, int n, int cols, __nv_bfloat16 *xh, int64_t ldxh) {
+    if (n <= 0) return;
+    cu_launch(k_xbf16g, dim3((unsigned)((cols / 8 + 127) / 128), (unsigned)n), 128, 0, st, x, ldx, cols, xh, ldxh);
+}
+void cuk_gemm_w4g(cudaStream_t st, const dw &W, const __nv_bfloat16 *xh, int64_t ldxh, float *y, int64_t ldy, int n, const int32_t *tiles,
+                  const int *ntiles_dev, int max_tiles, const int32_t *list, const int32_t *xmap) {
+    int nt = tiles ? max_tiles : (n + W4M - 1) / W4M;
+    if (nt <= 0) return;
+    const int smem = W4GS * w4g_layout::STAGE;
+    cudaFuncSetAttribute(k_gemm_w4g, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    cu_launch(k_gemm_w4g, dim3((unsigned)((W.rows + W4N - 1) / W4N), (unsigned)nt), 256, smem, st, W, xh, ldxh, y, ldy, n, tiles, ntiles_dev, list,
+              xmap);
+}
+
+/* the bf16 warpgroup MMA's peak (k_gemm_w4g's instruction): each warpgroup chains 8
+ * wgmma.m64n128k16 a group (A from registers, B a zeroed shared tile), 4 warpgroups a
+ * multiprocessor; the sums xor-ed into *sink */
+__global__ void __launch_bounds__(128) k_wgmma_peak(int iters, unsigned int *sink) {
+    pdl_enter();
+    __shared__ __align__(128) uint8_t b[128 * 16 * 2];
+    for (int i = threadIdx.x; i < (int)sizeof b / 4; i += blockDim.x) ((uint32_t *)b)[i] = 0;
+    fence_async_smem();
+    __syncthreads();
+    float d[64];
+#pragma unroll
+    for (int i = 0; i < 64; i++) d[i] = 0.f;
+    const uint32_t a[4] = {0x3f803f80u, 0x3f803f80u, 0x3f803f80u, 0x3f803f80u};
+    const uint64_t db = wg_desc(b, 2048, 128);
+    for (int it = 0; it < iters; it++) {
+#pragma unroll
+        for (int i = 0; i < 64; i++) wg_keep(d[i]);
+        wg_fence();
+#pragma unroll
+        for (int k = 0; k < 8; k++) wgmma_n128(d, a, db);
+        wg_commit();
+        wg_wait<0>();
+#pragma unroll
+        for (int i = 0; i < 64; i++) wg_keep(d[i]);
+    }
+    float x = 0;
+#pragma unroll
+    for (int i = 0; i < 64; i++) x += d[i];
+    if (x != 0.f) atomicXor(sink, 1u); /* never (B is zero): keeps the products live */
+}
+double cuk_wgmma_peak(cudaStream_t st, unsigned int *sink, int sms, float *ms) {
+    const int iters = 2048, blocks = sms * 4;
+    cu_launch(k_wgmma_peak, blocks, 128, 0, st, 32, sink); /* warm */
+    cudaEvent_t a, b;
+    cudaEventCreate(&a), cudaEventCreate(&b);
+    double best = 0;
+    for (int rep = 0; rep < 3; rep++) {
+        cudaEventRecord(a, st);
+        cu_launch(k_wgmma_peak, blocks, 128, 0, st, iters, sink);
+        cudaEventRecord(b, st);
+        cudaEventSynchronize(b);
+        float t = 0;
+        cudaEventElapsedTime(&t, a, b);
+        double ops = 2.0 * 64 * 128 * 16 * 8 * (double)iters * blocks;
+        if (t > 0 && ops / (t * 1e-3) > best) best = ops / (t * 1e-3), *ms = t;
+    }
+    cudaEventDestroy(a), cudaEventDestroy(b);
+    return best / 1e12;
+}
+
 /* quantized weights only: a bf16 or f32 checkpoint keeps its exact f32 products, as on the CPU */
 int cuk_gemm_tc_ok(const dw &W) { return W.cols % 8 == 0 && (W.qt == QQ4G || W.qt == QQ8G || W.qt == QQ8ROW); }
 

@@ -473,7 +473,7 @@ static void set_mode(cu_model *m, int *flag, int v) {
 extern "C" void cu_model_use_stacks(cu_model *m, int on) { set_mode(m, &m->no_stacks, !on); }
 extern "C" void cu_model_use_pdl(cu_model *m, int on) { set_mode(m, &m->no_pdl, !on); }
 extern "C" void cu_model_use_fork(cu_model *m, int on) { set_mode(m, &m->no_fork, !on); }
-extern "C" void cu_model_use_bf16_experts(cu_model *m, int on) { set_mode(m, &m->w4, on); }
+extern "C" void cu_model_use_bf16_experts(cu_model *m, int form) { set_mode(m, &m->w4, form); }
 extern "C" void cu_model_use_graphs(cu_model *m, int on) { set_mode(m, &m->use_graphs, on); }
 extern "C" unsigned long long cu_model_fork_count(const cu_model *m) { return m->forks; }
 extern "C" int cu_model_graph_count(const cu_model *m) {
@@ -776,13 +776,15 @@ void experts_compute(cu_model *m, const cu_layer &G, const fscr &f, const int32_
      * rows of a 2048-row chunk in one) */
     if (m->tc && m->w4 && fits && cuk_gemm_w4_ok(G.eg) && cuk_gemm_w4_ok(G.eu) && cuk_gemm_w4_ok(G.ed)) {
         cuk_moe_sort(st, idx, sort_t, sort_k, sort_e, 128, f.list, f.tiles, f.ntiles);
-        cuk_xbf16p(st, f.x, H, f.t, H, f.xh, H);
-        cuk_gemm_w4(st, G.eg, f.xh, H, f.gb, I, n, f.tiles, f.ntiles, mt, f.list, xrow);
-        cuk_gemm_w4(st, G.eu, f.xh, H, f.ub, I, n, f.tiles, f.ntiles, mt, f.list, xrow);
+        auto xbf16 = m->w4 == 2 ? cuk_xbf16g : cuk_xbf16p;
+        auto gemm = m->w4 == 2 ? cuk_gemm_w4g : cuk_gemm_w4;
+        xbf16(st, f.x, H, f.t, H, f.xh, H);
+        gemm(st, G.eg, f.xh, H, f.gb, I, n, f.tiles, f.ntiles, mt, f.list, xrow);
+        gemm(st, G.eu, f.xh, H, f.ub, I, n, f.tiles, f.ntiles, mt, f.list, xrow);
         cuk_silu_mul(st, f.gb, f.ub, (int64_t)n * I);
         prof_mark(m, P_EXPERTS);
-        cuk_xbf16p(st, f.gb, I, n, I, f.xh, I);
-        cuk_gemm_w4(st, G.ed, f.xh, I, y, H, n, f.tiles, f.ntiles, mt, f.list, NULL);
+        xbf16(st, f.gb, I, n, I, f.xh, I);
+        gemm(st, G.ed, f.xh, I, y, H, n, f.tiles, f.ntiles, mt, f.list, NULL);
         return;
     }
     /* on int8 x when the quantized path takes all three products, else the f32 / bf16 forms */
@@ -1140,7 +1142,7 @@ extern "C" double cu_hbm_probe(cu_model *m, uint64_t bytes) {
     return best;
 }
 
-extern "C" double cu_tc_int8_peak(cu_model *m) {
+static double tc_peak(cu_model *m, int bf16) {
     pthread_mutex_lock(&m->mu);
     cudaSetDevice(m->dev);
     unsigned int *sink = NULL;
@@ -1148,12 +1150,14 @@ extern "C" double cu_tc_int8_peak(cu_model *m) {
     int sms = 0;
     float ms = 0;
     if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, m->dev) == cudaSuccess && cudaMalloc(&sink, 4) == cudaSuccess)
-        tops = cuk_mma_peak(m->st, sink, sms, &ms);
+        tops = bf16 ? cuk_wgmma_peak(m->st, sink, sms, &ms) : cuk_mma_peak(m->st, sink, sms, &ms);
     cudaGetLastError();
     cudaFree(sink);
     pthread_mutex_unlock(&m->mu);
     return tops;
 }
+extern "C" double cu_tc_int8_peak(cu_model *m) { return tc_peak(m, 0); }
+extern "C" double cu_tc_bf16_peak(cu_model *m) { return tc_peak(m, 1); }
 
 extern "C" double cu_model_profile_experts_ms(const cu_model *m) { return m->prof_ms[P_EXPERTS] + m->prof_ms[P_EXPERTS_DOWN]; }
 
@@ -1299,24 +1303,27 @@ extern "C" int cu_matmul_check(const pt_wview *W, const float *x, int n, float *
                     cuk_gemm_q(m.st, G, X, dy, W->rows, n, NULL, NULL, 0, NULL, NULL);
                 }
             }
-        } else if (path == 8 || path == 9) { /* the bf16 GEMM over q4 weights; 9 over a row list (one expert's 128-row tiles) */
+        } else if (path >= 8 && path <= 11) { /* the bf16 GEMM over q4 weights; 9 over a row list (one expert's 128-row tiles); 10, 11 on wgmma */
             int64_t cols = W->cols;
             int mt = n / 64 + 2;
-            int32_t *rl = path == 9 ? (int32_t *)dalloc(&m, sizeof(int32_t) * (size_t)(2 * n + 3 * mt + 1), "row list", err) : NULL;
+            const int wg = path >= 10, listed = path == 9 || path == 11;
+            auto xbf16 = wg ? cuk_xbf16g : cuk_xbf16p;
+            auto gemm = wg ? cuk_gemm_w4g : cuk_gemm_w4;
+            int32_t *rl = listed ? (int32_t *)dalloc(&m, sizeof(int32_t) * (size_t)(2 * n + 3 * mt + 1), "row list", err) : NULL;
             __nv_bfloat16 *xh = (__nv_bfloat16 *)dalloc(&m, sizeof(__nv_bfloat16) * (size_t)(n * cols), "x bf16", err);
             if (!cuk_gemm_w4_ok(G))
                 rc = pt_err(err, PETREL_EUNSUPPORTED, "the bf16 GEMM takes q4 weights of groups of a power of two >= 32 columns and whole 64 columns, not %s [%lld x %lld]",
                             pt_qtype_name(W->qtype), (long long)W->rows, (long long)cols);
-            else if (!xh || (path == 9 && !rl)) rc = PETREL_ENOMEM;
+            else if (!xh || (listed && !rl)) rc = PETREL_ENOMEM;
             if (!rc) {
-                cuk_xbf16p(m.st, dx, cols, n, (int)cols, xh, cols);
-                if (path == 9) { /* every row chooses expert 0 of 1: the list is the rows in order */
+                xbf16(m.st, dx, cols, n, (int)cols, xh, cols);
+                if (listed) { /* every row chooses expert 0 of 1: the list is the rows in order */
                     int32_t *idx = rl, *list = rl + n, *tiles = rl + 2 * n, *nt = tiles + 3 * mt;
                     cudaMemsetAsync(idx, 0, sizeof(int32_t) * (size_t)n, m.st);
                     cuk_moe_sort(m.st, idx, n, 1, 1, 128, list, tiles, nt);
-                    cuk_gemm_w4(m.st, G, xh, cols, dy, W->rows, n, tiles, nt, mt, list, NULL);
+                    gemm(m.st, G, xh, cols, dy, W->rows, n, tiles, nt, mt, list, NULL);
                 } else {
-                    cuk_gemm_w4(m.st, G, xh, cols, dy, W->rows, n, NULL, NULL, 0, NULL, NULL);
+                    gemm(m.st, G, xh, cols, dy, W->rows, n, NULL, NULL, 0, NULL, NULL);
                 }
             }
         } else if (path == 1 || (path == 0 && n <= 8)) {

@@ -24,7 +24,7 @@ void cu_model_use_stacks(cu_model *m, int on) { (void)m, (void)on; }
 void cu_model_use_graphs(cu_model *m, int on) { (void)m, (void)on; }
 void cu_model_use_pdl(cu_model *m, int on) { (void)m, (void)on; }
 void cu_model_use_fork(cu_model *m, int on) { (void)m, (void)on; }
-void cu_model_use_bf16_experts(cu_model *m, int on) { (void)m, (void)on; }
+void cu_model_use_bf16_experts(cu_model *m, int form) { (void)m, (void)form; }
 unsigned long long cu_model_fork_count(const cu_model *m) { (void)m; return 0; }
 int cu_model_graph_count(const cu_model *m) { (void)m; return 0; }
 void cu_model_tier_stats(const cu_model *m, cu_tier_stats *out) {
@@ -51,6 +51,7 @@ double cu_hbm_probe(cu_model *m, uint64_t bytes) {
     return 0;
 }
 double cu_tc_int8_peak(cu_model *m) { (void)m; return 0; }
+double cu_tc_bf16_peak(cu_model *m) { (void)m; return 0; }
 double cu_model_profile_experts_ms(const cu_model *m) { (void)m; return 0; }
 double cu_h2d_probe(cu_model *m, uint64_t bytes) {
     (void)m, (void)bytes;
