@@ -1432,18 +1432,20 @@ void cuk_gemm_w4(cudaStream_t st, const dw &W, const __nv_bfloat16 *xh, int64_t 
  * permuted so that 16-column slice s of the step holds, at mma k-index kk, the column a lane's
  * unpacked nibbles give there (w4g_col); both operands see the same permutation of k, so the
  * products are the same. B's tile in shared memory is the canonical K-major layout without
- * swizzle: 16-byte chunk c (8 columns) of row r at c * 2048 + 16 r (core matrices of 8 rows x 16
- * bytes; LBO 2048 between the two chunks of a k16 slice, SBO 128 between 8-row groups). A block:
- * 2 warpgroups (128 weight rows) by up to 128 x rows (N = 32, 64 or 128, the least that holds
+ * swizzle: 16-byte chunk c (8 columns) of row r at c * 16 W4GM + 16 r (core matrices of 8 rows x 16
+ * bytes; LBO 16 W4GM between the two chunks of a k16 slice, SBO 128 between 8-row groups). A block:
+ * 2 warpgroups (128 weight rows) by up to W4GM x rows (N = 32, 64 or 128, the least that holds
  * the tile's count), 64 columns a step, W4GS stages (cp.async; each thread fences its
  * bytes to the async proxy before the barrier). A step's 4 wgmma are one group, waited for
  * before the next step's unpacking: ptxas serializes products whose register operands are
  * written while any product is in flight, so the overlap comes from the other warpgroups on
  * the multiprocessor (2 blocks). Tried and slower (bench/RESULTS.md 2026-12-06): the weights
  * unpacked into shared memory (both operands there) a step ahead of the products. */
-#define W4GS 4 /* stages: W4GS - 1 steps loading ahead of the one computing */
+#define W4GS 4   /* stages: W4GS - 1 steps loading ahead of the one computing */
+#define W4GM 128 /* x rows a block (a tile) */
+#define W4GB 2   /* blocks a multiprocessor */
 struct w4g_layout {
-    static constexpr int X = 0, B = X + W4M * W4K * 2, SC = B + W4N * W4K / 2, STAGE = SC + W4N * 2 * 4;
+    static constexpr int X = 0, B = X + W4GM * W4K * 2, SC = B + W4N * W4K / 2, STAGE = SC + W4N * 2 * 4;
 };
 /* the x column (0 .. 63 within the step) at position q of cuk_xbf16g's order: slice s = q / 16,
  * mma k-index kk = q % 16 = 8 h + 2 t + j: lane column t's word s / 2, bf16x2 pair 2 (s % 2) + h,
@@ -1517,7 +1519,7 @@ __device__ __forceinline__ void w4g_body(const dw &W, const __nv_bfloat16 *const
         for (int i = 0; i < XI; i++) {
             const int q = lane + 32 * i, r = R * warp + q % R, c = q / R;
             const __nv_bfloat16 *x = xp[r];
-            cp_async16(S + L::X + c * 2048 + 16 * r, x ? x + k0 + 8 * c : (const __nv_bfloat16 *)bp, x != nullptr);
+            cp_async16(S + L::X + c * (16 * W4GM) + 16 * r, x ? x + k0 + 8 * c : (const __nv_bfloat16 *)bp, x != nullptr);
         }
         cp_async16(S + bdst, bp + k0 / 2, bok);
         if (tid < W4N) {
@@ -1556,7 +1558,7 @@ __device__ __forceinline__ void w4g_body(const dw &W, const __nv_bfloat16 *const
         a[3][0] = o0[2], a[3][1] = o1[2], a[3][2] = o0[3], a[3][3] = o1[3];
         uint64_t db[4]; /* every input register set before the group's first product */
 #pragma unroll
-        for (int s = 0; s < 4; s++) db[s] = wg_desc(S + L::X + s * 4096, 2048, 128);
+        for (int s = 0; s < 4; s++) db[s] = wg_desc(S + L::X + s * (32 * W4GM), 16 * W4GM, 128);
 #pragma unroll
         for (int i = 0; i < N / 2; i++) wg_keep(acc[i]);
         wg_fence();
@@ -1579,21 +1581,21 @@ __device__ __forceinline__ void w4g_body(const dw &W, const __nv_bfloat16 *const
         y[yr * ldy + col] = acc[i];
     }
 }
-__global__ void __launch_bounds__(256, 2) k_gemm_w4g(dw W, const __nv_bfloat16 *__restrict__ xh, int64_t ldxh, float *__restrict__ y, int64_t ldy,
+__global__ void __launch_bounds__(256, W4GB) k_gemm_w4g(dw W, const __nv_bfloat16 *__restrict__ xh, int64_t ldxh, float *__restrict__ y, int64_t ldy,
                                                     int n, const int32_t *tiles, const int *ntiles, const int32_t *list, const int32_t *xmap) {
     pdl_enter();
     extern __shared__ __align__(128) uint8_t w4g_smem[];
-    __shared__ const __nv_bfloat16 *xp[W4M]; /* the tile's x rows (NULL: none) */
+    __shared__ const __nv_bfloat16 *xp[W4GM]; /* the tile's x rows (NULL: none) */
     int first, cnt;
     int64_t e;
-    if (!gemm_tile(tiles, ntiles, blockIdx.y, n, W4M, &e, &first, &cnt)) return;
-    for (int r = threadIdx.x; r < W4M; r += blockDim.x) {
+    if (!gemm_tile(tiles, ntiles, blockIdx.y, n, W4GM, &e, &first, &cnt)) return;
+    for (int r = threadIdx.x; r < W4GM; r += blockDim.x) {
         const __nv_bfloat16 *v = nullptr;
         if (r < cnt) v = xh + (tiles ? (xmap ? xmap[list[first + r]] : list[first + r]) : first + r) * ldxh;
         xp[r] = v;
     }
     __syncthreads();
-    if (cnt > 64) w4g_body<128>(W, xp, y, ldy, e, first, cnt, tiles, list, w4g_smem);
+    if (W4GM > 64 && cnt > 64) w4g_body<W4GM>(W, xp, y, ldy, e, first, cnt, tiles, list, w4g_smem);
     else if (cnt > 32) w4g_body<64>(W, xp, y, ldy, e, first, cnt, tiles, list, w4g_smem);
     else w4g_body<32>(W, xp, y, ldy, e, first, cnt, tiles, list, w4g_smem);
 }
@@ -1611,13 +1613,14 @@ __global__ void k_xbf16g(const float *__restrict__ x, int64_t ldx, int cols, __n
     for (int i = 0; i < 4; i++) p[i] = __floats2bfloat162_rn(xs[w4g_col(q0 + 2 * i)], xs[w4g_col(q0 + 2 * i + 1)]);
     *(uint4 *)(xh + r * ldxh + 8 * c8) = *(const uint4 *)p;
 }
+int cuk_gemm_w4g_rows(void) { return W4GM; }
 void cuk_xbf16g(cudaStream_t st, const float *x, int64_t ldx, int n, int cols, __nv_bfloat16 *xh, int64_t ldxh) {
     if (n <= 0) return;
     cu_launch(k_xbf16g, dim3((unsigned)((cols / 8 + 127) / 128), (unsigned)n), 128, 0, st, x, ldx, cols, xh, ldxh);
 }
 void cuk_gemm_w4g(cudaStream_t st, const dw &W, const __nv_bfloat16 *xh, int64_t ldxh, float *y, int64_t ldy, int n, const int32_t *tiles,
                   const int *ntiles_dev, int max_tiles, const int32_t *list, const int32_t *xmap) {
-    int nt = tiles ? max_tiles : (n + W4M - 1) / W4M;
+    int nt = tiles ? max_tiles : (n + W4GM - 1) / W4GM;
     if (nt <= 0) return;
     const int smem = W4GS * w4g_layout::STAGE;
     cudaFuncSetAttribute(k_gemm_w4g, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);

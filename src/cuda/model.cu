@@ -775,7 +775,7 @@ void experts_compute(cu_model *m, const cu_layer &G, const fscr &f, const int32_
     /* on the quantized path, q4 experts on the bf16 GEMM where asked (128-row tiles: an expert's
      * rows of a 2048-row chunk in one) */
     if (m->tc && m->w4 && fits && cuk_gemm_w4_ok(G.eg) && cuk_gemm_w4_ok(G.eu) && cuk_gemm_w4_ok(G.ed)) {
-        cuk_moe_sort(st, idx, sort_t, sort_k, sort_e, 128, f.list, f.tiles, f.ntiles);
+        cuk_moe_sort(st, idx, sort_t, sort_k, sort_e, m->w4 == 2 ? cuk_gemm_w4g_rows() : 128, f.list, f.tiles, f.ntiles);
         auto xbf16 = m->w4 == 2 ? cuk_xbf16g : cuk_xbf16p;
         auto gemm = m->w4 == 2 ? cuk_gemm_w4g : cuk_gemm_w4;
         xbf16(st, f.x, H, f.t, H, f.xh, H);
@@ -1320,7 +1320,7 @@ extern "C" int cu_matmul_check(const pt_wview *W, const float *x, int n, float *
                 if (listed) { /* every row chooses expert 0 of 1: the list is the rows in order */
                     int32_t *idx = rl, *list = rl + n, *tiles = rl + 2 * n, *nt = tiles + 3 * mt;
                     cudaMemsetAsync(idx, 0, sizeof(int32_t) * (size_t)n, m.st);
-                    cuk_moe_sort(m.st, idx, n, 1, 1, 128, list, tiles, nt);
+                    cuk_moe_sort(m.st, idx, n, 1, 1, wg ? cuk_gemm_w4g_rows() : 128, list, tiles, nt);
                     gemm(m.st, G, xh, cols, dy, W->rows, n, tiles, nt, mt, list, NULL);
                 } else {
                     gemm(m.st, G, xh, cols, dy, W->rows, n, NULL, NULL, 0, NULL, NULL);
