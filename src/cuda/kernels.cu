@@ -1199,24 +1199,29 @@ __global__ void __launch_bounds__(256) k_mma_peak(int iters, unsigned int *sink)
     for (int k = 0; k < 8; k++) x ^= (unsigned)(c[k][0] ^ c[k][1] ^ c[k][2] ^ c[k][3]);
     if (x == 0x9e3779b9u) atomicXor(sink, x); /* practically never: keeps the chains live */
 }
-double cuk_mma_peak(cudaStream_t st, unsigned int *sink, int sms, float *ms) {
-    const int iters = 4096, blocks = sms * 4;
-    cu_launch(k_mma_peak, blocks, 256, 0, st, 64, sink); /* warm */
+/* a peak kernel's rate: the best of 3 timed launches of `blocks` (after a short warm one), ops
+ * per iteration and block given, in T ops/s; *ms the best launch's time */
+template <typename K>
+static double time_peak(cudaStream_t st, K kern, int blocks, int threads, int iters, double ops_iter_block, unsigned int *sink, float *ms) {
+    cu_launch(kern, blocks, threads, 0, st, 64, sink); /* warm */
     cudaEvent_t a, b;
     cudaEventCreate(&a), cudaEventCreate(&b);
     double best = 0;
     for (int rep = 0; rep < 3; rep++) {
         cudaEventRecord(a, st);
-        cu_launch(k_mma_peak, blocks, 256, 0, st, iters, sink);
+        cu_launch(kern, blocks, threads, 0, st, iters, sink);
         cudaEventRecord(b, st);
         cudaEventSynchronize(b);
         float t = 0;
         cudaEventElapsedTime(&t, a, b);
-        double ops = 2.0 * 16 * 8 * 32 * 8 * (double)iters * blocks * 8; /* 8 warps a block, 8 chains a warp */
+        double ops = ops_iter_block * iters * blocks;
         if (t > 0 && ops / (t * 1e-3) > best) best = ops / (t * 1e-3), *ms = t;
     }
     cudaEventDestroy(a), cudaEventDestroy(b);
     return best / 1e12;
+}
+double cuk_mma_peak(cudaStream_t st, unsigned int *sink, int sms, float *ms) {
+    return time_peak(st, k_mma_peak, sms * 4, 256, 4096, 2.0 * 16 * 8 * 32 * 8 * 8, sink, ms); /* 8 warps a block, 8 chains a warp */
 }
 
 int cuk_gemm_q_ok(const dw &W) {
@@ -1284,6 +1289,30 @@ __device__ __forceinline__ void mma_bf16(float c[4], uint32_t a0, uint32_t a1, u
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
+/* a bf16 GEMM block's q4 weights and scales, 128 weight rows from n0 of expert e, a step of
+ * W4K columns at a time: thread tid brings half tid % 2 of row tid / 2's 32 bytes (to B + 32 row
+ * + 16 half of a stage), threads < 128 row tid's two scale slots (the groups of columns k0 and
+ * k0 + 32, to SC + 8 tid); rows past W.rows as zeros */
+struct w4_src {
+    const uint8_t *bp;
+    const float *sp;
+    bool bok, sok;
+    int bdst, sdst, gs;
+    __device__ w4_src(const dw &W, int64_t e, int64_t n0, int tid, int B, int SC) {
+        const int br = tid >> 1;
+        bok = n0 + br < W.rows, sok = tid < W4N && n0 + tid < W.rows;
+        bp = W.d + e * W.estride + (bok ? n0 + br : 0) * W.rb + 16 * (tid & 1);
+        sp = W.s + e * W.sstride + (sok ? n0 + tid : 0) * W.sc;
+        bdst = B + br * 32 + 16 * (tid & 1), sdst = tid < W4N ? SC + tid * 8 : -1;
+        gs = __ffs(W.g) - 1; /* W.g a power of two (cuk_gemm_w4_ok) */
+    }
+    __device__ void issue(uint8_t *S, int k0) const {
+        cp_async16(S + bdst, bp + k0 / 2, bok);
+        if (sdst < 0) return;
+        cp_async4(S + sdst, sp + (k0 >> gs), sok);
+        cp_async4(S + sdst + 4, sp + ((k0 + 32) >> gs), sok);
+    }
+};
 __global__ void __launch_bounds__(256, 2) k_gemm_w4(dw W, const __nv_bfloat16 *__restrict__ xh, int64_t ldxh, float *__restrict__ y, int64_t ldy,
                                                    int n, const int32_t *tiles, const int *ntiles, const int32_t *list, const int32_t *xmap) {
     pdl_enter();
@@ -1308,13 +1337,8 @@ __global__ void __launch_bounds__(256, 2) k_gemm_w4(dw W, const __nv_bfloat16 *_
      * step) */
     const int ach = tid & 7, ar = tid >> 3;
     const int adst = L::A + ar * 128 + 16 * (ach ^ (ar & 1));
-    const int br = tid >> 1;
-    const bool bok = n0 + br < W.rows;
-    const uint8_t *bp = W.d + e * W.estride + (bok ? n0 + br : 0) * W.rb + 16 * (tid & 1);
-    const int bdst = L::B + br * 32 + 16 * (tid & 1);
-    const bool sok = tid < W4N && n0 + tid < W.rows;
-    const float *sp = W.s + e * W.sstride + (sok ? n0 + tid : 0) * W.sc;
-    const int nk = (int)(W.cols / W4K), gs = __ffs(W.g) - 1; /* W.g a power of two (cuk_gemm_w4_ok) */
+    const w4_src ws(W, e, n0, tid, L::B, L::SC);
+    const int nk = (int)(W.cols / W4K);
     uint8_t *const S0 = w4_smem, *const Send = w4_smem + W4S * L::STAGE;
     uint8_t *Sw = S0;
     auto issue = [&](int kt) { /* step kt into stage Sw, then Sw to the next stage */
@@ -1325,11 +1349,7 @@ __global__ void __launch_bounds__(256, 2) k_gemm_w4(dw W, const __nv_bfloat16 *_
                 const __nv_bfloat16 *x = xp[ar + 32 * i];
                 cp_async16(Sw + adst + 4096 * i, x ? x + 8 * ach + k0 : xh, x != nullptr);
             }
-        cp_async16(Sw + bdst, bp + k0 / 2, bok);
-        if (tid < W4N) {
-            cp_async4(Sw + L::SC + tid * 8, sp + (k0 >> gs), sok);
-            cp_async4(Sw + L::SC + tid * 8 + 4, sp + ((k0 + 32) >> gs), sok);
-        }
+        ws.issue(Sw, k0);
         Sw += L::STAGE;
         if (Sw == Send) Sw = S0;
     };
@@ -1407,19 +1427,29 @@ __global__ void k_xbf16p(const float *__restrict__ x, int64_t ldx, int cols, __n
     *(uint4 *)(xh + r * ldxh + 8 * c8) = *(const uint4 *)p;
 }
 
+/* the launches of the bf16 GEMMs' x conversion (8 columns a thread) and of a bf16 GEMM (tm x
+ * rows by 128 weight rows a block of 256 threads, smem bytes of dynamic shared memory: past the
+ * 48 KB a launch may take unasked, set on the current device) */
+template <typename K>
+static void xbf16_go(K kern, cudaStream_t st, const float *x, int64_t ldx, int n, int cols, __nv_bfloat16 *xh, int64_t ldxh) {
+    if (n > 0) cu_launch(kern, dim3((unsigned)((cols / 8 + 127) / 128), (unsigned)n), 128, 0, st, x, ldx, cols, xh, ldxh);
+}
+template <typename K>
+static void gemm_bf16_go(K kern, int tm, int smem, cudaStream_t st, const dw &W, const __nv_bfloat16 *xh, int64_t ldxh, float *y, int64_t ldy, int n,
+                         const int32_t *tiles, const int *ntiles_dev, int max_tiles, const int32_t *list, const int32_t *xmap) {
+    int nt = tiles ? max_tiles : (n + tm - 1) / tm;
+    if (nt <= 0) return;
+    cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    cu_launch(kern, dim3((unsigned)((W.rows + W4N - 1) / W4N), (unsigned)nt), 256, smem, st, W, xh, ldxh, y, ldy, n, tiles, ntiles_dev, list, xmap);
+}
+
 int cuk_gemm_w4_ok(const dw &W) { return W.qt == QQ4G && W.s && W.g >= 32 && !(W.g & (W.g - 1)) && W.cols % W4K == 0 && W.rb % 16 == 0; }
 void cuk_xbf16p(cudaStream_t st, const float *x, int64_t ldx, int n, int cols, __nv_bfloat16 *xh, int64_t ldxh) {
-    if (n <= 0) return;
-    cu_launch(k_xbf16p, dim3((unsigned)((cols / 8 + 127) / 128), (unsigned)n), 128, 0, st, x, ldx, cols, xh, ldxh);
+    xbf16_go(k_xbf16p, st, x, ldx, n, cols, xh, ldxh);
 }
 void cuk_gemm_w4(cudaStream_t st, const dw &W, const __nv_bfloat16 *xh, int64_t ldxh, float *y, int64_t ldy, int n, const int32_t *tiles,
                  const int *ntiles_dev, int max_tiles, const int32_t *list, const int32_t *xmap) {
-    int nt = tiles ? max_tiles : (n + W4M - 1) / W4M;
-    if (nt <= 0) return;
-    const int smem = W4S * w4_layout::STAGE; /* past the 48 KB a launch may take unasked (set on the current device) */
-    cudaFuncSetAttribute(k_gemm_w4, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    cu_launch(k_gemm_w4, dim3((unsigned)((W.rows + W4N - 1) / W4N), (unsigned)nt), 256, smem, st, W, xh, ldxh, y, ldy, n, tiles, ntiles_dev, list,
-              xmap);
+    gemm_bf16_go(k_gemm_w4, W4M, W4S * w4_layout::STAGE, st, W, xh, ldxh, y, ldy, n, tiles, ntiles_dev, max_tiles, list, xmap);
 }
 
 /* ---- the same product on Hopper's warpgroup MMA (wgmma), the weights as operand A ----
@@ -1504,14 +1534,8 @@ __device__ __forceinline__ void w4g_body(const dw &W, const __nv_bfloat16 *const
     /* x: the warp's N / 8 rows (rows N / 8 warp + q % (N / 8), chunk q / (N / 8) for q = lane + 32 i:
      * a quarter warp's 16-byte stores meet distinct banks, a row's chunk pairs read together) */
     constexpr int R = N / 8, XI = N / 32;
-    /* weights: row tid / 2, half tid % 2 of the step's 32 bytes; threads < 128 row tid's two scale slots */
-    const int br = tid >> 1;
-    const bool bok = n0 + br < W.rows;
-    const uint8_t *bp = W.d + e * W.estride + (bok ? n0 + br : 0) * W.rb + 16 * (tid & 1);
-    const int bdst = L::B + br * 32 + 16 * (tid & 1);
-    const bool sok = tid < W4N && n0 + tid < W.rows;
-    const float *sp = W.s + e * W.sstride + (sok ? n0 + tid : 0) * W.sc;
-    const int nk = (int)(W.cols / W4K), gs = __ffs(W.g) - 1;
+    const w4_src ws(W, e, n0, tid, L::B, L::SC);
+    const int nk = (int)(W.cols / W4K);
     auto issue = [&](int kt) {
         uint8_t *S = smem + (kt % W4GS) * L::STAGE;
         const int k0 = kt * W4K;
@@ -1519,13 +1543,9 @@ __device__ __forceinline__ void w4g_body(const dw &W, const __nv_bfloat16 *const
         for (int i = 0; i < XI; i++) {
             const int q = lane + 32 * i, r = R * warp + q % R, c = q / R;
             const __nv_bfloat16 *x = xp[r];
-            cp_async16(S + L::X + c * (16 * W4GM) + 16 * r, x ? x + k0 + 8 * c : (const __nv_bfloat16 *)bp, x != nullptr);
+            cp_async16(S + L::X + c * (16 * W4GM) + 16 * r, x ? x + k0 + 8 * c : (const __nv_bfloat16 *)ws.bp, x != nullptr);
         }
-        cp_async16(S + bdst, bp + k0 / 2, bok);
-        if (tid < W4N) {
-            cp_async4(S + L::SC + tid * 8, sp + (k0 >> gs), sok);
-            cp_async4(S + L::SC + tid * 8 + 4, sp + ((k0 + 32) >> gs), sok);
-        }
+        ws.issue(S, k0);
     };
     const int boff = L::B + (warp * 16 + g) * 32 + 8 * t4, soff = L::SC + (warp * 16 + g) * 8 + 4 * (t4 >> 1);
     float acc[N / 2];
@@ -1615,17 +1635,11 @@ __global__ void k_xbf16g(const float *__restrict__ x, int64_t ldx, int cols, __n
 }
 int cuk_gemm_w4g_rows(void) { return W4GM; }
 void cuk_xbf16g(cudaStream_t st, const float *x, int64_t ldx, int n, int cols, __nv_bfloat16 *xh, int64_t ldxh) {
-    if (n <= 0) return;
-    cu_launch(k_xbf16g, dim3((unsigned)((cols / 8 + 127) / 128), (unsigned)n), 128, 0, st, x, ldx, cols, xh, ldxh);
+    xbf16_go(k_xbf16g, st, x, ldx, n, cols, xh, ldxh);
 }
 void cuk_gemm_w4g(cudaStream_t st, const dw &W, const __nv_bfloat16 *xh, int64_t ldxh, float *y, int64_t ldy, int n, const int32_t *tiles,
                   const int *ntiles_dev, int max_tiles, const int32_t *list, const int32_t *xmap) {
-    int nt = tiles ? max_tiles : (n + W4GM - 1) / W4GM;
-    if (nt <= 0) return;
-    const int smem = W4GS * w4g_layout::STAGE;
-    cudaFuncSetAttribute(k_gemm_w4g, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    cu_launch(k_gemm_w4g, dim3((unsigned)((W.rows + W4N - 1) / W4N), (unsigned)nt), 256, smem, st, W, xh, ldxh, y, ldy, n, tiles, ntiles_dev, list,
-              xmap);
+    gemm_bf16_go(k_gemm_w4g, W4GM, W4GS * w4g_layout::STAGE, st, W, xh, ldxh, y, ldy, n, tiles, ntiles_dev, max_tiles, list, xmap);
 }
 
 /* the bf16 warpgroup MMA's peak (k_gemm_w4g's instruction): each warpgroup chains 8
@@ -1659,23 +1673,7 @@ __global__ void __launch_bounds__(128) k_wgmma_peak(int iters, unsigned int *sin
     if (x != 0.f) atomicXor(sink, 1u); /* never (B is zero): keeps the products live */
 }
 double cuk_wgmma_peak(cudaStream_t st, unsigned int *sink, int sms, float *ms) {
-    const int iters = 2048, blocks = sms * 4;
-    cu_launch(k_wgmma_peak, blocks, 128, 0, st, 32, sink); /* warm */
-    cudaEvent_t a, b;
-    cudaEventCreate(&a), cudaEventCreate(&b);
-    double best = 0;
-    for (int rep = 0; rep < 3; rep++) {
-        cudaEventRecord(a, st);
-        cu_launch(k_wgmma_peak, blocks, 128, 0, st, iters, sink);
-        cudaEventRecord(b, st);
-        cudaEventSynchronize(b);
-        float t = 0;
-        cudaEventElapsedTime(&t, a, b);
-        double ops = 2.0 * 64 * 128 * 16 * 8 * (double)iters * blocks;
-        if (t > 0 && ops / (t * 1e-3) > best) best = ops / (t * 1e-3), *ms = t;
-    }
-    cudaEventDestroy(a), cudaEventDestroy(b);
-    return best / 1e12;
+    return time_peak(st, k_wgmma_peak, sms * 4, 128, 2048, 2.0 * 64 * 128 * 16 * 8, sink, ms); /* a warpgroup a block */
 }
 
 /* quantized weights only: a bf16 or f32 checkpoint keeps its exact f32 products, as on the CPU */
