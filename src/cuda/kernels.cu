@@ -1428,19 +1428,19 @@ __global__ void k_xbf16p(const float *__restrict__ x, int64_t ldx, int cols, __n
 }
 
 /* the launches of the bf16 GEMMs' x conversion (8 columns a thread) and of a bf16 GEMM (tm x
- * rows by 128 weight rows a block of 256 threads, smem bytes of dynamic shared memory: past the
+ * rows by 128 weight rows a block of `threads`, smem bytes of dynamic shared memory: past the
  * 48 KB a launch may take unasked, set on the current device) */
 template <typename K>
 static void xbf16_go(K kern, cudaStream_t st, const float *x, int64_t ldx, int n, int cols, __nv_bfloat16 *xh, int64_t ldxh) {
     if (n > 0) cu_launch(kern, dim3((unsigned)((cols / 8 + 127) / 128), (unsigned)n), 128, 0, st, x, ldx, cols, xh, ldxh);
 }
 template <typename K>
-static void gemm_bf16_go(K kern, int tm, int smem, cudaStream_t st, const dw &W, const __nv_bfloat16 *xh, int64_t ldxh, float *y, int64_t ldy, int n,
+static void gemm_bf16_go(K kern, int tm, int smem, int threads, cudaStream_t st, const dw &W, const __nv_bfloat16 *xh, int64_t ldxh, float *y, int64_t ldy, int n,
                          const int32_t *tiles, const int *ntiles_dev, int max_tiles, const int32_t *list, const int32_t *xmap) {
     int nt = tiles ? max_tiles : (n + tm - 1) / tm;
     if (nt <= 0) return;
     cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    cu_launch(kern, dim3((unsigned)((W.rows + W4N - 1) / W4N), (unsigned)nt), 256, smem, st, W, xh, ldxh, y, ldy, n, tiles, ntiles_dev, list, xmap);
+    cu_launch(kern, dim3((unsigned)((W.rows + W4N - 1) / W4N), (unsigned)nt), threads, smem, st, W, xh, ldxh, y, ldy, n, tiles, ntiles_dev, list, xmap);
 }
 
 int cuk_gemm_w4_ok(const dw &W) { return W.qt == QQ4G && W.s && W.g >= 32 && !(W.g & (W.g - 1)) && W.cols % W4K == 0 && W.rb % 16 == 0; }
@@ -1449,7 +1449,7 @@ void cuk_xbf16p(cudaStream_t st, const float *x, int64_t ldx, int n, int cols, _
 }
 void cuk_gemm_w4(cudaStream_t st, const dw &W, const __nv_bfloat16 *xh, int64_t ldxh, float *y, int64_t ldy, int n, const int32_t *tiles,
                  const int *ntiles_dev, int max_tiles, const int32_t *list, const int32_t *xmap) {
-    gemm_bf16_go(k_gemm_w4, W4M, W4S * w4_layout::STAGE, st, W, xh, ldxh, y, ldy, n, tiles, ntiles_dev, max_tiles, list, xmap);
+    gemm_bf16_go(k_gemm_w4, W4M, W4S * w4_layout::STAGE, 256, st, W, xh, ldxh, y, ldy, n, tiles, ntiles_dev, max_tiles, list, xmap);
 }
 
 /* ---- the same product on Hopper's warpgroup MMA (wgmma), the weights as operand A ----
@@ -1639,7 +1639,170 @@ void cuk_xbf16g(cudaStream_t st, const float *x, int64_t ldx, int n, int cols, _
 }
 void cuk_gemm_w4g(cudaStream_t st, const dw &W, const __nv_bfloat16 *xh, int64_t ldxh, float *y, int64_t ldy, int n, const int32_t *tiles,
                   const int *ntiles_dev, int max_tiles, const int32_t *list, const int32_t *xmap) {
-    gemm_bf16_go(k_gemm_w4g, W4GM, W4GS * w4g_layout::STAGE, st, W, xh, ldxh, y, ldy, n, tiles, ntiles_dev, max_tiles, list, xmap);
+    gemm_bf16_go(k_gemm_w4g, W4GM, W4GS * w4g_layout::STAGE, 256, st, W, xh, ldxh, y, ldy, n, tiles, ntiles_dev, max_tiles, list, xmap);
+}
+
+/* ---- the same product, warp-specialized: a producer warpgroup unpacks, two consumers multiply ----
+ * k_gemm_w4g waits for each step's products before the next step's unpacking (ptxas serializes
+ * register operands written under products in flight). Here the weights go through shared
+ * memory and the work is split by warpgroup: warpgroup 0 (the producer) brings each step's x
+ * rows, q4 weights and scales by cp.async into a ring of W4WS slots (W4WD steps ahead) and
+ * unpacks the weights into the slot's bf16 A tile; warpgroups 1 and 2 (the consumers, 64 weight
+ * rows each) only issue wgmma.m64nNk16 with both operands from shared memory. Named barriers
+ * hand the slots over: full[s] (the producer's 128 threads arrive once the slot's bytes are
+ * fenced to the async proxy; the consumers wait) and empty[s] (the consumers arrive when their
+ * products of the slot are done; the producer waits before refilling it). The products and
+ * operands are those of k_gemm_w4 (x in cuk_xbf16p's order, which is the order a word of
+ * nibbles unpacks in); the slot's tiles are the canonical K-major layout without swizzle,
+ * chunk c of row r at c * 2048 + 16 r (LBO 2048, SBO 128). */
+#define W4WS 4 /* slots */
+#define W4WD 3 /* steps the producer's copies run ahead of its unpacking (< W4WS) */
+struct w4w_layout {
+    /* a slot: x [8 chunks][128 rows][16 B], A (bf16 weights) [8 chunks][128 rows][16 B], raw weights
+     * [128 rows][32 B], scales [128 rows][2] */
+    static constexpr int X = 0, A = X + 128 * W4K * 2, B = A + 128 * W4K * 2, SC = B + W4N * W4K / 2, SLOT = SC + W4N * 2 * 4;
+    static constexpr int TOTAL = W4WS * SLOT;
+};
+__device__ __forceinline__ void wgmma_ss_n32(float *d, uint64_t da, uint64_t db) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+                 : "l"(da), "l"(db));
+}
+__device__ __forceinline__ void wgmma_ss_n64(float *d, uint64_t da, uint64_t db) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "l"(da), "l"(db));
+}
+__device__ __forceinline__ void wgmma_ss_n128(float *d, uint64_t da, uint64_t db) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "l"(da), "l"(db));
+}
+template <int N>
+__device__ __forceinline__ void wgmma_ss(float *d, uint64_t da, uint64_t db) {
+    if (N == 32) wgmma_ss_n32(d, da, db);
+    else if (N == 64) wgmma_ss_n64(d, da, db);
+    else wgmma_ss_n128(d, da, db);
+}
+/* named barriers: 1 the producer's own, 2 + s full[s], 2 + W4WS + s empty[s] (of 384 threads) */
+__device__ __forceinline__ void nb_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void nb_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+template <int N>
+__device__ __forceinline__ void w4w_body(const dw &W, const __nv_bfloat16 *const *xp, float *__restrict__ y, int64_t ldy, int64_t e, int first,
+                                         int cnt, const int32_t *tiles, const int32_t *list, uint8_t *smem) {
+    typedef w4w_layout L;
+    const int tid = threadIdx.x, wg = tid >> 7, nk = (int)(W.cols / W4K);
+    const int64_t n0 = (int64_t)blockIdx.x * W4N;
+    if (wg == 0) { /* the producer */
+        /* thread pt (0 .. 127) brings halves pt % 2 of weight rows pt / 2 and 64 + pt / 2 (w4_src
+         * as threads pt and pt + 128 of 256; the first also row pt's scales) */
+        const int pt = tid;
+        const w4_src ws(W, e, n0, pt, L::B, L::SC), ws2(W, e, n0, pt + 128, L::B, L::SC);
+        constexpr int XI = N * 8 / 128; /* x chunks a thread a step */
+        auto issue = [&](int kt) {
+            uint8_t *S = smem + (kt % W4WS) * L::SLOT;
+            const int k0 = kt * W4K;
+#pragma unroll
+            for (int i = 0; i < XI; i++) { /* chunk q: row q % N, chunk q / N (a warp's 16-byte stores on distinct banks) */
+                const int q = pt + 128 * i, r = q % N, c = q / N;
+                const __nv_bfloat16 *x = xp[r];
+                cp_async16(S + L::X + c * 2048 + 16 * r, x ? x + k0 + 8 * c : (const __nv_bfloat16 *)ws.bp, x != nullptr);
+            }
+            ws.issue(S, k0);
+            ws2.issue(S, k0);
+        };
+        for (int kt = 0; kt < W4WD; kt++) {
+            if (kt < nk) issue(kt);
+            cp_async_commit();
+        }
+        for (int kt = 0; kt < nk; kt++) {
+            const int ka = kt + W4WD;
+            if (ka < nk) {
+                if (ka >= W4WS) nb_sync(2 + W4WS + ka % W4WS, 384); /* the consumers are done with step ka - W4WS */
+                issue(ka);
+            }
+            cp_async_commit();
+            cp_async_wait<W4WD>(); /* this thread's bytes of step kt */
+            nb_sync(1, 128);       /* every producer thread's */
+            uint8_t *S = smem + (kt % W4WS) * L::SLOT;
+#pragma unroll
+            for (int h = 0; h < 2; h++) { /* weight row pt, columns 32 h .. + 31 of the step (one scale) */
+                const uint4 wq = *(const uint4 *)(S + L::B + pt * 32 + 16 * h);
+                const __nv_bfloat162 s2 = __float2bfloat162_rn(*(const float *)(S + L::SC + pt * 8 + 4 * h));
+                const uint32_t w4[4] = {wq.x, wq.y, wq.z, wq.w};
+#pragma unroll
+                for (int j = 0; j < 4; j++) { /* columns 32 h + 8 j .. + 7: chunk 4 h + j */
+                    uint32_t o[4];
+                    w4_unpack(w4[j], s2, o);
+                    *(uint4 *)(S + L::A + (4 * h + j) * 2048 + 16 * pt) = make_uint4(o[0], o[1], o[2], o[3]);
+                }
+            }
+            fence_async_smem();
+            nb_arrive(2 + kt % W4WS, 384); /* full */
+        }
+        cp_async_wait<0>();
+        return;
+    }
+    /* a consumer: weight rows 64 (wg - 1) .. + 63 of the block */
+    const int cw = wg - 1, lane = tid & 31, warp = (tid >> 5) & 3, g = lane >> 2, t4 = lane & 3;
+    float acc[N / 2];
+#pragma unroll
+    for (int i = 0; i < N / 2; i++) acc[i] = 0.f;
+    for (int kt = 0; kt < nk; kt++) {
+        nb_sync(2 + kt % W4WS, 384); /* full */
+        const uint8_t *S = smem + (kt % W4WS) * L::SLOT;
+        uint64_t da[4], db[4];
+#pragma unroll
+        for (int s = 0; s < 4; s++) da[s] = wg_desc(S + L::A + s * 4096 + 1024 * cw, 2048, 128), db[s] = wg_desc(S + L::X + s * 4096, 2048, 128);
+#pragma unroll
+        for (int i = 0; i < N / 2; i++) wg_keep(acc[i]);
+        wg_fence();
+#pragma unroll
+        for (int s = 0; s < 4; s++) wgmma_ss<N>(acc, da[s], db[s]);
+        wg_commit();
+        wg_wait<1>(); /* step kt - 1's products are done */
+#pragma unroll
+        for (int i = 0; i < N / 2; i++) wg_keep(acc[i]);
+        if (kt >= 1 && kt - 1 + W4WS < nk) nb_arrive(2 + W4WS + (kt - 1) % W4WS, 384); /* empty: the producer will refill it */
+    }
+    wg_wait<0>();
+#pragma unroll
+    for (int i = 0; i < N / 2; i++) wg_keep(acc[i]);
+    /* acc[4 j + c]: weight row 64 cw + 16 warp + g (+ 8 for c >= 2), x row 8 j + 2 t4 + c % 2 */
+#pragma unroll
+    for (int i = 0; i < N / 2; i++) {
+        const int j = i >> 2, c = i & 3;
+        const int r = 8 * j + 2 * t4 + (c & 1);
+        const int64_t col = n0 + 64 * cw + warp * 16 + g + (c >= 2 ? 8 : 0);
+        if (r >= cnt || col >= W.rows) continue;
+        const int64_t yr = tiles ? list[first + r] : first + r;
+        y[yr * ldy + col] = acc[i];
+    }
+}
+__global__ void __launch_bounds__(384, 1) k_gemm_w4w(dw W, const __nv_bfloat16 *__restrict__ xh, int64_t ldxh, float *__restrict__ y, int64_t ldy,
+                                                    int n, const int32_t *tiles, const int *ntiles, const int32_t *list, const int32_t *xmap) {
+    pdl_enter();
+    extern __shared__ __align__(128) uint8_t w4w_smem[];
+    __shared__ const __nv_bfloat16 *xp[128]; /* the tile's x rows (NULL: none) */
+    int first, cnt;
+    int64_t e;
+    if (!gemm_tile(tiles, ntiles, blockIdx.y, n, 128, &e, &first, &cnt)) return;
+    for (int r = threadIdx.x; r < 128; r += blockDim.x) {
+        const __nv_bfloat16 *v = nullptr;
+        if (r < cnt) v = xh + (tiles ? (xmap ? xmap[list[first + r]] : list[first + r]) : first + r) * ldxh;
+        xp[r] = v;
+    }
+    __syncthreads();
+    if (cnt > 64) w4w_body<128>(W, xp, y, ldy, e, first, cnt, tiles, list, w4w_smem);
+    else if (cnt > 32) w4w_body<64>(W, xp, y, ldy, e, first, cnt, tiles, list, w4w_smem);
+    else w4w_body<32>(W, xp, y, ldy, e, first, cnt, tiles, list, w4w_smem);
+}
+void cuk_gemm_w4w(cudaStream_t st, const dw &W, const __nv_bfloat16 *xh, int64_t ldxh, float *y, int64_t ldy, int n, const int32_t *tiles,
+                  const int *ntiles_dev, int max_tiles, const int32_t *list, const int32_t *xmap) {
+    gemm_bf16_go(k_gemm_w4w, 128, w4w_layout::TOTAL, 384, st, W, xh, ldxh, y, ldy, n, tiles, ntiles_dev, max_tiles, list, xmap);
 }
 
 /* the bf16 warpgroup MMA's peak (k_gemm_w4g's instruction): each warpgroup chains 8
