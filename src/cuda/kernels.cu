@@ -1655,8 +1655,12 @@ void cuk_gemm_w4g(cudaStream_t st, const dw &W, const __nv_bfloat16 *xh, int64_t
  * operands are those of k_gemm_w4 (x in cuk_xbf16p's order, which is the order a word of
  * nibbles unpacks in); the slot's tiles are the canonical K-major layout without swizzle,
  * chunk c of row r at c * 2048 + 16 r (LBO 2048, SBO 128). */
-#define W4WS 4 /* slots */
-#define W4WD 3 /* steps the producer's copies run ahead of its unpacking (< W4WS) */
+#define W4WS 5 /* slots */
+#define W4WD 3 /* steps the producer's copies run ahead of its unpacking */
+/* The producer refills step kt - 2's slot while it prepares step kt: the consumers free a slot
+ * one step late (their wait_group 1 after the next step's products), and that next step needs
+ * the producer's full[kt - 1]; refilling step kt - 1's slot would wait for itself. */
+static_assert(W4WD <= W4WS - 2, "k_gemm_w4w: the producer would wait on a slot only its own next step frees");
 struct w4w_layout {
     /* a slot: x [8 chunks][128 rows][16 B], A (bf16 weights) [8 chunks][128 rows][16 B], raw weights
      * [128 rows][32 B], scales [128 rows][2] */
