@@ -100,7 +100,10 @@ static const char *usage =
     "                   (random-weight slices, whose MTP agrees with nothing: the verify cost of\n"
     "                   real shapes at a given acceptance; the tokens are then not the model's)\n"
     "  --golden FILE    quality instead of speed: run every prompt_N.ids of a golden.safetensors and\n"
-    "                   compare with its prompt_N.logits (relative L2 error, top-1 agreement, KL)\n" CLI_MODEL_OPTS_HELP;
+    "                   compare with its prompt_N.logits (relative L2 error, top-1 agreement, KL)\n"
+    "  --golden-out FILE  write such a file instead of timing: prompt_0.ids (a random prompt of\n"
+    "                   --prompt tokens, bench's own) and prompt_0.logits from this engine, so that\n"
+    "                   one path's logits (say --act-quant off) become another's reference\n" CLI_MODEL_OPTS_HELP;
 
 /* Quality against reference logits: rel L2 over all positions, top-1 agreement, mean KL(ref||model). */
 static int bench_golden(petrel_engine *eng, const char *path, int json) {
@@ -157,6 +160,32 @@ static int bench_golden(petrel_engine *eng, const char *path, int json) {
            100.0 * (double)agree / (double)pos, kl / (double)pos);
     if (json) printf("{\"positions\": %ld, \"rel_l2\": %.6g, \"top1_agreement\": %.6f, \"kl_mean\": %.6g}\n", pos, rel, (double)agree / (double)pos, kl / (double)pos);
     return 0;
+}
+
+/* The reference for --golden from this engine: a random prompt of T tokens (bench's generator),
+ * its logits at every position. */
+static int bench_golden_out(petrel_engine *eng, const char *path, int T) {
+    int V = eng->cfg.vocab_size;
+    float *lg = malloc(sizeof(float) * (size_t)T * V);
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)T);
+    petrel_error err = {0};
+    petrel_session *s = NULL;
+    int rc = 0;
+    if (!lg || !ids) rc = cli_fail("bench: --golden-out: out of memory for %d x %d logits", T, V);
+    uint64_t x = 88172645463325252ull;
+    for (int i = 0; !rc && i < T; i++) {
+        x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+        ids[i] = (int32_t)(x % (uint64_t)V);
+    }
+    if (!rc && (petrel_session_create(eng, T, &s, &err) || petrel_session_forward(s, ids, T, lg, 1, &err))) rc = cli_fail_err("bench", &err);
+    if (!rc) {
+        st_write_tensor ts[2] = {{"prompt_0.ids", ST_I32, 1, {T}, ids}, {"prompt_0.logits", ST_F32, 2, {T, V}, lg}};
+        if (st_write(path, ts, 2, &err)) rc = cli_fail_err("bench", &err);
+        else printf("golden: %d positions of %d logits written to %s\n", T, V, path);
+    }
+    if (s) petrel_session_free(s);
+    free(lg), free(ids);
+    return rc;
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -607,7 +636,7 @@ static void print_cpu_profile(const petrel_engine *eng, kn_prof *p, const char *
 CLI_CMD(bench) {
     cli_model_opts mo = {0};
     int json = 0;
-    const char *golden = NULL, *trace = NULL, *route = NULL;
+    const char *golden = NULL, *golden_out = NULL, *trace = NULL, *route = NULL;
     long ctx = 0, prompt = 512, steps = 24, bw_mib = 1024, prefill_runs = 3, batch = 0, rounds = 3;
     int draft_set = 0, prefix_reuse = 0, history_split = 0, profile = 0, pdl = -1, two_streams = -1, bf16_experts = -1;
     bench_draft_opts bd = {0};
@@ -637,6 +666,7 @@ CLI_CMD(bench) {
         }
         else if (!strcmp(argv[i], "--history-split")) history_split = 1;
         else if (!strcmp(argv[i], "--golden") && i + 1 < argc) golden = argv[++i];
+        else if (!strcmp(argv[i], "--golden-out") && i + 1 < argc) golden_out = argv[++i];
         else if (!strcmp(argv[i], "--draft") && i + 1 < argc) { if (cli_opt_draft("bench", argv[++i], &bd.draft)) return 1; draft_set = 1; }
         else if (!strcmp(argv[i], "--rounds") && i + 1 < argc) { if (cli_parse_int(argv[++i], 1, 1000, &rounds)) return cli_fail("bench: --rounds: \"%s\" is not a count (1 .. 1000)", argv[i]); }
         else if (!strcmp(argv[i], "--oracle-accept") && i + 1 < argc) {
@@ -656,6 +686,8 @@ CLI_CMD(bench) {
     }
     if (trace) return bench_trace(trace, mo.open.expert_slots, json, history_split);
     if (!mo.model) return cli_fail("bench: --model is required");
+    if (golden_out && (golden || draft_set)) return cli_fail("bench: --golden-out writes a reference; it does not combine with --golden or --draft");
+    if (golden_out && cli_out_check("bench", golden_out, mo.model)) return 1; /* before the model opens */
     if (mo.open.mem_budget && bw_mib > 128) bw_mib = 128; /* the probe buffer counts against the budget */
     if (ctx < prompt) ctx = prompt;
     if (!mo.open.plan_context) /* the plan (KV pool, scratch) for the sessions this bench runs, whole pages each */
@@ -680,6 +712,7 @@ CLI_CMD(bench) {
         int grc = bench_golden(eng, golden, json);
         return cli_engine_close("bench", eng, grc);
     }
+    if (golden_out) return cli_engine_close("bench", eng, bench_golden_out(eng, golden_out, (int)prompt));
     const petrel_config *c = &eng->cfg;
     int threads = kn_threads();
     char cpu[256];

@@ -183,11 +183,44 @@ TEST(cli, prefetch_settings_same_ids) {
     }
 }
 
+/* bench --golden-out writes this engine's logits of bench's random prompt as a golden file
+ * (prompt_0.ids [T], prompt_0.logits [T][vocab]); --golden on it from the same engine reads back
+ * rel L2 error 0 and KL 0 */
+TEST(cli, bench_golden_roundtrip) {
+    const char *b = bin();
+    if (!b) return;
+    static char cmd[1024], out[8192], err[4096], path[600];
+    snprintf(path, sizeof path, "%s/golden-out.safetensors", test_tmpdir());
+    remove(path);
+    snprintf(cmd, sizeof cmd, "%s bench --model %s --prompt 9 --golden-out %s", b, test_data("tiny"), path);
+    CHECK_EQ_INT(test_sh(cmd, out, sizeof out, err, sizeof err), 0);
+    CHECK_MSG(strstr(out, "golden: 9 positions"), "%s", out);
+    st_set *g = NULL;
+    petrel_error e = {0};
+    CHECK_MSG(st_open(path, &g, &e) == 0, "%s", e.msg);
+    if (g) {
+        const st_tensor *ids = st_find(g, "prompt_0.ids"), *lg = st_find(g, "prompt_0.logits");
+        CHECK(ids && ids->dtype == ST_I32 && ids->ndim == 1 && ids->shape[0] == 9);
+        CHECK(lg && lg->dtype == ST_F32 && lg->ndim == 2 && lg->shape[0] == 9 && lg->shape[1] == 1024);
+        st_close(g);
+    }
+    snprintf(cmd, sizeof cmd, "%s bench --model %s --golden %s --json", b, test_data("tiny"), path);
+    CHECK_EQ_INT(test_sh(cmd, out, sizeof out, err, sizeof err), 0);
+    const char *last;
+    cJSON *j = last_json(out, &last);
+    CHECK_MSG(j != NULL, "no JSON: %s", out);
+    if (j) {
+        CHECK_EQ_INT(cJSON_GetObjectItem(j, "positions")->valueint, 9);
+        CHECK(cJSON_GetObjectItem(j, "rel_l2")->valuedouble == 0 && cJSON_GetObjectItem(j, "kl_mean")->valuedouble == 0);
+        cJSON_Delete(j);
+    }
+}
+
 TEST(cli, failures_are_one_line) {
     const char *b = bin();
     if (!b) return;
     const char *tiny = test_data("tiny");
-    char cases[][1024] = {"", "", "", "", "", "", "", "", "", "", "", "", "", "", "", "", "", "", ""};
+    char cases[][1024] = {"", "", "", "", "", "", "", "", "", "", "", "", "", "", "", "", "", "", "", "", "", ""};
     snprintf(cases[0], 1024, "%s generate --model /nonexistent --ids 1 -n 2", b);
     snprintf(cases[1], 1024, "%s generate --model %s --ids 1,99999 -n 2", b, tiny);
     snprintf(cases[2], 1024, "%s generate --model %s --ids '' -n 2", b, tiny);
@@ -207,6 +240,9 @@ TEST(cli, failures_are_one_line) {
     snprintf(cases[16], 1024, "%s bench --model %s --steps 1 --prompt 2 --prefill-runs 1 --cuda-pdl off", b, tiny);
     snprintf(cases[17], 1024, "%s bench --model %s --cuda-experts fp8", b, tiny);
     snprintf(cases[18], 1024, "%s bench --model %s --steps 1 --prompt 2 --prefill-runs 1 --cuda-experts int8", b, tiny); /* not on a GPU */
+    snprintf(cases[19], 1024, "%s bench --model %s --golden-out %s/g.st --golden %s/g.st", b, tiny, test_tmpdir(), test_tmpdir());
+    snprintf(cases[20], 1024, "%s bench --model %s --golden-out %s/config.json", b, tiny, tiny); /* a file of the model */
+    snprintf(cases[21], 1024, "%s bench --model %s --prompt 2 --golden-out /nonexistent/dir/g.st", b, tiny);
     for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++) {
         char out[4096], err[4096];
         int rc = test_sh(cases[i], out, sizeof out, err, sizeof err);
