@@ -68,15 +68,24 @@ AI void sc_tile(const int MV, const int KB, const kn_attn *a, const float *qt, i
         acc[j][0] = acc[j][1] = _mm512_setzero_ps();
         p[j] = a->kc[t0 + j];
     }
-    for (int k = 0; k < a->D; k++) {
-        __m512 q0 = _mm512_loadu_ps(qt + (size_t)k * MB), q1 = MV > 1 ? _mm512_loadu_ps(qt + (size_t)k * MB + 16) : q0;
+    /* the next tile's latent rows (the next KB keys), a line of each per 16 columns of this one:
+     * a cold cache's rows lie at a stride that the prefetchers follow late for 12 streams */
+    const int64_t tn = t0 + KB, nn = a->N - tn < KB ? a->N - tn : KB;
+    for (int k0 = 0; k0 < a->D; k0 += 16) {
+        for (int64_t j = 0; j < nn; j++) _mm_prefetch((const char *)(a->kc[tn + j] + k0), _MM_HINT_T0);
+        const int k1 = k0 + 16 < a->D ? k0 + 16 : a->D;
+        for (int k = k0; k < k1; k++) {
+            __m512 q0 = _mm512_loadu_ps(qt + (size_t)k * MB), q1 = MV > 1 ? _mm512_loadu_ps(qt + (size_t)k * MB + 16) : q0;
 #pragma GCC unroll 12
-        for (int j = 0; j < KB; j++) {
-            __m512 w = _mm512_set1_ps(p[j][k]);
-            acc[j][0] = _mm512_fmadd_ps(q0, w, acc[j][0]);
-            if (MV > 1) acc[j][1] = _mm512_fmadd_ps(q1, w, acc[j][1]);
+            for (int j = 0; j < KB; j++) {
+                __m512 w = _mm512_set1_ps(p[j][k]);
+                acc[j][0] = _mm512_fmadd_ps(q0, w, acc[j][0]);
+                if (MV > 1) acc[j][1] = _mm512_fmadd_ps(q1, w, acc[j][1]);
+            }
         }
     }
+    for (int64_t j = 0; j < nn; j++) /* and their rope rows */
+        for (int k0 = 0; k0 < a->Dr; k0 += 16) _mm_prefetch((const char *)(a->kp[tn + j] + k0), _MM_HINT_T0);
 #pragma GCC unroll 12
     for (int j = 0; j < KB; j++) p[j] = a->kp[t0 + j];
     const float *qr = qt + (size_t)a->D * MB;
