@@ -15,6 +15,7 @@
 #include "experts/xs.h"
 #include "io/convert.h"
 #include "io/pack.h"
+#include "io/safetensors.h"
 #include "test.h"
 
 static const char *bin(void) {
@@ -486,6 +487,26 @@ TEST(files, outfile_whole_or_nothing) {
     CHECK_EQ_INT(xs_trace_write(&t, p, &e), 0);
     CHECK(!file_is(p, "old\n"));
     xs_trace_deinit(&t);
+    /* a safetensors file (bench --golden-out's reference) the same way */
+    write_text(p, "old\n");
+    float v[3] = {1, 2, 3};
+    st_write_tensor ts = {"v", ST_F32, 1, {3}, v};
+    wfault ws = {1, 0, 0};
+    pt_write_fault_ctx = &ws;
+    pt_write_fault_hook = fault_hook;
+    rc = st_write(p, &ts, 1, &e);
+    pt_write_fault_hook = NULL;
+    CHECK(rc < 0 && e.msg[0] && !strchr(e.msg, '\n'));
+    CHECK(file_is(p, "old\n"));
+    CHECK(!leftovers(p));
+    CHECK_EQ_INT(st_write(p, &ts, 1, &e), 0);
+    st_set *st = NULL;
+    CHECK_MSG(st_open(p, &st, &e) == 0, "%s", e.msg);
+    if (st) {
+        const st_tensor *tv = st_find(st, "v");
+        CHECK(tv && tv->shape[0] == 3 && !memcmp(tv->data, v, sizeof v));
+        st_close(st);
+    }
     /* refused targets */
     CHECK(pt_out_check(test_tmpdir(), NULL, &e) < 0);
     CHECK(pt_out_check("/nonexistent/x", NULL, &e) < 0);

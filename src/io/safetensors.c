@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "base/err.h"
+#include "base/outfile.h"
 
 #define ST_MAX_HEADER (256u << 20)
 
@@ -376,21 +377,27 @@ int st_write(const char *path, const st_write_tensor *ts, int n, petrel_error *e
     cJSON_Delete(root);
     if (!hdr) return pt_err(err, PETREL_ENOMEM, "out of memory");
     size_t hl = strlen(hdr), pad = (8 - hl % 8) % 8;
-    FILE *f = fopen(path, "wb");
-    if (!f) { free(hdr); return pt_err(err, PETREL_EIO, "cannot create %s: %s", path, strerror(errno)); }
+    /* whole or nothing: a temporary beside the target, renamed onto it at the end */
+    pt_outfile o;
+    int rc = pt_out_open(&o, path, NULL, err);
+    if (rc) { free(hdr); return rc; }
     uint64_t total = hl + pad;
     uint8_t le[8];
     for (int i = 0; i < 8; i++) le[i] = (uint8_t)(total >> (8 * i));
-    int ok = fwrite(le, 1, 8, f) == 8 && fwrite(hdr, 1, hl, f) == hl;
-    for (size_t i = 0; i < pad && ok; i++) ok = fputc(' ', f) != EOF;
-    for (int i = 0; i < n && ok; i++) {
+    static const char spaces[8] = "        ";
+    rc = pt_out_write(&o, le, 8, err);
+    if (!rc) rc = pt_out_write(&o, hdr, hl, err);
+    if (!rc) rc = pt_out_write(&o, spaces, pad, err);
+    free(hdr);
+    for (int i = 0; i < n && !rc; i++) {
         uint64_t numel = 1;
         for (int d = 0; d < ts[i].ndim; d++) numel *= (uint64_t)ts[i].shape[d];
         size_t bytes = (size_t)(numel * (uint64_t)st_dtype_size(ts[i].dtype));
-        ok = !bytes || fwrite(ts[i].data, 1, bytes, f) == bytes;
+        if (bytes) rc = pt_out_write(&o, ts[i].data, bytes, err);
     }
-    free(hdr);
-    if (fclose(f) != 0) ok = 0;
-    if (!ok) return pt_err(err, PETREL_EIO, "write to %s failed", path);
-    return 0;
+    if (rc) {
+        pt_out_abort(&o);
+        return rc;
+    }
+    return pt_out_commit(&o, err);
 }

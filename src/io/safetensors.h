@@ -57,7 +57,9 @@ void st_close(st_set *s);
 const st_tensor *st_find(const st_set *s, const char *name);
 int64_t st_numel(const st_tensor *t);
 
-/* Writes a safetensors file (used by tests and converters). names/dtypes/shapes/data per tensor. */
+/* Writes a safetensors file (bench's references, tests), whole or nothing: a temporary beside
+ * path, renamed onto it at the end (pt_outfile; a symlink, FIFO or device target refused).
+ * names/dtypes/shapes/data per tensor. */
 typedef struct st_write_tensor {
     const char *name;
     st_dtype dtype;
