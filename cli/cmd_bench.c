@@ -71,10 +71,10 @@ static const char *usage =
     "  --cuda-fork on|off with --device cuda: run a decode step's shared experts and DSA top-k on a\n"
     "                   second stream beside the routed experts and the MLA queries (on, the\n"
     "                   default) or every kernel on one stream (off); the same results either way\n"
-    "  --cuda-experts int8|bf16|wgmma|wgmma-ws with --device cuda: a prompt's routed experts (q4)\n"
+    "  --cuda-experts int8|bf16|wgmma with --device cuda: a prompt's routed experts (q4)\n"
     "                   on the int8 tensor-core GEMM (int8, the default: the CPU's int8 bits per\n"
     "                   product) or a bf16 one (the scales in the dequantized weights, f32 sums):\n"
-    "                   mma.sync (bf16) or Hopper's warpgroup MMA (wgmma; wgmma-ws warp-specialized)\n"
+    "                   mma.sync (bf16) or Hopper's warpgroup MMA (wgmma)\n"
     "  --prefix-cache   after prefill, time a new session of the same prompt through the prefix\n"
     "                   cache (its whole pages taken, the rest run): time to the first token's logits\n"
     "  --route-trace FILE  route every MoE layer by a recorded trace (.txt or .gz; its layers spread\n"
@@ -103,7 +103,8 @@ static const char *usage =
     "                   compare with its prompt_N.logits (relative L2 error, top-1 agreement, KL)\n"
     "  --golden-out FILE  write such a file instead of timing: prompt_0.ids (a random prompt of\n"
     "                   --prompt tokens, bench's own) and prompt_0.logits from this engine, so that\n"
-    "                   one path's logits (say --act-quant off) become another's reference\n" CLI_MODEL_OPTS_HELP;
+    "                   one path's logits become another's reference (the exact f32 products:\n"
+    "                   --act-quant off --relayout off)\n" CLI_MODEL_OPTS_HELP;
 
 /* Quality against reference logits: rel L2 over all positions, top-1 agreement, mean KL(ref||model). */
 static int bench_golden(petrel_engine *eng, const char *path, int json) {
@@ -660,9 +661,9 @@ CLI_CMD(bench) {
         }
         else if (!strcmp(argv[i], "--cuda-experts") && i + 1 < argc) {
             const char *v = argv[++i];
-            if (strcmp(v, "bf16") && strcmp(v, "int8") && strcmp(v, "wgmma") && strcmp(v, "wgmma-ws"))
-                return cli_fail("bench: --cuda-experts: \"%s\" is not int8, bf16, wgmma or wgmma-ws", v);
-            bf16_experts = !strcmp(v, "bf16") ? 1 : !strcmp(v, "wgmma") ? 2 : !strcmp(v, "wgmma-ws") ? 3 : 0;
+            if (strcmp(v, "bf16") && strcmp(v, "int8") && strcmp(v, "wgmma"))
+                return cli_fail("bench: --cuda-experts: \"%s\" is not int8, bf16 or wgmma", v);
+            bf16_experts = !strcmp(v, "bf16") ? 1 : !strcmp(v, "wgmma") ? 2 : 0;
         }
         else if (!strcmp(argv[i], "--history-split")) history_split = 1;
         else if (!strcmp(argv[i], "--golden") && i + 1 < argc) golden = argv[++i];

@@ -81,10 +81,6 @@ int cuk_gemm_w4g_rows(void); /* the x rows of its tiles (cuk_moe_sort's tm) */
 void cuk_xbf16g(cudaStream_t st, const float *x, int64_t ldx, int n, int cols, __nv_bfloat16 *xh, int64_t ldxh);
 void cuk_gemm_w4g(cudaStream_t st, const dw &W, const __nv_bfloat16 *xh, int64_t ldxh, float *y, int64_t ldy, int n, const int32_t *tiles,
                   const int *ntiles_dev, int max_tiles, const int32_t *list, const int32_t *xmap);
-/* The same again warp-specialized (one warpgroup unpacking into shared memory, two issuing
- * wgmma from it): x rows as cuk_gemm_w4's (cuk_xbf16p), tiles from cuk_moe_sort with tm 128. */
-void cuk_gemm_w4w(cudaStream_t st, const dw &W, const __nv_bfloat16 *xh, int64_t ldxh, float *y, int64_t ldy, int n, const int32_t *tiles,
-                  const int *ntiles_dev, int max_tiles, const int32_t *list, const int32_t *xmap);
 /* the column parts a row of W is summed in (cuk_gemv_q, plain rows): two weights of one format
  * and width with the same count give a row the same bits */
 int cuk_gemv_q_parts(const dw &W);

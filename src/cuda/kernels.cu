@@ -1272,38 +1272,43 @@ void cuk_gemm_q(cudaStream_t st, const dw &W, const cu_xq &X, float *y, int64_t 
 struct w4_layout {
     static constexpr int A = 0, B = A + W4M * W4K * 2, SC = B + W4N * W4K / 2, STAGE = SC + W4N * 2 * 4;
 };
-/* one 32-bit word of 8 nibbles (columns 0 .. 7, q + 8) times bf16 scale s2 as 4 bf16x2: columns
- * (0, 4), (1, 5), (2, 6), (3, 7) */
-__device__ __forceinline__ void w4_unpack(uint32_t w, __nv_bfloat162 s2, uint32_t o[4]) {
+/* nibble pairs (h, h + 4) and (h + 1, h + 5) of one 32-bit word of 8 nibbles (columns 0 .. 7,
+ * q + 8) times bf16 scale s2 as 2 bf16x2 */
+__device__ __forceinline__ void w4_unpack_half(uint32_t w, int h, __nv_bfloat162 s2, uint32_t o[2]) {
     const uint32_t M = 0x000f000fu, MAG = 0x43004300u;
     const __nv_bfloat162 b136 = __floats2bfloat162_rn(136.f, 136.f);
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const uint32_t p = ((w >> (4 * i)) & M) | MAG;
+    for (int i = 0; i < 2; i++) {
+        const uint32_t p = ((w >> (4 * (h + i))) & M) | MAG;
         __nv_bfloat162 v = __hmul2(__hsub2(*(const __nv_bfloat162 *)&p, b136), s2);
         o[i] = *(const uint32_t *)&v;
     }
+}
+/* the whole word as 4 bf16x2: columns (0, 4), (1, 5), (2, 6), (3, 7) */
+__device__ __forceinline__ void w4_unpack(uint32_t w, __nv_bfloat162 s2, uint32_t o[4]) {
+    w4_unpack_half(w, 0, s2, o);
+    w4_unpack_half(w, 2, s2, o + 2);
 }
 __device__ __forceinline__ void mma_bf16(float c[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
-/* a bf16 GEMM block's q4 weights and scales, 128 weight rows from n0 of expert e, a step of
+/* a bf16 GEMM block's q4 weights and scales, nr (128 or 256) weight rows from n0 of expert e, a step of
  * W4K columns at a time: thread tid brings half tid % 2 of row tid / 2's 32 bytes (to B + 32 row
- * + 16 half of a stage), threads < 128 row tid's two scale slots (the groups of columns k0 and
+ * + 16 half of a stage), threads < nr row tid's two scale slots (the groups of columns k0 and
  * k0 + 32, to SC + 8 tid); rows past W.rows as zeros */
 struct w4_src {
     const uint8_t *bp;
     const float *sp;
     bool bok, sok;
     int bdst, sdst, gs;
-    __device__ w4_src(const dw &W, int64_t e, int64_t n0, int tid, int B, int SC) {
+    __device__ w4_src(const dw &W, int64_t e, int64_t n0, int tid, int B, int SC, int nr = W4N) {
         const int br = tid >> 1;
-        bok = n0 + br < W.rows, sok = tid < W4N && n0 + tid < W.rows;
+        bok = n0 + br < W.rows, sok = tid < nr && n0 + tid < W.rows;
         bp = W.d + e * W.estride + (bok ? n0 + br : 0) * W.rb + 16 * (tid & 1);
         sp = W.s + e * W.sstride + (sok ? n0 + tid : 0) * W.sc;
-        bdst = B + br * 32 + 16 * (tid & 1), sdst = tid < W4N ? SC + tid * 8 : -1;
+        bdst = B + br * 32 + 16 * (tid & 1), sdst = tid < nr ? SC + tid * 8 : -1;
         gs = __ffs(W.g) - 1; /* W.g a power of two (cuk_gemm_w4_ok) */
     }
     __device__ void issue(uint8_t *S, int k0) const {
@@ -1435,12 +1440,12 @@ static void xbf16_go(K kern, cudaStream_t st, const float *x, int64_t ldx, int n
     if (n > 0) cu_launch(kern, dim3((unsigned)((cols / 8 + 127) / 128), (unsigned)n), 128, 0, st, x, ldx, cols, xh, ldxh);
 }
 template <typename K>
-static void gemm_bf16_go(K kern, int tm, int smem, int threads, cudaStream_t st, const dw &W, const __nv_bfloat16 *xh, int64_t ldxh, float *y, int64_t ldy, int n,
+static void gemm_bf16_go(K kern, int tm, int smem, int threads, int nr, cudaStream_t st, const dw &W, const __nv_bfloat16 *xh, int64_t ldxh, float *y, int64_t ldy, int n,
                          const int32_t *tiles, const int *ntiles_dev, int max_tiles, const int32_t *list, const int32_t *xmap) {
     int nt = tiles ? max_tiles : (n + tm - 1) / tm;
     if (nt <= 0) return;
     cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    cu_launch(kern, dim3((unsigned)((W.rows + W4N - 1) / W4N), (unsigned)nt), threads, smem, st, W, xh, ldxh, y, ldy, n, tiles, ntiles_dev, list, xmap);
+    cu_launch(kern, dim3((unsigned)((W.rows + nr - 1) / nr), (unsigned)nt), threads, smem, st, W, xh, ldxh, y, ldy, n, tiles, ntiles_dev, list, xmap);
 }
 
 int cuk_gemm_w4_ok(const dw &W) { return W.qt == QQ4G && W.s && W.g >= 32 && !(W.g & (W.g - 1)) && W.cols % W4K == 0 && W.rb % 16 == 0; }
@@ -1449,7 +1454,7 @@ void cuk_xbf16p(cudaStream_t st, const float *x, int64_t ldx, int n, int cols, _
 }
 void cuk_gemm_w4(cudaStream_t st, const dw &W, const __nv_bfloat16 *xh, int64_t ldxh, float *y, int64_t ldy, int n, const int32_t *tiles,
                  const int *ntiles_dev, int max_tiles, const int32_t *list, const int32_t *xmap) {
-    gemm_bf16_go(k_gemm_w4, W4M, W4S * w4_layout::STAGE, 256, st, W, xh, ldxh, y, ldy, n, tiles, ntiles_dev, max_tiles, list, xmap);
+    gemm_bf16_go(k_gemm_w4, W4M, W4S * w4_layout::STAGE, 256, W4N, st, W, xh, ldxh, y, ldy, n, tiles, ntiles_dev, max_tiles, list, xmap);
 }
 
 /* ---- the same product on Hopper's warpgroup MMA (wgmma), the weights as operand A ----
@@ -1464,18 +1469,21 @@ void cuk_gemm_w4(cudaStream_t st, const dw &W, const __nv_bfloat16 *xh, int64_t 
  * products are the same. B's tile in shared memory is the canonical K-major layout without
  * swizzle: 16-byte chunk c (8 columns) of row r at c * 16 W4GM + 16 r (core matrices of 8 rows x 16
  * bytes; LBO 16 W4GM between the two chunks of a k16 slice, SBO 128 between 8-row groups). A block:
- * 2 warpgroups (128 weight rows) by up to W4GM x rows (N = 32, 64 or 128, the least that holds
- * the tile's count), 64 columns a step, W4GS stages (cp.async; each thread fences its
- * bytes to the async proxy before the barrier). A step's 4 wgmma are one group, waited for
- * before the next step's unpacking: ptxas serializes products whose register operands are
- * written while any product is in flight, so the overlap comes from the other warpgroups on
- * the multiprocessor (2 blocks). Tried and slower (bench/RESULTS.md 2026-12-06): the weights
- * unpacked into shared memory (both operands there) a step ahead of the products. */
-#define W4GS 4   /* stages: W4GS - 1 steps loading ahead of the one computing */
+ * W4GW warpgroups (64 W4GW weight rows, one block a multiprocessor) by up to W4GM x rows (N = 32,
+ * 64 or 128, the least that holds the tile's count), 64 columns a step in 4 slices of 16, W4GS
+ * stages (cp.async, W4GS - 2 steps ahead; each thread fences its bytes to the async proxy before
+ * the barrier). Each slice's wgmma is its own group and stays in flight while the next slices'
+ * weights are unpacked into their own registers (slice s of a step waits only for slice s of
+ * the step before: wait_group 3). Tried and slower (bench/RESULTS.md 2026-12-06): the weights
+ * unpacked into shared memory (both operands there) a step ahead of the products; a producer
+ * warpgroup unpacking for two consumers; 128-row blocks (x read from L2 twice as often); a
+ * step's 4 products waited for as one group before the next unpacking; 5 stages. */
+#define W4GS 4   /* stages: W4GS - 2 steps loading ahead of the one computing */
 #define W4GM 128 /* x rows a block (a tile) */
-#define W4GB 2   /* blocks a multiprocessor */
+#define W4GW 4   /* warpgroups a block */
+#define W4GN (64 * W4GW) /* weight rows a block */
 struct w4g_layout {
-    static constexpr int X = 0, B = X + W4GM * W4K * 2, SC = B + W4N * W4K / 2, STAGE = SC + W4N * 2 * 4;
+    static constexpr int X = 0, B = X + W4GM * W4K * 2, SC = B + W4GN * W4K / 2, STAGE = SC + W4GN * 2 * 4;
 };
 /* the x column (0 .. 63 within the step) at position q of cuk_xbf16g's order: slice s = q / 16,
  * mma k-index kk = q % 16 = 8 h + 2 t + j: lane column t's word s / 2, bf16x2 pair 2 (s % 2) + h,
@@ -1530,18 +1538,18 @@ __device__ __forceinline__ void w4g_body(const dw &W, const __nv_bfloat16 *const
                                          int cnt, const int32_t *tiles, const int32_t *list, uint8_t *smem) {
     typedef w4g_layout L;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
-    const int64_t n0 = (int64_t)blockIdx.x * W4N;
-    /* x: the warp's N / 8 rows (rows N / 8 warp + q % (N / 8), chunk q / (N / 8) for q = lane + 32 i:
-     * a quarter warp's 16-byte stores meet distinct banks, a row's chunk pairs read together) */
-    constexpr int R = N / 8, XI = N / 32;
-    const w4_src ws(W, e, n0, tid, L::B, L::SC);
+    const int64_t n0 = (int64_t)blockIdx.x * W4GN;
+    const w4_src ws(W, e, n0, tid, L::B, L::SC, W4GN);
     const int nk = (int)(W.cols / W4K);
+    /* x: N rows x 8 chunks as N / 4 warp jobs; job j takes rows 16 (j / 4) + lane % 16, chunk
+     * 2 (j % 4) + lane / 16 (a half warp's 16-byte stores meet distinct banks, a row's chunk pairs
+     * are read together) */
     auto issue = [&](int kt) {
         uint8_t *S = smem + (kt % W4GS) * L::STAGE;
         const int k0 = kt * W4K;
 #pragma unroll
-        for (int i = 0; i < XI; i++) {
-            const int q = lane + 32 * i, r = R * warp + q % R, c = q / R;
+        for (int j = warp; j < N / 4; j += 4 * W4GW) {
+            const int r = 16 * (j >> 2) + (lane & 15), c = 2 * (j & 3) + (lane >> 4);
             const __nv_bfloat16 *x = xp[r];
             cp_async16(S + L::X + c * (16 * W4GM) + 16 * r, x ? x + k0 + 8 * c : (const __nv_bfloat16 *)ws.bp, x != nullptr);
         }
@@ -1549,46 +1557,43 @@ __device__ __forceinline__ void w4g_body(const dw &W, const __nv_bfloat16 *const
     };
     const int boff = L::B + (warp * 16 + g) * 32 + 8 * t4, soff = L::SC + (warp * 16 + g) * 8 + 4 * (t4 >> 1);
     float acc[N / 2];
+    uint32_t a[4][4]; /* the slices' weights, in flight */
 #pragma unroll
     for (int i = 0; i < N / 2; i++) acc[i] = 0.f;
+    constexpr int D = W4GS - 2; /* steps loading ahead: into step kt - 2's stage */
 #pragma unroll
-    for (int s = 0; s < W4GS - 1; s++) {
+    for (int s = 0; s < D; s++) {
         if (s < nk) issue(s);
         cp_async_commit();
     }
     for (int kt = 0; kt < nk; kt++) {
-        cp_async_wait<W4GS - 2>(); /* this thread's bytes of step kt have landed */
-        fence_async_smem();        /* and are visible to the tensor cores' reads */
-        __syncthreads();           /* everyone's; every warpgroup is done with step kt - 1's products */
-        if (kt + W4GS - 1 < nk) issue(kt + W4GS - 1); /* into step kt - 1's stage */
+        cp_async_wait<D - 1>(); /* this thread's bytes of step kt have landed */
+        fence_async_smem();     /* and are visible to the tensor cores' reads */
+        __syncthreads();        /* everyone's; every warpgroup is done with step kt - 2's products */
+        if (kt + D < nk) issue(kt + D);
         cp_async_commit();
         const uint8_t *S = smem + (kt % W4GS) * L::STAGE;
         /* the warp's weight rows 16 warp + g and + 8: the lane's 16 columns 16 t4 .. + 15 of the
          * step, slice s's fragment in a[s] (rows g, g + 8 at k-indices 2 t4, + 1 and 2 t4 + 8, + 9) */
         const uint2 w0 = *(const uint2 *)(S + boff), w1 = *(const uint2 *)(S + boff + 256);
         const __nv_bfloat162 s0 = __float2bfloat162_rn(*(const float *)(S + soff)), s1 = __float2bfloat162_rn(*(const float *)(S + soff + 64));
-        uint32_t a[4][4], o0[4], o1[4];
-        w4_unpack(w0.x, s0, o0);
-        w4_unpack(w1.x, s1, o1);
-        a[0][0] = o0[0], a[0][1] = o1[0], a[0][2] = o0[1], a[0][3] = o1[1];
-        a[1][0] = o0[2], a[1][1] = o1[2], a[1][2] = o0[3], a[1][3] = o1[3];
-        w4_unpack(w0.y, s0, o0);
-        w4_unpack(w1.y, s1, o1);
-        a[2][0] = o0[0], a[2][1] = o1[0], a[2][2] = o0[1], a[2][3] = o1[1];
-        a[3][0] = o0[2], a[3][1] = o1[2], a[3][2] = o0[3], a[3][3] = o1[3];
-        uint64_t db[4]; /* every input register set before the group's first product */
 #pragma unroll
-        for (int s = 0; s < 4; s++) db[s] = wg_desc(S + L::X + s * (32 * W4GM), 16 * W4GM, 128);
-#pragma unroll
-        for (int i = 0; i < N / 2; i++) wg_keep(acc[i]);
-        wg_fence();
-#pragma unroll
-        for (int s = 0; s < 4; s++) wgmma_n<N>(acc, a[s], db[s]);
-        wg_commit();
-        wg_wait<0>();
-#pragma unroll
-        for (int i = 0; i < N / 2; i++) wg_keep(acc[i]);
+        for (int s = 0; s < 4; s++) {
+            const uint64_t db = wg_desc(S + L::X + s * (32 * W4GM), 16 * W4GM, 128);
+            const uint32_t q0 = s < 2 ? w0.x : w0.y, q1 = s < 2 ? w1.x : w1.y;
+            uint32_t o0[2], o1[2];
+            wg_wait<3>(); /* slice s of step kt - 1 is done: at most the 3 newer slices in flight */
+            w4_unpack_half(q0, 2 * (s & 1), s0, o0);
+            w4_unpack_half(q1, 2 * (s & 1), s1, o1);
+            a[s][0] = o0[0], a[s][1] = o1[0], a[s][2] = o0[1], a[s][3] = o1[1];
+            wg_fence();
+            wgmma_n<N>(acc, a[s], db);
+            wg_commit();
+        }
     }
+    wg_wait<0>();
+#pragma unroll
+    for (int i = 0; i < N / 2; i++) wg_keep(acc[i]);
     cp_async_wait<0>();
     /* acc[4 j + c]: weight row 16 warp + g (+ 8 for c >= 2), x row 8 j + 2 t4 + c % 2 */
 #pragma unroll
@@ -1601,8 +1606,8 @@ __device__ __forceinline__ void w4g_body(const dw &W, const __nv_bfloat16 *const
         y[yr * ldy + col] = acc[i];
     }
 }
-__global__ void __launch_bounds__(256, W4GB) k_gemm_w4g(dw W, const __nv_bfloat16 *__restrict__ xh, int64_t ldxh, float *__restrict__ y, int64_t ldy,
-                                                    int n, const int32_t *tiles, const int *ntiles, const int32_t *list, const int32_t *xmap) {
+__global__ void __launch_bounds__(128 * W4GW, 1) k_gemm_w4g(dw W, const __nv_bfloat16 *__restrict__ xh, int64_t ldxh, float *__restrict__ y, int64_t ldy,
+                                                         int n, const int32_t *tiles, const int *ntiles, const int32_t *list, const int32_t *xmap) {
     pdl_enter();
     extern __shared__ __align__(128) uint8_t w4g_smem[];
     __shared__ const __nv_bfloat16 *xp[W4GM]; /* the tile's x rows (NULL: none) */
@@ -1639,174 +1644,7 @@ void cuk_xbf16g(cudaStream_t st, const float *x, int64_t ldx, int n, int cols, _
 }
 void cuk_gemm_w4g(cudaStream_t st, const dw &W, const __nv_bfloat16 *xh, int64_t ldxh, float *y, int64_t ldy, int n, const int32_t *tiles,
                   const int *ntiles_dev, int max_tiles, const int32_t *list, const int32_t *xmap) {
-    gemm_bf16_go(k_gemm_w4g, W4GM, W4GS * w4g_layout::STAGE, 256, st, W, xh, ldxh, y, ldy, n, tiles, ntiles_dev, max_tiles, list, xmap);
-}
-
-/* ---- the same product, warp-specialized: a producer warpgroup unpacks, two consumers multiply ----
- * k_gemm_w4g waits for each step's products before the next step's unpacking (ptxas serializes
- * register operands written under products in flight). Here the weights go through shared
- * memory and the work is split by warpgroup: warpgroup 0 (the producer) brings each step's x
- * rows, q4 weights and scales by cp.async into a ring of W4WS slots (W4WD steps ahead) and
- * unpacks the weights into the slot's bf16 A tile; warpgroups 1 and 2 (the consumers, 64 weight
- * rows each) only issue wgmma.m64nNk16 with both operands from shared memory. Named barriers
- * hand the slots over: full[s] (the producer's 128 threads arrive once the slot's bytes are
- * fenced to the async proxy; the consumers wait) and empty[s] (the consumers arrive when their
- * products of the slot are done; the producer waits before refilling it). The products and
- * operands are those of k_gemm_w4 (x in cuk_xbf16p's order, which is the order a word of
- * nibbles unpacks in); the slot's tiles are the canonical K-major layout without swizzle,
- * chunk c of row r at c * 2048 + 16 r (LBO 2048, SBO 128). */
-#define W4WS 5 /* slots */
-#define W4WD 3 /* steps the producer's copies run ahead of its unpacking */
-/* The producer refills step kt - 2's slot while it prepares step kt: the consumers free a slot
- * one step late (their wait_group 1 after the next step's products), and that next step needs
- * the producer's full[kt - 1]; refilling step kt - 1's slot would wait for itself. */
-static_assert(W4WD <= W4WS - 2, "k_gemm_w4w: the producer would wait on a slot only its own next step frees");
-struct w4w_layout {
-    /* a slot: x [8 chunks][128 rows][16 B], A (bf16 weights) [8 chunks][128 rows][16 B], raw weights
-     * [128 rows][32 B], scales [128 rows][2] */
-    static constexpr int X = 0, A = X + 128 * W4K * 2, B = A + 128 * W4K * 2, SC = B + W4N * W4K / 2, SLOT = SC + W4N * 2 * 4;
-    static constexpr int TOTAL = W4WS * SLOT;
-};
-__device__ __forceinline__ void wgmma_ss_n32(float *d, uint64_t da, uint64_t db) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-                 : "l"(da), "l"(db));
-}
-__device__ __forceinline__ void wgmma_ss_n64(float *d, uint64_t da, uint64_t db) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-                 : "l"(da), "l"(db));
-}
-__device__ __forceinline__ void wgmma_ss_n128(float *d, uint64_t da, uint64_t db) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-                 : "l"(da), "l"(db));
-}
-template <int N>
-__device__ __forceinline__ void wgmma_ss(float *d, uint64_t da, uint64_t db) {
-    if (N == 32) wgmma_ss_n32(d, da, db);
-    else if (N == 64) wgmma_ss_n64(d, da, db);
-    else wgmma_ss_n128(d, da, db);
-}
-/* named barriers: 1 the producer's own, 2 + s full[s], 2 + W4WS + s empty[s] (of 384 threads) */
-__device__ __forceinline__ void nb_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
-__device__ __forceinline__ void nb_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
-template <int N>
-__device__ __forceinline__ void w4w_body(const dw &W, const __nv_bfloat16 *const *xp, float *__restrict__ y, int64_t ldy, int64_t e, int first,
-                                         int cnt, const int32_t *tiles, const int32_t *list, uint8_t *smem) {
-    typedef w4w_layout L;
-    const int tid = threadIdx.x, wg = tid >> 7, nk = (int)(W.cols / W4K);
-    const int64_t n0 = (int64_t)blockIdx.x * W4N;
-    if (wg == 0) { /* the producer */
-        /* thread pt (0 .. 127) brings halves pt % 2 of weight rows pt / 2 and 64 + pt / 2 (w4_src
-         * as threads pt and pt + 128 of 256; the first also row pt's scales) */
-        const int pt = tid;
-        const w4_src ws(W, e, n0, pt, L::B, L::SC), ws2(W, e, n0, pt + 128, L::B, L::SC);
-        constexpr int XI = N * 8 / 128; /* x chunks a thread a step */
-        auto issue = [&](int kt) {
-            uint8_t *S = smem + (kt % W4WS) * L::SLOT;
-            const int k0 = kt * W4K;
-#pragma unroll
-            for (int i = 0; i < XI; i++) { /* chunk q: row q % N, chunk q / N (a warp's 16-byte stores on distinct banks) */
-                const int q = pt + 128 * i, r = q % N, c = q / N;
-                const __nv_bfloat16 *x = xp[r];
-                cp_async16(S + L::X + c * 2048 + 16 * r, x ? x + k0 + 8 * c : (const __nv_bfloat16 *)ws.bp, x != nullptr);
-            }
-            ws.issue(S, k0);
-            ws2.issue(S, k0);
-        };
-        for (int kt = 0; kt < W4WD; kt++) {
-            if (kt < nk) issue(kt);
-            cp_async_commit();
-        }
-        for (int kt = 0; kt < nk; kt++) {
-            const int ka = kt + W4WD;
-            if (ka < nk) {
-                if (ka >= W4WS) nb_sync(2 + W4WS + ka % W4WS, 384); /* the consumers are done with step ka - W4WS */
-                issue(ka);
-            }
-            cp_async_commit();
-            cp_async_wait<W4WD>(); /* this thread's bytes of step kt */
-            nb_sync(1, 128);       /* every producer thread's */
-            uint8_t *S = smem + (kt % W4WS) * L::SLOT;
-#pragma unroll
-            for (int h = 0; h < 2; h++) { /* weight row pt, columns 32 h .. + 31 of the step (one scale) */
-                const uint4 wq = *(const uint4 *)(S + L::B + pt * 32 + 16 * h);
-                const __nv_bfloat162 s2 = __float2bfloat162_rn(*(const float *)(S + L::SC + pt * 8 + 4 * h));
-                const uint32_t w4[4] = {wq.x, wq.y, wq.z, wq.w};
-#pragma unroll
-                for (int j = 0; j < 4; j++) { /* columns 32 h + 8 j .. + 7: chunk 4 h + j */
-                    uint32_t o[4];
-                    w4_unpack(w4[j], s2, o);
-                    *(uint4 *)(S + L::A + (4 * h + j) * 2048 + 16 * pt) = make_uint4(o[0], o[1], o[2], o[3]);
-                }
-            }
-            fence_async_smem();
-            nb_arrive(2 + kt % W4WS, 384); /* full */
-        }
-        cp_async_wait<0>();
-        return;
-    }
-    /* a consumer: weight rows 64 (wg - 1) .. + 63 of the block */
-    const int cw = wg - 1, lane = tid & 31, warp = (tid >> 5) & 3, g = lane >> 2, t4 = lane & 3;
-    float acc[N / 2];
-#pragma unroll
-    for (int i = 0; i < N / 2; i++) acc[i] = 0.f;
-    for (int kt = 0; kt < nk; kt++) {
-        nb_sync(2 + kt % W4WS, 384); /* full */
-        const uint8_t *S = smem + (kt % W4WS) * L::SLOT;
-        uint64_t da[4], db[4];
-#pragma unroll
-        for (int s = 0; s < 4; s++) da[s] = wg_desc(S + L::A + s * 4096 + 1024 * cw, 2048, 128), db[s] = wg_desc(S + L::X + s * 4096, 2048, 128);
-#pragma unroll
-        for (int i = 0; i < N / 2; i++) wg_keep(acc[i]);
-        wg_fence();
-#pragma unroll
-        for (int s = 0; s < 4; s++) wgmma_ss<N>(acc, da[s], db[s]);
-        wg_commit();
-        wg_wait<1>(); /* step kt - 1's products are done */
-#pragma unroll
-        for (int i = 0; i < N / 2; i++) wg_keep(acc[i]);
-        if (kt >= 1 && kt - 1 + W4WS < nk) nb_arrive(2 + W4WS + (kt - 1) % W4WS, 384); /* empty: the producer will refill it */
-    }
-    wg_wait<0>();
-#pragma unroll
-    for (int i = 0; i < N / 2; i++) wg_keep(acc[i]);
-    /* acc[4 j + c]: weight row 64 cw + 16 warp + g (+ 8 for c >= 2), x row 8 j + 2 t4 + c % 2 */
-#pragma unroll
-    for (int i = 0; i < N / 2; i++) {
-        const int j = i >> 2, c = i & 3;
-        const int r = 8 * j + 2 * t4 + (c & 1);
-        const int64_t col = n0 + 64 * cw + warp * 16 + g + (c >= 2 ? 8 : 0);
-        if (r >= cnt || col >= W.rows) continue;
-        const int64_t yr = tiles ? list[first + r] : first + r;
-        y[yr * ldy + col] = acc[i];
-    }
-}
-__global__ void __launch_bounds__(384, 1) k_gemm_w4w(dw W, const __nv_bfloat16 *__restrict__ xh, int64_t ldxh, float *__restrict__ y, int64_t ldy,
-                                                    int n, const int32_t *tiles, const int *ntiles, const int32_t *list, const int32_t *xmap) {
-    pdl_enter();
-    extern __shared__ __align__(128) uint8_t w4w_smem[];
-    __shared__ const __nv_bfloat16 *xp[128]; /* the tile's x rows (NULL: none) */
-    int first, cnt;
-    int64_t e;
-    if (!gemm_tile(tiles, ntiles, blockIdx.y, n, 128, &e, &first, &cnt)) return;
-    for (int r = threadIdx.x; r < 128; r += blockDim.x) {
-        const __nv_bfloat16 *v = nullptr;
-        if (r < cnt) v = xh + (tiles ? (xmap ? xmap[list[first + r]] : list[first + r]) : first + r) * ldxh;
-        xp[r] = v;
-    }
-    __syncthreads();
-    if (cnt > 64) w4w_body<128>(W, xp, y, ldy, e, first, cnt, tiles, list, w4w_smem);
-    else if (cnt > 32) w4w_body<64>(W, xp, y, ldy, e, first, cnt, tiles, list, w4w_smem);
-    else w4w_body<32>(W, xp, y, ldy, e, first, cnt, tiles, list, w4w_smem);
-}
-void cuk_gemm_w4w(cudaStream_t st, const dw &W, const __nv_bfloat16 *xh, int64_t ldxh, float *y, int64_t ldy, int n, const int32_t *tiles,
-                  const int *ntiles_dev, int max_tiles, const int32_t *list, const int32_t *xmap) {
-    gemm_bf16_go(k_gemm_w4w, 128, w4w_layout::TOTAL, 384, st, W, xh, ldxh, y, ldy, n, tiles, ntiles_dev, max_tiles, list, xmap);
+    gemm_bf16_go(k_gemm_w4g, W4GM, W4GS * w4g_layout::STAGE, 128 * W4GW, W4GN, st, W, xh, ldxh, y, ldy, n, tiles, ntiles_dev, max_tiles, list, xmap);
 }
 
 /* the bf16 warpgroup MMA's peak (k_gemm_w4g's instruction): each warpgroup chains 8

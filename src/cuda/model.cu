@@ -775,9 +775,10 @@ void experts_compute(cu_model *m, const cu_layer &G, const fscr &f, const int32_
     /* on the quantized path, q4 experts on the bf16 GEMM where asked (128-row tiles: an expert's
      * rows of a 2048-row chunk in one) */
     if (m->tc && m->w4 && fits && cuk_gemm_w4_ok(G.eg) && cuk_gemm_w4_ok(G.eu) && cuk_gemm_w4_ok(G.ed)) {
-        cuk_moe_sort(st, idx, sort_t, sort_k, sort_e, m->w4 == 2 ? cuk_gemm_w4g_rows() : 128, f.list, f.tiles, f.ntiles);
-        auto xbf16 = m->w4 == 2 ? cuk_xbf16g : cuk_xbf16p;
-        auto gemm = m->w4 == 2 ? cuk_gemm_w4g : m->w4 == 3 ? cuk_gemm_w4w : cuk_gemm_w4;
+        const int wg = m->w4 == 2; /* warpgroup MMA: its tiles and x order */
+        cuk_moe_sort(st, idx, sort_t, sort_k, sort_e, wg ? cuk_gemm_w4g_rows() : 128, f.list, f.tiles, f.ntiles);
+        auto xbf16 = wg ? cuk_xbf16g : cuk_xbf16p;
+        auto gemm = wg ? cuk_gemm_w4g : cuk_gemm_w4;
         xbf16(st, f.x, H, f.t, H, f.xh, H);
         gemm(st, G.eg, f.xh, H, f.gb, I, n, f.tiles, f.ntiles, mt, f.list, xrow);
         gemm(st, G.eu, f.xh, H, f.ub, I, n, f.tiles, f.ntiles, mt, f.list, xrow);
@@ -1303,12 +1304,12 @@ extern "C" int cu_matmul_check(const pt_wview *W, const float *x, int n, float *
                     cuk_gemm_q(m.st, G, X, dy, W->rows, n, NULL, NULL, 0, NULL, NULL);
                 }
             }
-        } else if (path >= 8 && path <= 13) { /* the bf16 GEMM over q4 weights; 9 over a row list (one expert's 128-row tiles); 10, 11 on wgmma; 12, 13 warp-specialized */
+        } else if (path >= 8 && path <= 11) { /* the bf16 GEMM over q4 weights; 9 over a row list (one expert's 128-row tiles); 10, 11 on wgmma */
             int64_t cols = W->cols;
             int mt = n / 64 + 2;
-            const int wg = path == 10 || path == 11, listed = path % 2;
+            const int wg = path >= 10, listed = path % 2;
             auto xbf16 = wg ? cuk_xbf16g : cuk_xbf16p;
-            auto gemm = wg ? cuk_gemm_w4g : path >= 12 ? cuk_gemm_w4w : cuk_gemm_w4;
+            auto gemm = wg ? cuk_gemm_w4g : cuk_gemm_w4;
             int32_t *rl = listed ? (int32_t *)dalloc(&m, sizeof(int32_t) * (size_t)(2 * n + 3 * mt + 1), "row list", err) : NULL;
             __nv_bfloat16 *xh = (__nv_bfloat16 *)dalloc(&m, sizeof(__nv_bfloat16) * (size_t)(n * cols), "x bf16", err);
             if (!cuk_gemm_w4_ok(G))
