@@ -323,6 +323,20 @@ __device__ __forceinline__ void gv_split_end(float (&acc)[RW][TR], float (&red)[
                 }
 }
 
+/* a split GEMV block's RW weight rows from output row orow of expert e (FUSE: rows RO .. RW - 1
+ * from the second weight d2 / s2); rows past the end read the last row, never stored. SC: the
+ * weight has scales; else sr[i] is NULL where W.s is. */
+template <int RW, int RO, int FUSE, int SC>
+__device__ __forceinline__ void gv_rows(const dw &W, const uint8_t *d2, const float *s2, int64_t orow, int64_t e, const uint8_t *(&d)[RW],
+                                        const float *(&sr)[RW]) {
+#pragma unroll
+    for (int i = 0; i < RW; i++) {
+        int64_t r = orow + i % RO < W.rows ? orow + i % RO : W.rows - 1;
+        int second = FUSE && i >= RO;
+        d[i] = (second ? d2 : W.d) + e * W.estride + r * W.rb;
+        sr[i] = SC || W.s ? (second ? s2 : W.s) + e * W.sstride + r * W.sc : nullptr;
+    }
+}
 template <int QT, int VAL, int TR, int FUSE>
 __global__ void __launch_bounds__(256, TR <= 2 ? 2 : 1) k_gemv_split(dw W, const uint8_t *d2, const float *s2, const float *__restrict__ x, int64_t ldx,
                                                  float *__restrict__ y, int64_t ldy, int n, int kp, const int32_t *slot_e,
@@ -339,13 +353,7 @@ __global__ void __launch_bounds__(256, TR <= 2 ? 2 : 1) k_gemv_split(dw W, const
     int64_t e = slot_e ? slot_e[s0] : 0;
     const uint8_t *d[RW];
     const float *sr[RW];
-#pragma unroll
-    for (int i = 0; i < RW; i++) { /* rows past the end read the last row, never stored */
-        int64_t r = orow + i % RO < W.rows ? orow + i % RO : W.rows - 1;
-        int second = FUSE && i >= RO;
-        d[i] = (second ? d2 : W.d) + e * W.estride + r * W.rb;
-        sr[i] = W.s ? (second ? s2 : W.s) + e * W.sstride + r * W.sc : nullptr;
-    }
+    gv_rows<RW, RO, FUSE, 0>(W, d2, s2, orow, e, d, sr);
     const float *xr[TR];
 #pragma unroll
     for (int t = 0; t < TR; t++) xr[t] = x + (int64_t)(t < ns ? (slot_x ? slot_x[s0 + t] : s0 + t) : 0) * ldx;
@@ -420,6 +428,29 @@ __device__ __forceinline__ void gv_fetch(const dw &W, const uint8_t *b1, const u
     }
 }
 
+/* the end of a group's sums: each warp's lanes reduced, lane 0 writes the group's RO rows (FUSE:
+ * silu of the first RO times the second, k_silu_mul's expression), acc zeroed for the next */
+template <int TR, int RW, int RO, int FUSE>
+__device__ __forceinline__ void gv_group_end(float (&acc)[RW][TR], int lane, int64_t g, int ns, int64_t rows, float *y, int64_t ldy, int s0) {
+#pragma unroll
+    for (int i = 0; i < RW; i++)
+#pragma unroll
+        for (int t = 0; t < TR; t++) acc[i][t] = warp_sum(acc[i][t]);
+    if (lane == 0)
+#pragma unroll
+        for (int i = 0; i < RO; i++)
+#pragma unroll
+            for (int t = 0; t < TR; t++)
+                if (t < ns && g * RO + i < rows) {
+                    float v = acc[i][t];
+                    if (FUSE) v = v / (1.0f + expf(-v)) * acc[i + RO][t];
+                    y[(int64_t)(s0 + t) * ldy + g * RO + i] = v;
+                }
+#pragma unroll
+    for (int i = 0; i < RW; i++)
+#pragma unroll
+        for (int t = 0; t < TR; t++) acc[i][t] = 0.f;
+}
 /* adds the fetched chunks' products to acc; after a group's last step, writes its rows */
 template <int QT, int VAL, int TR, int RW, int RO, int U, int FUSE>
 __device__ __forceinline__ void gv_consume(const dw &W, int64_t g, int it, int nit, int lane, const uint4 (&raw)[U][RW][2], const float (&sc)[U][RW],
@@ -430,25 +461,7 @@ __device__ __forceinline__ void gv_consume(const dw &W, int64_t g, int it, int n
         if (c >= W.cols) break;
         gv_chunk<QT, VAL, TR, RW>(raw[u], sc[u], xr, c, ns, xv, acc);
     }
-    if (it != nit - 1) return;
-#pragma unroll
-    for (int i = 0; i < RW; i++)
-#pragma unroll
-        for (int t = 0; t < TR; t++) acc[i][t] = warp_sum(acc[i][t]);
-    if (lane == 0)
-#pragma unroll
-        for (int i = 0; i < RO; i++)
-#pragma unroll
-            for (int t = 0; t < TR; t++)
-                if (t < ns && g * RO + i < W.rows) {
-                    float v = acc[i][t];
-                    if (FUSE) v = v / (1.0f + expf(-v)) * acc[i + RO][t]; /* k_silu_mul's expression */
-                    y[(int64_t)(s0 + t) * ldy + g * RO + i] = v;
-                }
-#pragma unroll
-    for (int i = 0; i < RW; i++)
-#pragma unroll
-        for (int t = 0; t < TR; t++) acc[i][t] = 0.f;
+    if (it == nit - 1) gv_group_end<TR, RW, RO, FUSE>(acc, lane, g, ns, W.rows, y, ldy, s0);
 }
 
 /* A persistent grid (about one wave): warp w of the grid takes row groups w, w + warps, ...;
@@ -508,24 +521,7 @@ __global__ void __launch_bounds__(256, TR <= 2 ? 2 : 1) k_gemv_stream(dw W, cons
                 sr[i] = W.s ? (i >= RO ? sb2 : s1) + r * W.sc : nullptr;
             }
             gv_generic<TR, RW>(W.qt, W.g, d, sr, xr, ns, lane, 32, cols, acc);
-#pragma unroll
-            for (int i = 0; i < RW; i++)
-#pragma unroll
-                for (int t = 0; t < TR; t++) acc[i][t] = warp_sum(acc[i][t]);
-            if (lane == 0)
-#pragma unroll
-                for (int i = 0; i < RO; i++)
-#pragma unroll
-                    for (int t = 0; t < TR; t++)
-                        if (t < ns && g * RO + i < W.rows) {
-                            float v = acc[i][t];
-                            if (FUSE) v = v / (1.0f + expf(-v)) * acc[i + RO][t];
-                            y[(int64_t)(s0 + t) * ldy + g * RO + i] = v;
-                        }
-#pragma unroll
-            for (int i = 0; i < RW; i++)
-#pragma unroll
-                for (int t = 0; t < TR; t++) acc[i][t] = 0.f;
+            gv_group_end<TR, RW, RO, FUSE>(acc, lane, g, ns, W.rows, y, ldy, s0);
         }
     }
 }
@@ -691,13 +687,7 @@ __global__ void __launch_bounds__(256, TR <= 2 ? 2 : 1) k_gemv_q(dw W, const uin
     int64_t e = slot_e ? slot_e[s0] : 0;
     const uint8_t *d[RW];
     const float *sr[RW];
-#pragma unroll
-    for (int i = 0; i < RW; i++) { /* rows past the end read the last row, never stored */
-        int64_t r = orow + i % RO < W.rows ? orow + i % RO : W.rows - 1;
-        int second = FUSE && i >= RO;
-        d[i] = (second ? d2 : W.d) + e * W.estride + r * W.rb;
-        sr[i] = (second ? s2 : W.s) + e * W.sstride + r * W.sc;
-    }
+    gv_rows<RW, RO, FUSE, 1>(W, d2, s2, orow, e, d, sr);
     const int8_t *xq[TR];
     const float *xd[TR];
     const int32_t *xs[TR];
