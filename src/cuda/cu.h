@@ -78,6 +78,10 @@ void cu_model_use_fork(cu_model *m, int on);
  * dequantized weights, f32 sums): form 1 on mma.sync (cuk_gemm_w4), 2 on warpgroup MMA
  * (cuk_gemm_w4g) */
 void cu_model_use_bf16_experts(cu_model *m, int form);
+/* A prompt's other q8 products (more than 8 rows: attention projections, the dense and shared
+ * MLPs, the head) on the bf16 warpgroup-MMA GEMM (cuk_gemm_w8g) instead of the int8 one: on 1,
+ * off 0 (the default). A trial: not yet run on a GPU. */
+void cu_model_use_bf16_dense(cu_model *m, int on);
 unsigned long long cu_model_fork_count(const cu_model *m); /* parts launched or captured on the second stream since open */
 int cu_model_graph_count(const cu_model *m); /* the decode graphs kept now (0: none made, or graphs off) */
 /* The expert tiers' counters since open (all zero when every expert is in HBM): per MoE layer
@@ -137,7 +141,7 @@ void cu_model_profile_report(const cu_model *m, char *buf, size_t n);
  * path's GEMM on int8 tensor cores (plain rows), 7 the same over a row list (every row one
  * expert's choice: the routed experts' tiles), 8 the bf16 GEMM over q4 weights (cuk_gemm_w4; else
  * PETREL_EUNSUPPORTED), 9 the same over a row list (128-row tiles), 10 and 11 as 8 and 9 on
- * warpgroup MMA (cuk_gemm_w4g). */
+ * warpgroup MMA (cuk_gemm_w4g), 12 and 13 the same over q8 weights (cuk_gemm_w8g). */
 int cu_matmul_check(const pt_wview *W, const float *x, int n, float *y, int path, petrel_error *err);
 /* The quantized path's fused SwiGLU GEMV on the GPU: y[n][rows] = silu(Wg x) * (Wu x) on int8 x
  * (Wg, Wu: one int8 format (q8_g32 / q4_g64) and shape; n 1..8 plain rows, or with slots n slots

@@ -69,6 +69,7 @@ struct cu_model {
     int no_pdl;                 /* launch each kernel after its predecessor's end (cu_model_use_pdl) */
     int no_fork;                /* run every kernel of a step on one stream (cu_model_use_fork) */
     int w4;                     /* prompts' routed experts on a bf16 GEMM (1 mma.sync, 2 wgmma), not the int8 one (cu_model_use_bf16_experts) */
+    int w8;                     /* prompts' q8 products on the bf16 wgmma GEMM, not the int8 one (cu_model_use_bf16_dense) */
     unsigned long long forks;   /* parts launched (or captured) on the side stream since open */
     /* the side stream of up to 8 rows' forwards: a MoE layer's shared expert beside its router
      * and routed experts, and a selecting layer's DSA keys and top-k beside the MLA queries'

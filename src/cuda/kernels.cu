@@ -1284,11 +1284,14 @@ __device__ __forceinline__ void mma_bf16(float c[4], uint32_t a0, uint32_t a1, u
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
-/* a bf16 GEMM block's q4 weights and scales, nr (128 or 256) weight rows from n0 of expert e, a step of
- * W4K columns at a time: thread tid brings half tid % 2 of row tid / 2's 32 bytes (to B + 32 row
- * + 16 half of a stage), threads < nr row tid's two scale slots (the groups of columns k0 and
- * k0 + 32, to SC + 8 tid); rows past W.rows as zeros */
+/* a bf16 GEMM block's Q-bit weights (q4 or q8) and scales, nr (128 or 256) weight rows from n0
+ * of expert e, a step of W4K columns at a time: thread tid brings half tid % 2 of row tid / 2's
+ * RB bytes (RB = W4K Q / 8: 32 or 64; to B + RB row + RB / 2 half of a stage), threads < nr row
+ * tid's two scale slots (the groups of columns k0 and k0 + 32, to SC + 8 tid); rows past W.rows
+ * as zeros */
+template <int Q>
 struct w4_src {
+    static constexpr int RB = W4K * Q / 8;
     const uint8_t *bp;
     const float *sp;
     bool bok, sok;
@@ -1296,13 +1299,14 @@ struct w4_src {
     __device__ w4_src(const dw &W, int64_t e, int64_t n0, int tid, int B, int SC, int nr = W4N) {
         const int br = tid >> 1;
         bok = n0 + br < W.rows, sok = tid < nr && n0 + tid < W.rows;
-        bp = W.d + e * W.estride + (bok ? n0 + br : 0) * W.rb + 16 * (tid & 1);
+        bp = W.d + e * W.estride + (bok ? n0 + br : 0) * W.rb + RB / 2 * (tid & 1);
         sp = W.s + e * W.sstride + (sok ? n0 + tid : 0) * W.sc;
-        bdst = B + br * 32 + 16 * (tid & 1), sdst = tid < nr ? SC + tid * 8 : -1;
-        gs = __ffs(W.g) - 1; /* W.g a power of two (cuk_gemm_w4_ok) */
+        bdst = B + br * RB + RB / 2 * (tid & 1), sdst = tid < nr ? SC + tid * 8 : -1;
+        gs = __ffs(W.g) - 1; /* W.g a power of two (cuk_gemm_w4_ok, cuk_gemm_w8_ok) */
     }
     __device__ void issue(uint8_t *S, int k0) const {
-        cp_async16(S + bdst, bp + k0 / 2, bok);
+        cp_async16(S + bdst, bp + k0 * Q / 8, bok);
+        if (Q == 8) cp_async16(S + bdst + 16, bp + k0 + 16, bok);
         if (sdst < 0) return;
         cp_async4(S + sdst, sp + (k0 >> gs), sok);
         cp_async4(S + sdst + 4, sp + ((k0 + 32) >> gs), sok);
@@ -1332,7 +1336,7 @@ __global__ void __launch_bounds__(256, 2) k_gemm_w4(dw W, const __nv_bfloat16 *_
      * step) */
     const int ach = tid & 7, ar = tid >> 3;
     const int adst = L::A + ar * 128 + 16 * (ach ^ (ar & 1));
-    const w4_src ws(W, e, n0, tid, L::B, L::SC);
+    const w4_src<4> ws(W, e, n0, tid, L::B, L::SC);
     const int nk = (int)(W.cols / W4K);
     uint8_t *const S0 = w4_smem, *const Send = w4_smem + W4S * L::STAGE;
     uint8_t *Sw = S0;
@@ -1472,8 +1476,9 @@ void cuk_gemm_w4(cudaStream_t st, const dw &W, const __nv_bfloat16 *xh, int64_t 
 #define W4GM 128 /* x rows a block (a tile) */
 #define W4GW 4   /* warpgroups a block */
 #define W4GN (64 * W4GW) /* weight rows a block */
+template <int Q> /* weight bits */
 struct w4g_layout {
-    static constexpr int X = 0, B = X + W4GM * W4K * 2, SC = B + W4GN * W4K / 2, STAGE = SC + W4GN * 2 * 4;
+    static constexpr int X = 0, B = X + W4GM * W4K * 2, SC = B + W4GN * W4K * Q / 8, STAGE = SC + W4GN * 2 * 4;
 };
 /* the x column (0 .. 63 within the step) at position q of cuk_xbf16g's order: slice s = q / 16,
  * mma k-index kk = q % 16 = 8 h + 2 t + j: lane column t's word s / 2, bf16x2 pair 2 (s % 2) + h,
@@ -1481,6 +1486,21 @@ struct w4g_layout {
 __host__ __device__ __forceinline__ int w4g_col(int q) {
     const int s = q >> 4, kk = q & 15, t = (kk & 7) >> 1, h = kk >> 3, j = kk & 1;
     return 16 * t + 8 * (s >> 1) + 2 * (s & 1) + h + 4 * j;
+}
+/* the same for q8 weights (k_gemm_w4g<8>): lane column t's 16 bytes, word s, byte 2 h + j */
+__host__ __device__ __forceinline__ int w8g_col(int q) {
+    const int s = q >> 4, kk = q & 15, t = (kk & 7) >> 1, h = kk >> 3, j = kk & 1;
+    return 16 * t + 4 * s + 2 * h + j;
+}
+/* bytes (0, 1) and (2, 3) of a word of 4 int8 columns times bf16 scale s2 as 2 bf16x2 (each
+ * value bf16(q) exact, then the product rounded once, as __hmul2 does for q4) */
+__device__ __forceinline__ void w8_unpack(uint32_t w, __nv_bfloat162 s2, uint32_t o[2]) {
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        __nv_bfloat162 v = __floats2bfloat162_rn((float)(int8_t)(w >> (16 * i)), (float)(int8_t)(w >> (16 * i + 8)));
+        v = __hmul2(v, s2);
+        o[i] = *(const uint32_t *)&v;
+    }
 }
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
@@ -1523,13 +1543,14 @@ __device__ __forceinline__ void wgmma_n(float *d, const uint32_t a[4], uint64_t 
     else wgmma_n128(d, a, db);
 }
 /* the block's work for N x rows (the tile's count <= N) */
-template <int N>
+template <int N, int Q>
 __device__ __forceinline__ void w4g_body(const dw &W, const __nv_bfloat16 *const *xp, float *__restrict__ y, int64_t ldy, int64_t e, int first,
                                          int cnt, const int32_t *tiles, const int32_t *list, uint8_t *smem) {
-    typedef w4g_layout L;
+    typedef w4g_layout<Q> L;
+    constexpr int RB = W4K * Q / 8; /* weight bytes a row and step */
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
     const int64_t n0 = (int64_t)blockIdx.x * W4GN;
-    const w4_src ws(W, e, n0, tid, L::B, L::SC, W4GN);
+    const w4_src<Q> ws(W, e, n0, tid, L::B, L::SC, W4GN);
     const int nk = (int)(W.cols / W4K);
     /* x: N rows x 8 chunks as N / 4 warp jobs; job j takes rows 16 (j / 4) + lane % 16, chunk
      * 2 (j % 4) + lane / 16 (a half warp's 16-byte stores meet distinct banks, a row's chunk pairs
@@ -1545,7 +1566,7 @@ __device__ __forceinline__ void w4g_body(const dw &W, const __nv_bfloat16 *const
         }
         ws.issue(S, k0);
     };
-    const int boff = L::B + (warp * 16 + g) * 32 + 8 * t4, soff = L::SC + (warp * 16 + g) * 8 + 4 * (t4 >> 1);
+    const int boff = L::B + (warp * 16 + g) * RB + RB / 4 * t4, soff = L::SC + (warp * 16 + g) * 8 + 4 * (t4 >> 1);
     float acc[N / 2];
     uint32_t a[4][4]; /* the slices' weights, in flight */
 #pragma unroll
@@ -1565,16 +1586,28 @@ __device__ __forceinline__ void w4g_body(const dw &W, const __nv_bfloat16 *const
         const uint8_t *S = smem + (kt % W4GS) * L::STAGE;
         /* the warp's weight rows 16 warp + g and + 8: the lane's 16 columns 16 t4 .. + 15 of the
          * step, slice s's fragment in a[s] (rows g, g + 8 at k-indices 2 t4, + 1 and 2 t4 + 8, + 9) */
-        const uint2 w0 = *(const uint2 *)(S + boff), w1 = *(const uint2 *)(S + boff + 256);
+        /* q4: the lane's 16 nibbles of each row (a uint2); q8: its 16 bytes (a uint4) */
+        uint32_t r0[Q / 2], r1[Q / 2];
+        if constexpr (Q == 4) {
+            const uint2 w0 = *(const uint2 *)(S + boff), w1 = *(const uint2 *)(S + boff + 8 * RB);
+            r0[0] = w0.x, r0[1] = w0.y, r1[0] = w1.x, r1[1] = w1.y;
+        } else {
+            const uint4 w0 = *(const uint4 *)(S + boff), w1 = *(const uint4 *)(S + boff + 8 * RB);
+            r0[0] = w0.x, r0[1] = w0.y, r0[2] = w0.z, r0[3] = w0.w, r1[0] = w1.x, r1[1] = w1.y, r1[2] = w1.z, r1[3] = w1.w;
+        }
         const __nv_bfloat162 s0 = __float2bfloat162_rn(*(const float *)(S + soff)), s1 = __float2bfloat162_rn(*(const float *)(S + soff + 64));
 #pragma unroll
         for (int s = 0; s < 4; s++) {
             const uint64_t db = wg_desc(S + L::X + s * (32 * W4GM), 16 * W4GM, 128);
-            const uint32_t q0 = s < 2 ? w0.x : w0.y, q1 = s < 2 ? w1.x : w1.y;
             uint32_t o0[2], o1[2];
             wg_wait<3>(); /* slice s of step kt - 1 is done: at most the 3 newer slices in flight */
-            w4_unpack_half(q0, 2 * (s & 1), s0, o0);
-            w4_unpack_half(q1, 2 * (s & 1), s1, o1);
+            if constexpr (Q == 4) {
+                w4_unpack_half(s < 2 ? r0[0] : r0[1], 2 * (s & 1), s0, o0);
+                w4_unpack_half(s < 2 ? r1[0] : r1[1], 2 * (s & 1), s1, o1);
+            } else {
+                w8_unpack(r0[s], s0, o0);
+                w8_unpack(r1[s], s1, o1);
+            }
             a[s][0] = o0[0], a[s][1] = o1[0], a[s][2] = o0[1], a[s][3] = o1[1];
             wg_fence();
             wgmma_n<N>(acc, a[s], db);
@@ -1596,6 +1629,7 @@ __device__ __forceinline__ void w4g_body(const dw &W, const __nv_bfloat16 *const
         y[yr * ldy + col] = acc[i];
     }
 }
+template <int Q>
 __global__ void __launch_bounds__(128 * W4GW, 1) k_gemm_w4g(dw W, const __nv_bfloat16 *__restrict__ xh, int64_t ldxh, float *__restrict__ y, int64_t ldy,
                                                          int n, const int32_t *tiles, const int *ntiles, const int32_t *list, const int32_t *xmap) {
     pdl_enter();
@@ -1610,12 +1644,13 @@ __global__ void __launch_bounds__(128 * W4GW, 1) k_gemm_w4g(dw W, const __nv_bfl
         xp[r] = v;
     }
     __syncthreads();
-    if (W4GM > 64 && cnt > 64) w4g_body<W4GM>(W, xp, y, ldy, e, first, cnt, tiles, list, w4g_smem);
-    else if (cnt > 32) w4g_body<64>(W, xp, y, ldy, e, first, cnt, tiles, list, w4g_smem);
-    else w4g_body<32>(W, xp, y, ldy, e, first, cnt, tiles, list, w4g_smem);
+    if (W4GM > 64 && cnt > 64) w4g_body<W4GM, Q>(W, xp, y, ldy, e, first, cnt, tiles, list, w4g_smem);
+    else if (cnt > 32) w4g_body<64, Q>(W, xp, y, ldy, e, first, cnt, tiles, list, w4g_smem);
+    else w4g_body<32, Q>(W, xp, y, ldy, e, first, cnt, tiles, list, w4g_smem);
 }
-/* x rows [n][cols] (f32) to bf16 in k_gemm_w4g's order: position q of each 64 columns holds
- * column w4g_col(q % 64) of them; a thread writes 8 positions */
+/* x rows [n][cols] (f32) to bf16 in k_gemm_w4g<Q>'s order: position q of each 64 columns holds
+ * column w4g_col(q % 64) of them (Q = 8: w8g_col); a thread writes 8 positions */
+template <int Q>
 __global__ void k_xbf16g(const float *__restrict__ x, int64_t ldx, int cols, __nv_bfloat16 *__restrict__ xh, int64_t ldxh) {
     pdl_enter();
     const int64_t r = blockIdx.y;
@@ -1625,16 +1660,27 @@ __global__ void k_xbf16g(const float *__restrict__ x, int64_t ldx, int cols, __n
     const int q0 = 8 * (c8 & 7);
     __nv_bfloat162 p[4];
 #pragma unroll
-    for (int i = 0; i < 4; i++) p[i] = __floats2bfloat162_rn(xs[w4g_col(q0 + 2 * i)], xs[w4g_col(q0 + 2 * i + 1)]);
+    for (int i = 0; i < 4; i++) {
+        const int c0 = Q == 4 ? w4g_col(q0 + 2 * i) : w8g_col(q0 + 2 * i), c1 = Q == 4 ? w4g_col(q0 + 2 * i + 1) : w8g_col(q0 + 2 * i + 1);
+        p[i] = __floats2bfloat162_rn(xs[c0], xs[c1]);
+    }
     *(uint4 *)(xh + r * ldxh + 8 * c8) = *(const uint4 *)p;
 }
 int cuk_gemm_w4g_rows(void) { return W4GM; }
 void cuk_xbf16g(cudaStream_t st, const float *x, int64_t ldx, int n, int cols, __nv_bfloat16 *xh, int64_t ldxh) {
-    xbf16_go(k_xbf16g, st, x, ldx, n, cols, xh, ldxh);
+    xbf16_go(k_xbf16g<4>, st, x, ldx, n, cols, xh, ldxh);
 }
 void cuk_gemm_w4g(cudaStream_t st, const dw &W, const __nv_bfloat16 *xh, int64_t ldxh, float *y, int64_t ldy, int n, const int32_t *tiles,
                   const int *ntiles_dev, int max_tiles, const int32_t *list, const int32_t *xmap) {
-    gemm_bf16_go(k_gemm_w4g, W4GM, W4GS * w4g_layout::STAGE, 128 * W4GW, W4GN, st, W, xh, ldxh, y, ldy, n, tiles, ntiles_dev, max_tiles, list, xmap);
+    gemm_bf16_go(k_gemm_w4g<4>, W4GM, W4GS * w4g_layout<4>::STAGE, 128 * W4GW, W4GN, st, W, xh, ldxh, y, ldy, n, tiles, ntiles_dev, max_tiles, list, xmap);
+}
+int cuk_gemm_w8_ok(const dw &W) { return W.qt == QQ8G && W.s && W.g >= 32 && !(W.g & (W.g - 1)) && W.cols % W4K == 0 && W.rb % 16 == 0; }
+void cuk_xbf16g8(cudaStream_t st, const float *x, int64_t ldx, int n, int cols, __nv_bfloat16 *xh, int64_t ldxh) {
+    xbf16_go(k_xbf16g<8>, st, x, ldx, n, cols, xh, ldxh);
+}
+void cuk_gemm_w8g(cudaStream_t st, const dw &W, const __nv_bfloat16 *xh, int64_t ldxh, float *y, int64_t ldy, int n, const int32_t *tiles,
+                  const int *ntiles_dev, int max_tiles, const int32_t *list, const int32_t *xmap) {
+    gemm_bf16_go(k_gemm_w4g<8>, W4GM, W4GS * w4g_layout<8>::STAGE, 128 * W4GW, W4GN, st, W, xh, ldxh, y, ldy, n, tiles, ntiles_dev, max_tiles, list, xmap);
 }
 
 /* the bf16 warpgroup MMA's peak (k_gemm_w4g's instruction): each warpgroup chains 8

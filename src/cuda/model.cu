@@ -474,6 +474,7 @@ extern "C" void cu_model_use_stacks(cu_model *m, int on) { set_mode(m, &m->no_st
 extern "C" void cu_model_use_pdl(cu_model *m, int on) { set_mode(m, &m->no_pdl, !on); }
 extern "C" void cu_model_use_fork(cu_model *m, int on) { set_mode(m, &m->no_fork, !on); }
 extern "C" void cu_model_use_bf16_experts(cu_model *m, int form) { set_mode(m, &m->w4, form); }
+extern "C" void cu_model_use_bf16_dense(cu_model *m, int on) { set_mode(m, &m->w8, on); }
 extern "C" void cu_model_use_graphs(cu_model *m, int on) { set_mode(m, &m->use_graphs, on); }
 extern "C" unsigned long long cu_model_fork_count(const cu_model *m) { return m->forks; }
 extern "C" int cu_model_graph_count(const cu_model *m) {
@@ -693,7 +694,10 @@ static void mm(const cu_model *m, const fscr &f, const dw &W, const float *x, fl
     if (n <= 8 && xq) cuk_gemv_q(m->st, W, *xq, y, W.rows, n, NULL, NULL); /* x quantized for W's format already */
     else if (n <= 8 && quant_x(m, f, W, x, W.cols, n, &X)) cuk_gemv_q(m->st, W, X, y, W.rows, n, NULL, NULL);
     else if (n <= 8) cuk_gemv(m->st, W, x, W.cols, y, W.rows, n, NULL, NULL);
-    else if (quant_x(m, f, W, x, W.cols, n, &X, 1)) cuk_gemm_q(m->st, W, X, y, W.rows, n, NULL, NULL, 0, NULL, NULL);
+    else if (m->w8 && m->tc && cuk_gemm_w8_ok(W) && (int64_t)n * W.cols <= f.xq_cap) { /* the bf16 warpgroup-MMA form (trial) */
+        cuk_xbf16g8(m->st, x, W.cols, n, (int)W.cols, f.xh, W.cols);
+        cuk_gemm_w8g(m->st, W, f.xh, W.cols, y, W.rows, n, NULL, NULL, 0, NULL, NULL);
+    } else if (quant_x(m, f, W, x, W.cols, n, &X, 1)) cuk_gemm_q(m->st, W, X, y, W.rows, n, NULL, NULL, 0, NULL, NULL);
     else cuk_gemm(m->st, W, x, W.cols, y, W.rows, n, NULL, NULL, 0, NULL, NULL, m->tc);
 }
 
@@ -1304,17 +1308,17 @@ extern "C" int cu_matmul_check(const pt_wview *W, const float *x, int n, float *
                     cuk_gemm_q(m.st, G, X, dy, W->rows, n, NULL, NULL, 0, NULL, NULL);
                 }
             }
-        } else if (path >= 8 && path <= 11) { /* the bf16 GEMM over q4 weights; 9 over a row list (one expert's 128-row tiles); 10, 11 on wgmma */
+        } else if (path >= 8 && path <= 13) { /* the bf16 GEMM over q4 weights; 9 over a row list (one expert's 128-row tiles); 10, 11 on wgmma; 12, 13 on wgmma over q8 */
             int64_t cols = W->cols;
             int mt = n / 64 + 2;
-            const int wg = path >= 10, listed = path % 2;
-            auto xbf16 = wg ? cuk_xbf16g : cuk_xbf16p;
-            auto gemm = wg ? cuk_gemm_w4g : cuk_gemm_w4;
+            const int wg = path >= 10, q8 = path >= 12, listed = path % 2;
+            auto xbf16 = q8 ? cuk_xbf16g8 : wg ? cuk_xbf16g : cuk_xbf16p;
+            auto gemm = q8 ? cuk_gemm_w8g : wg ? cuk_gemm_w4g : cuk_gemm_w4;
             int32_t *rl = listed ? (int32_t *)dalloc(&m, sizeof(int32_t) * (size_t)(2 * n + 3 * mt + 1), "row list", err) : NULL;
             __nv_bfloat16 *xh = (__nv_bfloat16 *)dalloc(&m, sizeof(__nv_bfloat16) * (size_t)(n * cols), "x bf16", err);
-            if (!cuk_gemm_w4_ok(G))
-                rc = pt_err(err, PETREL_EUNSUPPORTED, "the bf16 GEMM takes q4 weights of groups of a power of two >= 32 columns and whole 64 columns, not %s [%lld x %lld]",
-                            pt_qtype_name(W->qtype), (long long)W->rows, (long long)cols);
+            if (!(q8 ? cuk_gemm_w8_ok(G) : cuk_gemm_w4_ok(G)))
+                rc = pt_err(err, PETREL_EUNSUPPORTED, "the bf16 GEMM takes %s weights of groups of a power of two >= 32 columns and whole 64 columns, not %s [%lld x %lld]",
+                            q8 ? "q8" : "q4", pt_qtype_name(W->qtype), (long long)W->rows, (long long)cols);
             else if (!xh || (listed && !rl)) rc = PETREL_ENOMEM;
             if (!rc) {
                 xbf16(m.st, dx, cols, n, (int)cols, xh, cols);

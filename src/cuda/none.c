@@ -25,6 +25,7 @@ void cu_model_use_graphs(cu_model *m, int on) { (void)m, (void)on; }
 void cu_model_use_pdl(cu_model *m, int on) { (void)m, (void)on; }
 void cu_model_use_fork(cu_model *m, int on) { (void)m, (void)on; }
 void cu_model_use_bf16_experts(cu_model *m, int form) { (void)m, (void)form; }
+void cu_model_use_bf16_dense(cu_model *m, int on) { (void)m, (void)on; }
 unsigned long long cu_model_fork_count(const cu_model *m) { (void)m; return 0; }
 int cu_model_graph_count(const cu_model *m) { (void)m; return 0; }
 void cu_model_tier_stats(const cu_model *m, cu_tier_stats *out) {
