@@ -226,8 +226,9 @@ static double bf16_rn(float f) {
     memcpy(&f, &u, 4);
     return f;
 }
-/* the bf16 GEMM's operands exactly: y = sum of bf16(x) bf16(bf16(q - 8) bf16(s)), in double */
-static void ref_gemm_w4(const pt_wview *W, const float *x, int n, float *y) {
+/* the bf16 GEMMs' operands exactly: y = sum of bf16(x) bf16(v bf16(s)), in double, with v the
+ * stored value (q4: nibble - 8, q8: the int8) and s its group's scale */
+static void ref_gemm_bf16(const pt_wview *W, const float *x, int n, float *y) {
     double *w = malloc(sizeof(double) * (size_t)W->cols), *xb = malloc(sizeof(double) * (size_t)(n * W->cols));
     for (int64_t i = 0; i < n * W->cols; i++) xb[i] = bf16_rn(x[i]);
     for (int64_t r = 0; r < W->rows; r++) {
@@ -242,7 +243,7 @@ static void ref_gemm_w4(const pt_wview *W, const float *x, int n, float *y) {
                 uint32_t u = (uint32_t)h << 16;
                 memcpy(&s, &u, 4);
             }
-            int v = (c & 1 ? q[c >> 1] >> 4 : q[c >> 1] & 15) - 8;
+            int v = W->qtype == PT_Q4_G64 ? (c & 1 ? q[c >> 1] >> 4 : q[c >> 1] & 15) - 8 : (int8_t)q[c];
             w[c] = bf16_rn((float)(v * bf16_rn(s)));
         }
         for (int i = 0; i < n; i++) {
@@ -254,38 +255,38 @@ static void ref_gemm_w4(const pt_wview *W, const float *x, int n, float *y) {
     free(w), free(xb);
 }
 
-/* the routed experts' prompt GEMM on bf16 tensor cores (q4 weights unpacked to bf16 with their
- * scales), on mma.sync and on warpgroup MMA, each against a double sum over the same bf16
- * operands: 3e-5; over a row list (128-row tiles, one and two a call) bitwise equal to plain
- * rows; a row alone as in a call of n; the forms within 3e-5 of each other; the formats and
- * widths it does not take refused */
-TEST(cuda, gemm_bf16_experts) {
+/* the prompts' GEMMs on bf16 tensor cores (weights unpacked to bf16 with their scales): q4 (the
+ * routed experts) on mma.sync and on warpgroup MMA, q8 (`bench --cuda-dense wgmma`) on warpgroup
+ * MMA; each against a double sum over the same bf16 operands: 3e-5; over a row list (128-row
+ * tiles, one and two a call) bitwise equal to plain rows; a row alone as in a call of n; the two
+ * q4 forms within 3e-5 of each other; the formats and widths a form does not take refused */
+TEST(cuda, gemm_bf16) {
     if (!need_gpu()) return;
     const pt_qtype fmts[] = {PT_Q4_G64, PT_Q8_G32};
     const int64_t shapes[][2] = {{64, 256}, {130, 1024}, {257, 64}, {2048, 6144}, {37, 96}, {200, 512}};
     const int ns[] = {9, 40, 100, 200};
-    static const char *const form[2] = {"mma.sync", "wgmma"};
+    static const char *const form[3] = {"mma.sync q4", "wgmma q4", "wgmma q8"};
     petrel_error err = {0};
     for (size_t f = 0; f < 2; f++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
             uint8_t *d;
             void *sc;
             pt_wview W = rand_weight(fmts[f], shapes[s][0], shapes[s][1], s % 2 ? PT_BF16 : PT_F32, &d, &sc);
-            int takes = W.qtype == PT_Q4_G64 && W.cols % 64 == 0;
             for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
                 int n = ns[k];
                 if (W.cols >= 4096 && n > 100) break; /* the double reference's time */
                 float *x = malloc(sizeof(float) * n * W.cols), *ref = malloc(sizeof(float) * n * W.rows), *y1 = malloc(sizeof(float) * W.rows);
-                float *y[2] = {malloc(sizeof(float) * n * W.rows), malloc(sizeof(float) * n * W.rows)};
+                float *y[3] = {malloc(sizeof(float) * n * W.rows), malloc(sizeof(float) * n * W.rows), malloc(sizeof(float) * n * W.rows)};
                 float *yl = malloc(sizeof(float) * n * W.rows);
                 for (int64_t i = 0; i < n * W.cols; i++) x[i] = frand() * (i % 7 == 0 ? 9.f : 1.f);
-                int rc = 0;
-                for (int v = 0; v < 2 && !rc; v++) {
-                    rc = cu_matmul_check(&W, x, n, y[v], 8 + 2 * v, &err);
+                int ok[3] = {0, 0, 0}, have_ref = 0;
+                for (int v = 0; v < 3; v++) {
+                    int takes = (v < 2 ? W.qtype == PT_Q4_G64 : W.qtype == PT_Q8_G32) && W.cols % 64 == 0;
+                    int rc = cu_matmul_check(&W, x, n, y[v], 8 + 2 * v, &err);
                     CHECK_MSG(takes ? rc == 0 : rc == PETREL_EUNSUPPORTED, "%s [%lld x %lld]: the bf16 GEMM (%s) %s (%s)", pt_qtype_name(W.qtype),
                               (long long)W.rows, (long long)W.cols, form[v], takes ? "refused" : "took it", err.msg);
-                    if (rc) break;
-                    if (v == 0) ref_gemm_w4(&W, x, n, ref);
+                    if (!(ok[v] = rc == 0)) continue;
+                    if (!have_ref) ref_gemm_bf16(&W, x, n, ref), have_ref = 1;
                     double e = test_rel_l2(y[v], ref, (size_t)n * W.rows);
                     CHECK_MSG(e < 3e-5, "%s [%lld x %lld] n=%d: bf16 GEMM (%s) vs the double sum of its operands rel err %.3g", pt_qtype_name(W.qtype),
                               (long long)W.rows, (long long)W.cols, n, form[v], e);
@@ -298,83 +299,13 @@ TEST(cuda, gemm_bf16_experts) {
                     CHECK_MSG(!memcmp(y1, y[v] + (int64_t)(n - 1) * W.rows, sizeof(float) * W.rows), "n=%d: a bf16 GEMM (%s) row depends on its call", n,
                               form[v]);
                 }
-                if (!rc) {
+                if (ok[0] && ok[1]) {
                     double e = test_rel_l2(y[1], y[0], (size_t)n * W.rows);
                     CHECK_MSG(e < 3e-5, "%s [%lld x %lld] n=%d: the wgmma and mma.sync forms differ by %.3g", pt_qtype_name(W.qtype), (long long)W.rows,
                               (long long)W.cols, n, e);
                 }
-                free(x), free(y[0]), free(y[1]), free(yl), free(ref), free(y1);
-                if (rc) break;
-            }
-            free(d), free(sc);
-        }
-}
-
-/* the same operands for q8: y = sum of bf16(x) bf16(q bf16(s)), in double */
-static void ref_gemm_w8(const pt_wview *W, const float *x, int n, float *y) {
-    double *w = malloc(sizeof(double) * (size_t)W->cols), *xb = malloc(sizeof(double) * (size_t)(n * W->cols));
-    for (int64_t i = 0; i < n * W->cols; i++) xb[i] = bf16_rn(x[i]);
-    for (int64_t r = 0; r < W->rows; r++) {
-        const int8_t *q = (const int8_t *)(W->data + r * W->row_bytes);
-        for (int64_t c = 0; c < W->cols; c++) {
-            int64_t si = r * W->scale_cols + c / W->block_cols;
-            float s;
-            if (W->scale_dtype == PT_F32) memcpy(&s, (const uint8_t *)W->scale + 4 * si, 4);
-            else {
-                uint16_t h;
-                memcpy(&h, (const uint8_t *)W->scale + 2 * si, 2);
-                uint32_t u = (uint32_t)h << 16;
-                memcpy(&s, &u, 4);
-            }
-            w[c] = bf16_rn((float)(q[c] * bf16_rn(s)));
-        }
-        for (int i = 0; i < n; i++) {
-            double acc = 0;
-            for (int64_t c = 0; c < W->cols; c++) acc += xb[(int64_t)i * W->cols + c] * w[c];
-            y[(int64_t)i * W->rows + r] = (float)acc;
-        }
-    }
-    free(w), free(xb);
-}
-
-/* a prompt's q8 products on warpgroup MMA in bf16 (cuk_gemm_w8g, `bench --cuda-dense wgmma`):
- * against a double sum over the same bf16 operands (3e-5); over a row list bitwise equal to
- * plain rows; a row alone as in a call of n; q4 and widths not of whole 64 columns refused */
-TEST(cuda, gemm_bf16_dense) {
-    if (!need_gpu()) return;
-    const pt_qtype fmts[] = {PT_Q8_G32, PT_Q4_G64};
-    const int64_t shapes[][2] = {{64, 256}, {130, 1024}, {257, 64}, {2048, 6144}, {37, 96}, {300, 512}};
-    const int ns[] = {9, 40, 130, 300};
-    petrel_error err = {0};
-    for (size_t f = 0; f < 2; f++)
-        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
-            uint8_t *d;
-            void *sc;
-            pt_wview W = rand_weight(fmts[f], shapes[s][0], shapes[s][1], s % 2 ? PT_BF16 : PT_F32, &d, &sc);
-            int takes = W.qtype == PT_Q8_G32 && W.cols % 64 == 0;
-            for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
-                int n = ns[k];
-                if (W.cols >= 4096 && n > 40) break; /* the double reference's time */
-                float *x = malloc(sizeof(float) * n * W.cols), *ref = malloc(sizeof(float) * n * W.rows), *y1 = malloc(sizeof(float) * W.rows);
-                float *y = malloc(sizeof(float) * n * W.rows), *yl = malloc(sizeof(float) * n * W.rows);
-                for (int64_t i = 0; i < n * W.cols; i++) x[i] = frand() * (i % 7 == 0 ? 9.f : 1.f);
-                int rc = cu_matmul_check(&W, x, n, y, 12, &err);
-                CHECK_MSG(takes ? rc == 0 : rc == PETREL_EUNSUPPORTED, "%s [%lld x %lld]: the q8 wgmma GEMM %s (%s)", pt_qtype_name(W.qtype),
-                          (long long)W.rows, (long long)W.cols, takes ? "refused" : "took it", err.msg);
-                if (!rc) {
-                    ref_gemm_w8(&W, x, n, ref);
-                    double e = test_rel_l2(y, ref, (size_t)n * W.rows);
-                    CHECK_MSG(e < 3e-5, "%s [%lld x %lld] n=%d: q8 wgmma GEMM vs the double sum of its operands rel err %.3g", pt_qtype_name(W.qtype),
-                              (long long)W.rows, (long long)W.cols, n, e);
-                    if (getenv("PETREL_TEST_VERBOSE"))
-                        fprintf(stderr, "  q8 wgmma GEMM [%lld x %lld] n=%d rel err %.3g\n", (long long)W.rows, (long long)W.cols, n, e);
-                    CHECK(cu_matmul_check(&W, x, n, yl, 13, &err) == 0);
-                    CHECK_MSG(!memcmp(yl, y, sizeof(float) * n * W.rows), "n=%d: the q8 wgmma GEMM over a row list differs from plain rows", n);
-                    CHECK(cu_matmul_check(&W, x + (int64_t)(n - 1) * W.cols, 1, y1, 12, &err) == 0);
-                    CHECK_MSG(!memcmp(y1, y + (int64_t)(n - 1) * W.rows, sizeof(float) * W.rows), "n=%d: a q8 wgmma GEMM row depends on its call", n);
-                }
-                free(x), free(y), free(yl), free(ref), free(y1);
-                if (rc) break;
+                free(x), free(y[0]), free(y[1]), free(y[2]), free(yl), free(ref), free(y1);
+                if (!ok[0] && !ok[1] && !ok[2]) break; /* no form takes it: the refusals were checked */
             }
             free(d), free(sc);
         }
