@@ -165,6 +165,16 @@ static int bench_golden(petrel_engine *eng, const char *path, int json) {
     return 0;
 }
 
+/* bench's random prompts: n token ids below V from the xorshift state *x (BENCH_SEED for the
+ * timed prompt, so --golden-out writes the same prompt bench times) */
+#define BENCH_SEED 88172645463325252ull
+static void random_ids(int32_t *ids, long n, int V, uint64_t *x) {
+    for (long i = 0; i < n; i++) {
+        *x ^= *x << 13; *x ^= *x >> 7; *x ^= *x << 17;
+        ids[i] = (int32_t)(*x % (uint64_t)V);
+    }
+}
+
 /* The reference for --golden from this engine: a random prompt of T tokens (bench's generator),
  * its logits at every position. */
 static int bench_golden_out(petrel_engine *eng, const char *path, int T) {
@@ -175,11 +185,8 @@ static int bench_golden_out(petrel_engine *eng, const char *path, int T) {
     petrel_session *s = NULL;
     int rc = 0;
     if (!lg || !ids) rc = cli_fail("bench: --golden-out: out of memory for %d x %d logits", T, V);
-    uint64_t x = 88172645463325252ull;
-    for (int i = 0; !rc && i < T; i++) {
-        x ^= x << 13; x ^= x >> 7; x ^= x << 17;
-        ids[i] = (int32_t)(x % (uint64_t)V);
-    }
+    uint64_t x = BENCH_SEED;
+    if (!rc) random_ids(ids, T, V, &x);
     if (!rc && (petrel_session_create(eng, T, &s, &err) || petrel_session_forward(s, ids, T, lg, 1, &err))) rc = cli_fail_err("bench", &err);
     if (!rc) {
         st_write_tensor ts[2] = {{"prompt_0.ids", ST_I32, 1, {T}, ids}, {"prompt_0.logits", ST_F32, 2, {T, V}, lg}};
@@ -265,10 +272,7 @@ static int bench_batch(petrel_engine *eng, int B, long ctx, long steps, uint64_t
     if (!rc) rc = petrel_batch_create(eng, B, &b, err);
     uint64_t x = 0x2545F4914F6CDD1Dull;
     for (int k = 0; k < B && !rc; k++) {
-        for (long i = 0; i < ctx; i++) {
-            x ^= x << 13; x ^= x >> 7; x ^= x << 17;
-            ids[i] = (int32_t)(x % (uint64_t)V);
-        }
+        random_ids(ids, ctx, V, &x);
         rc = petrel_session_create(eng, (int)(ctx + steps + 4), &ss[k], err);
         if (!rc) petrel_session_set_route_offset(ss[k], 257 * k); /* trace-driven routing: rows route like different tokens */
         if (!rc) rc = petrel_session_forward(ss[k], ids, (int)ctx, lg, 0, err);
@@ -808,11 +812,12 @@ CLI_CMD(bench) {
     int V = c->vocab_size;
     float *lg = malloc(sizeof(float) * (size_t)V);
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)ctx);
-    uint64_t x = 88172645463325252ull;
-    for (long i = 0; i < ctx; i++) {
-        x ^= x << 13; x ^= x >> 7; x ^= x << 17;
-        ids[i] = (int32_t)(x % (uint64_t)V);
+    if (!lg || !ids) {
+        free(lg), free(ids), petrel_session_free(s), petrel_engine_close(eng);
+        return cli_fail("bench: out of memory for a prompt of %ld tokens", ctx);
     }
+    uint64_t x = BENCH_SEED;
+    random_ids(ids, ctx, V, &x);
     /* Prefill: the median of several runs on the same prompt (a shared machine's noise only
      * ever slows a run down); its per-part breakdown is reported with it. */
     if (eng->xs) prefill_runs = 1;
