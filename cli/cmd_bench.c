@@ -77,6 +77,10 @@ static const char *usage =
     "                   mma.sync (bf16) or Hopper's warpgroup MMA (wgmma)\n"
     "  --cuda-dense int8|wgmma with --device cuda: a prompt's other q8 products on the int8\n"
     "                   tensor-core GEMM (the default) or on warpgroup MMA in bf16 (a trial)\n"
+    "  --cuda-prompt-attn absorbed|expanded with --device cuda: a prompt chunk's attention\n"
+    "                   (one session, every key selected: contexts up to index_topk) in the\n"
+    "                   absorbed form (the default) or expanded: each head's keys and values made\n"
+    "                   once for the chunk (fewer products; ~1e-6 from absorbed; a trial)\n"
     "  --prefix-cache   after prefill, time a new session of the same prompt through the prefix\n"
     "                   cache (its whole pages taken, the rest run): time to the first token's logits\n"
     "  --route-trace FILE  route every MoE layer by a recorded trace (.txt or .gz; its layers spread\n"
@@ -645,7 +649,7 @@ CLI_CMD(bench) {
     int json = 0;
     const char *golden = NULL, *golden_out = NULL, *trace = NULL, *route = NULL;
     long ctx = 0, prompt = 512, steps = 24, bw_mib = 1024, prefill_runs = 3, batch = 0, rounds = 3;
-    int draft_set = 0, prefix_reuse = 0, history_split = 0, profile = 0, pdl = -1, two_streams = -1, bf16_experts = -1, bf16_dense = -1;
+    int draft_set = 0, prefix_reuse = 0, history_split = 0, profile = 0, pdl = -1, two_streams = -1, bf16_experts = -1, bf16_dense = -1, xattn = -1;
     bench_draft_opts bd = {0};
     for (int i = 1; i < argc; i++) {
         int r = cli_model_opt(argc, argv, &i, &mo);
@@ -675,6 +679,11 @@ CLI_CMD(bench) {
             const char *v = argv[++i];
             if (strcmp(v, "int8") && strcmp(v, "wgmma")) return cli_fail("bench: --cuda-dense: \"%s\" is not int8 or wgmma", v);
             bf16_dense = !strcmp(v, "wgmma");
+        }
+        else if (!strcmp(argv[i], "--cuda-prompt-attn") && i + 1 < argc) {
+            const char *v = argv[++i];
+            if (strcmp(v, "absorbed") && strcmp(v, "expanded")) return cli_fail("bench: --cuda-prompt-attn: \"%s\" is not absorbed or expanded", v);
+            xattn = !strcmp(v, "expanded");
         }
         else if (!strcmp(argv[i], "--history-split")) history_split = 1;
         else if (!strcmp(argv[i], "--golden") && i + 1 < argc) golden = argv[++i];
@@ -719,6 +728,8 @@ CLI_CMD(bench) {
     if (bf16_experts >= 0) cu_model_use_bf16_experts(eng->cu, bf16_experts);
     if (bf16_dense >= 0 && !eng->cu) { petrel_engine_close(eng); return cli_fail("bench: --cuda-dense is for --device cuda"); }
     if (bf16_dense >= 0) cu_model_use_bf16_dense(eng->cu, bf16_dense);
+    if (xattn >= 0 && !eng->cu) { petrel_engine_close(eng); return cli_fail("bench: --cuda-prompt-attn is for --device cuda"); }
+    if (xattn >= 0) cu_model_use_expanded_attn(eng->cu, xattn);
     if (route) printf("routing: every MoE layer's choices from %s (%d tokens, trace layers spread over the %d MoE layers)\n", route, eng->route->n_tokens,
                       eng->n_moe);
     if (draft_set && bd.draft == 0) { petrel_engine_close(eng); return cli_fail("bench: --draft 0: nothing to compare (give 1..16 or auto)"); }

@@ -220,7 +220,7 @@ TEST(cli, failures_are_one_line) {
     const char *b = bin();
     if (!b) return;
     const char *tiny = test_data("tiny");
-    char cases[][1024] = {"", "", "", "", "", "", "", "", "", "", "", "", "", "", "", "", "", "", "", "", "", "", "", ""};
+    char cases[][1024] = {"", "", "", "", "", "", "", "", "", "", "", "", "", "", "", "", "", "", "", "", "", "", "", "", "", ""};
     snprintf(cases[0], 1024, "%s generate --model /nonexistent --ids 1 -n 2", b);
     snprintf(cases[1], 1024, "%s generate --model %s --ids 1,99999 -n 2", b, tiny);
     snprintf(cases[2], 1024, "%s generate --model %s --ids '' -n 2", b, tiny);
@@ -245,6 +245,8 @@ TEST(cli, failures_are_one_line) {
     snprintf(cases[21], 1024, "%s bench --model %s --prompt 2 --golden-out /nonexistent/dir/g.st", b, tiny);
     snprintf(cases[22], 1024, "%s bench --model %s --cuda-dense fp8", b, tiny);
     snprintf(cases[23], 1024, "%s bench --model %s --steps 1 --prompt 2 --prefill-runs 1 --cuda-dense wgmma", b, tiny); /* not on a GPU */
+    snprintf(cases[24], 1024, "%s bench --model %s --cuda-prompt-attn flash", b, tiny);
+    snprintf(cases[25], 1024, "%s bench --model %s --steps 1 --prompt 2 --prefill-runs 1 --cuda-prompt-attn expanded", b, tiny); /* not on a GPU */
     for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++) {
         char out[4096], err[4096];
         int rc = test_sh(cases[i], out, sizeof out, err, sizeof err);

@@ -489,6 +489,75 @@ TEST(cuda, attention_forms) {
     }
 }
 
+/* the expanded prompt attention (one session's rows over the prefix of their keys) against a
+ * double reference of softmax(scale [q_nope W_UK c | q_pe k_pe]) W_UV c, and rows split over two
+ * calls bitwise equal to one call */
+TEST(cuda, attention_expanded) {
+    if (!need_gpu()) return;
+    /* NH, Dn, Dr, Dv, Rkv, pos0, T */
+    const int shapes[][7] = {{16, 128, 64, 256, 512, 40, 100}, {3, 40, 16, 24, 96, 0, 9},   {5, 8, 6, 12, 100, 30, 70},
+                             {4, 16, 8, 32, 64, 200, 130},     {2, 8, 8, 8, 32, 2100, 20}, {64, 16, 8, 16, 64, 0, 65}};
+    petrel_error err = {0};
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+        const int NH = shapes[k][0], Dn = shapes[k][1], Dr = shapes[k][2], Dv = shapes[k][3], Rkv = shapes[k][4], pos0 = shapes[k][5], T = shapes[k][6];
+        const int D = Rkv + Dr, nk = pos0 + T, Dq = Dn + Dr;
+        const float scale = 0.2f;
+        uint8_t *d;
+        void *sc;
+        pt_wview W = rand_weight(Rkv % 32 ? PT_F32 : PT_Q8_G32, (int64_t)NH * (Dn + Dv), Rkv, PT_F32, &d, &sc);
+        float *w = malloc(sizeof(float) * (size_t)NH * (Dn + Dv) * Rkv), *q = malloc(sizeof(float) * (size_t)T * NH * Dq);
+        float *kv = malloc(sizeof(float) * (size_t)nk * D), *o = malloc(sizeof(float) * (size_t)T * NH * Dv);
+        float *o2 = malloc(sizeof(float) * (size_t)T * NH * Dv), *ref = malloc(sizeof(float) * (size_t)T * NH * Dv);
+        double *kx = malloc(sizeof(double) * (size_t)nk * Dn), *vx = malloc(sizeof(double) * (size_t)nk * Dv), *p = malloc(sizeof(double) * nk);
+        for (int64_t r = 0; r < W.rows; r++) pt_dequant_row(&W, r, w + r * Rkv);
+        for (size_t i = 0; i < (size_t)T * NH * Dq; i++) q[i] = frand();
+        for (size_t i = 0; i < (size_t)nk * D; i++) kv[i] = frand();
+        for (int h = 0; h < NH; h++) {
+            for (int i = 0; i < nk; i++) { /* head h's expanded key and value of key i */
+                for (int j = 0; j < Dn + Dv; j++) {
+                    double a = 0;
+                    for (int c = 0; c < Rkv; c++) a += (double)w[((size_t)h * (Dn + Dv) + j) * Rkv + c] * kv[(size_t)i * D + c];
+                    if (j < Dn) kx[(size_t)i * Dn + j] = a;
+                    else vx[(size_t)i * Dv + j - Dn] = a;
+                }
+            }
+            for (int r = 0; r < T; r++) {
+                const float *qr = q + ((size_t)r * NH + h) * Dq;
+                const int n = pos0 + r + 1;
+                double mx = -1e300, sum = 0;
+                for (int i = 0; i < n; i++) {
+                    double a = 0;
+                    for (int j = 0; j < Dn; j++) a += qr[j] * kx[(size_t)i * Dn + j];
+                    for (int j = 0; j < Dr; j++) a += (double)qr[Dn + j] * kv[(size_t)i * D + Rkv + j];
+                    p[i] = scale * a;
+                    mx = p[i] > mx ? p[i] : mx;
+                }
+                for (int i = 0; i < n; i++) sum += (p[i] = exp(p[i] - mx));
+                for (int j = 0; j < Dv; j++) {
+                    double a = 0;
+                    for (int i = 0; i < n; i++) a += p[i] * vx[(size_t)i * Dv + j];
+                    ref[((size_t)r * NH + h) * Dv + j] = (float)(a / sum);
+                }
+            }
+        }
+        const size_t no = (size_t)T * NH * Dv;
+        int rc = cu_attn_expanded_check(&W, q, kv, pos0, T, NH, Dn, Dr, Dv, scale, o, &err);
+        CHECK_MSG(rc == 0, "cu_attn_expanded_check: %s", err.msg);
+        double e = rc ? 1 : test_rel_l2(o, ref, no);
+        CHECK_MSG(e < 1e-5, "expanded attention (%d heads, Dn %d, Dr %d, Dv %d, Rkv %d, rows %d at %d): rel err %.3g", NH, Dn, Dr, Dv, Rkv, T, pos0, e);
+        if (getenv("PETREL_TEST_VERBOSE")) fprintf(stderr, "  expanded attention %d heads, %d rows at %d: rel err %.3g\n", NH, T, pos0, e);
+        /* the same rows in two calls (the first's keys end where its rows do) */
+        const int T1 = T / 3 + 1;
+        int rc1 = cu_attn_expanded_check(&W, q, kv, pos0, T1, NH, Dn, Dr, Dv, scale, o2, &err);
+        int rc2 = rc1 ? rc1 : cu_attn_expanded_check(&W, q + (size_t)T1 * NH * Dq, kv, pos0 + T1, T - T1, NH, Dn, Dr, Dv, scale, o2 + (size_t)T1 * NH * Dv, &err);
+        CHECK_MSG(rc2 == 0, "cu_attn_expanded_check: %s", err.msg);
+        size_t bad = 0;
+        for (size_t i = 0; !rc && !rc2 && i < no; i++) bad += memcmp(&o[i], &o2[i], 4) != 0;
+        CHECK_MSG(bad == 0, "expanded attention: %zu of %zu outputs differ between one call and %d + %d rows", bad, no, T1, T - T1);
+        free(w), free(q), free(kv), free(o), free(o2), free(ref), free(kx), free(vx), free(p), free(d), free(sc);
+    }
+}
+
 /* the router's two forms choose alike (bitwise, NaN rows included) and as moe_route does */
 TEST(cuda, route_forms) {
     if (!need_gpu()) return;
@@ -605,10 +674,13 @@ TEST(cuda, prompt_chunks) {
     petrel_engine_close(g);
 }
 
-/* every golden prompt in prefill and decode: GPU vs reference (1e-4) and vs the CPU (1e-5) */
-static void check_fixture(const char *name) {
-    if (!need_gpu()) return;
+/* every golden prompt in prefill and decode: GPU vs reference (1e-4) and vs the CPU (1e-5);
+ * xattn: prompts in the expanded attention where they take it (returns the layers that did) */
+static unsigned long long check_fixture_form(const char *name, int xattn) {
+    if (!need_gpu()) return 0;
+    unsigned long long xruns = 0;
     petrel_engine *g = open_dev(test_data(name), "cuda", 0), *c = open_dev(test_data(name), NULL, 1);
+    if (g) cu_model_use_expanded_attn(g->cu, xattn);
     st_set *gold = NULL;
     petrel_error err = {0};
     char p[512];
@@ -632,17 +704,30 @@ static void check_fixture(const char *name) {
         free(lg), free(lc);
     }
     CHECK(np > 0);
+    xruns = cu_model_expanded_count(g->cu);
 done:
     st_close(gold);
     petrel_engine_close(g);
     petrel_engine_close(c);
+    return xruns;
 }
+static void check_fixture(const char *name) { check_fixture_form(name, 0); }
 TEST(cuda, golden_tiny) { check_fixture("tiny"); }
 TEST(cuda, golden_fp8) { check_fixture("tiny-fp8"); }
 TEST(cuda, golden_odd) { check_fixture("odd"); }
 TEST(cuda, golden_odd2) { check_fixture("odd2"); }
 TEST(cuda, golden_odd3) { check_fixture("odd3"); }
 TEST(cuda, golden_trained) { check_fixture("trained"); }
+/* the fixtures with prompts of 9 to index_topk tokens (odd3's 17, trained's 30) in the expanded
+ * attention */
+TEST(cuda, golden_expanded) {
+    if (!need_gpu()) return;
+    const char *names[] = {"odd3", "trained"};
+    for (int i = 0; i < 2; i++) {
+        unsigned long long n = check_fixture_form(names[i], 1);
+        CHECK_MSG(n > 0, "%s: no prompt took the expanded attention", names[i]);
+    }
+}
 
 /* DSA past index_topk with ties: the trained fixture's prompt 0 scored even where every key fits
  * (dsa_always_score), GPU vs CPU */

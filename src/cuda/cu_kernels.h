@@ -150,6 +150,16 @@ void cuk_mla_uv(cudaStream_t st, const dw &kvb, const float *lat, float *o, int 
 void cuk_mla_attn(cudaStream_t st, const float *q, const float *qt, float *S, int64_t ldS, const int32_t *sel, int64_t ld_sel,
                   const int *seln, int nmax, float *lat, int T, int NH, int Dn, int Dr, int Rkv, float scale, int l, const cu_rowinfo *ri,
                   float *partial, int nsplit, int flash);
+/* A prompt chunk's attention, expanded, where its T rows are one session's at consecutive
+ * positions and every row selects all of its keys: row r's keys are the cache rows kv[0 ..
+ * seln[r]) of the layer (kv: [nk][Rkv + Dr], seln ascending, at most nk). Each head's keys and
+ * values are expanded once for the nk keys (Kx [NH][nk][Dn + Dr] = [W_UK_h c | k_pe], Vx
+ * [NH][nk][Dv] = W_UV_h c), then per head S = scale q K_h^T (S [T][NH][ldS]), softmax, and
+ * o [T][NH][Dv] = P V_h: the output W_UV takes to after cuk_mla_attn (no q~, no lat), with 448
+ * products a (row, key, head) for GLM-5's heads against the absorbed form's 1088. All on tensor
+ * cores (tf32, each product in three); the CPU's MLA_RECONSTRUCTED sums, in tile order. */
+void cuk_mla_attn_expanded(cudaStream_t st, const dw &kvb, const float *kv, int nk, const float *q, float *Kx, float *Vx, float *S, int64_t ldS,
+                           const int *seln, float *o, int T, int NH, int Dn, int Dr, int Dv, int Rkv, float scale);
 /* The one-pass forms cuk_mla_attn takes with flash (k_attn_flash: each block a range of keys
  * for 16 heads with an online softmax, then the ranges merged in order): 0 none (more than 8
  * rows, Rkv > 512, Rkv + Dr not a multiple of 4: the scores / softmax / P C kernels above),

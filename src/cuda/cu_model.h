@@ -70,7 +70,9 @@ struct cu_model {
     int no_fork;                /* run every kernel of a step on one stream (cu_model_use_fork) */
     int w4;                     /* prompts' routed experts on a bf16 GEMM (1 mma.sync, 2 wgmma), not the int8 one (cu_model_use_bf16_experts) */
     int w8;                     /* prompts' q8 products on the bf16 wgmma GEMM, not the int8 one (cu_model_use_bf16_dense) */
+    int xattn;                  /* one session's prompt chunks of at most index_topk keys take the expanded attention (cu_model_use_expanded_attn) */
     unsigned long long forks;   /* parts launched (or captured) on the side stream since open */
+    unsigned long long xruns;   /* layers of prompt chunks run in the expanded attention since open */
     /* the side stream of up to 8 rows' forwards: a MoE layer's shared expert beside its router
      * and routed experts, and a selecting layer's DSA keys and top-k beside the MLA queries'
      * rope and W_UK products; fork / join: the events that order the two streams */
@@ -124,6 +126,7 @@ struct fscr {
     unsigned long long *count;
     cu_rowinfo *ri;
     float *h, *x, *y, *qa, *q, *kva, *o, *qt, *lat, *S, *partial, *qi, *ki, *iw, *sc, *lg, *wts, *gb, *ub, *yk, *mo, *xl, *logits;
+    float *kx, *vx;      /* an expanded prompt's keys and values (cuk_mla_attn_expanded; carved for nkx keys) */
     float *on_x, *on_qa; /* one row's stacked products (cu_stack): q_a | kv_a | ik | iwp, q_b | iq */
     int64_t on_x_cap, on_qa_cap;
     int32_t *w_idx, *w_x, *w_pos; /* the expert tiers' waves (tiered models only) */

@@ -2032,20 +2032,35 @@ __device__ __forceinline__ void tile_pos(int i, int j, int &row, int &col) {
     }
 }
 
-/* y[r][h][n] = sum_k x[r][h][k] Wh[k][n] for each head h (grid.z): NT 0 reads
- * Wh[k][n] = W[row0 + h hs + k][n] (W_UK^T q), NT 1 reads Wh[k][n] = W[row0 + h hs + n][k]
- * (W_UV lat); tiles of 64 rows x 64 columns by fma, or (TC) 64 x 128 on tensor cores
- * (tile_mma), k ascending per output */
+/* y[r][h][n] = scale sum_k x[r][h][k] Wh[k][n] for each head h (grid.z): NT 0 reads
+ * Wh[k][n] = W[row0 + h hs + k][n] (W_UK^T q; an expanded head's P V), NT 1 reads
+ * Wh[k][n] = W[row0 + h hs + n][k] (W_UV lat; an expanded head's scores); tiles of 64 rows x 64
+ * columns by fma, or (TC) 64 x 128 on tensor cores (tile_mma), k ascending per output. lim
+ * (NULL: none): row r's extent, lim[r] keys: NT 0 sums k < lim[r] (x past it read as 0, the
+ * tile's stages past its rows' largest lim not run), NT 1 skips a tile whose columns all lie past
+ * its rows' lim (the outputs past a row's lim in a tile that runs are written all the same). */
 template <int NT, int TC>
 __global__ void k_head_mm(dw W, int64_t row0, int64_t hs, const float *x, int64_t ldxr, int64_t ldxh, int K, int N, float *y, int64_t ldyr,
-                          int64_t ldyh, int T) {
+                          int64_t ldyh, int T, const int *lim, float scale) {
     pdl_enter();
     constexpr int NC = tile_cols(TC);
     /* f32 fma: both [GK][GT + 4] k-major; TC: x [GT][TA] m-major, W [NC][TA] n-major (NT 1) or
      * [GK][TB] k-major (NT 0) */
     __shared__ __align__(16) float Xs[GT * TA], Ws[NC * TA];
+    __shared__ int lmax;
     int h = blockIdx.z, tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
     int n0 = blockIdx.x * NC, r0 = blockIdx.y * GT;
+    if (lim) { /* the tile's rows' largest extent */
+        if (tid == 0) lmax = 0;
+        __syncthreads();
+        if (tid < GT && r0 + tid < T) atomicMax(&lmax, lim[r0 + tid]);
+        __syncthreads();
+        if (NT) {
+            if (n0 >= lmax) return;
+        } else if (lmax < K) {
+            K = lmax;
+        }
+    }
     int lm = tid >> 2, lk = (tid & 3) * 8;      /* X loader; NT 1's W loader likewise (TC: tid >> 1, 16 values) */
     int wk = tid >> 3, wn = (tid & 7) * 8;      /* NT 0's W loader: along n (TC: wn and wn + 64) */
     const int64_t wr = row0 + (int64_t)h * hs;
@@ -2054,9 +2069,10 @@ __global__ void k_head_mm(dw W, int64_t row0, int64_t hs, const float *x, int64_
      * before computes (16-byte x loads, a weight's 8 values dequantized together where they lie
      * in one group), then into shared memory: the same values, the same bits */
     float xv[8], wv[TC ? 16 : 8];
+    const int xend = !NT && lim && r0 + lm < T && lim[r0 + lm] < K ? lim[r0 + lm] : K; /* the thread's x row's extent */
     auto fetch = [&](int k0) {
         const int r = r0 + lm;
-        fetch8(r < T ? x + (int64_t)r * ldxr + (int64_t)h * ldxh : nullptr, k0 + lk, K, xv);
+        fetch8(r < T ? x + (int64_t)r * ldxr + (int64_t)h * ldxh : nullptr, k0 + lk, xend, xv);
         if (TC) {
             if (NT) {
                 const int n = n0 + (tid >> 1), k = k0 + (tid & 1) * 16;
@@ -2097,7 +2113,7 @@ __global__ void k_head_mm(dw W, int64_t row0, int64_t hs, const float *x, int64_
             int row, col;
             tile_pos<TC>(i, j, row, col);
             const int r = r0 + row, n = n0 + col;
-            if (r < T && n < N) y[(int64_t)r * ldyr + (int64_t)h * ldyh + n] = acc[i >> 2][i & 3][j];
+            if (r < T && n < N) y[(int64_t)r * ldyr + (int64_t)h * ldyh + n] = scale * acc[i >> 2][i & 3][j];
         }
 }
 
@@ -2156,8 +2172,8 @@ void cuk_mla_uk(cudaStream_t st, const dw &kvb, const dw &ukt, const float *q, f
     }
     const int nc = tile_cols(tc);
     dim3 g((unsigned)((Rkv + nc - 1) / nc), (unsigned)((T + GT - 1) / GT), (unsigned)NH);
-    if (tc) cu_launch(k_head_mm<0, 1>, g, 256, 0, st, kvb, 0, Dn + Dv, q, (int64_t)NH * (Dn + Dr), Dn + Dr, Dn, Rkv, qt, (int64_t)NH * Rkv, Rkv, T);
-    else cu_launch(k_head_mm<0, 0>, g, 256, 0, st, kvb, 0, Dn + Dv, q, (int64_t)NH * (Dn + Dr), Dn + Dr, Dn, Rkv, qt, (int64_t)NH * Rkv, Rkv, T);
+    if (tc) cu_launch(k_head_mm<0, 1>, g, 256, 0, st, kvb, 0, Dn + Dv, q, (int64_t)NH * (Dn + Dr), Dn + Dr, Dn, Rkv, qt, (int64_t)NH * Rkv, Rkv, T, nullptr, 1.f);
+    else cu_launch(k_head_mm<0, 0>, g, 256, 0, st, kvb, 0, Dn + Dv, q, (int64_t)NH * (Dn + Dr), Dn + Dr, Dn, Rkv, qt, (int64_t)NH * Rkv, Rkv, T, nullptr, 1.f);
 }
 void cuk_mla_uv(cudaStream_t st, const dw &kvb, const float *lat, float *o, int T, int NH, int Dn, int Dv, int Rkv, const int32_t *heads, int tc) {
     if (T <= 8 && heads) { /* the GEMV form: slot r*NH + h is head h's W_UV (an "expert") on lat row r*NH + h */
@@ -2172,8 +2188,8 @@ void cuk_mla_uv(cudaStream_t st, const dw &kvb, const float *lat, float *o, int 
     }
     const int nc = tile_cols(tc);
     dim3 g((unsigned)((Dv + nc - 1) / nc), (unsigned)((T + GT - 1) / GT), (unsigned)NH);
-    if (tc) cu_launch(k_head_mm<1, 1>, g, 256, 0, st, kvb, Dn, Dn + Dv, lat, (int64_t)NH * Rkv, Rkv, Rkv, Dv, o, (int64_t)NH * Dv, Dv, T);
-    else cu_launch(k_head_mm<1, 0>, g, 256, 0, st, kvb, Dn, Dn + Dv, lat, (int64_t)NH * Rkv, Rkv, Rkv, Dv, o, (int64_t)NH * Dv, Dv, T);
+    if (tc) cu_launch(k_head_mm<1, 1>, g, 256, 0, st, kvb, Dn, Dn + Dv, lat, (int64_t)NH * Rkv, Rkv, Rkv, Dv, o, (int64_t)NH * Dv, Dv, T, nullptr, 1.f);
+    else cu_launch(k_head_mm<1, 0>, g, 256, 0, st, kvb, Dn, Dn + Dv, lat, (int64_t)NH * Rkv, Rkv, Rkv, Dv, o, (int64_t)NH * Dv, Dv, T, nullptr, 1.f);
 }
 
 /* S[r][h][i] = scale * ([q~ | q_pe][r][h] . key(sel[r][i])): a tile of 64 heads x NT keys of
@@ -2377,6 +2393,38 @@ __global__ void k_attn_reduce(const float *partial, float *lat, int64_t n, int n
     float s = 0.f;
     for (int k = 0; k < nsplit; k++) s += partial[(int64_t)k * n + i];
     lat[i] = s;
+}
+
+/* ---- a prompt's attention, expanded ---- */
+
+/* Kx[h][i][Dn + j] = k_pe of key i (kv[i][Rkv + j]) for every head: block (i, h) */
+__global__ void k_kpe_copy(const float *__restrict__ kv, int D, int Rkv, int Dr, int Dqk, int64_t ldh, float *__restrict__ Kx) {
+    pdl_enter();
+    const int64_t i = blockIdx.x, h = blockIdx.y;
+    for (int j = threadIdx.x; j < Dr; j += blockDim.x) Kx[h * ldh + i * Dqk + (Dqk - Dr) + j] = kv[i * D + Rkv + j];
+}
+
+void cuk_mla_attn_expanded(cudaStream_t st, const dw &kvb, const float *kv, int nk, const float *q, float *Kx, float *Vx, float *S, int64_t ldS,
+                           const int *seln, float *o, int T, int NH, int Dn, int Dr, int Dv, int Rkv, float scale) {
+    const int D = Rkv + Dr, Dqk = Dn + Dr, nc = tile_cols(1);
+    const int64_t lk = (int64_t)nk * Dqk, lv = (int64_t)nk * Dv;
+    /* K_h = W_UK_h c and V_h = W_UV_h c of the keys (the x rows: the cache's, every head reading
+     * the same), then k_pe beside each head's keys */
+    dim3 gk((unsigned)((Dn + nc - 1) / nc), (unsigned)((nk + GT - 1) / GT), (unsigned)NH);
+    cu_launch(k_head_mm<1, 1>, gk, 256, 0, st, kvb, 0, Dn + Dv, kv, D, 0, Rkv, Dn, Kx, Dqk, lk, nk, nullptr, 1.f);
+    dim3 gv((unsigned)((Dv + nc - 1) / nc), (unsigned)((nk + GT - 1) / GT), (unsigned)NH);
+    cu_launch(k_head_mm<1, 1>, gv, 256, 0, st, kvb, Dn, Dn + Dv, kv, D, 0, Rkv, Dv, Vx, Dv, lv, nk, nullptr, 1.f);
+    cu_launch(k_kpe_copy, dim3((unsigned)nk, (unsigned)NH), 64, 0, st, kv, D, Rkv, Dr, Dqk, lk, Kx);
+    /* S[r][h][i] = scale q[r][h] . K_h[i] for i < seln[r], a head's 64 rows x 128 keys a tile */
+    dw Wk = {QF32, (int64_t)NH * nk, Dqk, (int64_t)Dqk * 4, (const uint8_t *)Kx, nullptr, 0, Dqk, 0, 0};
+    dim3 gs((unsigned)((nk + nc - 1) / nc), (unsigned)((T + GT - 1) / GT), (unsigned)NH);
+    cu_launch(k_head_mm<1, 1>, gs, 256, 0, st, Wk, 0, nk, q, (int64_t)NH * Dqk, Dqk, Dqk, nk, S, (int64_t)NH * ldS, ldS, T, seln, scale);
+    if (nk <= 32 * SMW) cu_launch(k_attn_softmax_w, (unsigned)((T * NH + 7) / 8), 256, 0, st, S, ldS, seln, NH, T * NH, 1, (int64_t)0, scale);
+    else cu_launch(k_attn_softmax, T * NH, 1024, 0, st, S, ldS, seln, NH, 1, (int64_t)0, scale);
+    /* o[r][h] = sum_i P[r][h][i] V_h[i] over i < seln[r] */
+    dw Wv = {QF32, (int64_t)NH * nk, Dv, (int64_t)Dv * 4, (const uint8_t *)Vx, nullptr, 0, Dv, 0, 0};
+    dim3 go((unsigned)((Dv + nc - 1) / nc), (unsigned)((T + GT - 1) / GT), (unsigned)NH);
+    cu_launch(k_head_mm<0, 1>, go, 256, 0, st, Wv, 0, nk, S, (int64_t)NH * ldS, ldS, nk, Dv, o, (int64_t)NH * Dv, Dv, T, seln, 1.f);
 }
 
 /* ---- the decode attention in one pass (up to 8 rows) ----

@@ -475,8 +475,10 @@ extern "C" void cu_model_use_pdl(cu_model *m, int on) { set_mode(m, &m->no_pdl, 
 extern "C" void cu_model_use_fork(cu_model *m, int on) { set_mode(m, &m->no_fork, !on); }
 extern "C" void cu_model_use_bf16_experts(cu_model *m, int form) { set_mode(m, &m->w4, form); }
 extern "C" void cu_model_use_bf16_dense(cu_model *m, int on) { set_mode(m, &m->w8, on); }
+extern "C" void cu_model_use_expanded_attn(cu_model *m, int on) { set_mode(m, &m->xattn, on); }
 extern "C" void cu_model_use_graphs(cu_model *m, int on) { set_mode(m, &m->use_graphs, on); }
 extern "C" unsigned long long cu_model_fork_count(const cu_model *m) { return m->forks; }
+extern "C" unsigned long long cu_model_expanded_count(const cu_model *m) { return m->xruns; }
 extern "C" int cu_model_graph_count(const cu_model *m) {
     int n = 0;
     for (int i = 0; i < CU_GRAPHS; i++) n += m->graphs[i].ex != NULL;
@@ -582,7 +584,7 @@ extern "C" int cu_kv_copy(cu_model *m, cu_kv *dst, const cu_kv *src, int n, petr
 
 /* ---- the forward ---- */
 
-static size_t carve(uint8_t *base, const petrel_config *c, int T, int nmax, int nall, int nlog, int tiered, fscr *f) {
+static size_t carve(uint8_t *base, const petrel_config *c, int T, int nmax, int nall, int nlog, int tiered, int nkx, fscr *f) {
     size_t off = 0;
 #define TAKE(p, type, n) (off = (off + 255) / 256 * 256, f->p = base ? (type *)(base + off) : NULL, off += sizeof(type) * (size_t)(n))
     int H = c->hidden_size, NH = c->num_attention_heads, K = c->num_experts_per_tok, E = c->n_routed_experts;
@@ -605,6 +607,8 @@ static size_t carve(uint8_t *base, const petrel_config *c, int T, int nmax, int 
     TAKE(qt, float, (size_t)T * NH * c->kv_lora_rank);
     TAKE(lat, float, (size_t)T * NH * c->kv_lora_rank);
     TAKE(S, float, (size_t)T * NH * nmax * (T <= 8 ? CU_ATTN_DSPLIT : 1));
+    TAKE(kx, float, (size_t)NH * nkx * c->qk_head_dim + 1);
+    TAKE(vx, float, (size_t)NH * nkx * c->v_head_dim + 1);
     TAKE(partial, float, (size_t)(T <= 8 ? T * CU_ATTN_SPLITS : 1) * NH * c->kv_lora_rank);
     TAKE(qi, float, (size_t)T * c->index_n_heads * c->index_head_dim);
     TAKE(ki, float, (size_t)T * c->index_head_dim);
@@ -666,7 +670,7 @@ static size_t carve(uint8_t *base, const petrel_config *c, int T, int nmax, int 
 size_t cu_chunk_scratch_bytes(const petrel_config *c, int rows) {
     fscr f;
     int topk = c->index_topk > 0 ? c->index_topk : rows;
-    return carve(NULL, c, rows, rows < topk ? rows : topk, rows + topk, rows, 1, &f);
+    return carve(NULL, c, rows, rows < topk ? rows : topk, rows + topk, rows, 1, c->index_topk > 0 ? c->index_topk : 0, &f);
 }
 
 int cu_chunk_rows(const petrel_config *c, uint64_t left, int least) {
@@ -819,6 +823,9 @@ struct chunk_k {
     int t, nmax, nall, need_q, nl;
     const int32_t *hl; /* the logits rows among the chunk's (host) */
     int keys;          /* the most keys a row has (nall is its launch size) */
+    int xkeys;         /* > 0: the chunk's attention expanded over these first keys of one session's cache xkv (cap xcap) */
+    const float *xkv;
+    int xcap;
 };
 
 /* the experts a forward runs are counted on the device where rows may share experts; one row's
@@ -882,14 +889,22 @@ static int chunk_kernels(cu_model *m, fscr &f, const fscr &f0, const chunk_k &ck
             PROF(P_INDEXER);
         }
         have_sel |= sel_here;
-        cuk_mla_uk(st, G.kv_b, G.uk_t, f.q, f.qt, t, NH, Dn, Dr, Dv, Rkv, m->heads, 1);
-        if (dsa_side) cudaEventRecord(m->join, m->side), cudaStreamWaitEvent(st, m->join, 0);
-        PROF(P_HEADS);
-        cuk_mla_attn(st, f.q, f.qt, f.S, nmax, f.sel, topk, f.seln, nmax, f.lat, t, NH, Dn, Dr, Rkv, scale, l, f.ri, f.partial,
-                     cuk_attn_splits(t, NH, Rkv, nmax), 2);
-        PROF(P_ATTN_CORE);
-        cuk_mla_uv(st, G.kv_b, f.lat, f.o, t, NH, Dn, Dv, Rkv, m->heads, 1);
-        PROF(P_HEADS);
+        if (ck.xkeys) { /* the heads' keys and values expanded, then o per head: no q~, no lat */
+            if (dsa_side) cudaEventRecord(m->join, m->side), cudaStreamWaitEvent(st, m->join, 0);
+            m->xruns++;
+            cuk_mla_attn_expanded(st, G.kv_b, ck.xkv + (size_t)l * ck.xcap * (Rkv + Dr), ck.xkeys, f.q, f.kx, f.vx, f.S, nmax, f.seln, f.o, t, NH,
+                                  Dn, Dr, Dv, Rkv, scale);
+            PROF(P_ATTN_CORE);
+        } else {
+            cuk_mla_uk(st, G.kv_b, G.uk_t, f.q, f.qt, t, NH, Dn, Dr, Dv, Rkv, m->heads, 1);
+            if (dsa_side) cudaEventRecord(m->join, m->side), cudaStreamWaitEvent(st, m->join, 0);
+            PROF(P_HEADS);
+            cuk_mla_attn(st, f.q, f.qt, f.S, nmax, f.sel, topk, f.seln, nmax, f.lat, t, NH, Dn, Dr, Rkv, scale, l, f.ri, f.partial,
+                         cuk_attn_splits(t, NH, Rkv, nmax), 2);
+            PROF(P_ATTN_CORE);
+            cuk_mla_uv(st, G.kv_b, f.lat, f.o, t, NH, Dn, Dv, Rkv, m->heads, 1);
+            PROF(P_HEADS);
+        }
         mm(m, f, G.o, f.o, f.y, t);
         cuk_add_rmsnorm(st, f.x, f.h, f.y, NULL, G.post_norm, H, t, c->rms_norm_eps);
         PROF(P_O_PROJ);
@@ -993,6 +1008,9 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
     /* up to 8 rows: the launch sizes in buckets of 256 keys (each row's own key count is on the
      * device), so a decode step's launches repeat for 256 steps and replay as one graph */
     const int keys = nall;
+    /* one session's rows (consecutive positions) that each select every key: the expanded
+     * attention over the cache's first nall keys */
+    const int xkeys = m->xattn && np == 1 && t > 8 && !need_q ? nall : 0;
     if (t <= 8) {
         int b = (nmax + 255) / 256 * 256;
         nmax = topk > 0 && b > topk ? (topk > nmax ? topk : nmax) : b;
@@ -1001,7 +1019,7 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
 #define PROF(part) prof_mark(m, part)
     m->n_ev = 0;
     fscr f;
-    size_t need = carve(NULL, c, t, nmax, need_q ? nall : 1, nl, m->tiers != NULL, &f);
+    size_t need = carve(NULL, c, t, nmax, need_q ? nall : 1, nl, m->tiers != NULL, xkeys, &f);
     if (need > m->scr_cap) {
         cudaStreamSynchronize(st);
         if (m->scr) cudaFree(m->scr), m->used -= m->scr_cap;
@@ -1017,7 +1035,7 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
         }
         m->scr_cap = want, m->used += want;
     }
-    carve(m->scr, c, t, nmax, need_q ? nall : 1, nl, m->tiers != NULL, &f);
+    carve(m->scr, c, t, nmax, need_q ? nall : 1, nl, m->tiers != NULL, xkeys, &f);
     const fscr f0 = f; /* the carved places (a layer's stacked products point f's into on_x / on_qa) */
     f.need_xl = hidden || nl;
     f.t = t;
@@ -1030,7 +1048,7 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
     cudaMemcpyAsync(f.always, pin + 4 * (size_t)m->rows, sizeof(int32_t) * t, cudaMemcpyHostToDevice, st);
     cudaMemcpyAsync(f.ri, pin + 8 * (size_t)m->rows, sizeof(cu_rowinfo) * t, cudaMemcpyHostToDevice, st);
     PROF(P_COPY);
-    chunk_k ck = {t, nmax, need_q ? nall : 1, need_q, nl, hl, keys};
+    chunk_k ck = {t, nmax, need_q ? nall : 1, need_q, nl, hl, keys, xkeys, xkeys ? pc[0].s->kv->kv : NULL, xkeys ? pc[0].s->kv->cap : 0};
     int r = 0;
     cudaError_t rc = cudaSuccess;
     /* one decode row (resident, no profile, no hidden states): the step's kernels as a graph,
@@ -1434,6 +1452,37 @@ extern "C" int cu_attn_check(const float *q, const float *qt, const float *kv, i
         rc = check_fetch(&m, lat, dl, sizeof(float) * (size_t)T * NH * Rkv, "attention", err);
     }
     free(hri);
+    check_done(&m);
+    return rc;
+}
+
+extern "C" int cu_attn_expanded_check(const pt_wview *kvb, const float *q, const float *kv, int pos0, int T, int NH, int Dn, int Dr, int Dv,
+                                      float scale, float *o, petrel_error *err) {
+    if (T < 1 || pos0 < 0 || NH < 1 || kvb->rows != (int64_t)NH * (Dn + Dv))
+        return pt_err(err, PETREL_EINVAL, "the expanded attention check takes rows and a kv_b of NH (Dn + Dv) rows");
+    cu_model m;
+    PT_TRY(check_model(&m, err));
+    dw K;
+    const int Rkv = (int)kvb->cols, D = Rkv + Dr, nk = pos0 + T;
+    int rc = up_w(&m, kvb, "test kv_b", &K, err);
+    float *dq = (float *)dalloc(&m, sizeof(float) * (size_t)T * NH * (Dn + Dr), "q", err);
+    float *dkv = (float *)dalloc(&m, sizeof(float) * (size_t)nk * D, "keys", err);
+    float *dkx = (float *)dalloc(&m, sizeof(float) * (size_t)NH * nk * (Dn + Dr), "expanded keys", err);
+    float *dvx = (float *)dalloc(&m, sizeof(float) * (size_t)NH * nk * Dv, "expanded values", err);
+    float *dS = (float *)dalloc(&m, sizeof(float) * (size_t)T * NH * nk, "S", err);
+    float *dout = (float *)dalloc(&m, sizeof(float) * (size_t)T * NH * Dv, "o", err);
+    int *dn = (int *)dalloc(&m, sizeof(int) * T, "seln", err);
+    int *hn = (int *)malloc(sizeof(int) * T);
+    if (!rc && (!dq || !dkv || !dkx || !dvx || !dS || !dout || !dn || !hn)) rc = PETREL_ENOMEM;
+    for (int r = 0; !rc && r < T; r++) hn[r] = pos0 + r + 1;
+    if (!rc) rc = up_copy(dq, q, sizeof(float) * (size_t)T * NH * (Dn + Dr), err);
+    if (!rc) rc = up_copy(dkv, kv, sizeof(float) * (size_t)nk * D, err);
+    if (!rc) rc = up_copy(dn, hn, sizeof(int) * T, err);
+    if (!rc) {
+        cuk_mla_attn_expanded(m.st, K, dkv, nk, dq, dkx, dvx, dS, nk, dn, dout, T, NH, Dn, Dr, Dv, Rkv, scale);
+        rc = check_fetch(&m, o, dout, sizeof(float) * (size_t)T * NH * Dv, "expanded attention", err);
+    }
+    free(hn);
     check_done(&m);
     return rc;
 }

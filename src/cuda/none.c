@@ -26,7 +26,9 @@ void cu_model_use_pdl(cu_model *m, int on) { (void)m, (void)on; }
 void cu_model_use_fork(cu_model *m, int on) { (void)m, (void)on; }
 void cu_model_use_bf16_experts(cu_model *m, int form) { (void)m, (void)form; }
 void cu_model_use_bf16_dense(cu_model *m, int on) { (void)m, (void)on; }
+void cu_model_use_expanded_attn(cu_model *m, int on) { (void)m, (void)on; }
 unsigned long long cu_model_fork_count(const cu_model *m) { (void)m; return 0; }
+unsigned long long cu_model_expanded_count(const cu_model *m) { (void)m; return 0; }
 int cu_model_graph_count(const cu_model *m) { (void)m; return 0; }
 void cu_model_tier_stats(const cu_model *m, cu_tier_stats *out) {
     (void)m;
@@ -83,6 +85,11 @@ int cu_attn_check(const float *q, const float *qt, const float *kv, int cap, con
                   int Dr, int Rkv, float scale, int flash, float *lat, petrel_error *err) {
     (void)q, (void)qt, (void)kv, (void)cap, (void)sel, (void)ld_sel, (void)seln, (void)T, (void)NH, (void)Dn, (void)Dr, (void)Rkv, (void)scale;
     (void)flash, (void)lat;
+    return pt_err(err, PETREL_EUNSUPPORTED, NO_CUDA);
+}
+int cu_attn_expanded_check(const pt_wview *kvb, const float *q, const float *kv, int pos0, int T, int NH, int Dn, int Dr, int Dv, float scale, float *o,
+                           petrel_error *err) {
+    (void)kvb, (void)q, (void)kv, (void)pos0, (void)T, (void)NH, (void)Dn, (void)Dr, (void)Dv, (void)scale, (void)o;
     return pt_err(err, PETREL_EUNSUPPORTED, NO_CUDA);
 }
 int cu_route_check(const float *lg, const float *bias, int T, int E, int K, int n_group, int topk_group, int norm, float scale, int regs,
