@@ -80,12 +80,12 @@ void cu_model_use_fork(cu_model *m, int on);
 void cu_model_use_bf16_experts(cu_model *m, int form);
 /* A prompt's other q8 products (more than 8 rows: attention projections, the dense and shared
  * MLPs, the head) on the bf16 warpgroup-MMA GEMM (cuk_gemm_w8g) instead of the int8 one: on 1,
- * off 0 (the default). A trial: not yet run on a GPU. */
+ * off 0 (the default, the CPU's int8 bits). */
 void cu_model_use_bf16_dense(cu_model *m, int on);
 /* A prompt chunk whose rows are one session's and each select all of their keys (contexts up to
  * index_topk) runs its attention expanded (cuk_mla_attn_expanded: each head's keys and values
  * made once for the chunk, no W_UK / W_UV on the rows): on 1, off 0 (the default: the absorbed
- * form's scores / softmax / P C). A trial: not yet run on a GPU. */
+ * form's scores / softmax / P C). */
 void cu_model_use_expanded_attn(cu_model *m, int on);
 unsigned long long cu_model_fork_count(const cu_model *m); /* parts launched or captured on the second stream since open */
 unsigned long long cu_model_expanded_count(const cu_model *m); /* layers of prompt chunks in the expanded attention since open */

@@ -83,7 +83,7 @@ void cuk_gemm_w4g(cudaStream_t st, const dw &W, const __nv_bfloat16 *xh, int64_t
                   const int *ntiles_dev, int max_tiles, const int32_t *list, const int32_t *xmap);
 /* The same form for q8 weights (q8_g32 and other power-of-two groups >= 32, whole 64 columns):
  * w = bf16(q bf16(s)); x rows from cuk_xbf16g8 (its own column order), plain rows or tiles as
- * cuk_gemm_w4g's. Not yet run on a GPU (trial: `bench --cuda-dense wgmma`). */
+ * cuk_gemm_w4g's (`bench --cuda-dense wgmma`). */
 int cuk_gemm_w8_ok(const dw &W);
 void cuk_xbf16g8(cudaStream_t st, const float *x, int64_t ldx, int n, int cols, __nv_bfloat16 *xh, int64_t ldxh);
 void cuk_gemm_w8g(cudaStream_t st, const dw &W, const __nv_bfloat16 *xh, int64_t ldxh, float *y, int64_t ldy, int n, const int32_t *tiles,

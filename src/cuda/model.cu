@@ -698,7 +698,7 @@ static void mm(const cu_model *m, const fscr &f, const dw &W, const float *x, fl
     if (n <= 8 && xq) cuk_gemv_q(m->st, W, *xq, y, W.rows, n, NULL, NULL); /* x quantized for W's format already */
     else if (n <= 8 && quant_x(m, f, W, x, W.cols, n, &X)) cuk_gemv_q(m->st, W, X, y, W.rows, n, NULL, NULL);
     else if (n <= 8) cuk_gemv(m->st, W, x, W.cols, y, W.rows, n, NULL, NULL);
-    else if (m->w8 && m->tc && cuk_gemm_w8_ok(W) && (int64_t)n * W.cols <= f.xq_cap) { /* the bf16 warpgroup-MMA form (trial) */
+    else if (m->w8 && m->tc && cuk_gemm_w8_ok(W) && (int64_t)n * W.cols <= f.xq_cap) { /* the bf16 warpgroup-MMA form (cu_model_use_bf16_dense) */
         cuk_xbf16g8(m->st, x, W.cols, n, (int)W.cols, f.xh, W.cols);
         cuk_gemm_w8g(m->st, W, f.xh, W.cols, y, W.rows, n, NULL, NULL, 0, NULL, NULL);
     } else if (quant_x(m, f, W, x, W.cols, n, &X, 1)) cuk_gemm_q(m->st, W, X, y, W.rows, n, NULL, NULL, 0, NULL, NULL);
