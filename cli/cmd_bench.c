@@ -77,10 +77,11 @@ static const char *usage =
     "                   mma.sync (bf16) or Hopper's warpgroup MMA (wgmma)\n"
     "  --cuda-dense int8|wgmma with --device cuda: a prompt's other q8 products on the int8\n"
     "                   tensor-core GEMM (the default) or on warpgroup MMA in bf16\n"
-    "  --cuda-prompt-attn absorbed|expanded with --device cuda: a prompt chunk's attention\n"
-    "                   (one session, every key selected: contexts up to index_topk) in the\n"
-    "                   absorbed form (the default) or expanded: each head's keys and values made\n"
-    "                   once for the chunk (fewer products; ~1e-6 from absorbed)\n"
+    "  --cuda-prompt-attn absorbed|expanded|expanded-wgmma with --device cuda: a prompt chunk's\n"
+    "                   attention (one session, every key selected: contexts up to index_topk) in\n"
+    "                   the absorbed form (the default) or expanded: each head's keys and values\n"
+    "                   made once for the chunk (fewer products; ~1e-6 from absorbed), its products\n"
+    "                   on mma.sync tiles or on warpgroup MMA (expanded-wgmma, a trial)\n"
     "  --prefix-cache   after prefill, time a new session of the same prompt through the prefix\n"
     "                   cache (its whole pages taken, the rest run): time to the first token's logits\n"
     "  --route-trace FILE  route every MoE layer by a recorded trace (.txt or .gz; its layers spread\n"
@@ -682,8 +683,9 @@ CLI_CMD(bench) {
         }
         else if (!strcmp(argv[i], "--cuda-prompt-attn") && i + 1 < argc) {
             const char *v = argv[++i];
-            if (strcmp(v, "absorbed") && strcmp(v, "expanded")) return cli_fail("bench: --cuda-prompt-attn: \"%s\" is not absorbed or expanded", v);
-            xattn = !strcmp(v, "expanded");
+            if (strcmp(v, "absorbed") && strcmp(v, "expanded") && strcmp(v, "expanded-wgmma"))
+                return cli_fail("bench: --cuda-prompt-attn: \"%s\" is not absorbed, expanded or expanded-wgmma", v);
+            xattn = !strcmp(v, "expanded") ? 1 : !strcmp(v, "expanded-wgmma") ? 2 : 0;
         }
         else if (!strcmp(argv[i], "--history-split")) history_split = 1;
         else if (!strcmp(argv[i], "--golden") && i + 1 < argc) golden = argv[++i];

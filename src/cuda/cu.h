@@ -84,9 +84,10 @@ void cu_model_use_bf16_experts(cu_model *m, int form);
 void cu_model_use_bf16_dense(cu_model *m, int on);
 /* A prompt chunk whose rows are one session's and each select all of their keys (contexts up to
  * index_topk) runs its attention expanded (cuk_mla_attn_expanded: each head's keys and values
- * made once for the chunk, no W_UK / W_UV on the rows): on 1, off 0 (the default: the absorbed
- * form's scores / softmax / P C). */
-void cu_model_use_expanded_attn(cu_model *m, int on);
+ * made once for the chunk, no W_UK / W_UV on the rows): 1 on mma.sync tiles, 2 on warpgroup MMA
+ * (a trial, not yet run on a GPU), 0 off (the default: the absorbed form's scores / softmax /
+ * P C). */
+void cu_model_use_expanded_attn(cu_model *m, int form);
 unsigned long long cu_model_fork_count(const cu_model *m); /* parts launched or captured on the second stream since open */
 unsigned long long cu_model_expanded_count(const cu_model *m); /* layers of prompt chunks in the expanded attention since open */
 int cu_model_graph_count(const cu_model *m); /* the decode graphs kept now (0: none made, or graphs off) */
@@ -169,9 +170,9 @@ int cu_attn_check(const float *q, const float *qt, const float *kv, int cap, con
 /* The expanded attention (cuk_mla_attn_expanded) of T rows at positions pos0 .. pos0 + T - 1 of
  * one session over keys kv [pos0 + T][Rkv + Dr] (row r over keys 0 .. pos0 + r) with kv_b
  * [NH (Dn + Dv)][Rkv] and q [T][NH][Dn + Dr]: o [T][NH][Dv], what cu_attn_check's lat becomes
- * through W_UV. */
-int cu_attn_expanded_check(const pt_wview *kvb, const float *q, const float *kv, int pos0, int T, int NH, int Dn, int Dr, int Dv, float scale, float *o,
-                           petrel_error *err);
+ * through W_UV; wg 1: the warpgroup-MMA products. */
+int cu_attn_expanded_check(const pt_wview *kvb, const float *q, const float *kv, int pos0, int T, int NH, int Dn, int Dr, int Dv, float scale, int wg,
+                           float *o, petrel_error *err);
 /* The router (moe_route) of T rows of E logits on the GPU: idx / wts [T][K]; regs 1 the form
  * that keeps each lane's values in registers (E <= 256; larger E take the other), 0 the
  * shared-memory form. */

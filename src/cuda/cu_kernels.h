@@ -157,9 +157,11 @@ void cuk_mla_attn(cudaStream_t st, const float *q, const float *qt, float *S, in
  * [NH][nk][Dv] = W_UV_h c), then per head S = scale q K_h^T (S [T][NH][ldS]), softmax, and
  * o [T][NH][Dv] = P V_h: the output W_UV takes to after cuk_mla_attn (no q~, no lat), with 448
  * products a (row, key, head) for GLM-5's heads against the absorbed form's 1088. All on tensor
- * cores (tf32, each product in three); the CPU's MLA_RECONSTRUCTED sums, in tile order. */
+ * cores (tf32, each product in three); the CPU's MLA_RECONSTRUCTED sums, in tile order. wg 0:
+ * the products on mma.sync tiles (k_head_mm); 1 on warpgroup MMA (k_nt_wg: both operands split
+ * once into shared memory, Vx then [NH][Dv][nk]). Not the same bits as each other. */
 void cuk_mla_attn_expanded(cudaStream_t st, const dw &kvb, const float *kv, int nk, const float *q, float *Kx, float *Vx, float *S, int64_t ldS,
-                           const int *seln, float *o, int T, int NH, int Dn, int Dr, int Dv, int Rkv, float scale);
+                           const int *seln, float *o, int T, int NH, int Dn, int Dr, int Dv, int Rkv, float scale, int wg);
 /* The one-pass forms cuk_mla_attn takes with flash (k_attn_flash: each block a range of keys
  * for 16 heads with an online softmax, then the ranges merged in order): 0 none (more than 8
  * rows, Rkv > 512, Rkv + Dr not a multiple of 4: the scores / softmax / P C kernels above),

@@ -2395,6 +2395,141 @@ __global__ void k_attn_reduce(const float *partial, float *lat, int64_t n, int n
     lat[i] = s;
 }
 
+/* ---- y = A B^T on Hopper's warpgroup MMA in tf32, each product in three ----
+ * D[m][n] = scale sum_k A[m][k] B[n][k] per head (grid.z): A and B both K-major (rows of K
+ * values: f32 rows, or a weight's rows dequantized), 64 rows of A x 128 rows of B a block (one
+ * warpgroup), 32 columns of K a stage. Each stage's values are split once as they go to shared
+ * memory (x = hi + lo, tf32 parts) and every k8 step is three wgmma.m64n128k8 (lo hi, hi lo,
+ * hi hi: errors near f32 rounding, as tile_mma); two stages in shared memory, the next one's
+ * values in registers while the current one's products run. Shared tiles are K-major without
+ * swizzle: chunk c (4 values of K) of row r at (c R + r) 16 bytes (R: the tile's rows). */
+struct ntop {
+    const float *p; /* f32 rows: row i of head h at p + h hs + i ld */
+    int64_t ld, hs; /* (a weight: row h hs + i of W) */
+    dw W;
+    int rows;       /* rows a head */
+};
+#define NTM 64
+#define NTN 128
+#define NTK 32
+struct nt_layout {
+    static constexpr int AH = 0, AL = AH + NTM * NTK * 4, BH = AL + NTM * NTK * 4, BL = BH + NTN * NTK * 4, STAGE = BL + NTN * NTK * 4;
+};
+__device__ __forceinline__ void wgmma_tf32_n128(float *d, uint64_t da, uint64_t db) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "l"(da), "l"(db));
+}
+/* row i's 8 values k .. k + 7 of operand o (zeros past kend or past the rows) */
+template <int WT>
+__device__ __forceinline__ void nt_fetch8(const ntop &o, int h, int i, int k, int kend, float v[8]) {
+    if (WT) {
+        wfetch8(o.W, (int64_t)h * o.hs + i, k, kend, i < o.rows, v);
+    } else {
+        fetch8(i < o.rows ? o.p + (int64_t)h * o.hs + (int64_t)i * o.ld : nullptr, k, kend, v);
+    }
+}
+/* 8 values of row r (chunks 2 q, 2 q + 1) into a stage's hi and lo tiles of R rows */
+__device__ __forceinline__ void nt_put8(uint8_t *hi, uint8_t *lo, int R, int r, int q, const float v[8]) {
+    uint32_t h[8], l[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) tf32_split(v[j], h[j], l[j]);
+    *(uint4 *)(hi + ((2 * q) * R + r) * 16) = make_uint4(h[0], h[1], h[2], h[3]);
+    *(uint4 *)(hi + ((2 * q + 1) * R + r) * 16) = make_uint4(h[4], h[5], h[6], h[7]);
+    *(uint4 *)(lo + ((2 * q) * R + r) * 16) = make_uint4(l[0], l[1], l[2], l[3]);
+    *(uint4 *)(lo + ((2 * q + 1) * R + r) * 16) = make_uint4(l[4], l[5], l[6], l[7]);
+}
+/* lim (NULL: none): A row m's extent: limk 0, D[m][n] for n < lim[m] (a block past its rows'
+ * largest lim does nothing; outputs past a row's lim in a block that runs are written all the
+ * same); limk 1, the sum over k < lim[m] (A past it read as 0) */
+template <int AW, int BW>
+__global__ void __launch_bounds__(128) k_nt_wg(ntop A, ntop B, int K, float *__restrict__ y, int64_t ldy, int64_t ldyh, const int *lim, int limk,
+                                               float scale) {
+    pdl_enter();
+    extern __shared__ __align__(128) uint8_t nt_smem[];
+    __shared__ int lmax;
+    const int h = blockIdx.z, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
+    const int m0 = blockIdx.y * NTM, n0 = blockIdx.x * NTN;
+    if (lim) {
+        if (tid == 0) lmax = 0;
+        __syncthreads();
+        if (tid < NTM && m0 + tid < A.rows) atomicMax(&lmax, lim[m0 + tid]);
+        __syncthreads();
+        if (!limk && n0 >= lmax) return;
+        if (limk && lmax < K) K = lmax;
+    }
+    const int nst = (K + NTK - 1) / NTK;
+    /* the thread's loads: A rows m0 + (tid & 63), octets q = 2 j + (tid >> 6) (j < 2); B rows
+     * n0 + tid, octets 0 .. 3 (consecutive threads, consecutive rows: each 16-byte store meets
+     * its own banks) */
+    const int ar = tid & 63, aq = tid >> 6;
+    const int aend = limk && lim && m0 + ar < A.rows && lim[m0 + ar] < K ? lim[m0 + ar] : K;
+    float av[2][8], bv[4][8];
+    auto load = [&](int kt) {
+        const int k0 = kt * NTK;
+#pragma unroll
+        for (int j = 0; j < 2; j++) nt_fetch8<AW>(A, h, m0 + ar, k0 + 8 * (2 * j + aq), aend, av[j]);
+#pragma unroll
+        for (int q = 0; q < 4; q++) nt_fetch8<BW>(B, h, n0 + tid, k0 + 8 * q, K, bv[q]);
+    };
+    auto put = [&](int kt) {
+        uint8_t *S = nt_smem + (kt & 1) * nt_layout::STAGE;
+#pragma unroll
+        for (int j = 0; j < 2; j++) nt_put8(S + nt_layout::AH, S + nt_layout::AL, NTM, ar, 2 * j + aq, av[j]);
+#pragma unroll
+        for (int q = 0; q < 4; q++) nt_put8(S + nt_layout::BH, S + nt_layout::BL, NTN, tid, q, bv[q]);
+    };
+    float d[64];
+#pragma unroll
+    for (int i = 0; i < 64; i++) d[i] = 0.f;
+    if (nst > 0) {
+        load(0);
+        put(0);
+        fence_async_smem();
+        __syncthreads();
+        if (nst > 1) load(1);
+    }
+    for (int kt = 0; kt < nst; kt++) {
+        const uint8_t *S = nt_smem + (kt & 1) * nt_layout::STAGE;
+        wg_fence();
+#pragma unroll
+        for (int s = 0; s < NTK / 8; s++) { /* k8 step s: chunks 2 s, 2 s + 1 */
+            const uint64_t ah = wg_desc(S + nt_layout::AH + 2 * s * NTM * 16, NTM * 16, 128), al = wg_desc(S + nt_layout::AL + 2 * s * NTM * 16, NTM * 16, 128);
+            const uint64_t bh = wg_desc(S + nt_layout::BH + 2 * s * NTN * 16, NTN * 16, 128), bl = wg_desc(S + nt_layout::BL + 2 * s * NTN * 16, NTN * 16, 128);
+            wgmma_tf32_n128(d, al, bh);
+            wgmma_tf32_n128(d, ah, bl);
+            wgmma_tf32_n128(d, ah, bh);
+        }
+        wg_commit();
+        if (kt + 1 < nst) {
+            wg_wait<1>(); /* stage kt - 1's products are done: its buffer takes stage kt + 1 */
+            put(kt + 1);
+            fence_async_smem();
+            __syncthreads();
+            if (kt + 2 < nst) load(kt + 2);
+        }
+    }
+    wg_wait<0>();
+#pragma unroll
+    for (int i = 0; i < 64; i++) wg_keep(d[i]);
+    /* d[4 j + c]: A row 16 warp + g (+ 8 for c >= 2), B row 8 j + 2 t4 + c % 2 */
+#pragma unroll
+    for (int i = 0; i < 64; i++) {
+        const int j = i >> 2, c = i & 3;
+        const int m = m0 + 16 * warp + g + (c >= 2 ? 8 : 0), n = n0 + 8 * j + 2 * t4 + (c & 1);
+        if (m < A.rows && n < B.rows) y[(int64_t)m * ldy + (int64_t)h * ldyh + n] = scale * d[i];
+    }
+}
+template <int AW, int BW>
+static void nt_go(cudaStream_t st, const ntop &A, const ntop &B, int K, int heads, float *y, int64_t ldy, int64_t ldyh, const int *lim, int limk,
+                  float scale) {
+    const int smem = 2 * nt_layout::STAGE;
+    cudaFuncSetAttribute(k_nt_wg<AW, BW>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    dim3 g((unsigned)((B.rows + NTN - 1) / NTN), (unsigned)((A.rows + NTM - 1) / NTM), (unsigned)heads);
+    cu_launch(k_nt_wg<AW, BW>, g, 128, smem, st, A, B, K, y, ldy, ldyh, lim, limk, scale);
+}
+
 /* ---- a prompt's attention, expanded ---- */
 
 /* Kx[h][i][Dn + j] = k_pe of key i (kv[i][Rkv + j]) for every head: block (i, h) */
@@ -2405,9 +2540,26 @@ __global__ void k_kpe_copy(const float *__restrict__ kv, int D, int Rkv, int Dr,
 }
 
 void cuk_mla_attn_expanded(cudaStream_t st, const dw &kvb, const float *kv, int nk, const float *q, float *Kx, float *Vx, float *S, int64_t ldS,
-                           const int *seln, float *o, int T, int NH, int Dn, int Dr, int Dv, int Rkv, float scale) {
+                           const int *seln, float *o, int T, int NH, int Dn, int Dr, int Dv, int Rkv, float scale, int wg) {
     const int D = Rkv + Dr, Dqk = Dn + Dr, nc = tile_cols(1);
     const int64_t lk = (int64_t)nk * Dqk, lv = (int64_t)nk * Dv;
+    if (wg) { /* the products on warpgroup MMA (k_nt_wg), V kept transposed: Vx [NH][Dv][nk] */
+        const dw none = {};
+        const ntop keys = {kv, D, 0, none, nk};                                      /* the cache's rows, every head's */
+        const ntop uk = {nullptr, 0, Dn + Dv, kvb, Dn}, uv = {nullptr, 0, Dn + Dv, kvb, Dv}; /* W_UK_h, W_UV_h rows */
+        ntop uv_at = uv;
+        uv_at.W.d = kvb.d + (int64_t)Dn * kvb.rb, uv_at.W.s = kvb.s ? kvb.s + (int64_t)Dn * kvb.sc : nullptr;
+        nt_go<0, 1>(st, keys, uk, Rkv, NH, Kx, Dqk, lk, nullptr, 0, 1.f);     /* Kx[h][i][n] */
+        nt_go<1, 0>(st, uv_at, keys, Rkv, NH, Vx, nk, lv, nullptr, 0, 1.f);   /* Vx[h][n][i] */
+        cu_launch(k_kpe_copy, dim3((unsigned)nk, (unsigned)NH), 64, 0, st, kv, D, Rkv, Dr, Dqk, lk, Kx);
+        const ntop qa = {q, (int64_t)NH * Dqk, Dqk, none, T}, kb = {Kx, Dqk, lk, none, nk};
+        nt_go<0, 0>(st, qa, kb, Dqk, NH, S, (int64_t)NH * ldS, ldS, seln, 0, scale);
+        if (nk <= 32 * SMW) cu_launch(k_attn_softmax_w, (unsigned)((T * NH + 7) / 8), 256, 0, st, S, ldS, seln, NH, T * NH, 1, (int64_t)0, scale);
+        else cu_launch(k_attn_softmax, T * NH, 1024, 0, st, S, ldS, seln, NH, 1, (int64_t)0, scale);
+        const ntop pa = {S, (int64_t)NH * ldS, ldS, none, T}, vb = {Vx, nk, lv, none, Dv};
+        nt_go<0, 0>(st, pa, vb, nk, NH, o, (int64_t)NH * Dv, Dv, seln, 1, 1.f);
+        return;
+    }
     /* K_h = W_UK_h c and V_h = W_UV_h c of the keys (the x rows: the cache's, every head reading
      * the same), then k_pe beside each head's keys */
     dim3 gk((unsigned)((Dn + nc - 1) / nc), (unsigned)((nk + GT - 1) / GT), (unsigned)NH);

@@ -475,7 +475,7 @@ extern "C" void cu_model_use_pdl(cu_model *m, int on) { set_mode(m, &m->no_pdl, 
 extern "C" void cu_model_use_fork(cu_model *m, int on) { set_mode(m, &m->no_fork, !on); }
 extern "C" void cu_model_use_bf16_experts(cu_model *m, int form) { set_mode(m, &m->w4, form); }
 extern "C" void cu_model_use_bf16_dense(cu_model *m, int on) { set_mode(m, &m->w8, on); }
-extern "C" void cu_model_use_expanded_attn(cu_model *m, int on) { set_mode(m, &m->xattn, on); }
+extern "C" void cu_model_use_expanded_attn(cu_model *m, int form) { set_mode(m, &m->xattn, form); }
 extern "C" void cu_model_use_graphs(cu_model *m, int on) { set_mode(m, &m->use_graphs, on); }
 extern "C" unsigned long long cu_model_fork_count(const cu_model *m) { return m->forks; }
 extern "C" unsigned long long cu_model_expanded_count(const cu_model *m) { return m->xruns; }
@@ -893,7 +893,7 @@ static int chunk_kernels(cu_model *m, fscr &f, const fscr &f0, const chunk_k &ck
             if (dsa_side) cudaEventRecord(m->join, m->side), cudaStreamWaitEvent(st, m->join, 0);
             m->xruns++;
             cuk_mla_attn_expanded(st, G.kv_b, ck.xkv + (size_t)l * ck.xcap * (Rkv + Dr), ck.xkeys, f.q, f.kx, f.vx, f.S, nmax, f.seln, f.o, t, NH,
-                                  Dn, Dr, Dv, Rkv, scale);
+                                  Dn, Dr, Dv, Rkv, scale, m->xattn == 2);
             PROF(P_ATTN_CORE);
         } else {
             cuk_mla_uk(st, G.kv_b, G.uk_t, f.q, f.qt, t, NH, Dn, Dr, Dv, Rkv, m->heads, 1);
@@ -1457,7 +1457,7 @@ extern "C" int cu_attn_check(const float *q, const float *qt, const float *kv, i
 }
 
 extern "C" int cu_attn_expanded_check(const pt_wview *kvb, const float *q, const float *kv, int pos0, int T, int NH, int Dn, int Dr, int Dv,
-                                      float scale, float *o, petrel_error *err) {
+                                      float scale, int wg, float *o, petrel_error *err) {
     if (T < 1 || pos0 < 0 || NH < 1 || kvb->rows != (int64_t)NH * (Dn + Dv))
         return pt_err(err, PETREL_EINVAL, "the expanded attention check takes rows and a kv_b of NH (Dn + Dv) rows");
     cu_model m;
@@ -1479,7 +1479,7 @@ extern "C" int cu_attn_expanded_check(const pt_wview *kvb, const float *q, const
     if (!rc) rc = up_copy(dkv, kv, sizeof(float) * (size_t)nk * D, err);
     if (!rc) rc = up_copy(dn, hn, sizeof(int) * T, err);
     if (!rc) {
-        cuk_mla_attn_expanded(m.st, K, dkv, nk, dq, dkx, dvx, dS, nk, dn, dout, T, NH, Dn, Dr, Dv, Rkv, scale);
+        cuk_mla_attn_expanded(m.st, K, dkv, nk, dq, dkx, dvx, dS, nk, dn, dout, T, NH, Dn, Dr, Dv, Rkv, scale, wg);
         rc = check_fetch(&m, o, dout, sizeof(float) * (size_t)T * NH * Dv, "expanded attention", err);
     }
     free(hn);

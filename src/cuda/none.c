@@ -26,7 +26,7 @@ void cu_model_use_pdl(cu_model *m, int on) { (void)m, (void)on; }
 void cu_model_use_fork(cu_model *m, int on) { (void)m, (void)on; }
 void cu_model_use_bf16_experts(cu_model *m, int form) { (void)m, (void)form; }
 void cu_model_use_bf16_dense(cu_model *m, int on) { (void)m, (void)on; }
-void cu_model_use_expanded_attn(cu_model *m, int on) { (void)m, (void)on; }
+void cu_model_use_expanded_attn(cu_model *m, int form) { (void)m, (void)form; }
 unsigned long long cu_model_fork_count(const cu_model *m) { (void)m; return 0; }
 unsigned long long cu_model_expanded_count(const cu_model *m) { (void)m; return 0; }
 int cu_model_graph_count(const cu_model *m) { (void)m; return 0; }
@@ -87,9 +87,9 @@ int cu_attn_check(const float *q, const float *qt, const float *kv, int cap, con
     (void)flash, (void)lat;
     return pt_err(err, PETREL_EUNSUPPORTED, NO_CUDA);
 }
-int cu_attn_expanded_check(const pt_wview *kvb, const float *q, const float *kv, int pos0, int T, int NH, int Dn, int Dr, int Dv, float scale, float *o,
-                           petrel_error *err) {
-    (void)kvb, (void)q, (void)kv, (void)pos0, (void)T, (void)NH, (void)Dn, (void)Dr, (void)Dv, (void)scale, (void)o;
+int cu_attn_expanded_check(const pt_wview *kvb, const float *q, const float *kv, int pos0, int T, int NH, int Dn, int Dr, int Dv, float scale, int wg,
+                           float *o, petrel_error *err) {
+    (void)kvb, (void)q, (void)kv, (void)pos0, (void)T, (void)NH, (void)Dn, (void)Dr, (void)Dv, (void)scale, (void)wg, (void)o;
     return pt_err(err, PETREL_EUNSUPPORTED, NO_CUDA);
 }
 int cu_route_check(const float *lg, const float *bias, int T, int E, int K, int n_group, int topk_group, int norm, float scale, int regs,
