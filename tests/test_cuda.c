@@ -489,6 +489,41 @@ TEST(cuda, attention_forms) {
     }
 }
 
+/* k_nt_wg (A B^T on warpgroup MMA in tf32) against a double sum, odd shapes included; on a
+ * mismatch, where it lies (a wrong descriptor shows as rows or columns out of place) */
+TEST(cuda, nt_wgmma) {
+    if (!need_gpu()) return;
+    const int shapes[][3] = {{64, 128, 32}, {64, 128, 8}, {1, 1, 1}, {70, 129, 33}, {100, 300, 200}, {256, 64, 512}};
+    petrel_error err = {0};
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+        const int M = shapes[k][0], N = shapes[k][1], K = shapes[k][2];
+        float *A = malloc(sizeof(float) * (size_t)M * K), *B = malloc(sizeof(float) * (size_t)N * K);
+        float *D = malloc(sizeof(float) * (size_t)M * N), *ref = malloc(sizeof(float) * (size_t)M * N);
+        for (size_t i = 0; i < (size_t)M * K; i++) A[i] = frand();
+        for (size_t i = 0; i < (size_t)N * K; i++) B[i] = frand();
+        for (int m = 0; m < M; m++)
+            for (int n = 0; n < N; n++) {
+                double a = 0;
+                for (int j = 0; j < K; j++) a += (double)A[(size_t)m * K + j] * B[(size_t)n * K + j];
+                ref[(size_t)m * N + n] = (float)a;
+            }
+        int rc = cu_nt_check(A, M, B, N, K, D, &err);
+        CHECK_MSG(rc == 0, "cu_nt_check: %s", err.msg);
+        double e = rc ? 1 : test_rel_l2(D, ref, (size_t)M * N);
+        CHECK_MSG(e < 1e-5, "A B^T on wgmma [%d x %d] x [%d x %d]^T: rel err %.3g", M, K, N, K, e);
+        if (e >= 1e-5 || getenv("PETREL_TEST_VERBOSE")) {
+            int shown = 0;
+            fprintf(stderr, "  A B^T on wgmma %d x %d x %d: rel err %.3g\n", M, N, K, e);
+            for (int m = 0; m < M && shown < 8 && e >= 1e-5; m++)
+                for (int n = 0; n < N && shown < 8; n++) {
+                    const float d = D[(size_t)m * N + n], r = ref[(size_t)m * N + n];
+                    if (fabsf(d - r) > 1e-4f * (1.f + fabsf(r))) fprintf(stderr, "    D[%d][%d] = %g, want %g\n", m, n, d, r), shown++;
+                }
+        }
+        free(A), free(B), free(D), free(ref);
+    }
+}
+
 /* the expanded prompt attention (one session's rows over the prefix of their keys) against a
  * double reference of softmax(scale [q_nope W_UK c | q_pe k_pe]) W_UV c, and rows split over two
  * calls bitwise equal to one call */

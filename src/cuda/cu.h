@@ -167,6 +167,9 @@ int cu_head_check(const pt_wview *kvb, const float *x, int T, int NH, int Dn, in
  * the shape (cuk_attn_flash_ok). */
 int cu_attn_check(const float *q, const float *qt, const float *kv, int cap, const int32_t *sel, int ld_sel, const int *seln, int T, int NH, int Dn,
                   int Dr, int Rkv, float scale, int flash, float *lat, petrel_error *err);
+/* D [M][N] = A [M][K] B [N][K]^T of f32 rows on warpgroup MMA (cuk_nt_wg: tf32, each product in
+ * three). */
+int cu_nt_check(const float *A, int M, const float *B, int N, int K, float *D, petrel_error *err);
 /* The expanded attention (cuk_mla_attn_expanded) of T rows at positions pos0 .. pos0 + T - 1 of
  * one session over keys kv [pos0 + T][Rkv + Dr] (row r over keys 0 .. pos0 + r) with kv_b
  * [NH (Dn + Dv)][Rkv] and q [T][NH][Dn + Dr]: o [T][NH][Dv], what cu_attn_check's lat becomes

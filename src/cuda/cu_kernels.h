@@ -150,6 +150,9 @@ void cuk_mla_uv(cudaStream_t st, const dw &kvb, const float *lat, float *o, int 
 void cuk_mla_attn(cudaStream_t st, const float *q, const float *qt, float *S, int64_t ldS, const int32_t *sel, int64_t ld_sel,
                   const int *seln, int nmax, float *lat, int T, int NH, int Dn, int Dr, int Rkv, float scale, int l, const cu_rowinfo *ri,
                   float *partial, int nsplit, int flash);
+/* D [M][N] = A [M][K] B [N][K]^T (f32 rows) on warpgroup MMA in tf32, each product in three
+ * (k_nt_wg, the expanded attention's products) */
+void cuk_nt_wg(cudaStream_t st, const float *A, int M, const float *B, int N, int K, float *D);
 /* A prompt chunk's attention, expanded, where its T rows are one session's at consecutive
  * positions and every row selects all of its keys: row r's keys are the cache rows kv[0 ..
  * seln[r]) of the layer (kv: [nk][Rkv + Dr], seln ascending, at most nk). Each head's keys and

@@ -2530,6 +2530,12 @@ static void nt_go(cudaStream_t st, const ntop &A, const ntop &B, int K, int head
     cu_launch(k_nt_wg<AW, BW>, g, 128, smem, st, A, B, K, y, ldy, ldyh, lim, limk, scale);
 }
 
+void cuk_nt_wg(cudaStream_t st, const float *A, int M, const float *B, int N, int K, float *D) {
+    const dw none = {};
+    const ntop a = {A, K, 0, none, M}, b = {B, K, 0, none, N};
+    nt_go<0, 0>(st, a, b, K, 1, D, N, 0, nullptr, 0, 1.f);
+}
+
 /* ---- a prompt's attention, expanded ---- */
 
 /* Kx[h][i][Dn + j] = k_pe of key i (kv[i][Rkv + j]) for every head: block (i, h) */

@@ -1456,6 +1456,22 @@ extern "C" int cu_attn_check(const float *q, const float *qt, const float *kv, i
     return rc;
 }
 
+extern "C" int cu_nt_check(const float *A, int M, const float *B, int N, int K, float *D, petrel_error *err) {
+    if (M < 1 || N < 1 || K < 1) return pt_err(err, PETREL_EINVAL, "the A B^T check takes rows and columns");
+    cu_model m;
+    PT_TRY(check_model(&m, err));
+    float *da = (float *)dalloc(&m, sizeof(float) * (size_t)M * K, "A", err), *db = (float *)dalloc(&m, sizeof(float) * (size_t)N * K, "B", err);
+    float *dd = (float *)dalloc(&m, sizeof(float) * (size_t)M * N, "D", err);
+    int rc = da && db && dd ? up_copy(da, A, sizeof(float) * (size_t)M * K, err) : PETREL_ENOMEM;
+    if (!rc) rc = up_copy(db, B, sizeof(float) * (size_t)N * K, err);
+    if (!rc) {
+        cuk_nt_wg(m.st, da, M, db, N, K, dd);
+        rc = check_fetch(&m, D, dd, sizeof(float) * (size_t)M * N, "A B^T", err);
+    }
+    check_done(&m);
+    return rc;
+}
+
 extern "C" int cu_attn_expanded_check(const pt_wview *kvb, const float *q, const float *kv, int pos0, int T, int NH, int Dn, int Dr, int Dv,
                                       float scale, int wg, float *o, petrel_error *err) {
     if (T < 1 || pos0 < 0 || NH < 1 || kvb->rows != (int64_t)NH * (Dn + Dv))

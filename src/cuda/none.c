@@ -87,6 +87,10 @@ int cu_attn_check(const float *q, const float *qt, const float *kv, int cap, con
     (void)flash, (void)lat;
     return pt_err(err, PETREL_EUNSUPPORTED, NO_CUDA);
 }
+int cu_nt_check(const float *A, int M, const float *B, int N, int K, float *D, petrel_error *err) {
+    (void)A, (void)M, (void)B, (void)N, (void)K, (void)D;
+    return pt_err(err, PETREL_EUNSUPPORTED, NO_CUDA);
+}
 int cu_attn_expanded_check(const pt_wview *kvb, const float *q, const float *kv, int pos0, int T, int NH, int Dn, int Dr, int Dv, float scale, int wg,
                            float *o, petrel_error *err) {
     (void)kvb, (void)q, (void)kv, (void)pos0, (void)T, (void)NH, (void)Dn, (void)Dr, (void)Dv, (void)scale, (void)wg, (void)o;
