@@ -1,0 +1,19 @@
+#!/bin/sh
+# device-pack.sh: builds the CUDA twins for sm_90a only (build-dc/) and packs them, stripped,
+# with the shared libraries they need, into build-carry/w.tar.xz (~5 MB) for the accelerator
+# machine, which has no build tools of ours; run scripts/device-run.sh there. build-carry/ is
+# ignored by git: carry it explicitly (and hide tests/data/tokenizers to stay under 64 MiB).
+set -e
+cd "$(dirname "$0")/.."
+make BUILD=build-dc cuda -j2 NVFLAGS="-std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -no-compress -Iinclude -Isrc -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror,-Wno-unused-parameter"
+t=$(mktemp -d)
+mkdir -p "$t/w/lib" build-carry
+cp build-dc/petrel-cuda build-dc/petrel-tests-cuda "$t/w/"
+strip "$t/w/petrel-cuda" "$t/w/petrel-tests-cuda"
+for l in $(ldd "$t/w/petrel-cuda" "$t/w/petrel-tests-cuda" | awk '/=>/{print $3}' | sort -u | grep -vE 'libc\.so|libm\.so|ld-linux|libpthread|libdl|librt'); do
+    cp -L "$l" "$t/w/lib/"
+done
+(cd "$t" && XZ_OPT=-9e tar cJf - w) > build-carry/w.tar.xz
+rm -rf "$t"
+git rev-parse --short HEAD > build-carry/BUILT_AT
+echo "build-carry/w.tar.xz: $(du -h build-carry/w.tar.xz | cut -f1), built at $(cat build-carry/BUILT_AT)$(git diff --quiet || echo ' (tree modified)')"

@@ -1,0 +1,53 @@
+#!/bin/bash
+# device-run.sh MODE: run on the accelerator machine from the repository root, with the binaries
+# scripts/device-pack.sh packed (carry build-carry); writes its logs under $OUT.
+#   tests    PETREL_TEST_VERBOSE runs of the tests named in TESTS, then the whole cuda group
+#   bench    1d4m prefill of 2048 tokens per FORMS entry: EXPERTS[+DENSE[+ATTN]] with EXPERTS
+#            int8|bf16|wgmma, DENSE int8|wgmma, ATTN x (expanded) or xw (expanded-wgmma);
+#            TRACE=1 routes by bench/data/glm5-like-2048.txt.gz
+#   quality  the exact CPU path's logits of 512 positions (--golden-out), then each QF form's
+#   cpu      issues 12 / 21 on the host CPU, 2 threads pinned: 1d1m, 1d2m with 8 sessions
+R=$(pwd)
+(cd /tmp && tar xJf "$R/build-carry/w.tar.xz")
+W=/tmp/w
+export LD_LIBRARY_PATH=$W/lib PETREL_TEST_DATA=$R/tests/data PETREL_BIN=$W/petrel-cuda
+nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader; lscpu | grep "Model name"
+S=/tmp/s1d4m.pack
+slice() { [ -f "$2" ] || $W/petrel-cuda synth --shape glm5.2 --dense-layers 1 --moe-layers "$1" --out "$2" --quiet; }
+forms() { # SPEC: the bench flags of EXPERTS[+DENSE[+ATTN]]
+    IFS=+ read -r e d x <<< "$1"
+    echo "--cuda-experts $e ${d:+--cuda-dense $d} ${x:+--cuda-prompt-attn $([ "$x" = xw ] && echo expanded-wgmma || echo expanded)}"
+}
+case "${1:-tests}" in
+tests)
+    (time PETREL_TEST_VERBOSE=1 timeout 150 $W/petrel-tests-cuda ${TESTS:-cuda.nt_wgmma cuda.attention_expanded cuda.golden_expanded}) > "$OUT/t1.txt" 2>&1
+    echo "named tests rc=$?"; grep -E "wgmma|expanded|D\[|FAIL|passed|failed|real" "$OUT/t1.txt" | head -60
+    (time timeout 200 $W/petrel-tests-cuda cuda) > "$OUT/tests.txt" 2>&1
+    echo "cuda group rc=$?"; grep -E "FAIL|passed|failed|real" "$OUT/tests.txt" | head -20 ;;
+bench)
+    slice 4 $S
+    for spec in ${FORMS:-int8 wgmma+wgmma+x wgmma+wgmma+xw int8 wgmma+wgmma+x wgmma+wgmma+xw}; do
+        echo "== $spec ${TRACE:+trace}"
+        timeout 60 $W/petrel-cuda bench --model $S --device cuda --prompt 2048 --ctx 2048 --steps 2 --prefill-runs 2 --profile $(forms "$spec") \
+            ${TRACE:+--route-trace $R/bench/data/glm5-like-2048.txt.gz} 2>&1 | tee -a "$OUT/bench-${spec//+/_}${TRACE:+-trace}.txt" |
+            grep -E "^prefill|routed experts|attention|heads|o_proj|dense|rror" | head -12
+    done ;;
+quality)
+    slice 4 $S
+    G=/tmp/g.st
+    [ -f $G ] || timeout 200 $W/petrel-cuda bench --model $S --act-quant off --relayout off --prompt 512 --golden-out $G 2>&1 | tail -1
+    echo "== cpu default"; timeout 200 $W/petrel-cuda bench --model $S --golden $G 2>&1 | tail -1
+    for spec in ${QF:-int8 wgmma+wgmma wgmma+wgmma+x}; do
+        echo "== cuda $spec"; timeout 60 $W/petrel-cuda bench --model $S --device cuda --golden $G $(forms "$spec") 2>&1 | tail -1
+    done ;;
+cpu)
+    slice 1 /tmp/s1d1m.pack; slice 2 /tmp/s1d2m.pack
+    for round in 1 2; do
+        for n in 1 2; do
+            echo "== round $round 1d${n}m"
+            taskset -c 0,1 $W/petrel-cuda bench --model /tmp/s1d${n}m.pack --prompt 32 --ctx 512 --steps 16 --prefill-runs 1 --threads 2 \
+                $([ $n = 2 ] && echo --batch 8) 2>&1 | tee -a "$OUT/cpu-1d${n}m.txt" | grep -E "bandwidth:|decode at|batched decode|paired" | cut -c1-300
+        done
+    done ;;
+*) echo "device-run.sh: unknown mode $1 (tests, bench, quality, cpu)" >&2; exit 2 ;;
+esac
