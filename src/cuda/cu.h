@@ -84,7 +84,8 @@ void cu_model_use_bf16_experts(cu_model *m, int form);
 void cu_model_use_bf16_dense(cu_model *m, int on);
 /* A prompt chunk whose rows are one session's and each select all of their keys (contexts up to
  * index_topk) runs its attention expanded (cuk_mla_attn_expanded: each head's keys and values
- * made once for the chunk, no W_UK / W_UV on the rows): 1 on mma.sync tiles, 2 on warpgroup MMA
+ * made once for the chunk, no W_UK / W_UV on the rows; a chunk whose expanded keys and values
+ * do not fit what the VRAM budget leaves takes the absorbed form): 1 on mma.sync tiles, 2 on warpgroup MMA
  * (a trial, not yet run on a GPU), 0 off (the default: the absorbed form's scores / softmax /
  * P C). */
 void cu_model_use_expanded_attn(cu_model *m, int form);

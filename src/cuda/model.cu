@@ -670,7 +670,7 @@ static size_t carve(uint8_t *base, const petrel_config *c, int T, int nmax, int 
 size_t cu_chunk_scratch_bytes(const petrel_config *c, int rows) {
     fscr f;
     int topk = c->index_topk > 0 ? c->index_topk : rows;
-    return carve(NULL, c, rows, rows < topk ? rows : topk, rows + topk, rows, 1, c->index_topk > 0 ? c->index_topk : 0, &f);
+    return carve(NULL, c, rows, rows < topk ? rows : topk, rows + topk, rows, 1, 0, &f); /* the expanded attention only where room is left */
 }
 
 int cu_chunk_rows(const petrel_config *c, uint64_t left, int least) {
@@ -1010,7 +1010,7 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
     const int keys = nall;
     /* one session's rows (consecutive positions) that each select every key: the expanded
      * attention over the cache's first nall keys */
-    const int xkeys = m->xattn && np == 1 && t > 8 && !need_q ? nall : 0;
+    int xkeys = m->xattn && np == 1 && t > 8 && !need_q ? nall : 0;
     if (t <= 8) {
         int b = (nmax + 255) / 256 * 256;
         nmax = topk > 0 && b > topk ? (topk > nmax ? topk : nmax) : b;
@@ -1020,6 +1020,10 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
     m->n_ev = 0;
     fscr f;
     size_t need = carve(NULL, c, t, nmax, need_q ? nall : 1, nl, m->tiers != NULL, xkeys, &f);
+    if (xkeys && need > m->scr_cap && m->budget && m->used - m->scr_cap + need + need / 4 > m->budget) {
+        xkeys = 0; /* no room under the VRAM budget for the expanded keys and values: the absorbed form */
+        need = carve(NULL, c, t, nmax, need_q ? nall : 1, nl, m->tiers != NULL, 0, &f);
+    }
     if (need > m->scr_cap) {
         cudaStreamSynchronize(st);
         if (m->scr) cudaFree(m->scr), m->used -= m->scr_cap;
