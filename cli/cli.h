@@ -25,6 +25,9 @@ int cli_parse_count_msg(const char *s, long lo, long hi, long *out, char *why, s
 int cli_parse_size_msg(const char *s, uint64_t lo, uint64_t hi, uint64_t *out, char *why, size_t whysz);
 int cli_opt_count(const char *cmd, const char *flag, const char *v, long lo, long hi, long *out);
 int cli_opt_size(const char *cmd, const char *flag, const char *v, uint64_t lo, uint64_t hi, uint64_t *out);
+/* FLAG VALUE, one of the n names (NULL-free): its index, or -1 with the one line
+ * "petrel: CMD: FLAG: "VALUE" is not A, B or C" printed. */
+int cli_opt_choice(const char *cmd, const char *flag, const char *v, const char *const *names, int n);
 /* --draft VALUE: "auto" (-1, SPEC_AUTO) or 0..16; -1 with the one line printed. */
 int cli_opt_draft(const char *cmd, const char *v, int *out);
 /* --stats, then --draft last: a command's own line about its default follows it */

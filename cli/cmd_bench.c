@@ -651,6 +651,7 @@ CLI_CMD(bench) {
     const char *golden = NULL, *golden_out = NULL, *trace = NULL, *route = NULL;
     long ctx = 0, prompt = 512, steps = 24, bw_mib = 1024, prefill_runs = 3, batch = 0, rounds = 3;
     int draft_set = 0, prefix_reuse = 0, history_split = 0, profile = 0, pdl = -1, two_streams = -1, bf16_experts = -1, bf16_dense = -1, xattn = -1;
+    static const char *const off_on[] = {"off", "on"};
     bench_draft_opts bd = {0};
     for (int i = 1; i < argc; i++) {
         int r = cli_model_opt(argc, argv, &i, &mo);
@@ -661,31 +662,22 @@ CLI_CMD(bench) {
         else if (!strcmp(argv[i], "--prefix-cache")) prefix_reuse = 1;
         else if (!strcmp(argv[i], "--profile")) profile = 1;
         else if (!strcmp(argv[i], "--cuda-pdl") && i + 1 < argc) {
-            const char *v = argv[++i];
-            if (strcmp(v, "on") && strcmp(v, "off")) return cli_fail("bench: --cuda-pdl: \"%s\" is not on or off", v);
-            pdl = !strcmp(v, "on");
+            if ((pdl = cli_opt_choice("bench", "--cuda-pdl", argv[++i], off_on, 2)) < 0) return 1;
         }
         else if (!strcmp(argv[i], "--cuda-fork") && i + 1 < argc) {
-            const char *v = argv[++i];
-            if (strcmp(v, "on") && strcmp(v, "off")) return cli_fail("bench: --cuda-fork: \"%s\" is not on or off", v);
-            two_streams = !strcmp(v, "on");
+            if ((two_streams = cli_opt_choice("bench", "--cuda-fork", argv[++i], off_on, 2)) < 0) return 1;
         }
-        else if (!strcmp(argv[i], "--cuda-experts") && i + 1 < argc) {
-            const char *v = argv[++i];
-            if (strcmp(v, "bf16") && strcmp(v, "int8") && strcmp(v, "wgmma"))
-                return cli_fail("bench: --cuda-experts: \"%s\" is not int8, bf16 or wgmma", v);
-            bf16_experts = !strcmp(v, "bf16") ? 1 : !strcmp(v, "wgmma") ? 2 : 0;
+        else if (!strcmp(argv[i], "--cuda-experts") && i + 1 < argc) { /* 1 mma.sync, 2 wgmma */
+            static const char *const forms[] = {"int8", "bf16", "wgmma"};
+            if ((bf16_experts = cli_opt_choice("bench", "--cuda-experts", argv[++i], forms, 3)) < 0) return 1;
         }
         else if (!strcmp(argv[i], "--cuda-dense") && i + 1 < argc) {
-            const char *v = argv[++i];
-            if (strcmp(v, "int8") && strcmp(v, "wgmma")) return cli_fail("bench: --cuda-dense: \"%s\" is not int8 or wgmma", v);
-            bf16_dense = !strcmp(v, "wgmma");
+            static const char *const forms[] = {"int8", "wgmma"};
+            if ((bf16_dense = cli_opt_choice("bench", "--cuda-dense", argv[++i], forms, 2)) < 0) return 1;
         }
-        else if (!strcmp(argv[i], "--cuda-prompt-attn") && i + 1 < argc) {
-            const char *v = argv[++i];
-            if (strcmp(v, "absorbed") && strcmp(v, "expanded") && strcmp(v, "expanded-wgmma"))
-                return cli_fail("bench: --cuda-prompt-attn: \"%s\" is not absorbed, expanded or expanded-wgmma", v);
-            xattn = !strcmp(v, "expanded") ? 1 : !strcmp(v, "expanded-wgmma") ? 2 : 0;
+        else if (!strcmp(argv[i], "--cuda-prompt-attn") && i + 1 < argc) { /* 1 mma.sync tiles, 2 wgmma */
+            static const char *const forms[] = {"absorbed", "expanded", "expanded-wgmma"};
+            if ((xattn = cli_opt_choice("bench", "--cuda-prompt-attn", argv[++i], forms, 3)) < 0) return 1;
         }
         else if (!strcmp(argv[i], "--history-split")) history_split = 1;
         else if (!strcmp(argv[i], "--golden") && i + 1 < argc) golden = argv[++i];

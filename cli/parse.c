@@ -132,6 +132,18 @@ int cli_parse_size(const char *s, uint64_t *out) {
     return cli_parse_size_msg(s, 0, CLI_SIZE_MAX, out, why, sizeof why);
 }
 
+int cli_opt_choice(const char *cmd, const char *flag, const char *v, const char *const *names, int n) {
+    char list[256] = "";
+    size_t len = 0;
+    for (int i = 0; i < n; i++) {
+        if (v && !strcmp(v, names[i])) return i;
+        int w = snprintf(list + len, sizeof list - len, "%s%s", i == 0 ? "" : i + 1 < n ? ", " : " or ", names[i]);
+        if (w > 0 && (size_t)w < sizeof list - len) len += (size_t)w;
+    }
+    cli_fail("%s: %s: \"%s\" is not %s", cmd, flag, v ? v : "", list);
+    return -1;
+}
+
 int cli_opt_draft(const char *cmd, const char *v, int *out) {
     if (v && !strcmp(v, "auto")) {
         *out = -1; /* SPEC_AUTO */
