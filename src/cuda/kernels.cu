@@ -2324,6 +2324,13 @@ __global__ void __launch_bounds__(256) k_attn_softmax_w(float *S, int64_t ldS, c
         if (lane + 32 * j < n) s[lane + 32 * j] = v[j] * inv;
 }
 
+/* the softmax of T rows' NH heads over their seln[r] scores of S (at most nmax): a warp a (row,
+ * head) up to 32 SMW keys, a block past it */
+static void attn_softmax(cudaStream_t st, float *S, int64_t ldS, const int *seln, int NH, int T, int nmax, int dsplit, int64_t pstride, float scale) {
+    if (nmax <= 32 * SMW) cu_launch(k_attn_softmax_w, (unsigned)((T * NH + 7) / 8), 256, 0, st, S, ldS, seln, NH, T * NH, dsplit, pstride, scale);
+    else cu_launch(k_attn_softmax, T * NH, 1024, 0, st, S, ldS, seln, NH, dsplit, pstride, scale);
+}
+
 /* lat[r][h][c] (or split z's partial) = sum over the split's keys i of p[r][h][i] c_i[c]: a tile
  * of 64 heads x NT latent columns of one row (f32 fma: 64; TC: 128, on tensor cores, tile_mma),
  * keys ascending */
@@ -2549,40 +2556,42 @@ void cuk_mla_attn_expanded(cudaStream_t st, const dw &kvb, const float *kv, int 
                            const int *seln, float *o, int T, int NH, int Dn, int Dr, int Dv, int Rkv, float scale, int wg) {
     const int D = Rkv + Dr, Dqk = Dn + Dr, nc = tile_cols(1);
     const int64_t lk = (int64_t)nk * Dqk, lv = (int64_t)nk * Dv;
-    if (wg) { /* the products on warpgroup MMA (k_nt_wg), V kept transposed: Vx [NH][Dv][nk] */
-        const dw none = {};
-        const ntop keys = {kv, D, 0, none, nk};                                      /* the cache's rows, every head's */
-        const ntop uk = {nullptr, 0, Dn + Dv, kvb, Dn}, uv = {nullptr, 0, Dn + Dv, kvb, Dv}; /* W_UK_h, W_UV_h rows */
-        ntop uv_at = uv;
-        uv_at.W.d = kvb.d + (int64_t)Dn * kvb.rb, uv_at.W.s = kvb.s ? kvb.s + (int64_t)Dn * kvb.sc : nullptr;
-        nt_go<0, 1>(st, keys, uk, Rkv, NH, Kx, Dqk, lk, nullptr, 0, 1.f);     /* Kx[h][i][n] */
-        nt_go<1, 0>(st, uv_at, keys, Rkv, NH, Vx, nk, lv, nullptr, 0, 1.f);   /* Vx[h][n][i] */
-        cu_launch(k_kpe_copy, dim3((unsigned)nk, (unsigned)NH), 64, 0, st, kv, D, Rkv, Dr, Dqk, lk, Kx);
-        const ntop qa = {q, (int64_t)NH * Dqk, Dqk, none, T}, kb = {Kx, Dqk, lk, none, nk};
-        nt_go<0, 0>(st, qa, kb, Dqk, NH, S, (int64_t)NH * ldS, ldS, seln, 0, scale);
-        if (nk <= 32 * SMW) cu_launch(k_attn_softmax_w, (unsigned)((T * NH + 7) / 8), 256, 0, st, S, ldS, seln, NH, T * NH, 1, (int64_t)0, scale);
-        else cu_launch(k_attn_softmax, T * NH, 1024, 0, st, S, ldS, seln, NH, 1, (int64_t)0, scale);
-        const ntop pa = {S, (int64_t)NH * ldS, ldS, none, T}, vb = {Vx, nk, lv, none, Dv};
-        nt_go<0, 0>(st, pa, vb, nk, NH, o, (int64_t)NH * Dv, Dv, seln, 1, 1.f);
-        return;
-    }
+    /* wg: the products on warpgroup MMA (k_nt_wg), V kept transposed (Vx [NH][Dv][nk]) */
+    const dw none = {};
+    const ntop keys = {kv, D, 0, none, nk}; /* the cache's rows, every head's */
     /* K_h = W_UK_h c and V_h = W_UV_h c of the keys (the x rows: the cache's, every head reading
      * the same), then k_pe beside each head's keys */
-    dim3 gk((unsigned)((Dn + nc - 1) / nc), (unsigned)((nk + GT - 1) / GT), (unsigned)NH);
-    cu_launch(k_head_mm<1, 1>, gk, 256, 0, st, kvb, 0, Dn + Dv, kv, D, 0, Rkv, Dn, Kx, Dqk, lk, nk, nullptr, 1.f);
-    dim3 gv((unsigned)((Dv + nc - 1) / nc), (unsigned)((nk + GT - 1) / GT), (unsigned)NH);
-    cu_launch(k_head_mm<1, 1>, gv, 256, 0, st, kvb, Dn, Dn + Dv, kv, D, 0, Rkv, Dv, Vx, Dv, lv, nk, nullptr, 1.f);
+    if (wg) {
+        ntop uk = {nullptr, 0, Dn + Dv, kvb, Dn}, uv = {nullptr, 0, Dn + Dv, kvb, Dv}; /* W_UK_h, W_UV_h rows */
+        uv.W.d = kvb.d + (int64_t)Dn * kvb.rb, uv.W.s = kvb.s ? kvb.s + (int64_t)Dn * kvb.sc : nullptr;
+        nt_go<0, 1>(st, keys, uk, Rkv, NH, Kx, Dqk, lk, nullptr, 0, 1.f); /* Kx[h][i][n] */
+        nt_go<1, 0>(st, uv, keys, Rkv, NH, Vx, nk, lv, nullptr, 0, 1.f); /* Vx[h][n][i] */
+    } else {
+        dim3 gk((unsigned)((Dn + nc - 1) / nc), (unsigned)((nk + GT - 1) / GT), (unsigned)NH);
+        cu_launch(k_head_mm<1, 1>, gk, 256, 0, st, kvb, 0, Dn + Dv, kv, D, 0, Rkv, Dn, Kx, Dqk, lk, nk, nullptr, 1.f);
+        dim3 gv((unsigned)((Dv + nc - 1) / nc), (unsigned)((nk + GT - 1) / GT), (unsigned)NH);
+        cu_launch(k_head_mm<1, 1>, gv, 256, 0, st, kvb, Dn, Dn + Dv, kv, D, 0, Rkv, Dv, Vx, Dv, lv, nk, nullptr, 1.f);
+    }
     cu_launch(k_kpe_copy, dim3((unsigned)nk, (unsigned)NH), 64, 0, st, kv, D, Rkv, Dr, Dqk, lk, Kx);
     /* S[r][h][i] = scale q[r][h] . K_h[i] for i < seln[r], a head's 64 rows x 128 keys a tile */
-    dw Wk = {QF32, (int64_t)NH * nk, Dqk, (int64_t)Dqk * 4, (const uint8_t *)Kx, nullptr, 0, Dqk, 0, 0};
-    dim3 gs((unsigned)((nk + nc - 1) / nc), (unsigned)((T + GT - 1) / GT), (unsigned)NH);
-    cu_launch(k_head_mm<1, 1>, gs, 256, 0, st, Wk, 0, nk, q, (int64_t)NH * Dqk, Dqk, Dqk, nk, S, (int64_t)NH * ldS, ldS, T, seln, scale);
-    if (nk <= 32 * SMW) cu_launch(k_attn_softmax_w, (unsigned)((T * NH + 7) / 8), 256, 0, st, S, ldS, seln, NH, T * NH, 1, (int64_t)0, scale);
-    else cu_launch(k_attn_softmax, T * NH, 1024, 0, st, S, ldS, seln, NH, 1, (int64_t)0, scale);
+    if (wg) {
+        const ntop qa = {q, (int64_t)NH * Dqk, Dqk, none, T}, kb = {Kx, Dqk, lk, none, nk};
+        nt_go<0, 0>(st, qa, kb, Dqk, NH, S, (int64_t)NH * ldS, ldS, seln, 0, scale);
+    } else {
+        dw Wk = {QF32, (int64_t)NH * nk, Dqk, (int64_t)Dqk * 4, (const uint8_t *)Kx, nullptr, 0, Dqk, 0, 0};
+        dim3 gs((unsigned)((nk + nc - 1) / nc), (unsigned)((T + GT - 1) / GT), (unsigned)NH);
+        cu_launch(k_head_mm<1, 1>, gs, 256, 0, st, Wk, 0, nk, q, (int64_t)NH * Dqk, Dqk, Dqk, nk, S, (int64_t)NH * ldS, ldS, T, seln, scale);
+    }
+    attn_softmax(st, S, ldS, seln, NH, T, nk, 1, 0, scale);
     /* o[r][h] = sum_i P[r][h][i] V_h[i] over i < seln[r] */
-    dw Wv = {QF32, (int64_t)NH * nk, Dv, (int64_t)Dv * 4, (const uint8_t *)Vx, nullptr, 0, Dv, 0, 0};
-    dim3 go((unsigned)((Dv + nc - 1) / nc), (unsigned)((T + GT - 1) / GT), (unsigned)NH);
-    cu_launch(k_head_mm<0, 1>, go, 256, 0, st, Wv, 0, nk, S, (int64_t)NH * ldS, ldS, nk, Dv, o, (int64_t)NH * Dv, Dv, T, seln, 1.f);
+    if (wg) {
+        const ntop pa = {S, (int64_t)NH * ldS, ldS, none, T}, vb = {Vx, nk, lv, none, Dv};
+        nt_go<0, 0>(st, pa, vb, nk, NH, o, (int64_t)NH * Dv, Dv, seln, 1, 1.f);
+    } else {
+        dw Wv = {QF32, (int64_t)NH * nk, Dv, (int64_t)Dv * 4, (const uint8_t *)Vx, nullptr, 0, Dv, 0, 0};
+        dim3 go((unsigned)((Dv + nc - 1) / nc), (unsigned)((T + GT - 1) / GT), (unsigned)NH);
+        cu_launch(k_head_mm<0, 1>, go, 256, 0, st, Wv, 0, nk, S, (int64_t)NH * ldS, ldS, nk, Dv, o, (int64_t)NH * Dv, Dv, T, seln, 1.f);
+    }
 }
 
 /* ---- the decode attention in one pass (up to 8 rows) ----
@@ -2909,8 +2918,7 @@ void cuk_mla_attn(cudaStream_t st, const float *q, const float *qt, float *S, in
     dim3 g1((unsigned)((nmax + nt - 1) / nt), (unsigned)T, (unsigned)(hz * dsplit));
     if (tc3) cu_launch(k_attn_scores<1>, g1, 256, 0, st, q, qt, S, ldS, sel, ld_sel, seln, NH, Dn, Dr, Rkv, scale, l, ri, dsplit, dper, pstride);
     else cu_launch(k_attn_scores<0>, g1, 256, 0, st, q, qt, S, ldS, sel, ld_sel, seln, NH, Dn, Dr, Rkv, scale, l, ri, dsplit, dper, pstride);
-    if (nmax <= 32 * SMW) cu_launch(k_attn_softmax_w, (unsigned)((T * NH + 7) / 8), 256, 0, st, S, ldS, seln, NH, T * NH, dsplit, pstride, scale);
-    else cu_launch(k_attn_softmax, T * NH, 1024, 0, st, S, ldS, seln, NH, dsplit, pstride, scale);
+    attn_softmax(st, S, ldS, seln, NH, T, nmax, dsplit, pstride, scale);
     if (nsplit < 1) nsplit = 1;
     int per = ((nmax + nsplit - 1) / nsplit + GK - 1) / GK * GK;
     dim3 g2((unsigned)((Rkv + nt - 1) / nt), (unsigned)T, (unsigned)(hz * nsplit));
