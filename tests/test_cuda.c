@@ -577,24 +577,24 @@ TEST(cuda, attention_expanded) {
         }
         const size_t no = (size_t)T * NH * Dv;
         for (int wg = 0; wg < 2; wg++) { /* mma.sync tiles, then warpgroup MMA */
-        int rc = cu_attn_expanded_check(&W, q, kv, pos0, T, NH, Dn, Dr, Dv, scale, wg, o, &err);
-        CHECK_MSG(rc == 0, "cu_attn_expanded_check: %s", err.msg);
-        double e = rc ? 1 : test_rel_l2(o, ref, no);
-        /* past 2048 keys these random scores are near uniform: the outputs average ~2100 values
-         * ~46x their size, each an f32 product of the expansion (measured 1.33e-5 on an H100,
-         * the other shapes 1e-6 .. 7.6e-6) */
-        const double tol = nk > 2048 ? 2e-5 : 1e-5;
-        CHECK_MSG(e < tol, "expanded attention, %s (%d heads, Dn %d, Dr %d, Dv %d, Rkv %d, rows %d at %d): rel err %.3g", wg ? "wgmma" : "mma.sync", NH, Dn,
-                  Dr, Dv, Rkv, T, pos0, e);
-        if (getenv("PETREL_TEST_VERBOSE")) fprintf(stderr, "  expanded attention, %s, %d heads, %d rows at %d: rel err %.3g\n", wg ? "wgmma" : "mma.sync", NH, T, pos0, e);
-        /* the same rows in two calls (the first's keys end where its rows do) */
-        const int T1 = T / 3 + 1;
-        int rc1 = cu_attn_expanded_check(&W, q, kv, pos0, T1, NH, Dn, Dr, Dv, scale, wg, o2, &err);
-        int rc2 = rc1 ? rc1 : cu_attn_expanded_check(&W, q + (size_t)T1 * NH * Dq, kv, pos0 + T1, T - T1, NH, Dn, Dr, Dv, scale, wg, o2 + (size_t)T1 * NH * Dv, &err);
-        CHECK_MSG(rc2 == 0, "cu_attn_expanded_check: %s", err.msg);
-        size_t bad = 0;
-        for (size_t i = 0; !rc && !rc2 && i < no; i++) bad += memcmp(&o[i], &o2[i], 4) != 0;
-        CHECK_MSG(bad == 0, "expanded attention, %s: %zu of %zu outputs differ between one call and %d + %d rows", wg ? "wgmma" : "mma.sync", bad, no, T1, T - T1);
+            int rc = cu_attn_expanded_check(&W, q, kv, pos0, T, NH, Dn, Dr, Dv, scale, wg, o, &err);
+            CHECK_MSG(rc == 0, "cu_attn_expanded_check: %s", err.msg);
+            double e = rc ? 1 : test_rel_l2(o, ref, no);
+            /* past 2048 keys these random scores are near uniform: the outputs average ~2100 values
+             * ~46x their size, each an f32 product of the expansion (measured 1.33e-5 on an H100,
+             * the other shapes 1e-6 .. 7.6e-6) */
+            const double tol = nk > 2048 ? 2e-5 : 1e-5;
+            CHECK_MSG(e < tol, "expanded attention, %s (%d heads, Dn %d, Dr %d, Dv %d, Rkv %d, rows %d at %d): rel err %.3g", wg ? "wgmma" : "mma.sync", NH, Dn,
+                      Dr, Dv, Rkv, T, pos0, e);
+            if (getenv("PETREL_TEST_VERBOSE")) fprintf(stderr, "  expanded attention, %s, %d heads, %d rows at %d: rel err %.3g\n", wg ? "wgmma" : "mma.sync", NH, T, pos0, e);
+            /* the same rows in two calls (the first's keys end where its rows do) */
+            const int T1 = T / 3 + 1;
+            int rc1 = cu_attn_expanded_check(&W, q, kv, pos0, T1, NH, Dn, Dr, Dv, scale, wg, o2, &err);
+            int rc2 = rc1 ? rc1 : cu_attn_expanded_check(&W, q + (size_t)T1 * NH * Dq, kv, pos0 + T1, T - T1, NH, Dn, Dr, Dv, scale, wg, o2 + (size_t)T1 * NH * Dv, &err);
+            CHECK_MSG(rc2 == 0, "cu_attn_expanded_check: %s", err.msg);
+            size_t bad = 0;
+            for (size_t i = 0; !rc && !rc2 && i < no; i++) bad += memcmp(&o[i], &o2[i], 4) != 0;
+            CHECK_MSG(bad == 0, "expanded attention, %s: %zu of %zu outputs differ between one call and %d + %d rows", wg ? "wgmma" : "mma.sync", bad, no, T1, T - T1);
         }
         free(w), free(q), free(kv), free(o), free(o2), free(ref), free(kx), free(vx), free(p), free(d), free(sc);
     }
