@@ -72,16 +72,18 @@ static const char *usage =
     "                   second stream beside the routed experts and the MLA queries (on, the\n"
     "                   default) or every kernel on one stream (off); the same results either way\n"
     "  --cuda-experts int8|bf16|wgmma with --device cuda: a prompt's routed experts (q4)\n"
-    "                   on the int8 tensor-core GEMM (int8, the default: the CPU's int8 bits per\n"
-    "                   product) or a bf16 one (the scales in the dequantized weights, f32 sums):\n"
-    "                   mma.sync (bf16) or Hopper's warpgroup MMA (wgmma)\n"
+    "                   on the int8 tensor-core GEMM (int8: the CPU's int8 bits per product) or a\n"
+    "                   bf16 one (the scales in the dequantized weights, f32 sums): mma.sync (bf16)\n"
+    "                   or Hopper's warpgroup MMA (wgmma, the default)\n"
     "  --cuda-dense int8|wgmma with --device cuda: a prompt's other q8 products on the int8\n"
-    "                   tensor-core GEMM (the default) or on warpgroup MMA in bf16\n"
-    "  --cuda-prompt-attn absorbed|expanded|expanded-wgmma with --device cuda: a prompt chunk's\n"
-    "                   attention (one session, every key selected: contexts up to index_topk) in\n"
-    "                   the absorbed form (the default) or expanded: each head's keys and values\n"
+    "                   tensor-core GEMM or on warpgroup MMA in bf16 (wgmma, the default)\n"
+    "  --cuda-prompt-attn absorbed|expanded|expanded-wgmma|flash-bf16 with --device cuda: a prompt\n"
+    "                   chunk's attention (one session, every key selected: contexts up to\n"
+    "                   index_topk) in the absorbed form or expanded: each head's keys and values\n"
     "                   made once for the chunk (fewer products; ~1e-6 from absorbed), its products\n"
-    "                   on mma.sync tiles or on warpgroup MMA (expanded-wgmma, a trial)\n"
+    "                   in f32 on mma.sync tiles (expanded) or warpgroup MMA (expanded-wgmma), or\n"
+    "                   scores, softmax and P V in one pass on bf16 tensor cores (flash-bf16, the\n"
+    "                   default; quantized models on the quantized path, else expanded)\n"
     "  --prefix-cache   after prefill, time a new session of the same prompt through the prefix\n"
     "                   cache (its whole pages taken, the rest run): time to the first token's logits\n"
     "  --route-trace FILE  route every MoE layer by a recorded trace (.txt or .gz; its layers spread\n"
@@ -675,9 +677,9 @@ CLI_CMD(bench) {
             static const char *const forms[] = {"int8", "wgmma"};
             if ((bf16_dense = cli_opt_choice("bench", "--cuda-dense", argv[++i], forms, 2)) < 0) return 1;
         }
-        else if (!strcmp(argv[i], "--cuda-prompt-attn") && i + 1 < argc) { /* 1 mma.sync tiles, 2 wgmma */
-            static const char *const forms[] = {"absorbed", "expanded", "expanded-wgmma"};
-            if ((xattn = cli_opt_choice("bench", "--cuda-prompt-attn", argv[++i], forms, 3)) < 0) return 1;
+        else if (!strcmp(argv[i], "--cuda-prompt-attn") && i + 1 < argc) { /* 1 mma.sync tiles, 2 wgmma, 3 one bf16 pass */
+            static const char *const forms[] = {"absorbed", "expanded", "expanded-wgmma", "flash-bf16"};
+            if ((xattn = cli_opt_choice("bench", "--cuda-prompt-attn", argv[++i], forms, 4)) < 0) return 1;
         }
         else if (!strcmp(argv[i], "--history-split")) history_split = 1;
         else if (!strcmp(argv[i], "--golden") && i + 1 < argc) golden = argv[++i];

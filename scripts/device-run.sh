@@ -1,10 +1,12 @@
 #!/bin/bash
 # device-run.sh MODE: run on the accelerator machine from the repository root, with the binaries
 # scripts/device-pack.sh packed (carry build-carry); writes its logs under $OUT.
-#   tests    PETREL_TEST_VERBOSE runs of the tests named in TESTS, then the whole cuda group
+#   tests    PETREL_TEST_VERBOSE runs of the tests named in TESTS, then the whole cuda group of
+#            each test binary in GROUPS_OF (default petrel-tests-cuda)
 #   bench    1d4m prefill of 2048 tokens per FORMS entry: EXPERTS[+DENSE[+ATTN]] with EXPERTS
-#            int8|bf16|wgmma, DENSE int8|wgmma, ATTN x (expanded) or xw (expanded-wgmma);
-#            TRACE=1 routes by bench/data/glm5-like-2048.txt.gz
+#            int8|bf16|wgmma, DENSE int8|wgmma (int8 when absent), ATTN x (expanded), xw
+#            (expanded-wgmma) or f (flash-bf16; absorbed when absent), by $BIN (default
+#            petrel-cuda); TRACE=1 routes by bench/data/glm5-like-2048.txt.gz
 #   quality  the exact CPU path's logits of 512 positions (--golden-out), then each QF form's
 #   cpu      issues 12 / 21 on the host CPU, 2 threads pinned: 1d1m, 1d2m with 8 sessions
 R=$(pwd)
@@ -16,19 +18,23 @@ S=/tmp/s1d4m.pack
 slice() { [ -f "$2" ] || $W/petrel-cuda synth --shape glm5.2 --dense-layers 1 --moe-layers "$1" --out "$2" --quiet; }
 forms() { # SPEC: the bench flags of EXPERTS[+DENSE[+ATTN]]
     IFS=+ read -r e d x <<< "$1"
-    echo "--cuda-experts $e ${d:+--cuda-dense $d} ${x:+--cuda-prompt-attn $([ "$x" = xw ] && echo expanded-wgmma || echo expanded)}"
+    local a=absorbed
+    case "$x" in x) a=expanded ;; xw) a=expanded-wgmma ;; f) a=flash-bf16 ;; esac
+    echo "--cuda-experts $e --cuda-dense ${d:-int8} --cuda-prompt-attn $a"
 }
 case "${1:-tests}" in
 tests)
-    (time PETREL_TEST_VERBOSE=1 timeout 150 $W/petrel-tests-cuda ${TESTS:-cuda.nt_wgmma cuda.attention_expanded cuda.golden_expanded}) > "$OUT/t1.txt" 2>&1
+    (time PETREL_TEST_VERBOSE=1 timeout 150 $W/${TB:-petrel-tests-cuda} ${TESTS:-cuda.nt_wgmma cuda.attention_expanded cuda.golden_expanded}) > "$OUT/t1.txt" 2>&1
     echo "named tests rc=$?"; grep -E "wgmma|expanded|D\[|FAIL|passed|failed|real" "$OUT/t1.txt" | head -60
-    (time timeout 200 $W/petrel-tests-cuda cuda) > "$OUT/tests.txt" 2>&1
-    echo "cuda group rc=$?"; grep -E "FAIL|passed|failed|real" "$OUT/tests.txt" | head -20 ;;
+    for tb in ${GROUPS_OF:-petrel-tests-cuda}; do # the whole cuda group of each test binary named
+        (time PETREL_TEST_VERBOSE=1 timeout 200 $W/$tb cuda) > "$OUT/group-$tb.txt" 2>&1
+        echo "$tb cuda group rc=$?"; grep -E "FAIL|passed|failed|real" "$OUT/group-$tb.txt" | head -20
+    done ;;
 bench)
     slice 4 $S
     for spec in ${FORMS:-int8 wgmma+wgmma+x wgmma+wgmma+xw int8 wgmma+wgmma+x wgmma+wgmma+xw}; do
         echo "== $spec ${TRACE:+trace}"
-        timeout 60 $W/petrel-cuda bench --model $S --device cuda --prompt 2048 --ctx 2048 --steps 2 --prefill-runs 2 --profile $(forms "$spec") \
+        timeout 60 $W/${BIN:-petrel-cuda} bench --model $S --device cuda --prompt 2048 --ctx 2048 --steps 2 --prefill-runs 2 --profile $(forms "$spec") \
             ${TRACE:+--route-trace $R/bench/data/glm5-like-2048.txt.gz} 2>&1 | tee -a "$OUT/bench-${spec//+/_}${TRACE:+-trace}.txt" |
             grep -E "^prefill|routed experts|attention|heads|o_proj|dense|rror" | head -12
     done ;;
@@ -38,7 +44,7 @@ quality)
     [ -f $G ] || timeout 200 $W/petrel-cuda bench --model $S --act-quant off --relayout off --prompt 512 --golden-out $G 2>&1 | tail -1
     echo "== cpu default"; timeout 200 $W/petrel-cuda bench --model $S --golden $G 2>&1 | tail -1
     for spec in ${QF:-int8 wgmma+wgmma wgmma+wgmma+x}; do
-        echo "== cuda $spec"; timeout 60 $W/petrel-cuda bench --model $S --device cuda --golden $G $(forms "$spec") 2>&1 | tail -1
+        echo "== cuda $spec"; timeout 60 $W/${BIN:-petrel-cuda} bench --model $S --device cuda --golden $G $(forms "$spec") 2>&1 | tail -1
     done ;;
 cpu)
     slice 1 /tmp/s1d1m.pack; slice 2 /tmp/s1d2m.pack

@@ -73,21 +73,21 @@ void cu_model_use_pdl(cu_model *m, int on);
  * (tests and benchmarks: the same kernels on the same inputs, the same bits either way) */
 void cu_model_use_fork(cu_model *m, int on);
 /* A prompt's routed experts (chunks past the GEMV's rows, q4 experts on the quantized path) run
- * on the int8 tensor-core GEMM (form 0: the CPU's int8 bits per product);
- * cu_model_use_bf16_experts(m, form) runs them on a bf16 one instead (the scales in the
- * dequantized weights, f32 sums): form 1 on mma.sync (cuk_gemm_w4), 2 on warpgroup MMA
- * (cuk_gemm_w4g) */
+ * on a bf16 tensor-core GEMM (the scales in the dequantized weights, f32 sums): form 2 on
+ * warpgroup MMA (cuk_gemm_w4g, the default), 1 on mma.sync (cuk_gemm_w4); form 0 on the int8
+ * one (the CPU's int8 bits per product) */
 void cu_model_use_bf16_experts(cu_model *m, int form);
 /* A prompt's other q8 products (more than 8 rows: attention projections, the dense and shared
- * MLPs, the head) on the bf16 warpgroup-MMA GEMM (cuk_gemm_w8g) instead of the int8 one: on 1,
- * off 0 (the default, the CPU's int8 bits). */
+ * MLPs, the head) on the bf16 warpgroup-MMA GEMM (cuk_gemm_w8g, 1: the default) or the int8 one
+ * (0: the CPU's int8 bits). */
 void cu_model_use_bf16_dense(cu_model *m, int on);
 /* A prompt chunk whose rows are one session's and each select all of their keys (contexts up to
  * index_topk) runs its attention expanded (cuk_mla_attn_expanded: each head's keys and values
  * made once for the chunk, no W_UK / W_UV on the rows; a chunk whose expanded keys and values
- * do not fit what the VRAM budget leaves takes the absorbed form): 1 on mma.sync tiles, 2 on warpgroup MMA
- * (a trial, not yet run on a GPU), 0 off (the default: the absorbed form's scores / softmax /
- * P C). */
+ * do not fit what the VRAM budget leaves takes the absorbed form): 1 on mma.sync tiles, 2 on
+ * warpgroup MMA, 3 (the default) scores, softmax and P V in one pass on bf16 tensor cores where
+ * the model's weights are quantized and the quantized path runs (else form 1); 0 off (the
+ * absorbed form's scores / softmax / P C). */
 void cu_model_use_expanded_attn(cu_model *m, int form);
 unsigned long long cu_model_fork_count(const cu_model *m); /* parts launched or captured on the second stream since open */
 unsigned long long cu_model_expanded_count(const cu_model *m); /* layers of prompt chunks in the expanded attention since open */
@@ -174,8 +174,9 @@ int cu_nt_check(const float *A, int M, const float *B, int N, int K, float *D, p
 /* The expanded attention (cuk_mla_attn_expanded) of T rows at positions pos0 .. pos0 + T - 1 of
  * one session over keys kv [pos0 + T][Rkv + Dr] (row r over keys 0 .. pos0 + r) with kv_b
  * [NH (Dn + Dv)][Rkv] and q [T][NH][Dn + Dr]: o [T][NH][Dv], what cu_attn_check's lat becomes
- * through W_UV; wg 1: the warpgroup-MMA products. */
-int cu_attn_expanded_check(const pt_wview *kvb, const float *q, const float *kv, int pos0, int T, int NH, int Dn, int Dr, int Dv, float scale, int wg,
+ * through W_UV; form as cuk_mla_attn_expanded's (1 mma.sync tiles, 2 warpgroup MMA, 3 the bf16
+ * one pass). */
+int cu_attn_expanded_check(const pt_wview *kvb, const float *q, const float *kv, int pos0, int T, int NH, int Dn, int Dr, int Dv, float scale, int form,
                            float *o, petrel_error *err);
 /* The router (moe_route) of T rows of E logits on the GPU: idx / wts [T][K]; regs 1 the form
  * that keeps each lane's values in registers (E <= 256; larger E take the other), 0 the

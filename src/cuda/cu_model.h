@@ -70,7 +70,7 @@ struct cu_model {
     int no_fork;                /* run every kernel of a step on one stream (cu_model_use_fork) */
     int w4;                     /* prompts' routed experts on a bf16 GEMM (1 mma.sync, 2 wgmma), not the int8 one (cu_model_use_bf16_experts) */
     int w8;                     /* prompts' q8 products on the bf16 wgmma GEMM, not the int8 one (cu_model_use_bf16_dense) */
-    int xattn;                  /* one session's prompt chunks of at most index_topk keys take the expanded attention: 1 on mma.sync tiles, 2 on wgmma (cu_model_use_expanded_attn) */
+    int xattn;                  /* one session's prompt chunks of at most index_topk keys take the expanded attention: 1 on mma.sync tiles, 2 on wgmma, 3 one bf16 pass (quantized models; cu_model_use_expanded_attn) */
     unsigned long long forks;   /* parts launched (or captured) on the side stream since open */
     unsigned long long xruns;   /* layers of prompt chunks run in the expanded attention since open */
     /* the side stream of up to 8 rows' forwards: a MoE layer's shared expert beside its router
@@ -127,6 +127,7 @@ struct fscr {
     cu_rowinfo *ri;
     float *h, *x, *y, *qa, *q, *kva, *o, *qt, *lat, *S, *partial, *qi, *ki, *iw, *sc, *lg, *wts, *gb, *ub, *yk, *mo, *xl, *logits;
     float *kx, *vx;      /* an expanded prompt's keys and values (cuk_mla_attn_expanded; carved for nkx keys) */
+    __nv_bfloat16 *xb;   /* and their bf16 copies (its one-pass form 3) */
     float *on_x, *on_qa; /* one row's stacked products (cu_stack): q_a | kv_a | ik | iwp, q_b | iq */
     int64_t on_x_cap, on_qa_cap;
     int32_t *w_idx, *w_x, *w_pos; /* the expert tiers' waves (tiered models only) */

@@ -2543,6 +2543,201 @@ void cuk_nt_wg(cudaStream_t st, const float *A, int M, const float *B, int N, in
     nt_go<0, 0>(st, a, b, K, 1, D, N, 0, nullptr, 0, 1.f);
 }
 
+/* ---- a prompt's attention, expanded, in one pass on bf16 tensor cores (form 3) ----
+ * The quantized path's form, FlashAttention-2's order: K_h and V_h as the expansion makes them
+ * (f32), rounded to bf16 once (k_fa_bf16: Kb [NH][nk][DKP], Vb [NH][nk][DVP], zeros past Dqk /
+ * Dv, the widths padded to 64), then a block takes 64 rows of one head (4 warps of 16 rows, q
+ * rounded to bf16 as it is staged) over tiles of 64 keys up to its last row's count: S = q K^T
+ * on mma.m16n8k16 (f32 sums), each row's running max and sum in registers (exp2 of the scaled
+ * scores), P rounded to bf16 straight from S's fragments, O += P V; o = O / sum. Keys past a
+ * row's seln score -inf. K and V tiles arrive by cp.async; in shared memory 16-byte chunk c of
+ * row r sits at c ^ (r & 7), so ldmatrix's 8 rows of a matrix meet distinct banks. A tile's V
+ * loads while its scores compute, the next tile's K while its P V computes. Errors: bf16's
+ * rounding of q, K, V and P (~3e-3 of the outputs), against the f32 forms' ~1e-6. */
+#define FA_BM 64 /* rows a block */
+#define FA_BN 64 /* keys a tile */
+__host__ __device__ __forceinline__ int fa_pad(int d) { return (d + 63) / 64 * 64; }
+/* x [rows][D] f32 to y [rows][DP] bf16, zeros past D: a thread 8 outputs */
+__global__ void k_fa_bf16(const float *__restrict__ x, int64_t rows, int D, int DP, __nv_bfloat16 *__restrict__ y) {
+    pdl_enter();
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, per = DP / 8;
+    if (i >= rows * per) return;
+    const int64_t r = i / per;
+    const int c = (int)(i % per) * 8;
+    __align__(16) __nv_bfloat16 v[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) v[j] = __float2bfloat16_rn(c + j < D ? x[r * D + c + j] : 0.f);
+    *(uint4 *)(y + r * DP + c) = *(const uint4 *)v;
+}
+__device__ __forceinline__ void ldsm_x4(uint32_t r[4], const void *p) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t r[4], const void *p) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");
+}
+__device__ __forceinline__ uint32_t bf2(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *(const uint32_t *)&v;
+}
+/* 16-byte chunk c of row r of a shared tile of W bf16 a row (W a multiple of 64), swizzled */
+__device__ __forceinline__ __nv_bfloat16 *fa_at(__nv_bfloat16 *b, int W, int r, int c) { return b + (size_t)r * W + ((c ^ (r & 7)) << 3); }
+/* rows [n] of W bf16 from src (row k0 + r of nk) into shared tile b, zeros past nk */
+__device__ __forceinline__ void fa_tile(__nv_bfloat16 *b, const __nv_bfloat16 *src, int W, int k0, int nk) {
+    const int per = W / 8;
+    for (int i = threadIdx.x; i < FA_BN * per; i += blockDim.x) {
+        const int r = i / per, c = i % per;
+        const bool ok = k0 + r < nk;
+        cp_async16(fa_at(b, W, r, c), ok ? src + (size_t)(k0 + r) * W + 8 * c : src, ok);
+    }
+}
+template <int DV> /* V's padded width: 64, 128, 192 or 256 */
+__global__ void __launch_bounds__(128) k_attn_fa(const float *__restrict__ q, int Dqk, int DK, const __nv_bfloat16 *__restrict__ Kb,
+                                                 const __nv_bfloat16 *__restrict__ Vb, int nk, const int *__restrict__ seln, int T, int NH, int Dv,
+                                                 float sl2, float *__restrict__ o) {
+    pdl_enter();
+    extern __shared__ __align__(128) uint8_t fa_smem[];
+    __shared__ int red[4];
+    __nv_bfloat16 *Qs = (__nv_bfloat16 *)fa_smem, *Ks = Qs + FA_BM * DK, *Vs = Ks + FA_BN * DK;
+    const int h = blockIdx.y, r0 = blockIdx.x * FA_BM, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
+    const __nv_bfloat16 *Kh = Kb + (size_t)h * nk * DK, *Vh = Vb + (size_t)h * nk * DV;
+    /* the thread's rows (a: g, b: g + 8 of the warp's 16) and their key counts */
+    const int ra = r0 + warp * 16 + g, rb = ra + 8;
+    const int la = ra < T ? seln[ra] : 0, lb = rb < T ? seln[rb] : 0;
+    int wmax = la > lb ? la : lb;
+#pragma unroll
+    for (int d = 16; d; d >>= 1) wmax = max(wmax, __shfl_xor_sync(0xffffffffu, wmax, d));
+    if (lane == 0) red[warp] = wmax;
+    /* q of the block's rows, rounded to bf16, zeros past Dqk and T */
+    for (int i = tid; i < FA_BM * (DK / 8); i += blockDim.x) {
+        const int r = i / (DK / 8), c = i % (DK / 8), row = r0 + r;
+        __align__(16) __nv_bfloat16 v[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) v[j] = __float2bfloat16_rn(row < T && 8 * c + j < Dqk ? q[((size_t)row * NH + h) * Dqk + 8 * c + j] : 0.f);
+        *(uint4 *)fa_at(Qs, DK, r, c) = *(const uint4 *)v;
+    }
+    __syncthreads();
+    const int bmax = max(max(red[0], red[1]), max(red[2], red[3])), ntile = (bmax + FA_BN - 1) / FA_BN;
+    float acc[DV / 8][4], m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+#pragma unroll
+    for (int i = 0; i < DV / 8; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+    fa_tile(Ks, Kh, DK, 0, nk);
+    cp_async_commit();
+    for (int j = 0; j < ntile; j++) {
+        const int k0 = j * FA_BN;
+        fa_tile(Vs, Vh, DV, k0, nk);
+        cp_async_commit();
+        cp_async_wait<1>(); /* this thread's K of tile j */
+        __syncthreads();    /* everyone's */
+        uint32_t pa[4][4];  /* P as the A fragments of the 4 key steps of 16 */
+        const bool live = k0 < wmax;
+        if (live) {
+            float s[8][4];
+#pragma unroll
+            for (int i = 0; i < 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+            for (int kk = 0; kk < DK / 16; kk++) {
+                uint32_t a[4];
+                ldsm_x4(a, fa_at(Qs, DK, warp * 16 + (lane & 15), 2 * kk + (lane >> 4)));
+#pragma unroll
+                for (int np = 0; np < 4; np++) {
+                    uint32_t b[4];
+                    ldsm_x4(b, fa_at(Ks, DK, np * 16 + (lane & 7) + ((lane >> 4) << 3), 2 * kk + ((lane >> 3) & 1)));
+                    mma_bf16(s[2 * np], a[0], a[1], a[2], a[3], b[0], b[1]);
+                    mma_bf16(s[2 * np + 1], a[0], a[1], a[2], a[3], b[2], b[3]);
+                }
+            }
+            /* scale, mask, the rows' new max (over the 4 lanes of a row) */
+            float x0 = -INFINITY, x1 = -INFINITY;
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int key = k0 + 8 * i + 2 * t4 + (e & 1);
+                    const float v = key < (e < 2 ? la : lb) ? s[i][e] * sl2 : -INFINITY;
+                    s[i][e] = v;
+                    if (e < 2) x0 = fmaxf(x0, v);
+                    else x1 = fmaxf(x1, v);
+                }
+#pragma unroll
+            for (int d = 1; d <= 2; d <<= 1) x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, d)), x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, d));
+            const float n0 = fmaxf(m0, x0), n1 = fmaxf(m1, x1);
+            const float b0 = n0 == -INFINITY ? 0.f : n0, b1 = n1 == -INFINITY ? 0.f : n1; /* a row with no key yet: nothing to scale */
+            const float c0 = exp2f(m0 - b0), c1 = exp2f(m1 - b1);
+            m0 = n0, m1 = n1;
+            float p0 = 0.f, p1 = 0.f;
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                s[i][0] = exp2f(s[i][0] - b0), s[i][1] = exp2f(s[i][1] - b0), s[i][2] = exp2f(s[i][2] - b1), s[i][3] = exp2f(s[i][3] - b1);
+                p0 += s[i][0] + s[i][1], p1 += s[i][2] + s[i][3];
+            }
+            l0 = l0 * c0 + p0, l1 = l1 * c1 + p1;
+#pragma unroll
+            for (int i = 0; i < DV / 8; i++) acc[i][0] *= c0, acc[i][1] *= c0, acc[i][2] *= c1, acc[i][3] *= c1;
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) {
+                pa[kk][0] = bf2(s[2 * kk][0], s[2 * kk][1]), pa[kk][1] = bf2(s[2 * kk][2], s[2 * kk][3]);
+                pa[kk][2] = bf2(s[2 * kk + 1][0], s[2 * kk + 1][1]), pa[kk][3] = bf2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+            }
+        }
+        __syncthreads(); /* every warp is done with K of tile j */
+        if (j + 1 < ntile) fa_tile(Ks, Kh, DK, k0 + FA_BN, nk);
+        cp_async_commit();
+        cp_async_wait<1>(); /* this thread's V of tile j */
+        __syncthreads();
+        if (live) {
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+                for (int dp = 0; dp < DV / 16; dp++) {
+                    uint32_t b[4];
+                    ldsm_x4_t(b, fa_at(Vs, DV, kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), 2 * dp + (lane >> 4)));
+                    mma_bf16(acc[2 * dp], pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3], b[0], b[1]);
+                    mma_bf16(acc[2 * dp + 1], pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3], b[2], b[3]);
+                }
+        }
+        __syncthreads(); /* every warp is done with V of tile j */
+    }
+    cp_async_wait<0>();
+#pragma unroll
+    for (int d = 1; d <= 2; d <<= 1) l0 += __shfl_xor_sync(0xffffffffu, l0, d), l1 += __shfl_xor_sync(0xffffffffu, l1, d);
+    const float i0 = l0 > 0.f ? 1.f / l0 : 0.f, i1 = l1 > 0.f ? 1.f / l1 : 0.f;
+#pragma unroll
+    for (int i = 0; i < DV / 8; i++) {
+        const int col = 8 * i + 2 * t4;
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            if (col + e >= Dv) continue;
+            if (ra < T) o[((size_t)ra * NH + h) * Dv + col + e] = acc[i][e] * i0;
+            if (rb < T) o[((size_t)rb * NH + h) * Dv + col + e] = acc[i][2 + e] * i1;
+        }
+    }
+}
+int cuk_attn_fa_ok(int Dqk, int Dv) { return Dqk >= 1 && Dqk <= 256 && Dv >= 1 && Dv <= 256; }
+int cuk_w_f32(const dw &W) { return W.qt == QF32; }
+size_t cuk_attn_fa_bytes(int NH, int nk, int Dqk, int Dv) { return sizeof(__nv_bfloat16) * (size_t)NH * nk * (fa_pad(Dqk) + fa_pad(Dv)); }
+template <int DV>
+static void fa_go(cudaStream_t st, const float *q, int Dqk, int DK, const __nv_bfloat16 *Kb, const __nv_bfloat16 *Vb, int nk, const int *seln, int T,
+                  int NH, int Dv, float sl2, float *o) {
+    const int smem = (int)sizeof(__nv_bfloat16) * (FA_BM * DK + FA_BN * DK + FA_BN * DV);
+    cudaFuncSetAttribute(k_attn_fa<DV>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    cu_launch(k_attn_fa<DV>, dim3((unsigned)((T + FA_BM - 1) / FA_BM), (unsigned)NH), 128, smem, st, q, Dqk, DK, Kb, Vb, nk, seln, T, NH, Dv, sl2, o);
+}
+/* Kx [NH][nk][Dqk] and Vx [NH][nk][Dv] (f32) to bf16 in xb, then the one pass */
+static void attn_fa(cudaStream_t st, const float *q, int Dqk, const float *Kx, const float *Vx, int nk, const int *seln, int T, int NH, int Dv,
+                    float scale, __nv_bfloat16 *xb, float *o) {
+    const int DK = fa_pad(Dqk), DV = fa_pad(Dv);
+    __nv_bfloat16 *Kb = xb, *Vb = xb + (size_t)NH * nk * DK;
+    const int64_t rows = (int64_t)NH * nk;
+    cu_launch(k_fa_bf16, (unsigned)((rows * (DK / 8) + 255) / 256), 256, 0, st, Kx, rows, Dqk, DK, Kb);
+    cu_launch(k_fa_bf16, (unsigned)((rows * (DV / 8) + 255) / 256), 256, 0, st, Vx, rows, Dv, DV, Vb);
+    const float sl2 = scale * 1.4426950408889634f;
+    if (DV == 64) fa_go<64>(st, q, Dqk, DK, Kb, Vb, nk, seln, T, NH, Dv, sl2, o);
+    else if (DV == 128) fa_go<128>(st, q, Dqk, DK, Kb, Vb, nk, seln, T, NH, Dv, sl2, o);
+    else if (DV == 192) fa_go<192>(st, q, Dqk, DK, Kb, Vb, nk, seln, T, NH, Dv, sl2, o);
+    else fa_go<256>(st, q, Dqk, DK, Kb, Vb, nk, seln, T, NH, Dv, sl2, o);
+}
+
 /* ---- a prompt's attention, expanded ---- */
 
 /* Kx[h][i][Dn + j] = k_pe of key i (kv[i][Rkv + j]) for every head: block (i, h) */
@@ -2553,8 +2748,8 @@ __global__ void k_kpe_copy(const float *__restrict__ kv, int D, int Rkv, int Dr,
 }
 
 void cuk_mla_attn_expanded(cudaStream_t st, const dw &kvb, const float *kv, int nk, const float *q, float *Kx, float *Vx, float *S, int64_t ldS,
-                           const int *seln, float *o, int T, int NH, int Dn, int Dr, int Dv, int Rkv, float scale, int wg) {
-    const int D = Rkv + Dr, Dqk = Dn + Dr, nc = tile_cols(1);
+                           const int *seln, float *o, int T, int NH, int Dn, int Dr, int Dv, int Rkv, float scale, int form, __nv_bfloat16 *xb) {
+    const int D = Rkv + Dr, Dqk = Dn + Dr, nc = tile_cols(1), wg = form == 2;
     const int64_t lk = (int64_t)nk * Dqk, lv = (int64_t)nk * Dv;
     /* wg: the products on warpgroup MMA (k_nt_wg), V kept transposed (Vx [NH][Dv][nk]) */
     const dw none = {};
@@ -2573,6 +2768,10 @@ void cuk_mla_attn_expanded(cudaStream_t st, const dw &kvb, const float *kv, int 
         cu_launch(k_head_mm<1, 1>, gv, 256, 0, st, kvb, Dn, Dn + Dv, kv, D, 0, Rkv, Dv, Vx, Dv, lv, nk, nullptr, 1.f);
     }
     cu_launch(k_kpe_copy, dim3((unsigned)nk, (unsigned)NH), 64, 0, st, kv, D, Rkv, Dr, Dqk, lk, Kx);
+    if (form == 3) { /* one pass on bf16 tensor cores */
+        attn_fa(st, q, Dqk, Kx, Vx, nk, seln, T, NH, Dv, scale, xb, o);
+        return;
+    }
     /* S[r][h][i] = scale q[r][h] . K_h[i] for i < seln[r], a head's 64 rows x 128 keys a tile */
     if (wg) {
         const ntop qa = {q, (int64_t)NH * Dqk, Dqk, none, T}, kb = {Kx, Dqk, lk, none, nk};

@@ -408,6 +408,11 @@ extern "C" int cu_model_open(const petrel_engine *e, int device, uint64_t vram_b
     if (!(m->L = (cu_layer *)calloc((size_t)L, sizeof(cu_layer)))) r = pt_err(err, PETREL_ENOMEM, "out of memory");
     m->rows = CU_ROWS;
     m->use_graphs = 1;
+    /* a prompt's products in bf16 on warpgroup MMA (q4 experts, q8 rest) and its attention
+     * expanded, one bf16 pass where the weights are quantized: faster than the int8 forms and
+     * nearer the exact path (bench/RESULTS.md, 2026-12-06: KL 0.0061 against int8's 0.0122 on
+     * GLM-5.2 shapes) */
+    m->w4 = 2, m->w8 = 1, m->xattn = 3;
     const model_w *w = &e->w;
     if (!r) r = up_w(m, &w->embed_tokens, "embed_tokens", &m->embed, err);
     if (!r) {
@@ -584,7 +589,9 @@ extern "C" int cu_kv_copy(cu_model *m, cu_kv *dst, const cu_kv *src, int n, petr
 
 /* ---- the forward ---- */
 
-static size_t carve(uint8_t *base, const petrel_config *c, int T, int nmax, int nall, int nlog, int tiered, int nkx, fscr *f) {
+/* nkx: the keys of an expanded prompt chunk (0: none); fa: it runs the one bf16 pass (no S, the
+ * keys and values in bf16 beside their f32 expansion) */
+static size_t carve(uint8_t *base, const petrel_config *c, int T, int nmax, int nall, int nlog, int tiered, int nkx, int fa, fscr *f) {
     size_t off = 0;
 #define TAKE(p, type, n) (off = (off + 255) / 256 * 256, f->p = base ? (type *)(base + off) : NULL, off += sizeof(type) * (size_t)(n))
     int H = c->hidden_size, NH = c->num_attention_heads, K = c->num_experts_per_tok, E = c->n_routed_experts;
@@ -606,9 +613,10 @@ static size_t carve(uint8_t *base, const petrel_config *c, int T, int nmax, int 
     TAKE(o, float, (size_t)T * NH * c->v_head_dim);
     TAKE(qt, float, (size_t)T * NH * c->kv_lora_rank);
     TAKE(lat, float, (size_t)T * NH * c->kv_lora_rank);
-    TAKE(S, float, (size_t)T * NH * nmax * (T <= 8 ? CU_ATTN_DSPLIT : 1));
+    TAKE(S, float, nkx && fa ? 1 : (size_t)T * NH * nmax * (T <= 8 ? CU_ATTN_DSPLIT : 1));
     TAKE(kx, float, (size_t)NH * nkx * c->qk_head_dim + 1);
     TAKE(vx, float, (size_t)NH * nkx * c->v_head_dim + 1);
+    TAKE(xb, __nv_bfloat16, nkx && fa ? cuk_attn_fa_bytes(NH, nkx, c->qk_head_dim, c->v_head_dim) / 2 : 1);
     TAKE(partial, float, (size_t)(T <= 8 ? T * CU_ATTN_SPLITS : 1) * NH * c->kv_lora_rank);
     TAKE(qi, float, (size_t)T * c->index_n_heads * c->index_head_dim);
     TAKE(ki, float, (size_t)T * c->index_head_dim);
@@ -670,7 +678,7 @@ static size_t carve(uint8_t *base, const petrel_config *c, int T, int nmax, int 
 size_t cu_chunk_scratch_bytes(const petrel_config *c, int rows) {
     fscr f;
     int topk = c->index_topk > 0 ? c->index_topk : rows;
-    return carve(NULL, c, rows, rows < topk ? rows : topk, rows + topk, rows, 1, 0, &f); /* the expanded attention only where room is left */
+    return carve(NULL, c, rows, rows < topk ? rows : topk, rows + topk, rows, 1, 0, 0, &f); /* the expanded attention only where room is left */
 }
 
 int cu_chunk_rows(const petrel_config *c, uint64_t left, int least) {
@@ -826,6 +834,7 @@ struct chunk_k {
     int xkeys;         /* > 0: the chunk's attention expanded over these first keys of one session's cache xkv (cap xcap) */
     const float *xkv;
     int xcap;
+    int xform;         /* its form (cuk_mla_attn_expanded) */
 };
 
 /* the experts a forward runs are counted on the device where rows may share experts; one row's
@@ -893,7 +902,7 @@ static int chunk_kernels(cu_model *m, fscr &f, const fscr &f0, const chunk_k &ck
             if (dsa_side) cudaEventRecord(m->join, m->side), cudaStreamWaitEvent(st, m->join, 0);
             m->xruns++;
             cuk_mla_attn_expanded(st, G.kv_b, ck.xkv + (size_t)l * ck.xcap * (Rkv + Dr), ck.xkeys, f.q, f.kx, f.vx, f.S, nmax, f.seln, f.o, t, NH,
-                                  Dn, Dr, Dv, Rkv, scale, m->xattn == 2);
+                                  Dn, Dr, Dv, Rkv, scale, ck.xform, f.xb);
             PROF(P_ATTN_CORE);
         } else {
             cuk_mla_uk(st, G.kv_b, G.uk_t, f.q, f.qt, t, NH, Dn, Dr, Dv, Rkv, m->heads, 1);
@@ -1019,10 +1028,13 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
 #define PROF(part) prof_mark(m, part)
     m->n_ev = 0;
     fscr f;
-    size_t need = carve(NULL, c, t, nmax, need_q ? nall : 1, nl, m->tiers != NULL, xkeys, &f);
+    /* the form: 3 (one bf16 pass) on the quantized path of a quantized model where its widths
+     * fit, else 1 (f32 weights and the exact mode keep f32 attention) */
+    const int xform = m->xattn == 3 && (!m->tc || cuk_w_f32(m->L[0].kv_b) || !cuk_attn_fa_ok(c->qk_head_dim, c->v_head_dim)) ? 1 : m->xattn;
+    size_t need = carve(NULL, c, t, nmax, need_q ? nall : 1, nl, m->tiers != NULL, xkeys, xform == 3, &f);
     if (xkeys && need > m->scr_cap && m->budget && m->used - m->scr_cap + need + need / 4 > m->budget) {
         xkeys = 0; /* no room under the VRAM budget for the expanded keys and values: the absorbed form */
-        need = carve(NULL, c, t, nmax, need_q ? nall : 1, nl, m->tiers != NULL, 0, &f);
+        need = carve(NULL, c, t, nmax, need_q ? nall : 1, nl, m->tiers != NULL, 0, 0, &f);
     }
     if (need > m->scr_cap) {
         cudaStreamSynchronize(st);
@@ -1039,7 +1051,7 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
         }
         m->scr_cap = want, m->used += want;
     }
-    carve(m->scr, c, t, nmax, need_q ? nall : 1, nl, m->tiers != NULL, xkeys, &f);
+    carve(m->scr, c, t, nmax, need_q ? nall : 1, nl, m->tiers != NULL, xkeys, xform == 3, &f);
     const fscr f0 = f; /* the carved places (a layer's stacked products point f's into on_x / on_qa) */
     f.need_xl = hidden || nl;
     f.t = t;
@@ -1052,7 +1064,7 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
     cudaMemcpyAsync(f.always, pin + 4 * (size_t)m->rows, sizeof(int32_t) * t, cudaMemcpyHostToDevice, st);
     cudaMemcpyAsync(f.ri, pin + 8 * (size_t)m->rows, sizeof(cu_rowinfo) * t, cudaMemcpyHostToDevice, st);
     PROF(P_COPY);
-    chunk_k ck = {t, nmax, need_q ? nall : 1, need_q, nl, hl, keys, xkeys, xkeys ? pc[0].s->kv->kv : NULL, xkeys ? pc[0].s->kv->cap : 0};
+    chunk_k ck = {t, nmax, need_q ? nall : 1, need_q, nl, hl, keys, xkeys, xkeys ? pc[0].s->kv->kv : NULL, xkeys ? pc[0].s->kv->cap : 0, xform};
     int r = 0;
     cudaError_t rc = cudaSuccess;
     /* one decode row (resident, no profile, no hidden states): the step's kernels as a graph,
@@ -1477,9 +1489,11 @@ extern "C" int cu_nt_check(const float *A, int M, const float *B, int N, int K, 
 }
 
 extern "C" int cu_attn_expanded_check(const pt_wview *kvb, const float *q, const float *kv, int pos0, int T, int NH, int Dn, int Dr, int Dv,
-                                      float scale, int wg, float *o, petrel_error *err) {
+                                      float scale, int form, float *o, petrel_error *err) {
     if (T < 1 || pos0 < 0 || NH < 1 || kvb->rows != (int64_t)NH * (Dn + Dv))
         return pt_err(err, PETREL_EINVAL, "the expanded attention check takes rows and a kv_b of NH (Dn + Dv) rows");
+    if (form < 1 || form > 3 || (form == 3 && !cuk_attn_fa_ok(Dn + Dr, Dv)))
+        return pt_err(err, PETREL_EINVAL, "the expanded attention check: no form %d for heads of %d / %d", form, Dn + Dr, Dv);
     cu_model m;
     PT_TRY(check_model(&m, err));
     dw K;
@@ -1492,14 +1506,15 @@ extern "C" int cu_attn_expanded_check(const pt_wview *kvb, const float *q, const
     float *dS = (float *)dalloc(&m, sizeof(float) * (size_t)T * NH * nk, "S", err);
     float *dout = (float *)dalloc(&m, sizeof(float) * (size_t)T * NH * Dv, "o", err);
     int *dn = (int *)dalloc(&m, sizeof(int) * T, "seln", err);
+    __nv_bfloat16 *dxb = form == 3 ? (__nv_bfloat16 *)dalloc(&m, cuk_attn_fa_bytes(NH, nk, Dn + Dr, Dv), "bf16 keys", err) : NULL;
     int *hn = (int *)malloc(sizeof(int) * T);
-    if (!rc && (!dq || !dkv || !dkx || !dvx || !dS || !dout || !dn || !hn)) rc = PETREL_ENOMEM;
+    if (!rc && (!dq || !dkv || !dkx || !dvx || !dS || !dout || !dn || !hn || (form == 3 && !dxb))) rc = PETREL_ENOMEM;
     for (int r = 0; !rc && r < T; r++) hn[r] = pos0 + r + 1;
     if (!rc) rc = up_copy(dq, q, sizeof(float) * (size_t)T * NH * (Dn + Dr), err);
     if (!rc) rc = up_copy(dkv, kv, sizeof(float) * (size_t)nk * D, err);
     if (!rc) rc = up_copy(dn, hn, sizeof(int) * T, err);
     if (!rc) {
-        cuk_mla_attn_expanded(m.st, K, dkv, nk, dq, dkx, dvx, dS, nk, dn, dout, T, NH, Dn, Dr, Dv, Rkv, scale, wg);
+        cuk_mla_attn_expanded(m.st, K, dkv, nk, dq, dkx, dvx, dS, nk, dn, dout, T, NH, Dn, Dr, Dv, Rkv, scale, form, dxb);
         rc = check_fetch(&m, o, dout, sizeof(float) * (size_t)T * NH * Dv, "expanded attention", err);
     }
     free(hn);

@@ -91,9 +91,9 @@ int cu_nt_check(const float *A, int M, const float *B, int N, int K, float *D, p
     (void)A, (void)M, (void)B, (void)N, (void)K, (void)D;
     return pt_err(err, PETREL_EUNSUPPORTED, NO_CUDA);
 }
-int cu_attn_expanded_check(const pt_wview *kvb, const float *q, const float *kv, int pos0, int T, int NH, int Dn, int Dr, int Dv, float scale, int wg,
+int cu_attn_expanded_check(const pt_wview *kvb, const float *q, const float *kv, int pos0, int T, int NH, int Dn, int Dr, int Dv, float scale, int form,
                            float *o, petrel_error *err) {
-    (void)kvb, (void)q, (void)kv, (void)pos0, (void)T, (void)NH, (void)Dn, (void)Dr, (void)Dv, (void)scale, (void)wg, (void)o;
+    (void)kvb, (void)q, (void)kv, (void)pos0, (void)T, (void)NH, (void)Dn, (void)Dr, (void)Dv, (void)scale, (void)form, (void)o;
     return pt_err(err, PETREL_EUNSUPPORTED, NO_CUDA);
 }
 int cu_route_check(const float *lg, const float *bias, int T, int E, int K, int n_group, int topk_group, int norm, float scale, int regs,
