@@ -545,6 +545,18 @@ TEST(cuda, attention_expanded) {
         float *o2 = malloc(sizeof(float) * (size_t)T * NH * Dv), *ref = malloc(sizeof(float) * (size_t)T * NH * Dv), *refb = malloc(sizeof(float) * (size_t)T * NH * Dv);
         double *kx = malloc(sizeof(double) * (size_t)nk * Dn), *vx = malloc(sizeof(double) * (size_t)nk * Dv), *p = malloc(sizeof(double) * nk);
         for (int64_t r = 0; r < W.rows; r++) pt_dequant_row(&W, r, w + r * Rkv);
+        /* form 3's keys and values: from one bf16 GEMM of the keys where kv_b is q8 of whole 64
+         * columns (yb [nk][NH (Dn + Dv)]), else the f32 expansion's (kx, vx) */
+        const int gemm = W.qtype == PT_Q8_G32 && Rkv % 64 == 0;
+        float *yb = NULL;
+        if (gemm) {
+            float *c = malloc(sizeof(float) * (size_t)nk * Rkv);
+            yb = malloc(sizeof(float) * (size_t)nk * W.rows);
+            for (int i = 0; i < nk; i++) memcpy(c + (size_t)i * Rkv, kv + (size_t)i * D, sizeof(float) * Rkv);
+            ref_gemm_bf16(&W, c, nk, yb);
+            free(c);
+        }
+#define kxb(h, i, j) (gemm ? yb[(size_t)(i) * W.rows + (size_t)(h) * (Dn + Dv) + (j)] : (j) < Dn ? (float)kx[(size_t)(i) * Dn + (j)] : (float)vx[(size_t)(i) * Dv + (j) - Dn])
         for (size_t i = 0; i < (size_t)T * NH * Dq; i++) q[i] = frand();
         for (size_t i = 0; i < (size_t)nk * D; i++) kv[i] = frand();
         for (int h = 0; h < NH; h++) {
@@ -563,7 +575,7 @@ TEST(cuda, attention_expanded) {
                     double mx = -1e300, sum = 0;
                     for (int i = 0; i < n; i++) {
                         double a = 0;
-                        for (int j = 0; j < Dn; j++) a += b ? (double)bf16_rn(qr[j]) * bf16_rn((float)kx[(size_t)i * Dn + j]) : qr[j] * kx[(size_t)i * Dn + j];
+                        for (int j = 0; j < Dn; j++) a += b ? (double)bf16_rn(qr[j]) * bf16_rn(kxb(h, i, j)) : qr[j] * kx[(size_t)i * Dn + j];
                         for (int j = 0; j < Dr; j++) a += b ? (double)bf16_rn(qr[Dn + j]) * bf16_rn(kv[(size_t)i * D + Rkv + j]) : (double)qr[Dn + j] * kv[(size_t)i * D + Rkv + j];
                         p[i] = scale * a;
                         mx = p[i] > mx ? p[i] : mx;
@@ -571,7 +583,7 @@ TEST(cuda, attention_expanded) {
                     for (int i = 0; i < n; i++) sum += (p[i] = exp(p[i] - mx));
                     for (int j = 0; j < Dv; j++) {
                         double a = 0;
-                        for (int i = 0; i < n; i++) a += p[i] * (b ? bf16_rn((float)vx[(size_t)i * Dv + j]) : vx[(size_t)i * Dv + j]);
+                        for (int i = 0; i < n; i++) a += p[i] * (b ? bf16_rn(kxb(h, i, Dn + j)) : vx[(size_t)i * Dv + j]);
                         (b ? refb : ref)[((size_t)r * NH + h) * Dv + j] = (float)(a / sum);
                     }
                 }
@@ -604,7 +616,8 @@ TEST(cuda, attention_expanded) {
         }
         /* an unknown form is refused, not run */
         CHECK(cu_attn_expanded_check(&W, q, kv, pos0, T, NH, Dn, Dr, Dv, scale, 4, o, &err) != 0);
-        free(w), free(q), free(kv), free(o), free(o2), free(ref), free(refb), free(kx), free(vx), free(p), free(d), free(sc);
+#undef kxb
+        free(w), free(q), free(kv), free(o), free(o2), free(ref), free(refb), free(kx), free(vx), free(p), free(d), free(sc), free(yb);
     }
 }
 

@@ -162,16 +162,17 @@ void cuk_nt_wg(cudaStream_t st, const float *A, int M, const float *B, int N, in
  * products a (row, key, head) for GLM-5's heads against the absorbed form's 1088. All on tensor
  * cores (tf32, each product in three); the CPU's MLA_RECONSTRUCTED sums, in tile order. form 1:
  * the products on mma.sync tiles (k_head_mm); 2 on warpgroup MMA (k_nt_wg: both operands split
- * once into shared memory, Vx then [NH][Dv][nk]); 3 (where cuk_attn_fa_ok): the expansion as
- * form 1, then scores, softmax and P V in one pass on bf16 tensor cores (k_attn_fa: no S; K
- * and V rounded to bf16 in xb, cuk_attn_fa_bytes; ~3e-3 of the outputs from the f32 forms).
- * Not the same bits as each other. */
+ * once into shared memory, Vx then [NH][Dv][nk]); 3 (where cuk_attn_fa_ok): scores, softmax
+ * and P V in one pass on bf16 tensor cores (k_attn_fa: no S), K and V in bf16 in xb
+ * (cuk_attn_fa_bytes), made by one bf16 GEMM of the keys where kv_b is q8 (its output in Kx,
+ * which then holds nk NH (Dn + Dv) floats), else by form 1's expansion; ~3e-3 of the outputs
+ * from the f32 forms. Not the same bits as each other. */
 void cuk_mla_attn_expanded(cudaStream_t st, const dw &kvb, const float *kv, int nk, const float *q, float *Kx, float *Vx, float *S, int64_t ldS,
                            const int *seln, float *o, int T, int NH, int Dn, int Dr, int Dv, int Rkv, float scale, int form, __nv_bfloat16 *xb);
 /* whether the one bf16 pass (form 3) takes heads of these widths (each up to 256), and the bytes
- * of its bf16 keys and values for nk keys */
+ * of its bf16 keys and values for nk keys (xb) */
 int cuk_attn_fa_ok(int Dqk, int Dv);
-size_t cuk_attn_fa_bytes(int NH, int nk, int Dqk, int Dv);
+size_t cuk_attn_fa_bytes(int NH, int nk, int Dqk, int Dv, int Rkv);
 /* whether W's weights are f32 (not quantized) */
 int cuk_w_f32(const dw &W);
 /* The one-pass forms cuk_mla_attn takes with flash (k_attn_flash: each block a range of keys

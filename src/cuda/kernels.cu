@@ -2543,6 +2543,13 @@ void cuk_nt_wg(cudaStream_t st, const float *A, int M, const float *B, int N, in
     nt_go<0, 0>(st, a, b, K, 1, D, N, 0, nullptr, 0, 1.f);
 }
 
+/* Kx[h][i][Dn + j] = k_pe of key i (kv[i][Rkv + j]) for every head: block (i, h) */
+__global__ void k_kpe_copy(const float *__restrict__ kv, int D, int Rkv, int Dr, int Dqk, int64_t ldh, float *__restrict__ Kx) {
+    pdl_enter();
+    const int64_t i = blockIdx.x, h = blockIdx.y;
+    for (int j = threadIdx.x; j < Dr; j += blockDim.x) Kx[h * ldh + i * Dqk + (Dqk - Dr) + j] = kv[i * D + Rkv + j];
+}
+
 /* ---- a prompt's attention, expanded, in one pass on bf16 tensor cores (form 3) ----
  * The quantized path's form, FlashAttention-2's order: K_h and V_h as the expansion makes them
  * (f32), rounded to bf16 once (k_fa_bf16: Kb [NH][nk][DKP], Vb [NH][nk][DVP], zeros past Dqk /
@@ -2715,7 +2722,7 @@ __global__ void __launch_bounds__(128) k_attn_fa(const float *__restrict__ q, in
 }
 int cuk_attn_fa_ok(int Dqk, int Dv) { return Dqk >= 1 && Dqk <= 256 && Dv >= 1 && Dv <= 256; }
 int cuk_w_f32(const dw &W) { return W.qt == QF32; }
-size_t cuk_attn_fa_bytes(int NH, int nk, int Dqk, int Dv) { return sizeof(__nv_bfloat16) * (size_t)NH * nk * (fa_pad(Dqk) + fa_pad(Dv)); }
+size_t cuk_attn_fa_bytes(int NH, int nk, int Dqk, int Dv, int Rkv) { return sizeof(__nv_bfloat16) * ((size_t)NH * nk * (fa_pad(Dqk) + fa_pad(Dv)) + (size_t)nk * Rkv); }
 template <int DV>
 static void fa_go(cudaStream_t st, const float *q, int Dqk, int DK, const __nv_bfloat16 *Kb, const __nv_bfloat16 *Vb, int nk, const int *seln, int T,
                   int NH, int Dv, float sl2, float *o) {
@@ -2723,14 +2730,52 @@ static void fa_go(cudaStream_t st, const float *q, int Dqk, int DK, const __nv_b
     cudaFuncSetAttribute(k_attn_fa<DV>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     cu_launch(k_attn_fa<DV>, dim3((unsigned)((T + FA_BM - 1) / FA_BM), (unsigned)NH), 128, smem, st, q, Dqk, DK, Kb, Vb, nk, seln, T, NH, Dv, sl2, o);
 }
-/* Kx [NH][nk][Dqk] and Vx [NH][nk][Dv] (f32) to bf16 in xb, then the one pass */
-static void attn_fa(cudaStream_t st, const float *q, int Dqk, const float *Kx, const float *Vx, int nk, const int *seln, int T, int NH, int Dv,
-                    float scale, __nv_bfloat16 *xb, float *o) {
-    const int DK = fa_pad(Dqk), DV = fa_pad(Dv);
-    __nv_bfloat16 *Kb = xb, *Vb = xb + (size_t)NH * nk * DK;
+/* Kb [NH][nk][DK] = [W_UK_h c | k_pe | 0] and Vb [NH][nk][DV] = [W_UV_h c | 0] in bf16 from the
+ * keys' GEMM y [nk][NH][Dn + Dv] and the cache's k_pe (kv [nk][D] at Rkv): a thread 8 outputs */
+__global__ void k_fa_pack(const float *__restrict__ y, const float *__restrict__ kv, int nk, int NH, int Dn, int Dr, int Dv, int D, int Rkv, int DK,
+                          int DV, __nv_bfloat16 *__restrict__ Kb, __nv_bfloat16 *__restrict__ Vb) {
+    pdl_enter();
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, per = (DK + DV) / 8;
+    if (i >= (int64_t)NH * nk * per) return;
+    const int64_t r = i / per; /* h nk + key */
+    const int c = (int)(i % per) * 8, h = (int)(r / nk), key = (int)(r % nk);
+    const float *yr = y + ((int64_t)key * NH + h) * (Dn + Dv), *pe = kv + (int64_t)key * D + Rkv;
+    __align__(16) __nv_bfloat16 v[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        const int d = c + j;
+        float x;
+        if (c < DK) x = d < Dn ? yr[d] : d < Dn + Dr ? pe[d - Dn] : 0.f;
+        else x = d - DK < Dv ? yr[Dn + d - DK] : 0.f;
+        v[j] = __float2bfloat16_rn(x);
+    }
+    if (c < DK) *(uint4 *)(Kb + r * DK + c) = *(const uint4 *)v;
+    else *(uint4 *)(Vb + r * DV + c - DK) = *(const uint4 *)v;
+}
+/* the keys and values in bf16 (xb: Kb, Vb, then the GEMM's bf16 keys), then the one pass. Where
+ * kv_b is q8 that the warpgroup GEMM takes, every head's W_UK c and W_UV c come from one bf16
+ * GEMM of the keys' c rows (y in Kx, [nk][NH][Dn + Dv]: the quantized path's products); else
+ * from the f32 expansion (Kx, Vx as forms 1 and 2 have them, made here) */
+static void attn_fa(cudaStream_t st, const dw &kvb, const float *kv, int nk, const float *q, float *Kx, float *Vx, const int *seln, int T, int NH,
+                    int Dn, int Dr, int Dv, int Rkv, float scale, __nv_bfloat16 *xb, float *o) {
+    const int Dqk = Dn + Dr, D = Rkv + Dr, DK = fa_pad(Dqk), DV = fa_pad(Dv);
+    __nv_bfloat16 *Kb = xb, *Vb = xb + (size_t)NH * nk * DK, *xh = Vb + (size_t)NH * nk * DV;
     const int64_t rows = (int64_t)NH * nk;
-    cu_launch(k_fa_bf16, (unsigned)((rows * (DK / 8) + 255) / 256), 256, 0, st, Kx, rows, Dqk, DK, Kb);
-    cu_launch(k_fa_bf16, (unsigned)((rows * (DV / 8) + 255) / 256), 256, 0, st, Vx, rows, Dv, DV, Vb);
+    if (cuk_gemm_w8_ok(kvb)) {
+        cuk_xbf16g8(st, kv, D, nk, Rkv, xh, Rkv);
+        cuk_gemm_w8g(st, kvb, xh, Rkv, Kx, (int64_t)NH * (Dn + Dv), nk, nullptr, nullptr, 0, nullptr, nullptr);
+        cu_launch(k_fa_pack, (unsigned)((rows * ((DK + DV) / 8) + 255) / 256), 256, 0, st, Kx, kv, nk, NH, Dn, Dr, Dv, D, Rkv, DK, DV, Kb, Vb);
+    } else {
+        const int nc = tile_cols(1);
+        const int64_t lk = (int64_t)nk * Dqk, lv = (int64_t)nk * Dv;
+        dim3 gk((unsigned)((Dn + nc - 1) / nc), (unsigned)((nk + GT - 1) / GT), (unsigned)NH);
+        cu_launch(k_head_mm<1, 1>, gk, 256, 0, st, kvb, 0, Dn + Dv, kv, D, 0, Rkv, Dn, Kx, Dqk, lk, nk, nullptr, 1.f);
+        dim3 gv((unsigned)((Dv + nc - 1) / nc), (unsigned)((nk + GT - 1) / GT), (unsigned)NH);
+        cu_launch(k_head_mm<1, 1>, gv, 256, 0, st, kvb, Dn, Dn + Dv, kv, D, 0, Rkv, Dv, Vx, Dv, lv, nk, nullptr, 1.f);
+        cu_launch(k_kpe_copy, dim3((unsigned)nk, (unsigned)NH), 64, 0, st, kv, D, Rkv, Dr, Dqk, lk, Kx);
+        cu_launch(k_fa_bf16, (unsigned)((rows * (DK / 8) + 255) / 256), 256, 0, st, Kx, rows, Dqk, DK, Kb);
+        cu_launch(k_fa_bf16, (unsigned)((rows * (DV / 8) + 255) / 256), 256, 0, st, Vx, rows, Dv, DV, Vb);
+    }
     const float sl2 = scale * 1.4426950408889634f;
     if (DV == 64) fa_go<64>(st, q, Dqk, DK, Kb, Vb, nk, seln, T, NH, Dv, sl2, o);
     else if (DV == 128) fa_go<128>(st, q, Dqk, DK, Kb, Vb, nk, seln, T, NH, Dv, sl2, o);
@@ -2740,15 +2785,13 @@ static void attn_fa(cudaStream_t st, const float *q, int Dqk, const float *Kx, c
 
 /* ---- a prompt's attention, expanded ---- */
 
-/* Kx[h][i][Dn + j] = k_pe of key i (kv[i][Rkv + j]) for every head: block (i, h) */
-__global__ void k_kpe_copy(const float *__restrict__ kv, int D, int Rkv, int Dr, int Dqk, int64_t ldh, float *__restrict__ Kx) {
-    pdl_enter();
-    const int64_t i = blockIdx.x, h = blockIdx.y;
-    for (int j = threadIdx.x; j < Dr; j += blockDim.x) Kx[h * ldh + i * Dqk + (Dqk - Dr) + j] = kv[i * D + Rkv + j];
-}
 
 void cuk_mla_attn_expanded(cudaStream_t st, const dw &kvb, const float *kv, int nk, const float *q, float *Kx, float *Vx, float *S, int64_t ldS,
                            const int *seln, float *o, int T, int NH, int Dn, int Dr, int Dv, int Rkv, float scale, int form, __nv_bfloat16 *xb) {
+    if (form == 3) { /* one pass on bf16 tensor cores */
+        attn_fa(st, kvb, kv, nk, q, Kx, Vx, seln, T, NH, Dn, Dr, Dv, Rkv, scale, xb, o);
+        return;
+    }
     const int D = Rkv + Dr, Dqk = Dn + Dr, nc = tile_cols(1), wg = form == 2;
     const int64_t lk = (int64_t)nk * Dqk, lv = (int64_t)nk * Dv;
     /* wg: the products on warpgroup MMA (k_nt_wg), V kept transposed (Vx [NH][Dv][nk]) */
@@ -2768,10 +2811,6 @@ void cuk_mla_attn_expanded(cudaStream_t st, const dw &kvb, const float *kv, int 
         cu_launch(k_head_mm<1, 1>, gv, 256, 0, st, kvb, Dn, Dn + Dv, kv, D, 0, Rkv, Dv, Vx, Dv, lv, nk, nullptr, 1.f);
     }
     cu_launch(k_kpe_copy, dim3((unsigned)nk, (unsigned)NH), 64, 0, st, kv, D, Rkv, Dr, Dqk, lk, Kx);
-    if (form == 3) { /* one pass on bf16 tensor cores */
-        attn_fa(st, q, Dqk, Kx, Vx, nk, seln, T, NH, Dv, scale, xb, o);
-        return;
-    }
     /* S[r][h][i] = scale q[r][h] . K_h[i] for i < seln[r], a head's 64 rows x 128 keys a tile */
     if (wg) {
         const ntop qa = {q, (int64_t)NH * Dqk, Dqk, none, T}, kb = {Kx, Dqk, lk, none, nk};

@@ -614,9 +614,10 @@ static size_t carve(uint8_t *base, const petrel_config *c, int T, int nmax, int 
     TAKE(qt, float, (size_t)T * NH * c->kv_lora_rank);
     TAKE(lat, float, (size_t)T * NH * c->kv_lora_rank);
     TAKE(S, float, nkx && fa ? 1 : (size_t)T * NH * nmax * (T <= 8 ? CU_ATTN_DSPLIT : 1));
-    TAKE(kx, float, (size_t)NH * nkx * c->qk_head_dim + 1);
+    const int kxw = fa && c->qk_nope_head_dim + c->v_head_dim > c->qk_head_dim ? c->qk_nope_head_dim + c->v_head_dim : c->qk_head_dim;
+    TAKE(kx, float, (size_t)NH * nkx * kxw + 1);
     TAKE(vx, float, (size_t)NH * nkx * c->v_head_dim + 1);
-    TAKE(xb, __nv_bfloat16, nkx && fa ? cuk_attn_fa_bytes(NH, nkx, c->qk_head_dim, c->v_head_dim) / 2 : 1);
+    TAKE(xb, __nv_bfloat16, nkx && fa ? cuk_attn_fa_bytes(NH, nkx, c->qk_head_dim, c->v_head_dim, c->kv_lora_rank) / 2 : 1);
     TAKE(partial, float, (size_t)(T <= 8 ? T * CU_ATTN_SPLITS : 1) * NH * c->kv_lora_rank);
     TAKE(qi, float, (size_t)T * c->index_n_heads * c->index_head_dim);
     TAKE(ki, float, (size_t)T * c->index_head_dim);
@@ -1501,12 +1502,12 @@ extern "C" int cu_attn_expanded_check(const pt_wview *kvb, const float *q, const
     int rc = up_w(&m, kvb, "test kv_b", &K, err);
     float *dq = (float *)dalloc(&m, sizeof(float) * (size_t)T * NH * (Dn + Dr), "q", err);
     float *dkv = (float *)dalloc(&m, sizeof(float) * (size_t)nk * D, "keys", err);
-    float *dkx = (float *)dalloc(&m, sizeof(float) * (size_t)NH * nk * (Dn + Dr), "expanded keys", err);
+    float *dkx = (float *)dalloc(&m, sizeof(float) * (size_t)NH * nk * (Dn + (Dr > Dv ? Dr : Dv)), "expanded keys", err);
     float *dvx = (float *)dalloc(&m, sizeof(float) * (size_t)NH * nk * Dv, "expanded values", err);
     float *dS = (float *)dalloc(&m, sizeof(float) * (size_t)T * NH * nk, "S", err);
     float *dout = (float *)dalloc(&m, sizeof(float) * (size_t)T * NH * Dv, "o", err);
     int *dn = (int *)dalloc(&m, sizeof(int) * T, "seln", err);
-    __nv_bfloat16 *dxb = form == 3 ? (__nv_bfloat16 *)dalloc(&m, cuk_attn_fa_bytes(NH, nk, Dn + Dr, Dv), "bf16 keys", err) : NULL;
+    __nv_bfloat16 *dxb = form == 3 ? (__nv_bfloat16 *)dalloc(&m, cuk_attn_fa_bytes(NH, nk, Dn + Dr, Dv, Rkv), "bf16 keys", err) : NULL;
     int *hn = (int *)malloc(sizeof(int) * T);
     if (!rc && (!dq || !dkv || !dkx || !dvx || !dS || !dout || !dn || !hn || (form == 3 && !dxb))) rc = PETREL_ENOMEM;
     for (int r = 0; !rc && r < T; r++) hn[r] = pos0 + r + 1;
