@@ -370,6 +370,31 @@ static int bench_batch(petrel_engine *eng, int B, long ctx, long steps, uint64_t
     return rc;
 }
 
+/* the multiply-adds x 2 of a T-token prompt from position 0, counted as the GPU's quickest forms
+ * do them: every layer's products for each row (the indexer's query side only where a row's keys
+ * pass index_topk), the attention expanded (each head's keys and values made once: T NH (Dn + Dv)
+ * Rkv, then each row's min(r + 1, index_topk) keys at NH (Dqk + Dv)); the head not counted (a
+ * prompt's logits are a few rows) */
+static double prompt_flops(const petrel_config *c, long T) {
+    const double H = c->hidden_size, NH = c->num_attention_heads, Rkv = c->kv_lora_rank, Dr = c->qk_rope_head_dim;
+    const double Dn = c->qk_nope_head_dim, Dqk = c->qk_head_dim, Dv = c->v_head_dim, ql = c->q_lora_rank > 0 ? c->q_lora_rank : 0;
+    const double Hi = c->index_n_heads, Di = c->index_head_dim;
+    const long topk = c->index_topk > 0 ? c->index_topk : T;
+    double keys = 0, rows_past = T > topk ? (double)(T - topk) : 0; /* keys summed over the rows; rows scoring the indexer */
+    for (long r = 0; r < T; r++) keys += r + 1 < topk ? r + 1 : topk;
+    double mac = 0;
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        const double proj = (ql > 0 ? H * ql + ql * NH * Dqk : H * NH * Dqk) + H * (Rkv + Dr) + NH * Dv * H;
+        const double idx = Hi > 0 ? H * Di + H * Hi : 0, idx_q = Hi > 0 ? ql * Hi * Di : 0;
+        double mlp = 3.0 * H * c->intermediate_size;
+        if (c->layer_is_moe[l])
+            mlp = 3.0 * H * c->moe_intermediate_size * (c->num_experts_per_tok + (c->n_shared_experts > 0 ? c->n_shared_experts : 0)) + H * c->n_routed_experts;
+        mac += (double)T * (proj + idx + mlp) + rows_past * idx_q + rows_past * (double)T * Hi * Di; /* the indexer's scores: past topk rows over ~T keys */
+        mac += (double)T * NH * (Dn + Dv) * Rkv + keys * NH * (Dqk + Dv);
+    }
+    return 2 * mac;
+}
+
 /* ---- arithmetic peak: f32 FMA throughput of this machine (AVX-512 when present) ---- */
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -929,11 +954,16 @@ CLI_CMD(bench) {
                        100 * expert_peak_frac, tc);
             else
                 printf("prefill routed experts (GPU): their kernel time needs --profile; the int8 tensor-core peak measured %.0f TOP/s\n", tc);
-            if (bf16_experts > 0 && gex_s > 0) { /* the bf16 forms run the products in bf16: that format's peak too */
+            if (bf16_experts != 0 && gex_s > 0) { /* the bf16 forms (wgmma the default) run the products in bf16: that format's peak too */
                 double tb = cu_tc_bf16_peak(eng->cu);
                 printf("prefill routed experts (GPU, bf16 products): %.1f%% of the measured bf16 tensor-core peak (%.0f TFLOP/s, wgmma)\n",
                        tb > 0 ? 100 * expert_gflops / 1e3 / tb : 0, tb);
             }
+            /* the whole prompt: its products and attention (prompt_flops) over the median prefill */
+            const double pf = prompt_flops(c, prompt), tb = cu_tc_bf16_peak(eng->cu);
+            if (prefill_s > 0 && tb > 0)
+                printf("prefill on the GPU: %.1f TFLOP/s over its products and attention (%.3f TFLOP a prompt) = %.1f%% of the measured bf16 tensor-core "
+                       "peak (%.0f TFLOP/s)\n", pf / prefill_s / 1e12, pf / 1e12, 100 * pf / prefill_s / 1e12 / tb, tb);
         } else {
             peak = measure_peak_gflops(threads, 0);
             expert_gflops = ex_s > 0 ? ex_flop / ex_s / 1e9 : 0;
