@@ -545,6 +545,8 @@ TEST(cuda, attention_expanded) {
         float *o2 = malloc(sizeof(float) * (size_t)T * NH * Dv), *ref = malloc(sizeof(float) * (size_t)T * NH * Dv), *refb = malloc(sizeof(float) * (size_t)T * NH * Dv);
         double *kx = malloc(sizeof(double) * (size_t)nk * Dn), *vx = malloc(sizeof(double) * (size_t)nk * Dv), *p = malloc(sizeof(double) * nk);
         for (int64_t r = 0; r < W.rows; r++) pt_dequant_row(&W, r, w + r * Rkv);
+        for (size_t i = 0; i < (size_t)T * NH * Dq; i++) q[i] = frand();
+        for (size_t i = 0; i < (size_t)nk * D; i++) kv[i] = frand();
         /* form 3's keys and values: from one bf16 GEMM of the keys where kv_b is q8 of whole 64
          * columns (yb [nk][NH (Dn + Dv)]), else the f32 expansion's (kx, vx) */
         const int gemm = W.qtype == PT_Q8_G32 && Rkv % 64 == 0;
@@ -557,8 +559,6 @@ TEST(cuda, attention_expanded) {
             free(c);
         }
 #define kxb(h, i, j) (gemm ? yb[(size_t)(i) * W.rows + (size_t)(h) * (Dn + Dv) + (j)] : (j) < Dn ? (float)kx[(size_t)(i) * Dn + (j)] : (float)vx[(size_t)(i) * Dv + (j) - Dn])
-        for (size_t i = 0; i < (size_t)T * NH * Dq; i++) q[i] = frand();
-        for (size_t i = 0; i < (size_t)nk * D; i++) kv[i] = frand();
         for (int h = 0; h < NH; h++) {
             for (int i = 0; i < nk; i++) { /* head h's expanded key and value of key i */
                 for (int j = 0; j < Dn + Dv; j++) {
@@ -935,6 +935,8 @@ TEST(cuda, q4_pack_quality) {
             CHECK_MSG(e < 1e-5, "q4 plain pack: GPU vs CPU (exact activations) rel err %.3g", e);
             CHECK_MSG(!memcmp(lg, lp, sizeof(float) * n), "q4: the GPU's logits differ between the r16 and the plain pack");
             CHECK_MSG(kg <= 1.1 * kd, "q4 pack: GPU KL %.4g vs the CPU default's %.4g", kg, kd);
+            /* the 30-token prompt took the default expanded attention (its one bf16 pass: q8 kv_b) */
+            CHECK_MSG(cu_model_expanded_count(g->cu) > 0, "q4 pack: the prompt did not take the expanded attention");
             if (getenv("PETREL_TEST_VERBOSE")) fprintf(stderr, "  q4 pack: vs cpu %.3g, KL gpu %.4g cpu %.4g\n", e, kg, kd);
         }
         free(lg), free(lp), free(lc), free(ld), free(le);

@@ -173,8 +173,8 @@ void cuk_mla_attn_expanded(cudaStream_t st, const dw &kvb, const float *kv, int 
  * of its bf16 keys and values for nk keys (xb) */
 int cuk_attn_fa_ok(int Dqk, int Dv);
 size_t cuk_attn_fa_bytes(int NH, int nk, int Dqk, int Dv, int Rkv);
-/* whether W's weights are f32 (not quantized) */
-int cuk_w_f32(const dw &W);
+/* whether W's weights are quantized (q8, q4), not f32 / bf16 / f16 */
+int cuk_w_quantized(const dw &W);
 /* The one-pass forms cuk_mla_attn takes with flash (k_attn_flash: each block a range of keys
  * for 16 heads with an online softmax, then the ranges merged in order): 0 none (more than 8
  * rows, Rkv > 512, Rkv + Dr not a multiple of 4: the scores / softmax / P C kernels above),

@@ -2721,7 +2721,7 @@ __global__ void __launch_bounds__(128) k_attn_fa(const float *__restrict__ q, in
     }
 }
 int cuk_attn_fa_ok(int Dqk, int Dv) { return Dqk >= 1 && Dqk <= 256 && Dv >= 1 && Dv <= 256; }
-int cuk_w_f32(const dw &W) { return W.qt == QF32; }
+int cuk_w_quantized(const dw &W) { return W.qt == QQ8ROW || W.qt == QQ8G || W.qt == QQ4G; }
 size_t cuk_attn_fa_bytes(int NH, int nk, int Dqk, int Dv, int Rkv) { return sizeof(__nv_bfloat16) * ((size_t)NH * nk * (fa_pad(Dqk) + fa_pad(Dv)) + (size_t)nk * Rkv); }
 template <int DV>
 static void fa_go(cudaStream_t st, const float *q, int Dqk, int DK, const __nv_bfloat16 *Kb, const __nv_bfloat16 *Vb, int nk, const int *seln, int T,

@@ -1029,9 +1029,9 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
 #define PROF(part) prof_mark(m, part)
     m->n_ev = 0;
     fscr f;
-    /* the form: 3 (one bf16 pass) on the quantized path of a quantized model where its widths
-     * fit, else 1 (f32 weights and the exact mode keep f32 attention) */
-    const int xform = m->xattn == 3 && (!m->tc || cuk_w_f32(m->L[0].kv_b) || !cuk_attn_fa_ok(c->qk_head_dim, c->v_head_dim)) ? 1 : m->xattn;
+    /* the form: 3 (one bf16 pass) on the quantized path of a quantized model (q8 / q4 kv_b)
+     * where its widths fit, else 1 (f32 / bf16 weights and the exact mode keep f32 attention) */
+    const int xform = m->xattn == 3 && (!m->tc || !cuk_w_quantized(m->L[0].kv_b) || !cuk_attn_fa_ok(c->qk_head_dim, c->v_head_dim)) ? 1 : m->xattn;
     size_t need = carve(NULL, c, t, nmax, need_q ? nall : 1, nl, m->tiers != NULL, xkeys, xform == 3, &f);
     if (xkeys && need > m->scr_cap && m->budget && m->used - m->scr_cap + need + need / 4 > m->budget) {
         xkeys = 0; /* no room under the VRAM budget for the expanded keys and values: the absorbed form */
