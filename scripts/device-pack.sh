@@ -5,7 +5,7 @@
 # ignored by git: carry it explicitly (and hide tests/data/tokenizers to stay under 64 MiB).
 set -e
 cd "$(dirname "$0")/.."
-make BUILD=build-dc cuda -j2 NVFLAGS="-std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -no-compress -Iinclude -Isrc -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror,-Wno-unused-parameter"
+make BUILD=build-dc cuda -j2 NVFLAGS="-std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -no-compress -Iinclude -Isrc -lineinfo -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror,-Wno-unused-parameter"
 t=$(mktemp -d)
 mkdir -p "$t/w/lib" build-carry
 cp build-dc/petrel-cuda build-dc/petrel-tests-cuda "$t/w/"

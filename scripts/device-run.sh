@@ -8,7 +8,10 @@
 #            (expanded-wgmma) or f (flash-bf16; absorbed when absent), by $BIN (default
 #            petrel-cuda); TRACE=1 routes by bench/data/glm5-like-2048.txt.gz
 #   quality  the exact CPU path's logits of 512 positions (--golden-out), then each QF form's
+#            distance from them (spec as in bench; the CPU default's too)
 #   cpu      issues 12 / 21 on the host CPU, 2 threads pinned: 1d1m, 1d2m with 8 sessions
+#   ncu      Nsight Compute on one launch of KERNEL (regex, default k_gemm_w4g) in a 1d4m prefill:
+#            the details page and the per-SASS-line source page (CSV) under $OUT
 R=$(pwd)
 (cd /tmp && tar xJf "$R/build-carry/w.tar.xz")
 W=/tmp/w
@@ -55,5 +58,18 @@ cpu)
                 $([ $n = 2 ] && echo --batch 8) 2>&1 | tee -a "$OUT/cpu-1d${n}m.txt" | grep -E "bandwidth:|decode at|batched decode|paired" | cut -c1-300
         done
     done ;;
-*) echo "device-run.sh: unknown mode $1 (tests, bench, quality, cpu)" >&2; exit 2 ;;
+ncu)
+    # one launch of kernel KERNEL (regex; default the routed experts' wgmma GEMM) in a 1d4m prefill
+    # of 2048 tokens, SKIP launches in: the details page's throughputs and stall shares, then the
+    # source page (SASS, with the -lineinfo device-pack.sh builds) as CSV, its hottest 60 lines
+    command -v ncu > /dev/null || { echo "device-run.sh: no ncu on this machine" >&2; exit 1; }
+    slice 4 $S
+    timeout 400 ncu --clock-control none --set full --import-source yes -k "regex:${KERNEL:-k_gemm_w4g}" --launch-skip ${SKIP:-4} --launch-count 1 \
+        -o "$OUT/prof" $W/${BIN:-petrel-cuda} bench --model $S --device cuda --prompt 2048 --ctx 2048 --steps 1 --prefill-runs 1 > "$OUT/ncu-run.txt" 2>&1
+    echo "ncu rc=$?"; tail -3 "$OUT/ncu-run.txt"
+    ncu --import "$OUT/prof.ncu-rep" --page details > "$OUT/details.txt" 2>&1
+    grep -E "Duration|Throughput|Issue Slots|Executed Ipc|Registers|Stall|Warp Cycles|Occupancy" "$OUT/details.txt" | head -40
+    ncu --import "$OUT/prof.ncu-rep" --page source --csv --print-source sass > "$OUT/source.csv" 2>&1
+    echo "source page: $(wc -l < "$OUT/source.csv") lines"; head -2 "$OUT/source.csv" | cut -c1-400 ;;
+*) echo "device-run.sh: unknown mode $1 (tests, bench, quality, cpu, ncu)" >&2; exit 2 ;;
 esac
