@@ -2582,6 +2582,19 @@ __global__ void k_kpe_copy(const float *__restrict__ kv, int D, int Rkv, int Dr,
     for (int j = threadIdx.x; j < Dr; j += blockDim.x) Kx[h * ldh + i * Dqk + (Dqk - Dr) + j] = kv[i * D + Rkv + j];
 }
 
+/* form 1's expansion (and form 3's where kv_b is not a q8 the GEMM takes): K_h = W_UK_h c into Kx
+ * [NH][nk][Dqk] and V_h = W_UV_h c into Vx [NH][nk][Dv] on mma.sync tiles (the keys the x rows,
+ * every head reading the same), then k_pe beside each head's keys */
+static void expand_tiles(cudaStream_t st, const dw &kvb, const float *kv, int nk, float *Kx, float *Vx, int NH, int Dn, int Dr, int Dv, int Rkv) {
+    const int D = Rkv + Dr, Dqk = Dn + Dr, nc = tile_cols(1);
+    const int64_t lk = (int64_t)nk * Dqk, lv = (int64_t)nk * Dv;
+    dim3 gk((unsigned)((Dn + nc - 1) / nc), (unsigned)((nk + GT - 1) / GT), (unsigned)NH);
+    cu_launch(k_head_mm<1, 1>, gk, 256, 0, st, kvb, 0, Dn + Dv, kv, D, 0, Rkv, Dn, Kx, Dqk, lk, nk, nullptr, 1.f);
+    dim3 gv((unsigned)((Dv + nc - 1) / nc), (unsigned)((nk + GT - 1) / GT), (unsigned)NH);
+    cu_launch(k_head_mm<1, 1>, gv, 256, 0, st, kvb, Dn, Dn + Dv, kv, D, 0, Rkv, Dv, Vx, Dv, lv, nk, nullptr, 1.f);
+    cu_launch(k_kpe_copy, dim3((unsigned)nk, (unsigned)NH), 64, 0, st, kv, D, Rkv, Dr, Dqk, lk, Kx);
+}
+
 /* ---- a prompt's attention, expanded, in one pass on bf16 tensor cores (form 3) ----
  * The quantized path's form, FlashAttention-2's order: K_h and V_h as the expansion makes them
  * (f32), rounded to bf16 once (k_fa_bf16: Kb [NH][nk][DKP], Vb [NH][nk][DVP], zeros past Dqk /
@@ -2798,13 +2811,7 @@ static void attn_fa(cudaStream_t st, const dw &kvb, const float *kv, int nk, con
         cuk_gemm_w8g(st, kvb, xh, Rkv, Kx, (int64_t)NH * (Dn + Dv), nk, nullptr, nullptr, 0, nullptr, nullptr);
         cu_launch(k_fa_pack, (unsigned)((rows * ((DK + DV) / 8) + 255) / 256), 256, 0, st, Kx, kv, nk, NH, Dn, Dr, Dv, D, Rkv, DK, DV, Kb, Vb);
     } else {
-        const int nc = tile_cols(1);
-        const int64_t lk = (int64_t)nk * Dqk, lv = (int64_t)nk * Dv;
-        dim3 gk((unsigned)((Dn + nc - 1) / nc), (unsigned)((nk + GT - 1) / GT), (unsigned)NH);
-        cu_launch(k_head_mm<1, 1>, gk, 256, 0, st, kvb, 0, Dn + Dv, kv, D, 0, Rkv, Dn, Kx, Dqk, lk, nk, nullptr, 1.f);
-        dim3 gv((unsigned)((Dv + nc - 1) / nc), (unsigned)((nk + GT - 1) / GT), (unsigned)NH);
-        cu_launch(k_head_mm<1, 1>, gv, 256, 0, st, kvb, Dn, Dn + Dv, kv, D, 0, Rkv, Dv, Vx, Dv, lv, nk, nullptr, 1.f);
-        cu_launch(k_kpe_copy, dim3((unsigned)nk, (unsigned)NH), 64, 0, st, kv, D, Rkv, Dr, Dqk, lk, Kx);
+        expand_tiles(st, kvb, kv, nk, Kx, Vx, NH, Dn, Dr, Dv, Rkv);
         cu_launch(k_fa_bf16, (unsigned)((rows * (DK / 8) + 255) / 256), 256, 0, st, Kx, rows, Dqk, DK, Kb);
         cu_launch(k_fa_bf16, (unsigned)((rows * (DV / 8) + 255) / 256), 256, 0, st, Vx, rows, Dv, DV, Vb);
     }
@@ -2816,7 +2823,6 @@ static void attn_fa(cudaStream_t st, const dw &kvb, const float *kv, int nk, con
 }
 
 /* ---- a prompt's attention, expanded ---- */
-
 
 void cuk_mla_attn_expanded(cudaStream_t st, const dw &kvb, const float *kv, int nk, const float *q, float *Kx, float *Vx, float *S, int64_t ldS,
                            const int *seln, float *o, int T, int NH, int Dn, int Dr, int Dv, int Rkv, float scale, int form, __nv_bfloat16 *xb) {
@@ -2836,13 +2842,10 @@ void cuk_mla_attn_expanded(cudaStream_t st, const dw &kvb, const float *kv, int 
         uv.W.d = kvb.d + (int64_t)Dn * kvb.rb, uv.W.s = kvb.s ? kvb.s + (int64_t)Dn * kvb.sc : nullptr;
         nt_go<0, 1>(st, keys, uk, Rkv, NH, Kx, Dqk, lk, nullptr, 0, 1.f); /* Kx[h][i][n] */
         nt_go<1, 0>(st, uv, keys, Rkv, NH, Vx, nk, lv, nullptr, 0, 1.f); /* Vx[h][n][i] */
+        cu_launch(k_kpe_copy, dim3((unsigned)nk, (unsigned)NH), 64, 0, st, kv, D, Rkv, Dr, Dqk, lk, Kx);
     } else {
-        dim3 gk((unsigned)((Dn + nc - 1) / nc), (unsigned)((nk + GT - 1) / GT), (unsigned)NH);
-        cu_launch(k_head_mm<1, 1>, gk, 256, 0, st, kvb, 0, Dn + Dv, kv, D, 0, Rkv, Dn, Kx, Dqk, lk, nk, nullptr, 1.f);
-        dim3 gv((unsigned)((Dv + nc - 1) / nc), (unsigned)((nk + GT - 1) / GT), (unsigned)NH);
-        cu_launch(k_head_mm<1, 1>, gv, 256, 0, st, kvb, Dn, Dn + Dv, kv, D, 0, Rkv, Dv, Vx, Dv, lv, nk, nullptr, 1.f);
+        expand_tiles(st, kvb, kv, nk, Kx, Vx, NH, Dn, Dr, Dv, Rkv);
     }
-    cu_launch(k_kpe_copy, dim3((unsigned)nk, (unsigned)NH), 64, 0, st, kv, D, Rkv, Dr, Dqk, lk, Kx);
     /* S[r][h][i] = scale q[r][h] . K_h[i] for i < seln[r], a head's 64 rows x 128 keys a tile */
     if (wg) {
         const ntop qa = {q, (int64_t)NH * Dqk, Dqk, none, T}, kb = {Kx, Dqk, lk, none, nk};
