@@ -429,6 +429,8 @@ extern "C" int cu_model_open(const petrel_engine *e, int device, uint64_t vram_b
         free(hh);
     }
     for (int l = 0; l < L && !r; l++) r = up_layer(m, &w->layers[l], l, &m->L[l], err);
+    m->kvb_gemm = !r && L > 0;
+    for (int l = 0; l < L && !r; l++) m->kvb_gemm &= cuk_gemm_w8_ok(m->L[l].kv_b);
     if (!r && e->route) { /* trace-driven routing (benchmarks): the trace to HBM */
         const xs_trace *tr = e->route;
         size_t n = (size_t)tr->n_tokens * tr->n_layers * tr->topk;
@@ -590,7 +592,7 @@ extern "C" int cu_kv_copy(cu_model *m, cu_kv *dst, const cu_kv *src, int n, petr
 /* ---- the forward ---- */
 
 /* nkx: the keys of an expanded prompt chunk (0: none); fa: it runs the one bf16 pass (no S, the
- * keys and values in bf16 beside their f32 expansion) */
+ * keys and values in bf16 beside their f32 expansion; 2: that expansion one GEMM into kx, no vx) */
 static size_t carve(uint8_t *base, const petrel_config *c, int T, int nmax, int nall, int nlog, int tiered, int nkx, int fa, int wdq, fscr *f) {
     size_t off = 0;
 #define TAKE(p, type, n) (off = (off + 255) / 256 * 256, f->p = base ? (type *)(base + off) : NULL, off += sizeof(type) * (size_t)(n))
@@ -616,7 +618,7 @@ static size_t carve(uint8_t *base, const petrel_config *c, int T, int nmax, int 
     TAKE(S, float, nkx && fa ? 1 : (size_t)T * NH * nmax * (T <= 8 ? CU_ATTN_DSPLIT : 1));
     const int kxw = fa && c->qk_nope_head_dim + c->v_head_dim > c->qk_head_dim ? c->qk_nope_head_dim + c->v_head_dim : c->qk_head_dim;
     TAKE(kx, float, (size_t)NH * nkx * kxw + 1);
-    TAKE(vx, float, (size_t)NH * nkx * c->v_head_dim + 1);
+    TAKE(vx, float, fa == 2 ? 1 : (size_t)NH * nkx * c->v_head_dim + 1); /* fa 2: V by the keys' GEMM, into kx */
     TAKE(xb, __nv_bfloat16, nkx && fa ? cuk_attn_fa_bytes(NH, nkx, c->qk_head_dim, c->v_head_dim, c->kv_lora_rank) / 2 : 1);
     TAKE(partial, float, (size_t)(T <= 8 ? T * CU_ATTN_SPLITS : 1) * NH * c->kv_lora_rank);
     TAKE(qi, float, (size_t)T * c->index_n_heads * c->index_head_dim);
@@ -1044,7 +1046,8 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
     /* the form: 3 (one bf16 pass) on the quantized path of a quantized model (q8 / q4 kv_b)
      * where its widths fit, else 1 (f32 / bf16 weights and the exact mode keep f32 attention) */
     const int xform = m->xattn == 3 && (!m->tc || !cuk_w_quantized(m->L[0].kv_b) || !cuk_attn_fa_ok(c->qk_head_dim, c->v_head_dim)) ? 1 : m->xattn;
-    size_t need = carve(NULL, c, t, nmax, need_q ? nall : 1, nl, m->tiers != NULL, xkeys, xform == 3, m->w8 == 2, &f);
+    const int fa = xform == 3 ? (m->kvb_gemm ? 2 : 1) : 0;
+    size_t need = carve(NULL, c, t, nmax, need_q ? nall : 1, nl, m->tiers != NULL, xkeys, fa, m->w8 == 2, &f);
     if (xkeys && need > m->scr_cap && m->budget && m->used - m->scr_cap + need + need / 4 > m->budget) {
         xkeys = 0; /* no room under the VRAM budget for the expanded keys and values: the absorbed form */
         need = carve(NULL, c, t, nmax, need_q ? nall : 1, nl, m->tiers != NULL, 0, 0, m->w8 == 2, &f);
@@ -1064,7 +1067,7 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
         }
         m->scr_cap = want, m->used += want;
     }
-    carve(m->scr, c, t, nmax, need_q ? nall : 1, nl, m->tiers != NULL, xkeys, xform == 3, m->w8 == 2, &f);
+    carve(m->scr, c, t, nmax, need_q ? nall : 1, nl, m->tiers != NULL, xkeys, fa, m->w8 == 2, &f);
     const fscr f0 = f; /* the carved places (a layer's stacked products point f's into on_x / on_qa) */
     f.need_xl = hidden || nl;
     f.t = t;
