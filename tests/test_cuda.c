@@ -539,7 +539,8 @@ TEST(cuda, attention_expanded) {
     if (!need_gpu()) return;
     /* NH, Dn, Dr, Dv, Rkv, pos0, T */
     const int shapes[][7] = {{16, 128, 64, 256, 512, 40, 100}, {3, 40, 16, 24, 96, 0, 9},   {5, 8, 6, 12, 100, 30, 70},
-                             {4, 16, 8, 32, 64, 200, 130},     {2, 8, 8, 8, 32, 2100, 20}, {64, 16, 8, 16, 64, 0, 65}};
+                             {4, 16, 8, 32, 64, 200, 130},     {2, 8, 8, 8, 32, 2100, 20}, {64, 16, 8, 16, 64, 0, 65},
+                             {4, 64, 32, 128, 128, 10, 50},    {3, 100, 20, 150, 96, 5, 40}}; /* the last two: V padded to 128 and 192 in form 3 */
     petrel_error err = {0};
     for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
         const int NH = shapes[k][0], Dn = shapes[k][1], Dr = shapes[k][2], Dv = shapes[k][3], Rkv = shapes[k][4], pos0 = shapes[k][5], T = shapes[k][6];
