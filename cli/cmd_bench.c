@@ -386,7 +386,7 @@ static double prompt_flops(const petrel_config *c, long T) {
     double mac = 0;
     for (int l = 0; l < c->num_hidden_layers; l++) {
         const double proj = (ql > 0 ? H * ql + ql * NH * Dqk : H * NH * Dqk) + H * (Rkv + Dr) + NH * Dv * H;
-        const double idx = Hi > 0 ? H * Di + H * Hi : 0, idx_q = Hi > 0 ? ql * Hi * Di : 0;
+        const double idx = Hi > 0 ? H * Di : 0, idx_q = Hi > 0 ? ql * Hi * Di + H * Hi : 0; /* its keys every row; wq_b, weights_proj */
         double mlp = 3.0 * H * c->intermediate_size;
         if (c->layer_is_moe[l])
             mlp = 3.0 * H * c->moe_intermediate_size * (c->num_experts_per_tok + (c->n_shared_experts > 0 ? c->n_shared_experts : 0)) + H * c->n_routed_experts;

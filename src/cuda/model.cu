@@ -667,15 +667,15 @@ static size_t carve(uint8_t *base, const petrel_config *c, int T, int nmax, int 
     TAKE(xh, __nv_bfloat16, (size_t)cap);
     /* wdq (cu_model_use_bf16_dense 2): the largest attention or dense product's weights in bf16
      * (the head and larger products keep the unpacking form) */
-    int64_t wb = 0;
+    int64_t wbn = 0;
     if (wdq && T > 8) {
-        const int64_t H = c->hidden_size, ql = c->q_lora_rank, Ish = (int64_t)c->moe_intermediate_size * (c->n_shared_experts > 0 ? c->n_shared_experts : 1);
-        const int64_t prod[] = {H * ql, ql * NH * c->qk_head_dim, H * (c->kv_lora_rank + c->qk_rope_head_dim), (int64_t)NH * c->v_head_dim * H,
-                                H * c->intermediate_size, H * Ish, ql * c->index_n_heads * c->index_head_dim};
-        for (int i = 0; i < 7; i++) wb = prod[i] > wb ? prod[i] : wb;
+        const int64_t ql = c->q_lora_rank;
+        const int64_t prod[] = {H * ql, ql * NH * c->qk_head_dim, (int64_t)H * (c->kv_lora_rank + c->qk_rope_head_dim), (int64_t)NH * c->v_head_dim * H,
+                                (int64_t)H * c->intermediate_size, (int64_t)H * Ish, ql * c->index_n_heads * c->index_head_dim};
+        for (int i = 0; i < 7; i++) wbn = prod[i] > wbn ? prod[i] : wbn;
     }
-    f->wb_cap = wb;
-    TAKE(wb, __nv_bfloat16, (size_t)wb + 1);
+    f->wb_cap = wbn;
+    TAKE(wb, __nv_bfloat16, (size_t)wbn + 1);
     /* the shared expert on the side stream (up to 8 rows): its gate / up outputs and int8 x */
     const int side = T <= 8 ? T : 0;
     const int64_t scap = (int64_t)side * (((H > Ish ? H : Ish) + 63) / 64 * 64);
@@ -1047,10 +1047,14 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
      * where its widths fit, else 1 (f32 / bf16 weights and the exact mode keep f32 attention) */
     const int xform = m->xattn == 3 && (!m->tc || !cuk_w_quantized(m->L[0].kv_b) || !cuk_attn_fa_ok(c->qk_head_dim, c->v_head_dim)) ? 1 : m->xattn;
     const int fa = xform == 3 ? (m->kvb_gemm ? 2 : 1) : 0;
-    size_t need = carve(NULL, c, t, nmax, need_q ? nall : 1, nl, m->tiers != NULL, xkeys, fa, m->w8 == 2, &f);
-    if (xkeys && need > m->scr_cap && m->budget && m->used - m->scr_cap + need + need / 4 > m->budget) {
-        xkeys = 0; /* no room under the VRAM budget for the expanded keys and values: the absorbed form */
-        need = carve(NULL, c, t, nmax, need_q ? nall : 1, nl, m->tiers != NULL, 0, 0, m->w8 == 2, &f);
+    int wdq = m->w8 == 2;
+    size_t need = carve(NULL, c, t, nmax, need_q ? nall : 1, nl, m->tiers != NULL, xkeys, fa, wdq, &f);
+    /* what the VRAM budget has no room for falls back: the expanded keys and values first (the
+     * absorbed form), then the bf16 weight copies (the q8 form unpacks in the loop) */
+    while ((xkeys || wdq) && need > m->scr_cap && m->budget && m->used - m->scr_cap + need + need / 4 > m->budget) {
+        if (xkeys) xkeys = 0;
+        else wdq = 0;
+        need = carve(NULL, c, t, nmax, need_q ? nall : 1, nl, m->tiers != NULL, xkeys, xkeys ? fa : 0, wdq, &f);
     }
     if (need > m->scr_cap) {
         cudaStreamSynchronize(st);
@@ -1067,7 +1071,7 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
         }
         m->scr_cap = want, m->used += want;
     }
-    carve(m->scr, c, t, nmax, need_q ? nall : 1, nl, m->tiers != NULL, xkeys, fa, m->w8 == 2, &f);
+    carve(m->scr, c, t, nmax, need_q ? nall : 1, nl, m->tiers != NULL, xkeys, xkeys ? fa : 0, wdq, &f);
     const fscr f0 = f; /* the carved places (a layer's stacked products point f's into on_x / on_qa) */
     f.need_xl = hidden || nl;
     f.t = t;
