@@ -2596,9 +2596,10 @@ static void expand_tiles(cudaStream_t st, const dw &kvb, const float *kv, int nk
 }
 
 /* ---- a prompt's attention, expanded, in one pass on bf16 tensor cores (form 3) ----
- * The quantized path's form, FlashAttention-2's order: K_h and V_h as the expansion makes them
- * (f32), rounded to bf16 once (k_fa_bf16: Kb [NH][nk][DKP], Vb [NH][nk][DVP], zeros past Dqk /
- * Dv, the widths padded to 64), then a block takes 64 rows of one head (4 warps of 16 rows, q
+ * The quantized path's form, FlashAttention-2's order: K_h and V_h in bf16 (Kb [NH][nk][DKP], Vb
+ * [NH][nk][DVP], zeros past Dqk / Dv, the widths padded to 64), packed by k_fa_pack from one bf16
+ * GEMM of the keys where kv_b is q8, else rounded by k_fa_bf16 from form 1's f32 expansion (see
+ * attn_fa); then a block takes 64 rows of one head (4 warps of 16 rows, q
  * rounded to bf16 as it is staged) over tiles of 64 keys up to its last row's count: S = q K^T
  * on mma.m16n8k16 (f32 sums), each row's running max and sum in registers (exp2 of the scaled
  * scores), P rounded to bf16 straight from S's fragments, O += P V; o = O / sum. Keys past a
