@@ -944,11 +944,24 @@ TEST(cuda, q4_pack_quality) {
             CHECK_MSG(e < 1e-5, "q4 plain pack: GPU vs CPU (exact activations) rel err %.3g", e);
             CHECK_MSG(!memcmp(lg, lp, sizeof(float) * n), "q4: the GPU's logits differ between the r16 and the plain pack");
             CHECK_MSG(kg <= 1.1 * kd, "q4 pack: GPU KL %.4g vs the CPU default's %.4g", kg, kd);
-            /* the 30-token prompt took the default expanded attention (its one bf16 pass: q8 kv_b) */
-            CHECK_MSG(cu_model_expanded_count(g->cu) > 0, "q4 pack: the prompt did not take the expanded attention");
             if (getenv("PETREL_TEST_VERBOSE")) fprintf(stderr, "  q4 pack: vs cpu %.3g, KL gpu %.4g cpu %.4g\n", e, kg, kd);
         }
         free(lg), free(lp), free(lc), free(ld), free(le);
+        /* a prompt that sees every key (9 .. index_topk tokens: the golden's 30-token one) takes
+         * the default expanded attention (its one bf16 pass: q8 kv_b); its KL on 30 rows is noisy:
+         * within 1.5x the CPU default's (a broken pass is far off) */
+        const st_tensor *i3 = test_gold(gold, 3, "ids"), *r3 = test_gold(gold, 3, "logits");
+        int T3 = (int)i3->shape[0];
+        CHECK_MSG(T3 > 8 && T3 <= g->cfg.index_topk, "the golden's prompt 3 has %d tokens, not 9 .. index_topk", T3);
+        float *l3 = malloc(sizeof(float) * (size_t)T3 * V), *d3 = malloc(sizeof(float) * (size_t)T3 * V);
+        unsigned long long x0 = cu_model_expanded_count(g->cu);
+        if (!run_logits(g, (const int32_t *)i3->data, T3, 0, l3) && !run_logits(d, (const int32_t *)i3->data, T3, 0, d3)) {
+            CHECK_MSG(cu_model_expanded_count(g->cu) > x0, "q4 pack: the %d-token prompt did not take the expanded attention", T3);
+            double kg = test_kl_rows((const float *)r3->data, l3, T3, V) / T3, kd = test_kl_rows((const float *)r3->data, d3, T3, V) / T3;
+            CHECK_MSG(kg <= 1.5 * kd, "q4 pack, the %d-token prompt: GPU KL %.4g vs the CPU default's %.4g", T3, kg, kd);
+            if (getenv("PETREL_TEST_VERBOSE")) fprintf(stderr, "  q4 pack, %d-token prompt expanded: KL gpu %.4g cpu %.4g\n", T3, kg, kd);
+        }
+        free(l3), free(d3);
     }
 done:
     st_close(gold);

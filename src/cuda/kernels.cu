@@ -1592,13 +1592,7 @@ __device__ __forceinline__ void w4g_body(const dw &W, const __nv_bfloat16 *const
         if constexpr (Q == 4) {
             const uint2 w0 = *(const uint2 *)(S + boff), w1 = *(const uint2 *)(S + boff + 8 * RB);
             r0[0] = w0.x, r0[1] = w0.y, r1[0] = w1.x, r1[1] = w1.y;
-        } else if constexpr (Q == 16) { /* bf16 weights: the lane's 16 columns are 32 bytes, word w columns 2 w, 2 w + 1 */
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const uint4 w0 = *(const uint4 *)(S + boff + 16 * h), w1 = *(const uint4 *)(S + boff + 8 * RB + 16 * h);
-                r0[4 * h] = w0.x, r0[4 * h + 1] = w0.y, r0[4 * h + 2] = w0.z, r0[4 * h + 3] = w0.w;
-                r1[4 * h] = w1.x, r1[4 * h + 1] = w1.y, r1[4 * h + 2] = w1.z, r1[4 * h + 3] = w1.w;
-            }
+        } else if constexpr (Q == 16) { /* bf16 weights: read slice by slice below, into a[s] once its last product is done */
         } else {
             const uint4 w0 = *(const uint4 *)(S + boff), w1 = *(const uint4 *)(S + boff + 8 * RB);
             r0[0] = w0.x, r0[1] = w0.y, r0[2] = w0.z, r0[3] = w0.w, r1[0] = w1.x, r1[1] = w1.y, r1[2] = w1.z, r1[3] = w1.w;
@@ -1613,8 +1607,14 @@ __device__ __forceinline__ void w4g_body(const dw &W, const __nv_bfloat16 *const
             if constexpr (Q == 4) {
                 w4_unpack_half(s < 2 ? r0[0] : r0[1], 2 * (s & 1), s0, o0);
                 w4_unpack_half(s < 2 ? r1[0] : r1[1], 2 * (s & 1), s1, o1);
-            } else if constexpr (Q == 16) { /* slice s: words 2 s (k-indices 2 t4, + 1) and 2 s + 1 (+ 8, + 9) */
-                o0[0] = r0[2 * s], o0[1] = r0[2 * s + 1], o1[0] = r1[2 * s], o1[1] = r1[2 * s + 1];
+            } else if constexpr (Q == 16) {
+                /* bf16 weights go to the product as loaded: loaded here, after the wait for slice
+                 * s's last reader, as the q4 / q8 forms unpack here (wgmma reads A's registers
+                 * until its wait; loaded at the step's top, they were overwritten under the
+                 * previous step's slices in flight); slice s: the lane's words 2 s (k-indices
+                 * 2 t4, + 1) and 2 s + 1 (+ 8, + 9), 8 bytes at boff + 8 s */
+                const uint2 w0 = *(const uint2 *)(S + boff + 8 * s), w1 = *(const uint2 *)(S + boff + 8 * RB + 8 * s);
+                o0[0] = w0.x, o0[1] = w0.y, o1[0] = w1.x, o1[1] = w1.y;
             } else {
                 w8_unpack(r0[s], s0, o0);
                 w8_unpack(r1[s], s1, o1);
