@@ -71,6 +71,7 @@ struct cu_model {
     int w4;                     /* prompts' routed experts on a bf16 GEMM (1 mma.sync, 2 wgmma), not the int8 one (cu_model_use_bf16_experts) */
     int w8;                     /* prompts' q8 products on the bf16 wgmma GEMM, not the int8 one (cu_model_use_bf16_dense) */
     int kvb_gemm;               /* every layer's kv_b is a q8 the bf16 GEMM takes (form 3 then makes its keys and values by one GEMM: no f32 V) */
+    int kvb_quant;              /* every layer's kv_b is q8 / q4 (form 3 takes the chunk; a mixed pack keeps form 1 in every layer) */
     int xattn;                  /* one session's prompt chunks of at most index_topk keys take the expanded attention: 1 on mma.sync tiles, 2 on wgmma, 3 one bf16 pass (quantized models; cu_model_use_expanded_attn) */
     unsigned long long forks;   /* parts launched (or captured) on the side stream since open */
     unsigned long long xruns;   /* layers of prompt chunks run in the expanded attention since open */

@@ -429,8 +429,8 @@ extern "C" int cu_model_open(const petrel_engine *e, int device, uint64_t vram_b
         free(hh);
     }
     for (int l = 0; l < L && !r; l++) r = up_layer(m, &w->layers[l], l, &m->L[l], err);
-    m->kvb_gemm = !r && L > 0;
-    for (int l = 0; l < L && !r; l++) m->kvb_gemm &= cuk_gemm_w8_ok(m->L[l].kv_b);
+    m->kvb_gemm = m->kvb_quant = !r && L > 0;
+    for (int l = 0; l < L && !r; l++) m->kvb_gemm &= cuk_gemm_w8_ok(m->L[l].kv_b), m->kvb_quant &= cuk_w_quantized(m->L[l].kv_b);
     if (!r && e->route) { /* trace-driven routing (benchmarks): the trace to HBM */
         const xs_trace *tr = e->route;
         size_t n = (size_t)tr->n_tokens * tr->n_layers * tr->topk;
@@ -1043,9 +1043,10 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
 #define PROF(part) prof_mark(m, part)
     m->n_ev = 0;
     fscr f;
-    /* the form: 3 (one bf16 pass) on the quantized path of a quantized model (q8 / q4 kv_b)
-     * where its widths fit, else 1 (f32 / bf16 weights and the exact mode keep f32 attention) */
-    const int xform = m->xattn == 3 && (!m->tc || !cuk_w_quantized(m->L[0].kv_b) || !cuk_attn_fa_ok(c->qk_head_dim, c->v_head_dim)) ? 1 : m->xattn;
+    /* the form: 3 (one bf16 pass) on the quantized path of a quantized model (q8 / q4 kv_b in
+     * every layer) where its widths fit, else 1 (f32 / bf16 weights and the exact mode keep f32
+     * attention) */
+    const int xform = m->xattn == 3 && (!m->tc || !m->kvb_quant || !cuk_attn_fa_ok(c->qk_head_dim, c->v_head_dim)) ? 1 : m->xattn;
     const int fa = xform == 3 ? (m->kvb_gemm ? 2 : 1) : 0;
     int wdq = m->w8 == 2;
     size_t need = carve(NULL, c, t, nmax, need_q ? nall : 1, nl, m->tiers != NULL, xkeys, fa, wdq, &f);
