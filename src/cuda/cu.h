@@ -79,8 +79,7 @@ void cu_model_use_fork(cu_model *m, int on);
 void cu_model_use_bf16_experts(cu_model *m, int form);
 /* A prompt's other q8 products (more than 8 rows: attention projections, the dense and shared
  * MLPs, the head) on the bf16 warpgroup-MMA GEMM (cuk_gemm_w8g, 1: the default) or the int8 one
- * (0: the CPU's int8 bits); 2: each weight made bf16 in scratch first, then the same GEMM without
- * unpacking (cuk_gemm_w8b: the same bits as 1; a trial, not yet run on a GPU). */
+ * (0: the CPU's int8 bits). */
 void cu_model_use_bf16_dense(cu_model *m, int on);
 /* A prompt chunk whose rows are one session's and each select all of their keys (contexts up to
  * index_topk) runs its attention expanded (cuk_mla_attn_expanded: each head's keys and values
@@ -150,8 +149,7 @@ void cu_model_profile_report(const cu_model *m, char *buf, size_t n);
  * path's GEMM on int8 tensor cores (plain rows), 7 the same over a row list (every row one
  * expert's choice: the routed experts' tiles), 8 the bf16 GEMM over q4 weights (cuk_gemm_w4; else
  * PETREL_EUNSUPPORTED), 9 the same over a row list (128-row tiles), 10 and 11 as 8 and 9 on
- * warpgroup MMA (cuk_gemm_w4g), 12 and 13 the same over q8 weights (cuk_gemm_w8g), 14 as 12 with
- * the q8 weights made bf16 first (cuk_gemm_w8b). */
+ * warpgroup MMA (cuk_gemm_w4g), 12 and 13 the same over q8 weights (cuk_gemm_w8g). */
 int cu_matmul_check(const pt_wview *W, const float *x, int n, float *y, int path, petrel_error *err);
 /* The quantized path's fused SwiGLU GEMV on the GPU: y[n][rows] = silu(Wg x) * (Wu x) on int8 x
  * (Wg, Wu: one int8 format (q8_g32 / q4_g64) and shape; n 1..8 plain rows, or with slots n slots

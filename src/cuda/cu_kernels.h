@@ -85,11 +85,6 @@ void cuk_gemm_w4g(cudaStream_t st, const dw &W, const __nv_bfloat16 *xh, int64_t
  * w = bf16(q bf16(s)); x rows from cuk_xbf16g8 (its own column order), plain rows or tiles as
  * cuk_gemm_w4g's (`bench --cuda-dense wgmma`). */
 int cuk_gemm_w8_ok(const dw &W);
-/* the same product with W's q8 weights first made bf16 in wb [rows][cols] (each the bf16 value
- * k_gemm_w4g<8> unpacks: the same operands, the same sums, so the same bits), then the GEMM
- * reading them as they are (k_gemm_w4g<16>: no unpacking in the loop); plain rows, x from
- * cuk_xbf16g8 */
-void cuk_gemm_w8b(cudaStream_t st, const dw &W, __nv_bfloat16 *wb, const __nv_bfloat16 *xh, int64_t ldxh, float *y, int64_t ldy, int n);
 void cuk_xbf16g8(cudaStream_t st, const float *x, int64_t ldx, int n, int cols, __nv_bfloat16 *xh, int64_t ldxh);
 void cuk_gemm_w8g(cudaStream_t st, const dw &W, const __nv_bfloat16 *xh, int64_t ldxh, float *y, int64_t ldy, int n, const int32_t *tiles,
                   const int *ntiles_dev, int max_tiles, const int32_t *list, const int32_t *xmap);

@@ -130,8 +130,6 @@ struct fscr {
     float *h, *x, *y, *qa, *q, *kva, *o, *qt, *lat, *S, *partial, *qi, *ki, *iw, *sc, *lg, *wts, *gb, *ub, *yk, *mo, *xl, *logits;
     float *kx, *vx;      /* an expanded prompt's keys and values (cuk_mla_attn_expanded; carved for nkx keys) */
     __nv_bfloat16 *xb;   /* and their bf16 copies (its one-pass form 3) */
-    __nv_bfloat16 *wb;   /* a product's q8 weights made bf16 (cu_model_use_bf16_dense 2), wb_cap of them */
-    int64_t wb_cap;
     float *on_x, *on_qa; /* one row's stacked products (cu_stack): q_a | kv_a | ik | iwp, q_b | iq */
     int64_t on_x_cap, on_qa_cap;
     int32_t *w_idx, *w_x, *w_pos; /* the expert tiers' waves (tiered models only) */

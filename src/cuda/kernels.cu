@@ -1300,15 +1300,14 @@ struct w4_src {
         const int br = tid >> 1;
         bok = n0 + br < W.rows, sok = tid < nr && n0 + tid < W.rows;
         bp = W.d + e * W.estride + (bok ? n0 + br : 0) * W.rb + RB / 2 * (tid & 1);
-        sp = Q == 16 ? nullptr : W.s + e * W.sstride + (sok ? n0 + tid : 0) * W.sc;
+        sp = W.s + e * W.sstride + (sok ? n0 + tid : 0) * W.sc;
         bdst = B + br * RB + RB / 2 * (tid & 1), sdst = tid < nr ? SC + tid * 8 : -1;
-        gs = Q == 16 ? 0 : __ffs(W.g) - 1; /* W.g a power of two (cuk_gemm_w4_ok, cuk_gemm_w8_ok) */
+        gs = __ffs(W.g) - 1; /* W.g a power of two (cuk_gemm_w4_ok, cuk_gemm_w8_ok) */
     }
     __device__ void issue(uint8_t *S, int k0) const {
         cp_async16(S + bdst, bp + k0 * Q / 8, bok);
-        if (Q >= 8) cp_async16(S + bdst + 16, bp + k0 * Q / 8 + 16, bok);
-        if (Q == 16) cp_async16(S + bdst + 32, bp + k0 * 2 + 32, bok), cp_async16(S + bdst + 48, bp + k0 * 2 + 48, bok);
-        if (sdst < 0 || Q == 16) return; /* bf16 weights: no scales */
+        if (Q == 8) cp_async16(S + bdst + 16, bp + k0 + 16, bok);
+        if (sdst < 0) return;
         cp_async4(S + sdst, sp + (k0 >> gs), sok);
         cp_async4(S + sdst + 4, sp + ((k0 + 32) >> gs), sok);
     }
@@ -1479,7 +1478,7 @@ void cuk_gemm_w4(cudaStream_t st, const dw &W, const __nv_bfloat16 *xh, int64_t 
 #define W4GN (64 * W4GW) /* weight rows a block */
 template <int Q> /* weight bits */
 struct w4g_layout {
-    static constexpr int X = 0, B = X + W4GM * W4K * 2, SC = B + W4GN * W4K * Q / 8, STAGE = SC + (Q == 16 ? 0 : W4GN * 2 * 4);
+    static constexpr int X = 0, B = X + W4GM * W4K * 2, SC = B + W4GN * W4K * Q / 8, STAGE = SC + W4GN * 2 * 4;
 };
 /* the x column (0 .. 63 within the step) at position q of cuk_xbf16g's order: slice s = q / 16,
  * mma k-index kk = q % 16 = 8 h + 2 t + j: lane column t's word s / 2, bf16x2 pair 2 (s % 2) + h,
@@ -1592,13 +1591,11 @@ __device__ __forceinline__ void w4g_body(const dw &W, const __nv_bfloat16 *const
         if constexpr (Q == 4) {
             const uint2 w0 = *(const uint2 *)(S + boff), w1 = *(const uint2 *)(S + boff + 8 * RB);
             r0[0] = w0.x, r0[1] = w0.y, r1[0] = w1.x, r1[1] = w1.y;
-        } else if constexpr (Q == 16) { /* bf16 weights: read slice by slice below, into a[s] once its last product is done */
         } else {
             const uint4 w0 = *(const uint4 *)(S + boff), w1 = *(const uint4 *)(S + boff + 8 * RB);
             r0[0] = w0.x, r0[1] = w0.y, r0[2] = w0.z, r0[3] = w0.w, r1[0] = w1.x, r1[1] = w1.y, r1[2] = w1.z, r1[3] = w1.w;
         }
-        const __nv_bfloat162 s0 = __float2bfloat162_rn(Q == 16 ? 1.f : *(const float *)(S + soff)),
-                            s1 = __float2bfloat162_rn(Q == 16 ? 1.f : *(const float *)(S + soff + 64));
+        const __nv_bfloat162 s0 = __float2bfloat162_rn(*(const float *)(S + soff)), s1 = __float2bfloat162_rn(*(const float *)(S + soff + 64));
 #pragma unroll
         for (int s = 0; s < 4; s++) {
             const uint64_t db = wg_desc(S + L::X + s * (32 * W4GM), 16 * W4GM, 128);
@@ -1607,14 +1604,6 @@ __device__ __forceinline__ void w4g_body(const dw &W, const __nv_bfloat16 *const
             if constexpr (Q == 4) {
                 w4_unpack_half(s < 2 ? r0[0] : r0[1], 2 * (s & 1), s0, o0);
                 w4_unpack_half(s < 2 ? r1[0] : r1[1], 2 * (s & 1), s1, o1);
-            } else if constexpr (Q == 16) {
-                /* bf16 weights go to the product as loaded: loaded here, after the wait for slice
-                 * s's last reader, as the q4 / q8 forms unpack here (wgmma reads A's registers
-                 * until its wait; loaded at the step's top, they were overwritten under the
-                 * previous step's slices in flight); slice s: the lane's words 2 s (k-indices
-                 * 2 t4, + 1) and 2 s + 1 (+ 8, + 9), 8 bytes at boff + 8 s */
-                const uint2 w0 = *(const uint2 *)(S + boff + 8 * s), w1 = *(const uint2 *)(S + boff + 8 * RB + 8 * s);
-                o0[0] = w0.x, o0[1] = w0.y, o1[0] = w1.x, o1[1] = w1.y;
             } else {
                 w8_unpack(r0[s], s0, o0);
                 w8_unpack(r1[s], s1, o1);
@@ -1686,27 +1675,6 @@ void cuk_gemm_w4g(cudaStream_t st, const dw &W, const __nv_bfloat16 *xh, int64_t
     gemm_bf16_go(k_gemm_w4g<4>, W4GM, W4GS * w4g_layout<4>::STAGE, 128 * W4GW, W4GN, st, W, xh, ldxh, y, ldy, n, tiles, ntiles_dev, max_tiles, list, xmap);
 }
 int cuk_gemm_w8_ok(const dw &W) { return W.qt == QQ8G && W.s && W.g >= 32 && !(W.g & (W.g - 1)) && W.cols % W4K == 0 && W.rb % 16 == 0; }
-/* q8 weights W to bf16 wb [rows][cols], each w = bf16(bf16(q) bf16(s)) as w8_unpack makes it: a
- * thread 8 columns */
-__global__ void k_w8_bf16(dw W, __nv_bfloat16 *__restrict__ wb) {
-    pdl_enter();
-    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, per = W.cols / 8;
-    if (i >= W.rows * per) return;
-    const int64_t r = i / per, c = (i % per) * 8;
-    const uint2 q = *(const uint2 *)(W.d + r * W.rb + c);
-    const __nv_bfloat162 s2 = __float2bfloat162_rn(W.s[r * W.sc + c / W.g]);
-    uint32_t o[4];
-    w8_unpack(q.x, s2, o);
-    w8_unpack(q.y, s2, o + 2);
-    *(uint4 *)(wb + r * W.cols + c) = make_uint4(o[0], o[1], o[2], o[3]);
-}
-void cuk_gemm_w8b(cudaStream_t st, const dw &W, __nv_bfloat16 *wb, const __nv_bfloat16 *xh, int64_t ldxh, float *y, int64_t ldy, int n) {
-    const int64_t nt = W.rows * (W.cols / 8);
-    cu_launch(k_w8_bf16, (unsigned)((nt + 255) / 256), 256, 0, st, W, wb);
-    dw B = W;
-    B.qt = QBF16, B.d = (const uint8_t *)wb, B.rb = W.cols * 2, B.s = nullptr, B.sc = 0, B.g = 0, B.estride = 0, B.sstride = 0;
-    gemm_bf16_go(k_gemm_w4g<16>, W4GM, W4GS * w4g_layout<16>::STAGE, 128 * W4GW, W4GN, st, B, xh, ldxh, y, ldy, n, nullptr, nullptr, 0, nullptr, nullptr);
-}
 void cuk_xbf16g8(cudaStream_t st, const float *x, int64_t ldx, int n, int cols, __nv_bfloat16 *xh, int64_t ldxh) {
     xbf16_go(k_xbf16g<8>, st, x, ldx, n, cols, xh, ldxh);
 }

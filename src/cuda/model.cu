@@ -593,7 +593,7 @@ extern "C" int cu_kv_copy(cu_model *m, cu_kv *dst, const cu_kv *src, int n, petr
 
 /* nkx: the keys of an expanded prompt chunk (0: none); fa: it runs the one bf16 pass (no S, the
  * keys and values in bf16 beside their f32 expansion; 2: that expansion one GEMM into kx, no vx) */
-static size_t carve(uint8_t *base, const petrel_config *c, int T, int nmax, int nall, int nlog, int tiered, int nkx, int fa, int wdq, fscr *f) {
+static size_t carve(uint8_t *base, const petrel_config *c, int T, int nmax, int nall, int nlog, int tiered, int nkx, int fa, fscr *f) {
     size_t off = 0;
 #define TAKE(p, type, n) (off = (off + 255) / 256 * 256, f->p = base ? (type *)(base + off) : NULL, off += sizeof(type) * (size_t)(n))
     int H = c->hidden_size, NH = c->num_attention_heads, K = c->num_experts_per_tok, E = c->n_routed_experts;
@@ -665,17 +665,6 @@ static size_t carve(uint8_t *base, const petrel_config *c, int T, int nmax, int 
     TAKE(xqd, float, (size_t)cap / 32);
     TAKE(xqs, int32_t, (size_t)cap / 32);
     TAKE(xh, __nv_bfloat16, (size_t)cap);
-    /* wdq (cu_model_use_bf16_dense 2): the largest attention or dense product's weights in bf16
-     * (the head and larger products keep the unpacking form) */
-    int64_t wbn = 0;
-    if (wdq && T > 8) {
-        const int64_t ql = c->q_lora_rank;
-        const int64_t prod[] = {H * ql, ql * NH * c->qk_head_dim, (int64_t)H * (c->kv_lora_rank + c->qk_rope_head_dim), (int64_t)NH * c->v_head_dim * H,
-                                (int64_t)H * c->intermediate_size, (int64_t)H * Ish, ql * c->index_n_heads * c->index_head_dim};
-        for (int i = 0; i < 7; i++) wbn = prod[i] > wbn ? prod[i] : wbn;
-    }
-    f->wb_cap = wbn;
-    TAKE(wb, __nv_bfloat16, (size_t)wbn + 1);
     /* the shared expert on the side stream (up to 8 rows): its gate / up outputs and int8 x */
     const int side = T <= 8 ? T : 0;
     const int64_t scap = (int64_t)side * (((H > Ish ? H : Ish) + 63) / 64 * 64);
@@ -692,7 +681,7 @@ static size_t carve(uint8_t *base, const petrel_config *c, int T, int nmax, int 
 size_t cu_chunk_scratch_bytes(const petrel_config *c, int rows) {
     fscr f;
     int topk = c->index_topk > 0 ? c->index_topk : rows;
-    return carve(NULL, c, rows, rows < topk ? rows : topk, rows + topk, rows, 1, 0, 0, 0, &f); /* the expanded attention only where room is left */
+    return carve(NULL, c, rows, rows < topk ? rows : topk, rows + topk, rows, 1, 0, 0, &f); /* the expanded attention only where room is left */
 }
 
 int cu_chunk_rows(const petrel_config *c, uint64_t left, int least) {
@@ -722,8 +711,7 @@ static void mm(const cu_model *m, const fscr &f, const dw &W, const float *x, fl
     else if (n <= 8) cuk_gemv(m->st, W, x, W.cols, y, W.rows, n, NULL, NULL);
     else if (m->w8 && m->tc && cuk_gemm_w8_ok(W) && (int64_t)n * W.cols <= f.xq_cap) { /* the bf16 warpgroup-MMA form (cu_model_use_bf16_dense) */
         cuk_xbf16g8(m->st, x, W.cols, n, (int)W.cols, f.xh, W.cols);
-        if (m->w8 == 2 && W.rows * W.cols <= f.wb_cap) cuk_gemm_w8b(m->st, W, f.wb, f.xh, W.cols, y, W.rows, n); /* the weights made bf16 first */
-        else cuk_gemm_w8g(m->st, W, f.xh, W.cols, y, W.rows, n, NULL, NULL, 0, NULL, NULL);
+        cuk_gemm_w8g(m->st, W, f.xh, W.cols, y, W.rows, n, NULL, NULL, 0, NULL, NULL);
     } else if (quant_x(m, f, W, x, W.cols, n, &X, 1)) cuk_gemm_q(m->st, W, X, y, W.rows, n, NULL, NULL, 0, NULL, NULL);
     else cuk_gemm(m->st, W, x, W.cols, y, W.rows, n, NULL, NULL, 0, NULL, NULL, m->tc);
 }
@@ -1048,14 +1036,10 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
      * attention) */
     const int xform = m->xattn == 3 && (!m->tc || !m->kvb_quant || !cuk_attn_fa_ok(c->qk_head_dim, c->v_head_dim)) ? 1 : m->xattn;
     const int fa = xform == 3 ? (m->kvb_gemm ? 2 : 1) : 0;
-    int wdq = m->w8 == 2;
-    size_t need = carve(NULL, c, t, nmax, need_q ? nall : 1, nl, m->tiers != NULL, xkeys, fa, wdq, &f);
-    /* what the VRAM budget has no room for falls back: the expanded keys and values first (the
-     * absorbed form), then the bf16 weight copies (the q8 form unpacks in the loop) */
-    while ((xkeys || wdq) && need > m->scr_cap && m->budget && m->used - m->scr_cap + need + need / 4 > m->budget) {
-        if (xkeys) xkeys = 0;
-        else wdq = 0;
-        need = carve(NULL, c, t, nmax, need_q ? nall : 1, nl, m->tiers != NULL, xkeys, xkeys ? fa : 0, wdq, &f);
+    size_t need = carve(NULL, c, t, nmax, need_q ? nall : 1, nl, m->tiers != NULL, xkeys, fa, &f);
+    if (xkeys && need > m->scr_cap && m->budget && m->used - m->scr_cap + need + need / 4 > m->budget) {
+        xkeys = 0; /* no room under the VRAM budget for the expanded keys and values: the absorbed form */
+        need = carve(NULL, c, t, nmax, need_q ? nall : 1, nl, m->tiers != NULL, 0, 0, &f);
     }
     if (need > m->scr_cap) {
         cudaStreamSynchronize(st);
@@ -1072,7 +1056,7 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
         }
         m->scr_cap = want, m->used += want;
     }
-    carve(m->scr, c, t, nmax, need_q ? nall : 1, nl, m->tiers != NULL, xkeys, xkeys ? fa : 0, wdq, &f);
+    carve(m->scr, c, t, nmax, need_q ? nall : 1, nl, m->tiers != NULL, xkeys, xkeys ? fa : 0, &f);
     const fscr f0 = f; /* the carved places (a layer's stacked products point f's into on_x / on_qa) */
     f.need_xl = hidden || nl;
     f.t = t;
@@ -1385,18 +1369,6 @@ extern "C" int cu_matmul_check(const pt_wview *W, const float *x, int n, float *
                 } else {
                     gemm(m.st, G, xh, cols, dy, W->rows, n, NULL, NULL, 0, NULL, NULL);
                 }
-            }
-        } else if (path == 14) { /* q8 weights made bf16 first, then the bf16 wgmma GEMM on them (plain rows) */
-            int64_t cols = W->cols;
-            __nv_bfloat16 *xh = (__nv_bfloat16 *)dalloc(&m, sizeof(__nv_bfloat16) * (size_t)(n * cols), "x bf16", err);
-            __nv_bfloat16 *wb = (__nv_bfloat16 *)dalloc(&m, sizeof(__nv_bfloat16) * (size_t)(W->rows * cols), "w bf16", err);
-            if (!cuk_gemm_w8_ok(G))
-                rc = pt_err(err, PETREL_EUNSUPPORTED, "the dequantized bf16 GEMM takes q8 weights of groups of a power of two >= 32 columns and whole 64 columns, not %s [%lld x %lld]",
-                            pt_qtype_name(W->qtype), (long long)W->rows, (long long)cols);
-            else if (!xh || !wb) rc = PETREL_ENOMEM;
-            if (!rc) {
-                cuk_xbf16g8(m.st, dx, cols, n, (int)cols, xh, cols);
-                cuk_gemm_w8b(m.st, G, wb, xh, cols, dy, W->rows, n);
             }
         } else if (path == 1 || (path == 0 && n <= 8)) {
             for (int r0 = 0; r0 < n; r0 += 8) cuk_gemv(m.st, G, dx + (size_t)r0 * W->cols, W->cols, dy + (size_t)r0 * W->rows, W->rows, n - r0 < 8 ? n - r0 : 8, NULL, NULL);
