@@ -10,6 +10,9 @@
 #   quality  the exact CPU path's logits of 512 positions (--golden-out), then each QF form's
 #            distance from them (spec as in bench; the CPU default's too)
 #   cpu      issues 12 / 21 on the host CPU, 2 threads pinned: 1d1m, 1d2m with 8 sessions
+#   ab       BINS (default petrel-cuda-base petrel-cuda: device-pack.sh BASE=) alternated ROUNDS
+#            times (default 2) on the 1d${MOE:-4}m slice: a 2048-token prefill by part, then decode
+#            at context 2048
 #   ncu      Nsight Compute on one launch of KERNEL (regex, default k_gemm_w4g) in a 1d4m prefill:
 #            the details page and the per-SASS-line source page (CSV) under $OUT
 R=$(pwd)
@@ -58,6 +61,17 @@ cpu)
                 $([ $n = 2 ] && echo --batch 8) 2>&1 | tee -a "$OUT/cpu-1d${n}m.txt" | grep -E "bandwidth:|decode at|batched decode|paired" | cut -c1-300
         done
     done ;;
+ab)
+    S=/tmp/s1d${MOE:-4}m.pack
+    slice "${MOE:-4}" $S
+    for round in $(seq "${ROUNDS:-2}"); do
+        for b in ${BINS:-petrel-cuda-base petrel-cuda}; do
+            echo "== round $round $b"
+            timeout 60 $W/$b bench --model $S --device cuda --prompt 2048 --ctx 2048 --steps 1 --prefill-runs 2 --profile 2>&1 | tee -a "$OUT/ab-$b.txt" |
+                grep -E "^prefill:|routed experts: (gate|down)|attention (core|projections)|o_proj|dense mlp" | head -6
+            timeout 60 $W/$b bench --model $S --device cuda --prompt 64 --ctx 2048 --steps 32 --prefill-runs 1 2>&1 | tee -a "$OUT/ab-$b.txt" | grep -E "^decode at"
+        done
+    done ;;
 ncu)
     # one launch of kernel KERNEL (regex; default the routed experts' wgmma GEMM) in a 1d4m prefill
     # of 2048 tokens, SKIP launches in: the details page's throughputs and stall shares, then the
@@ -71,5 +85,5 @@ ncu)
     grep -E "Duration|Throughput|Issue Slots|Executed Ipc|Registers|Stall|Warp Cycles|Occupancy" "$OUT/details.txt" | head -40
     ncu --import "$OUT/prof.ncu-rep" --page source --csv --print-source sass > "$OUT/source.csv" 2>&1
     echo "source page: $(wc -l < "$OUT/source.csv") lines"; head -2 "$OUT/source.csv" | cut -c1-400 ;;
-*) echo "device-run.sh: unknown mode $1 (tests, bench, quality, cpu, ncu)" >&2; exit 2 ;;
+*) echo "device-run.sh: unknown mode $1 (tests, bench, quality, cpu, ab, ncu)" >&2; exit 2 ;;
 esac
