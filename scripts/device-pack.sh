@@ -9,6 +9,7 @@ set -e
 cd "$(dirname "$0")/.."
 make BUILD=build-dc cuda -j2 NVFLAGS="-std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -no-compress -Iinclude -Isrc -lineinfo -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror,-Wno-unused-parameter"
 t=$(mktemp -d)
+trap 'rm -rf "$t"' EXIT
 mkdir -p "$t/w/lib" build-carry
 cp build-dc/petrel-cuda build-dc/petrel-tests-cuda "$t/w/"
 strip "$t/w/petrel-cuda" "$t/w/petrel-tests-cuda"
@@ -18,7 +19,7 @@ fi
 for l in $(ldd "$t/w/petrel-cuda" "$t/w/petrel-tests-cuda" | awk '/=>/{print $3}' | sort -u | grep -vE 'libc\.so|libm\.so|ld-linux|libpthread|libdl|librt'); do
     cp -L "$l" "$t/w/lib/"
 done
-(cd "$t" && XZ_OPT=-9e tar cJf - w) > build-carry/w.tar.xz
-rm -rf "$t"
+(cd "$t" && XZ_OPT=-9e tar cJf - w) > "$t/w.tar.xz" # a failed pack leaves the last good one in place
+mv "$t/w.tar.xz" build-carry/w.tar.xz
 git rev-parse --short HEAD > build-carry/BUILT_AT
 echo "build-carry/w.tar.xz: $(du -h build-carry/w.tar.xz | cut -f1), built at $(cat build-carry/BUILT_AT)$(git diff --quiet || echo ' (tree modified)')"
