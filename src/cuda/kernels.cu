@@ -1554,15 +1554,25 @@ __device__ __forceinline__ void w4g_body(const dw &W, const __nv_bfloat16 *const
     const int nk = (int)(W.cols / W4K);
     /* x: N rows x 8 chunks as N / 4 warp jobs; job j takes rows 16 (j / 4) + lane % 16, chunk
      * 2 (j % 4) + lane / 16 (a half warp's 16-byte stores meet distinct banks, a row's chunk pairs
-     * are read together) */
+     * are read together); a warp's jobs are j = warp + 4 W4GW i (i < NJ), their sources found
+     * once here (a missing row reads nothing: tile row 0's address, zero-filled) */
+    constexpr int NJ = (N / 4 + 4 * W4GW - 1) / (4 * W4GW);
+    const __nv_bfloat16 *xs[NJ];
+    bool xok[NJ];
+#pragma unroll
+    for (int i = 0; i < NJ; i++) {
+        const int j = warp + 4 * W4GW * i, r = 16 * (j >> 2) + (lane & 15), c = 2 * (j & 3) + (lane >> 4);
+        const __nv_bfloat16 *x = j < N / 4 ? xp[r] : nullptr;
+        xok[i] = x != nullptr;
+        xs[i] = (x ? x : xp[0]) + 8 * c;
+    }
     auto issue = [&](int kt) {
         uint8_t *S = smem + (kt % W4GS) * L::STAGE;
         const int k0 = kt * W4K;
 #pragma unroll
-        for (int j = warp; j < N / 4; j += 4 * W4GW) {
-            const int r = 16 * (j >> 2) + (lane & 15), c = 2 * (j & 3) + (lane >> 4);
-            const __nv_bfloat16 *x = xp[r];
-            cp_async16(S + L::X + c * (16 * W4GM) + 16 * r, x ? x + k0 + 8 * c : (const __nv_bfloat16 *)ws.bp, x != nullptr);
+        for (int i = 0; i < NJ; i++) {
+            const int j = warp + 4 * W4GW * i, r = 16 * (j >> 2) + (lane & 15), c = 2 * (j & 3) + (lane >> 4);
+            if (N / 4 % (4 * W4GW) == 0 || j < N / 4) cp_async16(S + L::X + c * (16 * W4GM) + 16 * r, xs[i] + k0, xok[i]);
         }
         ws.issue(S, k0);
     };
