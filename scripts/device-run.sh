@@ -13,8 +13,10 @@
 #   ab       BINS (default petrel-cuda-base petrel-cuda: device-pack.sh BASE=) alternated ROUNDS
 #            times (default 2) on the 1d${MOE:-4}m slice: a 2048-token prefill by part, then decode
 #            at context 2048
-#   ncu      Nsight Compute on one launch of KERNEL (regex, default k_gemm_w4g) in a 1d4m prefill:
-#            the details page and the per-SASS-line source page (CSV) under $OUT
+#   ncu      Nsight Compute on one launch of KERNEL (a regex over the demangled name, template
+#            arguments included: 'k_gemm_w4g<4>' is the experts' GEMM; default k_gemm_w4g), SKIP
+#            launches in (default 4), in a 1d4m prefill: the details page and the per-SASS-line
+#            source page (CSV) under $OUT
 R=$(pwd)
 (cd /tmp && tar xJf "$R/build-carry/w.tar.xz")
 W=/tmp/w
@@ -78,7 +80,7 @@ ncu)
     # source page (SASS, with the -lineinfo device-pack.sh builds) as CSV, its hottest 60 lines
     command -v ncu > /dev/null || { echo "device-run.sh: no ncu on this machine" >&2; exit 1; }
     slice 4 $S
-    timeout 400 ncu --clock-control none --set full --import-source yes -k "regex:${KERNEL:-k_gemm_w4g}" --launch-skip ${SKIP:-4} --launch-count 1 \
+    timeout 400 ncu --clock-control none --set full --import-source yes --kernel-name-base demangled -k "regex:${KERNEL:-k_gemm_w4g}" --launch-skip ${SKIP:-4} --launch-count 1 \
         -o "$OUT/prof" $W/${BIN:-petrel-cuda} bench --model $S --device cuda --prompt 2048 --ctx 2048 --steps 1 --prefill-runs 1 > "$OUT/ncu-run.txt" 2>&1
     echo "ncu rc=$?"; tail -3 "$OUT/ncu-run.txt"
     ncu --import "$OUT/prof.ncu-rep" --page details > "$OUT/details.txt" 2>&1
