@@ -12,7 +12,9 @@
 #   cpu      issues 12 / 21 on the host CPU, 2 threads pinned: 1d1m, 1d2m with 8 sessions
 #   ab       BINS (default petrel-cuda-base petrel-cuda: device-pack.sh BASE=) alternated ROUNDS
 #            times (default 2) on the 1d${MOE:-4}m slice: a 2048-token prefill by part, then decode
-#            at context 2048
+#            at context 2048 (DECODE=0: prefill only). MOE=1 and builds that differ only in the
+#            routed experts' kernels route the same rows in every build, even where a build's
+#            experts compute garbage (timing-only ablations)
 #   ncu      Nsight Compute on one launch of KERNEL (a regex over the demangled name, template
 #            arguments included: 'k_gemm_w4g<4>' is the experts' GEMM; default k_gemm_w4g), SKIP
 #            launches in (default 4), in a 1d4m prefill: the details page and the per-SASS-line
@@ -71,7 +73,7 @@ ab)
             echo "== round $round $b"
             timeout 60 $W/$b bench --model $S --device cuda --prompt 2048 --ctx 2048 --steps 1 --prefill-runs 2 --profile 2>&1 | tee -a "$OUT/ab-$b.txt" |
                 grep -E "^prefill:|routed experts: (gate|down)|attention (core|projections)|o_proj|dense mlp" | head -6
-            timeout 60 $W/$b bench --model $S --device cuda --prompt 64 --ctx 2048 --steps 32 --prefill-runs 1 2>&1 | tee -a "$OUT/ab-$b.txt" | grep -E "^decode at"
+            [ "${DECODE:-1}" = 0 ] || timeout 60 $W/$b bench --model $S --device cuda --prompt 64 --ctx 2048 --steps 32 --prefill-runs 1 2>&1 | tee -a "$OUT/ab-$b.txt" | grep -E "^decode at"
         done
     done ;;
 ncu)
