@@ -1464,22 +1464,62 @@ void cuk_gemm_w4(cudaStream_t st, const dw &W, const __nv_bfloat16 *xh, int64_t 
  * swizzle: 16-byte chunk c (8 columns) of row r at c * 16 W4GM + 16 r (core matrices of 8 rows x 16
  * bytes; LBO 16 W4GM between the two chunks of a k16 slice, SBO 128 between 8-row groups). A block:
  * W4GW warpgroups (64 W4GW weight rows, one block a multiprocessor) by up to W4GM x rows (N = 32,
- * 64 or 128, the least that holds the tile's count), 64 columns a step in 4 slices of 16, W4GS
- * stages (cp.async, W4GS - 2 steps ahead; each thread fences its bytes to the async proxy before
- * the barrier). Each slice's wgmma is its own group and stays in flight while the next slices'
+ * 64 or 128, the least that holds the tile's count), 64 columns a step in 4 slices of 16; x in W4GS
+ * stages of a step, the weights and scales in 2 super-stages of W4GU steps (each row's 128 or 256
+ * bytes copied at once: a step's 32 bytes a row, rows 3 KB apart, were each their own DRAM burst,
+ * and the weights' copies cost the GEMM more than its products: RESULTS 2026-12-06 20:08), both
+ * by cp.async, W4GS - 2 steps ahead (each thread fences its bytes to the async proxy before the
+ * barrier). Each slice's wgmma is its own group and stays in flight while the next slices'
  * weights are unpacked into their own registers (slice s of a step waits only for slice s of
  * the step before: wait_group 3). Tried and slower (bench/RESULTS.md 2026-12-06): the weights
  * unpacked into shared memory (both operands there) a step ahead of the products; a producer
  * warpgroup unpacking for two consumers; 128-row blocks (x read from L2 twice as often); a
- * step's 4 products waited for as one group before the next unpacking; 5 stages. */
+ * step's 4 products waited for as one group before the next unpacking; 5 or 6 stages; tiles of
+ * 65-96 rows on m64n96k16. */
 #define W4GS 4   /* stages: W4GS - 2 steps loading ahead of the one computing */
 #define W4GM 128 /* x rows a block (a tile) */
 #define W4GW 4   /* warpgroups a block */
 #define W4GN (64 * W4GW) /* weight rows a block */
+#define W4GU 4   /* steps a weight super-step */
 template <int Q> /* weight bits */
 struct w4g_layout {
-    static constexpr int X = 0, B = X + W4GM * W4K * 2, SC = B + W4GN * W4K * Q / 8, STAGE = SC + W4GN * 2 * 4;
+    /* x: W4GS stages of a step; then the weights in 2 super-stages of W4GU steps: each row's bytes
+     * (RBU), then its scales (2 slots a step) */
+    static constexpr int RBU = W4GU * W4K * Q / 8, XSTAGE = W4GM * W4K * 2, X = 0, B = X + W4GS * XSTAGE;
+    static constexpr int SC = W4GN * RBU, WSTAGE = SC + W4GN * W4GU * 2 * 4, BYTES = B + 2 * WSTAGE;
 };
+/* A block's weights and scales of super-step u (columns 64 W4GU u .. + 64 W4GU - 1) into super-stage
+ * P. The 16-byte chunks of the rows' RBU bytes go to thread tid in turn (so 8 or 16 lanes copy one
+ * row's 128 or 256 contiguous bytes: whole DRAM bursts, where a step's 32 bytes a row were each one
+ * of their own); step j's unit of row r lands at (j ^ (r % 4)) units into the row, so that the 8
+ * rows a warp's fragment reads meet distinct banks. Then scale slot (step j, half h) of row r: the
+ * group of column 64 j + 32 h. Rows past W.rows and steps past W.cols as zeros. */
+template <int Q>
+__device__ __forceinline__ void w4g_issue_w(const dw &W, int64_t e, int64_t n0, int tid, uint8_t *P, int u, int gs) {
+    typedef w4g_layout<Q> L;
+    constexpr int RB = W4K * Q / 8, CU = RB / 16 /* chunks a unit */, CR = W4GU * CU /* a row */, NT = 128 * W4GW;
+    constexpr int RS = NT / CR, SS = NT / (2 * W4GU); /* rows apart of a thread's chunks, of its scale slots (multiples of 4) */
+    asm volatile("mov.u32 %0, %0;\n" : "+r"(tid)); /* the addresses below made anew each call, not held in registers across the loop */
+    {
+        const int ch = tid % CR, r = tid / CR, j = ch / CU;
+        const int64_t col = (int64_t)W4K * (W4GU * u + j);
+        const uint8_t *src = W.d + e * W.estride + (n0 + r) * W.rb + col * Q / 8 + 16 * (ch % CU);
+        uint8_t *dst = P + r * L::RBU + (j ^ (r & 3)) * RB + 16 * (ch % CU);
+#pragma unroll
+        for (int i = 0; i < W4GN / RS; i++) {
+            const bool ok = col < W.cols && n0 + r + RS * i < W.rows;
+            cp_async16(dst + RS * i * L::RBU, ok ? src + RS * i * W.rb : W.d, ok);
+        }
+    }
+    const int sl = tid % (2 * W4GU), r = tid / (2 * W4GU);
+    const int64_t col = (int64_t)W4K * W4GU * u + 32 * sl;
+    const float *src = W.s + e * W.sstride + (n0 + r) * W.sc + (col >> gs);
+#pragma unroll
+    for (int i = 0; i < W4GN / SS; i++) {
+        const bool ok = col < W.cols && n0 + r + SS * i < W.rows;
+        cp_async4(P + L::SC + (r + SS * i) * (8 * W4GU) + 4 * sl, ok ? src + SS * i * W.sc : W.s, ok);
+    }
+}
 /* the x column (0 .. 63 within the step) at position q of cuk_xbf16g's order: slice s = q / 16,
  * mma k-index kk = q % 16 = 8 h + 2 t + j: lane column t's word s / 2, bf16x2 pair 2 (s % 2) + h,
  * half j */
@@ -1550,8 +1590,7 @@ __device__ __forceinline__ void w4g_body(const dw &W, const __nv_bfloat16 *const
     constexpr int RB = W4K * Q / 8; /* weight bytes a row and step */
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
     const int64_t n0 = (int64_t)blockIdx.x * W4GN;
-    const w4_src<Q> ws(W, e, n0, tid, L::B, L::SC, W4GN);
-    const int nk = (int)(W.cols / W4K);
+    const int nk = (int)(W.cols / W4K), gs = __ffs(W.g) - 1; /* W.g a power of two (cuk_gemm_w4_ok, cuk_gemm_w8_ok) */
     /* x: N rows x 8 chunks as N / 4 warp jobs; job j takes rows 16 (j / 4) + lane % 16, chunk
      * 2 (j % 4) + lane / 16 (a half warp's 16-byte stores meet distinct banks, a row's chunk pairs
      * are read together); a warp's jobs are j = warp + 4 W4GW i (i < NJ), their sources found
@@ -1567,16 +1606,20 @@ __device__ __forceinline__ void w4g_body(const dw &W, const __nv_bfloat16 *const
         xs[i] = (x ? x : xp[0]) + 8 * c;
     }
     auto issue = [&](int kt) {
-        uint8_t *S = smem + (kt % W4GS) * L::STAGE;
+        uint8_t *S = smem + L::X + (kt % W4GS) * L::XSTAGE;
         const int k0 = kt * W4K;
 #pragma unroll
         for (int i = 0; i < NJ; i++) {
             const int j = warp + 4 * W4GW * i, r = 16 * (j >> 2) + (lane & 15), c = 2 * (j & 3) + (lane >> 4);
-            if (N / 4 % (4 * W4GW) == 0 || j < N / 4) cp_async16(S + L::X + c * (16 * W4GM) + 16 * r, xs[i] + k0, xok[i]);
+            if (N / 4 % (4 * W4GW) == 0 || j < N / 4) cp_async16(S + c * (16 * W4GM) + 16 * r, xs[i] + k0, xok[i]);
         }
-        ws.issue(S, k0);
+        /* a super-step's weights with its first step's x (the same commit group): step kt - 2
+         * (the last to read that super-stage's previous contents, 4 steps earlier) is behind the
+         * barrier already */
+        if (kt % W4GU == 0) w4g_issue_w<Q>(W, e, n0, tid, smem + L::B + (kt / W4GU & 1) * L::WSTAGE, kt / W4GU, gs);
     };
-    const int boff = L::B + (warp * 16 + g) * RB + RB / 4 * t4, soff = L::SC + (warp * 16 + g) * 8 + 4 * (t4 >> 1);
+    /* the lane's rows 16 warp + g and + 8 (the same row % 4: the same swizzle) in a super-stage */
+    const int boff = (warp * 16 + g) * L::RBU + RB / 4 * t4, soff = L::SC + (warp * 16 + g) * (8 * W4GU) + 4 * (t4 >> 1);
     float acc[N / 2];
     uint32_t a[4][4]; /* the slices' weights, in flight */
 #pragma unroll
@@ -1593,22 +1636,25 @@ __device__ __forceinline__ void w4g_body(const dw &W, const __nv_bfloat16 *const
         __syncthreads();        /* everyone's; every warpgroup is done with step kt - 2's products */
         if (kt + D < nk) issue(kt + D);
         cp_async_commit();
-        const uint8_t *S = smem + (kt % W4GS) * L::STAGE;
+        const uint8_t *S = smem + L::X + (kt % W4GS) * L::XSTAGE;
         /* the warp's weight rows 16 warp + g and + 8: the lane's 16 columns 16 t4 .. + 15 of the
          * step, slice s's fragment in a[s] (rows g, g + 8 at k-indices 2 t4, + 1 and 2 t4 + 8, + 9) */
         /* q4: the lane's 16 nibbles of each row (a uint2); q8: its 16 bytes (a uint4) */
+        const int ju = kt % W4GU;
+        const uint8_t *P = smem + L::B + (kt / W4GU & 1) * L::WSTAGE, *Pw = P + boff + (ju ^ (g & 3)) * RB;
         uint32_t r0[Q / 2], r1[Q / 2];
         if constexpr (Q == 4) {
-            const uint2 w0 = *(const uint2 *)(S + boff), w1 = *(const uint2 *)(S + boff + 8 * RB);
+            const uint2 w0 = *(const uint2 *)Pw, w1 = *(const uint2 *)(Pw + 8 * L::RBU);
             r0[0] = w0.x, r0[1] = w0.y, r1[0] = w1.x, r1[1] = w1.y;
         } else {
-            const uint4 w0 = *(const uint4 *)(S + boff), w1 = *(const uint4 *)(S + boff + 8 * RB);
+            const uint4 w0 = *(const uint4 *)Pw, w1 = *(const uint4 *)(Pw + 8 * L::RBU);
             r0[0] = w0.x, r0[1] = w0.y, r0[2] = w0.z, r0[3] = w0.w, r1[0] = w1.x, r1[1] = w1.y, r1[2] = w1.z, r1[3] = w1.w;
         }
-        const __nv_bfloat162 s0 = __float2bfloat162_rn(*(const float *)(S + soff)), s1 = __float2bfloat162_rn(*(const float *)(S + soff + 64));
+        const float *Ps = (const float *)(P + soff + 8 * ju);
+        const __nv_bfloat162 s0 = __float2bfloat162_rn(Ps[0]), s1 = __float2bfloat162_rn(Ps[16 * W4GU]);
 #pragma unroll
         for (int s = 0; s < 4; s++) {
-            const uint64_t db = wg_desc(S + L::X + s * (32 * W4GM), 16 * W4GM, 128);
+            const uint64_t db = wg_desc(S + s * (32 * W4GM), 16 * W4GM, 128);
             uint32_t o0[2], o1[2];
             wg_wait<3>(); /* slice s of step kt - 1 is done: at most the 3 newer slices in flight */
             if constexpr (Q == 4) {
@@ -1682,7 +1728,7 @@ void cuk_xbf16g(cudaStream_t st, const float *x, int64_t ldx, int n, int cols, _
 }
 void cuk_gemm_w4g(cudaStream_t st, const dw &W, const __nv_bfloat16 *xh, int64_t ldxh, float *y, int64_t ldy, int n, const int32_t *tiles,
                   const int *ntiles_dev, int max_tiles, const int32_t *list, const int32_t *xmap) {
-    gemm_bf16_go(k_gemm_w4g<4>, W4GM, W4GS * w4g_layout<4>::STAGE, 128 * W4GW, W4GN, st, W, xh, ldxh, y, ldy, n, tiles, ntiles_dev, max_tiles, list, xmap);
+    gemm_bf16_go(k_gemm_w4g<4>, W4GM, w4g_layout<4>::BYTES, 128 * W4GW, W4GN, st, W, xh, ldxh, y, ldy, n, tiles, ntiles_dev, max_tiles, list, xmap);
 }
 int cuk_gemm_w8_ok(const dw &W) { return W.qt == QQ8G && W.s && W.g >= 32 && !(W.g & (W.g - 1)) && W.cols % W4K == 0 && W.rb % 16 == 0; }
 void cuk_xbf16g8(cudaStream_t st, const float *x, int64_t ldx, int n, int cols, __nv_bfloat16 *xh, int64_t ldxh) {
@@ -1690,7 +1736,7 @@ void cuk_xbf16g8(cudaStream_t st, const float *x, int64_t ldx, int n, int cols, 
 }
 void cuk_gemm_w8g(cudaStream_t st, const dw &W, const __nv_bfloat16 *xh, int64_t ldxh, float *y, int64_t ldy, int n, const int32_t *tiles,
                   const int *ntiles_dev, int max_tiles, const int32_t *list, const int32_t *xmap) {
-    gemm_bf16_go(k_gemm_w4g<8>, W4GM, W4GS * w4g_layout<8>::STAGE, 128 * W4GW, W4GN, st, W, xh, ldxh, y, ldy, n, tiles, ntiles_dev, max_tiles, list, xmap);
+    gemm_bf16_go(k_gemm_w4g<8>, W4GM, w4g_layout<8>::BYTES, 128 * W4GW, W4GN, st, W, xh, ldxh, y, ldy, n, tiles, ntiles_dev, max_tiles, list, xmap);
 }
 
 /* the bf16 warpgroup MMA's peak (k_gemm_w4g's instruction): each warpgroup chains 8
