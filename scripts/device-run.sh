@@ -15,8 +15,8 @@
 #            at context 2048 (DECODE=0: prefill only). MOE=1 and builds that differ only in the
 #            routed experts' kernels route the same rows in every build, even where a build's
 #            experts compute garbage (timing-only ablations)
-#   ncu      Nsight Compute on one launch of KERNEL (a regex over the demangled name, template
-#            arguments included: 'k_gemm_w4g<4>' is the experts' GEMM; default k_gemm_w4g), SKIP
+#   ncu      Nsight Compute on one launch of KERNEL (a regex over the demangled name as ncu prints it,
+#            template arguments included: 'k_gemm_w4g<.int.4>' is the experts' GEMM; default k_gemm_w4g), SKIP
 #            launches in (default 4), in a 1d4m prefill: the details page and the per-SASS-line
 #            source page (CSV) under $OUT
 R=$(pwd)

@@ -1269,7 +1269,8 @@ __device__ __forceinline__ void w4_unpack_half(uint32_t w, int h, __nv_bfloat162
     const __nv_bfloat162 b136 = __floats2bfloat162_rn(136.f, 136.f);
 #pragma unroll
     for (int i = 0; i < 2; i++) {
-        const uint32_t p = ((w >> (4 * (h + i))) & M) | MAG;
+        uint32_t p; /* (w >> 4 (h + i)) & M | MAG in one instruction */
+        asm("lop3.b32 %0, %1, %2, %3, 0xea;\n" : "=r"(p) : "r"(w >> (4 * (h + i))), "n"(M), "n"(MAG));
         __nv_bfloat162 v = __hmul2(__hsub2(*(const __nv_bfloat162 *)&p, b136), s2);
         o[i] = *(const uint32_t *)&v;
     }
@@ -1488,38 +1489,54 @@ struct w4g_layout {
     static constexpr int RBU = W4GU * W4K * Q / 8, XSTAGE = W4GM * W4K * 2, X = 0, B = X + W4GS * XSTAGE;
     static constexpr int SC = W4GN * RBU, WSTAGE = SC + W4GN * W4GU * 2 * 4, BYTES = B + 2 * WSTAGE;
 };
-/* A block's weights and scales of super-step u (columns 64 W4GU u .. + 64 W4GU - 1) into super-stage
- * P. The 16-byte chunks of the rows' RBU bytes go to thread tid in turn (so 8 or 16 lanes copy one
- * row's 128 or 256 contiguous bytes: whole DRAM bursts, where a step's 32 bytes a row were each one
- * of their own); step j's unit of row r lands at (j ^ (r % 4)) units into the row, so that the 8
- * rows a warp's fragment reads meet distinct banks. Then scale slot (step j, half h) of row r: the
- * group of column 64 j + 32 h. Rows past W.rows and steps past W.cols as zeros. */
+/* A block's weights and scales of a super-step u (columns 64 W4GU u .. + 64 W4GU - 1) into a
+ * super-stage P, this thread's share, its sources and places found once (w4g_body makes one per
+ * block). The 16-byte chunks of the rows' RBU bytes go to thread tid in turn (so 8 or 16 lanes
+ * copy one row's 128 or 256 contiguous bytes: whole DRAM bursts, where a step's 32 bytes a row
+ * were each one of their own); step j's unit of row r lands at (j ^ (r % 4)) units into the row,
+ * so that the 8 rows a warp's fragment reads meet distinct banks. Then scale slot (step j, half h)
+ * of row r: the group of column 64 j + 32 h. Rows past W.rows and steps past W.cols as zeros. */
 template <int Q>
-__device__ __forceinline__ void w4g_issue_w(const dw &W, int64_t e, int64_t n0, int tid, uint8_t *P, int u, int gs) {
+struct w4g_wcopy {
     typedef w4g_layout<Q> L;
-    constexpr int RB = W4K * Q / 8, CU = RB / 16 /* chunks a unit */, CR = W4GU * CU /* a row */, NT = 128 * W4GW;
-    constexpr int RS = NT / CR, SS = NT / (2 * W4GU); /* rows apart of a thread's chunks, of its scale slots (multiples of 4) */
-    asm volatile("mov.u32 %0, %0;\n" : "+r"(tid)); /* the addresses below made anew each call, not held in registers across the loop */
-    {
-        const int ch = tid % CR, r = tid / CR, j = ch / CU;
-        const int64_t col = (int64_t)W4K * (W4GU * u + j);
-        const uint8_t *src = W.d + e * W.estride + (n0 + r) * W.rb + col * Q / 8 + 16 * (ch % CU);
-        uint8_t *dst = P + r * L::RBU + (j ^ (r & 3)) * RB + 16 * (ch % CU);
+    static constexpr int RB = W4K * Q / 8, CU = RB / 16 /* chunks a unit */, CR = W4GU * CU /* a row */, NT = 128 * W4GW;
+    static constexpr int RS = NT / CR, SS = NT / (2 * W4GU); /* rows apart of a thread's chunks, of its scale slots (multiples of 4) */
+    static constexpr int NW = W4GN / RS, NS = W4GN / SS;       /* chunks, scale slots a thread copies */
+    const uint8_t *wsrc; /* the first chunk's source at super-step 0 */
+    const float *ssrc;   /* the first slot's row */
+    unsigned ok;         /* bit i: chunk i's row exists; bit 8 + i: slot i's */
+    __device__ w4g_wcopy(const dw &W, int64_t e, int64_t n0, int tid) {
+        const int ch = tid % CR, r = tid / CR, sr = tid / (2 * W4GU);
+        wsrc = W.d + e * W.estride + (n0 + r) * W.rb + ch / CU * RB + 16 * (ch % CU);
+        ssrc = W.s + e * W.sstride + (n0 + sr) * W.sc;
+        ok = 0;
 #pragma unroll
-        for (int i = 0; i < W4GN / RS; i++) {
-            const bool ok = col < W.cols && n0 + r + RS * i < W.rows;
-            cp_async16(dst + RS * i * L::RBU, ok ? src + RS * i * W.rb : W.d, ok);
+        for (int i = 0; i < NW; i++) ok |= (unsigned)(n0 + r + RS * i < W.rows) << i;
+#pragma unroll
+        for (int i = 0; i < NS; i++) ok |= (unsigned)(n0 + sr + SS * i < W.rows) << (8 + i);
+    }
+    /* tid: the thread's index, made opaque by the caller (its places below computed anew) */
+    __device__ __forceinline__ void issue(const dw &W, uint8_t *P, int u, int gs, int tid) const {
+        const int ch = tid % CR, r = tid / CR, wj = ch / CU, ssl = tid % (2 * W4GU), sr = tid / (2 * W4GU);
+        const uint8_t *src = wsrc + (int64_t)u * (W4GU * RB);
+        asm volatile("mov.b64 %0, %0;\n" : "+l"(src)); /* the chunks' addresses made from it anew each call, not held across the loop */
+        const bool cok = (int64_t)W4K * (W4GU * u + wj) < W.cols;
+        uint8_t *dst = P + r * L::RBU + (wj ^ (r & 3)) * RB + 16 * (ch % CU);
+#pragma unroll
+        for (int i = 0; i < NW; i++) {
+            const bool k = cok && (ok >> i & 1);
+            cp_async16(dst + RS * i * L::RBU, k ? src + RS * i * W.rb : W.d, k);
+        }
+        const int64_t col = (int64_t)W4K * W4GU * u + 32 * ssl;
+        const float *ss = ssrc + (col >> gs);
+        asm volatile("mov.b64 %0, %0;\n" : "+l"(ss));
+#pragma unroll
+        for (int i = 0; i < NS; i++) {
+            const bool k = col < W.cols && (ok >> (8 + i) & 1);
+            cp_async4(P + L::SC + (sr + SS * i) * (8 * W4GU) + 4 * ssl, k ? ss + SS * i * W.sc : W.s, k);
         }
     }
-    const int sl = tid % (2 * W4GU), r = tid / (2 * W4GU);
-    const int64_t col = (int64_t)W4K * W4GU * u + 32 * sl;
-    const float *src = W.s + e * W.sstride + (n0 + r) * W.sc + (col >> gs);
-#pragma unroll
-    for (int i = 0; i < W4GN / SS; i++) {
-        const bool ok = col < W.cols && n0 + r + SS * i < W.rows;
-        cp_async4(P + L::SC + (r + SS * i) * (8 * W4GU) + 4 * sl, ok ? src + SS * i * W.sc : W.s, ok);
-    }
-}
+};
 /* the x column (0 .. 63 within the step) at position q of cuk_xbf16g's order: slice s = q / 16,
  * mma k-index kk = q % 16 = 8 h + 2 t + j: lane column t's word s / 2, bf16x2 pair 2 (s % 2) + h,
  * half j */
@@ -1605,6 +1622,7 @@ __device__ __forceinline__ void w4g_body(const dw &W, const __nv_bfloat16 *const
         xok[i] = x != nullptr;
         xs[i] = (x ? x : xp[0]) + 8 * c;
     }
+    const w4g_wcopy<Q> wc(W, e, n0, tid);
     auto issue = [&](int kt) {
         uint8_t *S = smem + L::X + (kt % W4GS) * L::XSTAGE;
         const int k0 = kt * W4K;
@@ -1616,7 +1634,11 @@ __device__ __forceinline__ void w4g_body(const dw &W, const __nv_bfloat16 *const
         /* a super-step's weights with its first step's x (the same commit group): step kt - 2
          * (the last to read that super-stage's previous contents, 4 steps earlier) is behind the
          * barrier already */
-        if (kt % W4GU == 0) w4g_issue_w<Q>(W, e, n0, tid, smem + L::B + (kt / W4GU & 1) * L::WSTAGE, kt / W4GU, gs);
+        if (kt % W4GU == 0) {
+            int t = tid;
+            asm volatile("mov.u32 %0, %0;\n" : "+r"(t));
+            wc.issue(W, smem + L::B + (kt / W4GU & 1) * L::WSTAGE, kt / W4GU, gs, t);
+        }
     };
     /* the lane's rows 16 warp + g and + 8 (the same row % 4: the same swizzle) in a super-stage */
     const int boff = (warp * 16 + g) * L::RBU + RB / 4 * t4, soff = L::SC + (warp * 16 + g) * (8 * W4GU) + 4 * (t4 >> 1);
@@ -1624,6 +1646,8 @@ __device__ __forceinline__ void w4g_body(const dw &W, const __nv_bfloat16 *const
     uint32_t a[4][4]; /* the slices' weights, in flight */
 #pragma unroll
     for (int i = 0; i < N / 2; i++) acc[i] = 0.f;
+    const uint64_t d0 = wg_desc(smem + L::X, 16 * W4GM, 128); /* x's stage 0 as B (shared memory < 256 KB: no carry out of the address) */
+    const uint32_t dlo0 = (uint32_t)d0, dhi = (uint32_t)(d0 >> 32);
     constexpr int D = W4GS - 2; /* steps loading ahead: into step kt - 2's stage */
 #pragma unroll
     for (int s = 0; s < D; s++) {
@@ -1636,7 +1660,7 @@ __device__ __forceinline__ void w4g_body(const dw &W, const __nv_bfloat16 *const
         __syncthreads();        /* everyone's; every warpgroup is done with step kt - 2's products */
         if (kt + D < nk) issue(kt + D);
         cp_async_commit();
-        const uint8_t *S = smem + L::X + (kt % W4GS) * L::XSTAGE;
+        const uint32_t dlo = dlo0 + (kt % W4GS) * (L::XSTAGE / 16); /* step kt's stage of x (addresses / 16 in the low bits) */
         /* the warp's weight rows 16 warp + g and + 8: the lane's 16 columns 16 t4 .. + 15 of the
          * step, slice s's fragment in a[s] (rows g, g + 8 at k-indices 2 t4, + 1 and 2 t4 + 8, + 9) */
         /* q4: the lane's 16 nibbles of each row (a uint2); q8: its 16 bytes (a uint4) */
@@ -1654,7 +1678,7 @@ __device__ __forceinline__ void w4g_body(const dw &W, const __nv_bfloat16 *const
         const __nv_bfloat162 s0 = __float2bfloat162_rn(Ps[0]), s1 = __float2bfloat162_rn(Ps[16 * W4GU]);
 #pragma unroll
         for (int s = 0; s < 4; s++) {
-            const uint64_t db = wg_desc(S + s * (32 * W4GM), 16 * W4GM, 128);
+            const uint64_t db = (uint64_t)dhi << 32 | (dlo + s * (32 * W4GM / 16));
             uint32_t o0[2], o1[2];
             wg_wait<3>(); /* slice s of step kt - 1 is done: at most the 3 newer slices in flight */
             if constexpr (Q == 4) {
