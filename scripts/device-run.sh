@@ -19,6 +19,8 @@
 #            template arguments included: 'k_gemm_w4g<.int.4>' is the experts' GEMM; default k_gemm_w4g), SKIP
 #            launches in (default 4), in a 1d4m prefill: the details page and the per-SASS-line
 #            source page (CSV) under $OUT
+#   kernels  every kernel of one 1d4m prefill (PROMPT tokens, default 2048) timed alone by ncu and
+#            summed by function name (then one decode step's launches): where a prompt's time goes
 R=$(pwd)
 (cd /tmp && tar xJf "$R/build-carry/w.tar.xz")
 W=/tmp/w
@@ -89,5 +91,19 @@ ncu)
     grep -E "Duration|Throughput|Issue Slots|Executed Ipc|Registers|Stall|Warp Cycles|Occupancy" "$OUT/details.txt" | head -40
     ncu --import "$OUT/prof.ncu-rep" --page source --csv --print-source sass > "$OUT/source.csv" 2>&1
     echo "source page: $(wc -l < "$OUT/source.csv") lines"; head -2 "$OUT/source.csv" | cut -c1-400 ;;
-*) echo "device-run.sh: unknown mode $1 (tests, bench, quality, cpu, ab, ncu)" >&2; exit 2 ;;
+kernels)
+    # every kernel launch of one 1d4m prefill of PROMPT tokens (default 2048; then one decode
+    # step, whose launches come last), each timed alone by ncu (serialized: no overlap, PDL or
+    # side stream), summed by function name: the whole prompt's map in one call
+    command -v ncu > /dev/null || { echo "device-run.sh: no ncu on this machine" >&2; exit 1; }
+    slice 4 $S
+    timeout 500 ncu --clock-control none --metrics gpu__time_duration.sum --csv --kernel-name-base function \
+        $W/${BIN:-petrel-cuda} bench --model $S --device cuda --prompt ${PROMPT:-2048} --ctx ${PROMPT:-2048} --steps 1 --prefill-runs 1 > "$OUT/kernels.csv" 2> "$OUT/kernels-err.txt"
+    echo "ncu rc=$?"
+    awk -F'","' '{ sub(/^"/, ""); sub(/"$/, "") } /"Kernel Name"/ { for (i = 1; i <= NF; i++) { if ($i == "Kernel Name") k = i; if ($i == "Metric Value") v = i; if ($i == "Metric Unit") u = i }; next }
+        k && v && NF >= v { gsub(/,/, "", $v); t = $v + 0; if ($u ~ /usecond/) t *= 1000; if ($u ~ /msecond/) t *= 1e6
+                 ns[$k] += t; n[$k]++; all += t }
+        END { for (x in ns) printf "%10.1f us %6.1f %%  %5d launches  %s\n", ns[x] / 1000, 100 * ns[x] / all, n[x], x
+              printf "%10.1f us total\n", all / 1000 }' "$OUT/kernels.csv" | sort -rn | head -40 ;;
+*) echo "device-run.sh: unknown mode $1 (tests, bench, quality, cpu, ab, ncu, kernels)" >&2; exit 2 ;;
 esac
