@@ -1285,29 +1285,26 @@ __device__ __forceinline__ void mma_bf16(float c[4], uint32_t a0, uint32_t a1, u
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
-/* a bf16 GEMM block's Q-bit weights (q4 or q8) and scales, nr (128 or 256) weight rows from n0
- * of expert e, a step of W4K columns at a time: thread tid brings half tid % 2 of row tid / 2's
- * RB bytes (RB = W4K Q / 8: 32 or 64; to B + RB row + RB / 2 half of a stage), threads < nr row
- * tid's two scale slots (the groups of columns k0 and k0 + 32, to SC + 8 tid); rows past W.rows
- * as zeros */
-template <int Q>
+/* k_gemm_w4's q4 weights and scales, W4N weight rows from n0 of expert e, a step of W4K columns
+ * at a time: thread tid brings half tid % 2 of row tid / 2's RB = 32 bytes (to B + RB row + RB / 2
+ * half of a stage), threads < W4N row tid's two scale slots (the groups of columns k0 and k0 + 32,
+ * to SC + 8 tid); rows past W.rows as zeros */
 struct w4_src {
-    static constexpr int RB = W4K * Q / 8;
+    static constexpr int RB = W4K / 2;
     const uint8_t *bp;
     const float *sp;
     bool bok, sok;
     int bdst, sdst, gs;
-    __device__ w4_src(const dw &W, int64_t e, int64_t n0, int tid, int B, int SC, int nr = W4N) {
+    __device__ w4_src(const dw &W, int64_t e, int64_t n0, int tid, int B, int SC) {
         const int br = tid >> 1;
-        bok = n0 + br < W.rows, sok = tid < nr && n0 + tid < W.rows;
+        bok = n0 + br < W.rows, sok = tid < W4N && n0 + tid < W.rows;
         bp = W.d + e * W.estride + (bok ? n0 + br : 0) * W.rb + RB / 2 * (tid & 1);
         sp = W.s + e * W.sstride + (sok ? n0 + tid : 0) * W.sc;
-        bdst = B + br * RB + RB / 2 * (tid & 1), sdst = tid < nr ? SC + tid * 8 : -1;
-        gs = __ffs(W.g) - 1; /* W.g a power of two (cuk_gemm_w4_ok, cuk_gemm_w8_ok) */
+        bdst = B + br * RB + RB / 2 * (tid & 1), sdst = tid < W4N ? SC + tid * 8 : -1;
+        gs = __ffs(W.g) - 1; /* W.g a power of two (cuk_gemm_w4_ok) */
     }
     __device__ void issue(uint8_t *S, int k0) const {
-        cp_async16(S + bdst, bp + k0 * Q / 8, bok);
-        if (Q == 8) cp_async16(S + bdst + 16, bp + k0 + 16, bok);
+        cp_async16(S + bdst, bp + k0 / 2, bok);
         if (sdst < 0) return;
         cp_async4(S + sdst, sp + (k0 >> gs), sok);
         cp_async4(S + sdst + 4, sp + ((k0 + 32) >> gs), sok);
@@ -1337,7 +1334,7 @@ __global__ void __launch_bounds__(256, 2) k_gemm_w4(dw W, const __nv_bfloat16 *_
      * step) */
     const int ach = tid & 7, ar = tid >> 3;
     const int adst = L::A + ar * 128 + 16 * (ach ^ (ar & 1));
-    const w4_src<4> ws(W, e, n0, tid, L::B, L::SC);
+    const w4_src ws(W, e, n0, tid, L::B, L::SC);
     const int nk = (int)(W.cols / W4K);
     uint8_t *const S0 = w4_smem, *const Send = w4_smem + W4S * L::STAGE;
     uint8_t *Sw = S0;
