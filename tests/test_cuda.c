@@ -264,7 +264,7 @@ TEST(cuda, gemm_bf16) {
     if (!need_gpu()) return;
     const pt_qtype fmts[] = {PT_Q4_G64, PT_Q8_G32};
     const int64_t shapes[][2] = {{64, 256}, {130, 1024}, {257, 64}, {2048, 6144}, {37, 96}, {200, 512}};
-    const int ns[] = {9, 40, 100, 200};
+    const int ns[] = {9, 40, 75, 90, 100, 200}; /* the wgmma form's tile widths 32, 64, 80, 96, 128 (200: 128 + 72) */
     static const char *const form[3] = {"mma.sync q4", "wgmma q4", "wgmma q8"};
     petrel_error err = {0};
     for (size_t f = 0; f < 2; f++)

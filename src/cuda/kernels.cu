@@ -1462,7 +1462,8 @@ void cuk_gemm_w4(cudaStream_t st, const dw &W, const __nv_bfloat16 *xh, int64_t 
  * swizzle: 16-byte chunk c (8 columns) of row r at c * 16 W4GM + 16 r (core matrices of 8 rows x 16
  * bytes; LBO 16 W4GM between the two chunks of a k16 slice, SBO 128 between 8-row groups). A block:
  * W4GW warpgroups (64 W4GW weight rows, one block a multiprocessor) by up to W4GM x rows (N = 32,
- * 64 or 128, the least that holds the tile's count), 64 columns a step in 4 slices of 16; x in W4GS
+ * 64, 80, 96 or 128, the least that holds the tile's count: RESULTS 2026-12-06 22:20, 1.5 % off
+ * the routed experts against 32 / 64 / 128), 64 columns a step in 4 slices of 16; x in W4GS
  * stages of a step, the weights and scales in 2 super-stages of W4GU steps (each row's 128 or 256
  * bytes copied at once: a step's 32 bytes a row, rows 3 KB apart, were each their own DRAM burst,
  * and the weights' copies cost the GEMM more than its products: RESULTS 2026-12-06 20:08), both
@@ -1472,8 +1473,9 @@ void cuk_gemm_w4(cudaStream_t st, const dw &W, const __nv_bfloat16 *xh, int64_t 
  * the step before: wait_group 3). Tried and slower (bench/RESULTS.md 2026-12-06): the weights
  * unpacked into shared memory (both operands there) a step ahead of the products; a producer
  * warpgroup unpacking for two consumers; 128-row blocks (x read from L2 twice as often); a
- * step's 4 products waited for as one group before the next unpacking; 5 or 6 stages; tiles of
- * 65-96 rows on m64n96k16. */
+ * step's 4 products waited for as one group before the next unpacking; 5 or 6 stages; the up
+ * product's epilogue writing silu(gate) * up as the down product's bf16 x (RESULTS 2026-12-06
+ * 22:20: every GEMM of this kernel slower with the two extra arguments and the branch). */
 #define W4GS 4   /* stages: W4GS - 2 steps loading ahead of the one computing */
 #define W4GM 128 /* x rows a block (a tile) */
 #define W4GW 4   /* warpgroups a block */
@@ -1583,6 +1585,20 @@ __device__ __forceinline__ void wgmma_n64(float *d, const uint32_t a[4], uint64_
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
 }
+__device__ __forceinline__ void wgmma_n80(float *d, const uint32_t a[4], uint64_t db) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39}, "
+                 "{%40, %41, %42, %43}, %44, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+__device__ __forceinline__ void wgmma_n96(float *d, const uint32_t a[4], uint64_t db) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, "
+                 "{%48, %49, %50, %51}, %52, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
 __device__ __forceinline__ void wgmma_n128(float *d, const uint32_t a[4], uint64_t db) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
@@ -1592,8 +1608,10 @@ __device__ __forceinline__ void wgmma_n128(float *d, const uint32_t a[4], uint64
 }
 template <int N>
 __device__ __forceinline__ void wgmma_n(float *d, const uint32_t a[4], uint64_t db) {
-    if (N == 32) wgmma_n32(d, a, db);
-    else if (N == 64) wgmma_n64(d, a, db);
+    if constexpr (N == 32) wgmma_n32(d, a, db);
+    else if constexpr (N == 64) wgmma_n64(d, a, db);
+    else if constexpr (N == 80) wgmma_n80(d, a, db);
+    else if constexpr (N == 96) wgmma_n96(d, a, db);
     else wgmma_n128(d, a, db);
 }
 /* the block's work for N x rows (the tile's count <= N) */
@@ -1721,7 +1739,9 @@ __global__ void __launch_bounds__(128 * W4GW, 1) k_gemm_w4g(dw W, const __nv_bfl
         xp[r] = v;
     }
     __syncthreads();
-    if (W4GM > 64 && cnt > 64) w4g_body<W4GM, Q>(W, xp, y, ldy, e, first, cnt, tiles, list, w4g_smem);
+    if (cnt > 96) w4g_body<W4GM, Q>(W, xp, y, ldy, e, first, cnt, tiles, list, w4g_smem);
+    else if (cnt > 80) w4g_body<96, Q>(W, xp, y, ldy, e, first, cnt, tiles, list, w4g_smem);
+    else if (cnt > 64) w4g_body<80, Q>(W, xp, y, ldy, e, first, cnt, tiles, list, w4g_smem);
     else if (cnt > 32) w4g_body<64, Q>(W, xp, y, ldy, e, first, cnt, tiles, list, w4g_smem);
     else w4g_body<32, Q>(W, xp, y, ldy, e, first, cnt, tiles, list, w4g_smem);
 }
