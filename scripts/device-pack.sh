@@ -4,7 +4,7 @@
 # machine, which has no build tools of ours; run scripts/device-run.sh there. build-carry/ is
 # ignored by git: carry it explicitly (and hide tests/data/tokenizers to stay under 64 MiB).
 # BASE=FILE (an earlier pack, copied aside first, e.g. main's) puts its petrel-cuda in beside the
-# new one as petrel-cuda-base, for `device-run.sh ab`.
+# new one as petrel-cuda-base, for `device-run.sh ab` (BASEBIN=NAME: that pack's NAME instead).
 set -e
 cd "$(dirname "$0")/.."
 make BUILD=build-dc cuda -j2 NVFLAGS="-std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -no-compress -Iinclude -Isrc -lineinfo -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror,-Wno-unused-parameter"
@@ -14,7 +14,7 @@ mkdir -p "$t/w/lib" build-carry
 cp build-dc/petrel-cuda build-dc/petrel-tests-cuda "$t/w/"
 strip "$t/w/petrel-cuda" "$t/w/petrel-tests-cuda"
 if [ -n "$BASE" ]; then
-    tar xJf "$BASE" -C "$t" w/petrel-cuda --transform 's,w/petrel-cuda,w/petrel-cuda-base,'
+    tar xJf "$BASE" -C "$t" "w/${BASEBIN:-petrel-cuda}" --transform "s,w/${BASEBIN:-petrel-cuda},w/petrel-cuda-base,"
 fi
 for l in $(ldd "$t/w/petrel-cuda" "$t/w/petrel-tests-cuda" | awk '/=>/{print $3}' | sort -u | grep -vE 'libc\.so|libm\.so|ld-linux|libpthread|libdl|librt'); do
     cp -L "$l" "$t/w/lib/"
