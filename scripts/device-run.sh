@@ -100,10 +100,17 @@ kernels)
     timeout 500 ncu --clock-control none --metrics gpu__time_duration.sum --csv --kernel-name-base function \
         $W/${BIN:-petrel-cuda} bench --model $S --device cuda --prompt ${PROMPT:-2048} --ctx ${PROMPT:-2048} --steps 1 --prefill-runs 1 > "$OUT/kernels.csv" 2> "$OUT/kernels-err.txt"
     echo "ncu rc=$?"
-    awk -F'","' '{ sub(/^"/, ""); sub(/"$/, "") } /"Kernel Name"/ { for (i = 1; i <= NF; i++) { if ($i == "Kernel Name") k = i; if ($i == "Metric Value") v = i; if ($i == "Metric Unit") u = i }; next }
-        k && v && NF >= v { gsub(/,/, "", $v); t = $v + 0; if ($u ~ /usecond/) t *= 1000; if ($u ~ /msecond/) t *= 1e6
-                 ns[$k] += t; n[$k]++; all += t }
-        END { for (x in ns) printf "%10.1f us %6.1f %%  %5d launches  %s\n", ns[x] / 1000, 100 * ns[x] / all, n[x], x
-              printf "%10.1f us total\n", all / 1000 }' "$OUT/kernels.csv" | sort -rn | head -40 ;;
+    # launches before the first k_embed (the open's unpacking) and the peak and bandwidth probes are left out; the
+    # prompt is the launches from the first k_embed to the second, one decode step the last k_embed on
+    for part in prompt decode; do
+        echo "== $part (each launch alone, summed by name)"
+        awk -F'","' -v part=$part '{ sub(/^"/, ""); sub(/"$/, "") }
+            /Kernel Name/ && !k { for (i = 1; i <= NF; i++) { if ($i == "Kernel Name") k = i; if ($i == "Metric Value") v = i; if ($i == "Metric Unit") u = i }; next }
+            k && v && NF >= v && $k !~ /^k_(wgmma_|mma_)?peak|^k_read/ { if ($k ~ /^k_embed/) seg++; nm[NR] = $k; sg[NR] = seg; gsub(/,/, "", $v); t = $v + 0
+                 if ($u ~ /usecond/) t *= 1000; if ($u ~ /msecond/) t *= 1e6; tt[NR] = t }
+            END { for (r in nm) if ((part == "prompt" && sg[r] == 1) || (part == "decode" && sg[r] == seg && seg > 1)) { ns[nm[r]] += tt[r]; n[nm[r]]++; all += tt[r] }
+                  for (x in ns) printf "%10.1f us %6.1f %%  %5d launches  %s\n", ns[x] / 1000, 100 * ns[x] / all, n[x], x
+                  printf "%10.1f us total\n", all / 1000 }' "$OUT/kernels.csv" | sort -rn | head -30
+    done ;;
 *) echo "device-run.sh: unknown mode $1 (tests, bench, quality, cpu, ab, ncu, kernels)" >&2; exit 2 ;;
 esac
