@@ -685,6 +685,57 @@ TEST(cuda, topk_ties) {
     }
 }
 
+/* the prompt's experts' down input in one pass: cuk_swiglu_bf16g's bits are those of
+ * k_silu_mul then k_xbf16g, over ordinary values and ones whose exp overflows */
+TEST(cuda, swiglu_bf16) {
+    if (!need_gpu()) return;
+    petrel_error err = {0};
+    const int n = 37, cols = 2048;
+    const size_t e = (size_t)n * cols;
+    float *g = malloc(sizeof(float) * e), *u = malloc(sizeof(float) * e);
+    uint16_t *a = malloc(sizeof(uint16_t) * e), *b = malloc(sizeof(uint16_t) * e);
+    for (size_t i = 0; i < e; i++) g[i] = frand() * (i % 97 == 0 ? 200.0f : 6.0f), u[i] = frand() * 3.0f;
+    int rc = cu_swiglu_bf16_check(g, u, n, cols, a, b, &err);
+    CHECK_MSG(rc == 0, "cu_swiglu_bf16_check: %s", err.msg);
+    size_t bad = 0;
+    for (size_t i = 0; !rc && i < e; i++) bad += a[i] != b[i];
+    CHECK_MSG(bad == 0, "swiglu bf16: %zu of %zu values differ from k_silu_mul + k_xbf16g", bad, e);
+    CHECK(cu_swiglu_bf16_check(g, u, n, 100, a, b, &err) == PETREL_EINVAL); /* not whole 64 columns: refused */
+    free(g), free(u), free(a), free(b);
+}
+
+/* the experts' counting sort: the list and tiles of a stable sort on the host, for even,
+ * skewed and one-expert choices, experts past the 32 warps' shared counts (1024) and odd tm */
+TEST(cuda, moe_sort) {
+    if (!need_gpu()) return;
+    petrel_error err = {0};
+    const int cases[][5] = {{2048, 8, 256, 128, 0}, {2048, 8, 256, 64, 1}, {3001, 8, 256, 96, 2}, {700, 6, 1024, 128, 0}, {5, 8, 300, 7, 1}, {1, 1, 1, 1, 2}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const int T = cases[c][0], K = cases[c][1], E = cases[c][2], tm = cases[c][3], mode = cases[c][4], n = T * K, mt = E + n / tm + 1;
+        int32_t *idx = malloc(sizeof(int32_t) * n), *list = malloc(sizeof(int32_t) * n), *ref = malloc(sizeof(int32_t) * n);
+        int32_t *tiles = malloc(sizeof(int32_t) * 3 * mt), *rt = malloc(sizeof(int32_t) * 3 * mt), *cnt = calloc((size_t)E + 1, sizeof(int32_t));
+        for (int i = 0; i < n; i++) { /* even; skewed (half the slots on experts 0..3); all on the last expert */
+            const int r = (int)((frand() + 1.0f) * 0.5f * (float)E) % E;
+            idx[i] = mode == 0 ? r : mode == 1 ? (i % 2 ? r : r % 4) : E - 1;
+        }
+        for (int i = 0; i < n; i++) cnt[idx[i] + 1]++;
+        for (int e = 0; e < E; e++) cnt[e + 1] += cnt[e];
+        int nt = 0;
+        for (int e = 0; e < E; e++)
+            for (int j = 0; j < cnt[e + 1] - cnt[e]; j += tm, nt++)
+                rt[3 * nt] = e, rt[3 * nt + 1] = cnt[e] + j, rt[3 * nt + 2] = cnt[e + 1] - cnt[e] - j < tm ? cnt[e + 1] - cnt[e] - j : tm;
+        for (int i = 0; i < n; i++) ref[cnt[idx[i]]++] = i;
+        int got = -1, rc = cu_moe_sort_check(idx, T, K, E, tm, list, tiles, &got, &err);
+        CHECK_MSG(rc == 0, "cu_moe_sort_check: %s", err.msg);
+        CHECK_MSG(rc || got == nt, "moe sort (%d x %d, %d experts, tm %d): %d tiles, the host %d", T, K, E, tm, got, nt);
+        CHECK_MSG(rc || got != nt || !memcmp(tiles, rt, sizeof(int32_t) * 3 * nt), "moe sort (%d x %d, %d experts, tm %d): tiles differ", T, K, E, tm);
+        CHECK_MSG(rc || !memcmp(list, ref, sizeof(int32_t) * n), "moe sort (%d x %d, %d experts, tm %d): the list differs from a stable sort", T, K, E, tm);
+        free(idx), free(list), free(ref), free(tiles), free(rt), free(cnt);
+    }
+    int32_t bad = 5, l, t[6], nt;
+    CHECK(cu_moe_sort_check(&bad, 1, 1, 4, 8, &l, t, &nt, &err) == PETREL_EINVAL); /* an id past E is refused */
+}
+
 static petrel_engine *open_dev(const char *model, const char *device, int exact) {
     petrel_open_opts o = {0};
     o.device = device;

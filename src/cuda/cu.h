@@ -185,6 +185,14 @@ int cu_route_check(const float *lg, const float *bias, int T, int E, int K, int 
                    int32_t *idx, float *wts, petrel_error *err);
 /* op_topk on the GPU for one row of n scores: idx[k] ascending. */
 int cu_topk_check(const float *v, int n, int k, int32_t *idx, petrel_error *err);
+/* The prompt's down-product input from the experts' gate and up rows g, u [n][cols] (cols a
+ * multiple of 64): fused gets cuk_swiglu_bf16g's bf16 bits, twin those of cuk_silu_mul then
+ * cuk_xbf16g (both in cuk_xbf16g's column order, [n][cols]). */
+int cu_swiglu_bf16_check(const float *g, const float *u, int n, int cols, uint16_t *fused, uint16_t *twin, petrel_error *err);
+/* cuk_moe_sort on the GPU: idx [T][K] expert ids (< E) to list [T K] (the slots t K + k grouped
+ * by expert, ascending within one) and tiles [3 *ntiles] (expert, first place, count <= tm);
+ * tiles holds E + T K / tm + 1 entries of 3. */
+int cu_moe_sort_check(const int32_t *idx, int T, int K, int E, int tm, int32_t *list, int32_t *tiles, int *ntiles, petrel_error *err);
 
 #ifdef __cplusplus
 }

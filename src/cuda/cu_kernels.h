@@ -79,6 +79,9 @@ void cuk_gemm_w4(cudaStream_t st, const dw &W, const __nv_bfloat16 *xh, int64_t 
  * cuk_gemm_w4g_rows(). */
 int cuk_gemm_w4g_rows(void); /* the x rows of its tiles (cuk_moe_sort's tm) */
 void cuk_xbf16g(cudaStream_t st, const float *x, int64_t ldx, int n, int cols, __nv_bfloat16 *xh, int64_t ldxh);
+/* bf16(silu(g) * u) of gate and up rows [n][cols] (ld apart) in cuk_xbf16g's order: the bits of
+ * cuk_silu_mul then cuk_xbf16g, without the f32 pass between */
+void cuk_swiglu_bf16g(cudaStream_t st, const float *g, const float *u, int64_t ld, int n, int cols, __nv_bfloat16 *xh, int64_t ldxh);
 void cuk_gemm_w4g(cudaStream_t st, const dw &W, const __nv_bfloat16 *xh, int64_t ldxh, float *y, int64_t ldy, int n, const int32_t *tiles,
                   const int *ntiles_dev, int max_tiles, const int32_t *list, const int32_t *xmap);
 /* The same form for q8 weights (q8_g32 and other power-of-two groups >= 32, whole 64 columns):

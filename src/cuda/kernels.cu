@@ -1549,11 +1549,17 @@ __host__ __device__ __forceinline__ int w8g_col(int q) {
     return 16 * t + 4 * s + 2 * h + j;
 }
 /* bytes (0, 1) and (2, 3) of a word of 4 int8 columns times bf16 scale s2 as 2 bf16x2 (each
- * value bf16(q) exact, then the product rounded once, as __hmul2 does for q4) */
+ * value bf16(q) exact, then the product rounded once, as __hmul2 does for q4). q as a float
+ * without a conversion instruction (I2F issues at a quarter of the ALU's rate, and a step
+ * converts 32 bytes a thread): byte q + 128 under 2^23's exponent is the float 2^23 + q + 128,
+ * less 2^23 + 128 exactly q */
 __device__ __forceinline__ void w8_unpack(uint32_t w, __nv_bfloat162 s2, uint32_t o[2]) {
+    const uint32_t u = w ^ 0x80808080u; /* each byte q + 128 */
 #pragma unroll
     for (int i = 0; i < 2; i++) {
-        __nv_bfloat162 v = __floats2bfloat162_rn((float)(int8_t)(w >> (16 * i)), (float)(int8_t)(w >> (16 * i + 8)));
+        const float a = __uint_as_float(__byte_perm(u, 0x4b000000u, 0x7650 | (2 * i))) - 8388736.0f;
+        const float b = __uint_as_float(__byte_perm(u, 0x4b000000u, 0x7650 | (2 * i + 1))) - 8388736.0f;
+        __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
         v = __hmul2(v, s2);
         o[i] = *(const uint32_t *)&v;
     }
@@ -1762,6 +1768,27 @@ __global__ void k_xbf16g(const float *__restrict__ x, int64_t ldx, int cols, __n
         p[i] = __floats2bfloat162_rn(xs[c0], xs[c1]);
     }
     *(uint4 *)(xh + r * ldxh + 8 * c8) = *(const uint4 *)p;
+}
+/* k_silu_mul's expression of gate and up rows [n][cols] (f32), rounded to bf16 in
+ * k_xbf16g<4>'s order: the bits of k_silu_mul then k_xbf16g<4>, in one pass that writes no f32 */
+__global__ void k_swiglu_bf16g(const float *__restrict__ g, const float *__restrict__ u, int64_t ld, int cols, __nv_bfloat16 *__restrict__ xh, int64_t ldxh) {
+    pdl_enter();
+    const int64_t r = blockIdx.y;
+    const int c8 = blockIdx.x * blockDim.x + threadIdx.x;
+    if (8 * c8 >= cols) return;
+    const float *gs = g + r * ld + 64 * (c8 >> 3), *us = u + r * ld + 64 * (c8 >> 3);
+    const int q0 = 8 * (c8 & 7);
+    __nv_bfloat162 p[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int c0 = w4g_col(q0 + 2 * i), c1 = w4g_col(q0 + 2 * i + 1);
+        const float a0 = gs[c0], a1 = gs[c1];
+        p[i] = __floats2bfloat162_rn(a0 / (1.0f + expf(-a0)) * us[c0], a1 / (1.0f + expf(-a1)) * us[c1]);
+    }
+    *(uint4 *)(xh + r * ldxh + 8 * c8) = *(const uint4 *)p;
+}
+void cuk_swiglu_bf16g(cudaStream_t st, const float *g, const float *u, int64_t ld, int n, int cols, __nv_bfloat16 *xh, int64_t ldxh) {
+    if (n > 0) cu_launch(k_swiglu_bf16g, dim3((unsigned)((cols / 8 + 127) / 128), (unsigned)n), 128, 0, st, g, u, ld, cols, xh, ldxh);
 }
 int cuk_gemm_w4g_rows(void) { return W4GM; }
 void cuk_xbf16g(cudaStream_t st, const float *x, int64_t ldx, int n, int cols, __nv_bfloat16 *xh, int64_t ldxh) {
@@ -3582,42 +3609,63 @@ void cuk_route_given(cudaStream_t st, const float *lg, int T, cu_route_cfg rc, c
 }
 
 /* counting sort of the T*K choice slots by expert (rows ascending within one), and the GEMM's
- * tiles of up to tm slots of one expert; one block: the counts by all threads, the list by
- * warp 0, 32 slots a step (a slot's place: its expert's next place plus the earlier lanes of
- * the step that chose the same expert) */
-__global__ void k_moe_sort(const int32_t *idx, int T, int K, int E, int tm, int32_t *list, int32_t *tiles, int *ntiles) {
+ * tiles of up to tm slots of one expert; one block. Warps w < nw take contiguous parts of the
+ * slots: each counts its part's experts, the counts become each warp's first place within each
+ * expert (warps in order), and each warp places its part 32 slots a step (a slot's place: the
+ * warp's next place of its expert plus the earlier lanes of the step that chose the same
+ * expert). The places are those of one warp over all the slots, which took ~150 us for 16384
+ * slots (2048 rows, top-8; RESULTS 2026-12-06 22:20): 32 warps take a 32nd of the steps. */
+__global__ void k_moe_sort(const int32_t *idx, int T, int K, int E, int tm, int nw, int32_t *list, int32_t *tiles, int *ntiles) {
     pdl_enter();
-    extern __shared__ int cnt[]; /* [E + 1] */
-    for (int e = threadIdx.x; e <= E; e += blockDim.x) cnt[e] = 0;
+    extern __shared__ int sm[]; /* wc [nw][E]: warp w's count, then its first place, of expert e; base [E + 1] */
+    int *wc = sm, *base = sm + nw * E;
+    const int n = T * K, per = (n + nw - 1) / nw, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int i0 = warp * per, i1 = min(n, i0 + per); /* warp w's part of idx (w < nw) */
+    for (int i = threadIdx.x; i < nw * E; i += blockDim.x) wc[i] = 0;
     __syncthreads();
-    for (int i = threadIdx.x; i < T * K; i += blockDim.x) atomicAdd(&cnt[idx[i] + 1], 1);
+    if (warp < nw)
+        for (int i = i0 + lane; i < i1; i += 32) atomicAdd(&wc[warp * E + idx[i]], 1);
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x) { /* expert e's count, each warp's first place within it */
+        int run = 0;
+        for (int w = 0; w < nw; w++) {
+            const int c = wc[w * E + e];
+            wc[w * E + e] = run, run += c;
+        }
+        base[e + 1] = run;
+    }
     __syncthreads();
     if (threadIdx.x == 0) {
         int nt = 0;
+        base[0] = 0;
         for (int e = 0; e < E; e++) {
-            int c = cnt[e + 1], s0 = cnt[e];
+            int c = base[e + 1], s0 = base[e];
             for (int j = 0; j < c; j += tm) {
                 tiles[3 * nt] = e, tiles[3 * nt + 1] = s0 + j, tiles[3 * nt + 2] = c - j < tm ? c - j : tm;
                 nt++;
             }
-            cnt[e + 1] += s0; /* cnt[e]: expert e's first place */
+            base[e + 1] += s0; /* base[e]: expert e's first place */
         }
         *ntiles = nt;
     }
     __syncthreads();
-    if (threadIdx.x >= 32) return;
-    const int lane = threadIdx.x;
-    for (int i0 = 0; i0 < T * K; i0 += 32) {
-        int i = i0 + lane, e = i < T * K ? idx[i] : -1;
+    if (warp >= nw) return;
+    int *at = wc + warp * E; /* the warp's next place of each expert, past base */
+    for (int j0 = i0; j0 < i1; j0 += 32) {
+        int i = j0 + lane, e = i < i1 ? idx[i] : -1;
         unsigned same = __match_any_sync(0xffffffffu, e), below = same & ((1u << lane) - 1u);
-        if (e >= 0) list[cnt[e] + __popc(below)] = i;
+        if (e >= 0) list[base[e] + at[e] + __popc(below)] = i;
         __syncwarp();
-        if (e >= 0 && below == 0) cnt[e] += __popc(same);
+        if (e >= 0 && below == 0) at[e] += __popc(same);
         __syncwarp();
     }
 }
 void cuk_moe_sort(cudaStream_t st, const int32_t *idx, int T, int K, int E, int tm, int32_t *list, int32_t *tiles, int *ntiles) {
-    cu_launch(k_moe_sort, 1, 1024, sizeof(int) * (E + 1), st, idx, T, K, E, tm, list, tiles, ntiles);
+    int nw = (12288 - (E + 1)) / E; /* warps whose counts fit 48 KB of shared memory with base */
+    nw = nw > 32 ? 32 : nw < 1 ? 1 : nw;
+    const size_t smem = sizeof(int) * ((size_t)nw * E + E + 1);
+    if (smem > 48 * 1024) cudaFuncSetAttribute(k_moe_sort, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    cu_launch(k_moe_sort, 1, 1024, smem, st, idx, T, K, E, tm, nw, list, tiles, ntiles);
 }
 
 /* row blockIdx.y, columns blockIdx.x * 256 ..: one column a thread */

@@ -704,13 +704,19 @@ static int quant_x(const cu_model *m, const fscr &f, const dw &W, const float *x
 /* y[n][W.rows] = x[n][W.cols] W^T by the form for n rows: up to 8 the GEMV, else the GEMM, each
  * on int8 x where the quantized path takes the format (else the f32 forms; tc: the bf16
  * tensor-core GEMM where the format allows) */
-static void mm(const cu_model *m, const fscr &f, const dw &W, const float *x, float *y, int n, const cu_xq *xq = NULL) {
+/* whether mm takes W for n rows on the bf16 warpgroup MMA (x first rounded into f.xh) */
+static int mm_bf16(const cu_model *m, const fscr &f, const dw &W, int n) {
+    return n > 8 && m->w8 && m->tc && cuk_gemm_w8_ok(W) && (int64_t)n * W.cols <= f.xq_cap;
+}
+/* y = x W^T; xh_ready: f.xh holds x as mm's bf16 form rounds it (the product before read the same
+ * x of as many columns on that form) */
+static void mm(const cu_model *m, const fscr &f, const dw &W, const float *x, float *y, int n, const cu_xq *xq = NULL, int xh_ready = 0) {
     cu_xq X;
     if (n <= 8 && xq) cuk_gemv_q(m->st, W, *xq, y, W.rows, n, NULL, NULL); /* x quantized for W's format already */
     else if (n <= 8 && quant_x(m, f, W, x, W.cols, n, &X)) cuk_gemv_q(m->st, W, X, y, W.rows, n, NULL, NULL);
     else if (n <= 8) cuk_gemv(m->st, W, x, W.cols, y, W.rows, n, NULL, NULL);
-    else if (m->w8 && m->tc && cuk_gemm_w8_ok(W) && (int64_t)n * W.cols <= f.xq_cap) { /* the bf16 warpgroup-MMA form (cu_model_use_bf16_dense) */
-        cuk_xbf16g8(m->st, x, W.cols, n, (int)W.cols, f.xh, W.cols);
+    else if (mm_bf16(m, f, W, n)) { /* the bf16 warpgroup-MMA form (cu_model_use_bf16_dense) */
+        if (!xh_ready) cuk_xbf16g8(m->st, x, W.cols, n, (int)W.cols, f.xh, W.cols);
         cuk_gemm_w8g(m->st, W, f.xh, W.cols, y, W.rows, n, NULL, NULL, 0, NULL, NULL);
     } else if (quant_x(m, f, W, x, W.cols, n, &X, 1)) cuk_gemm_q(m->st, W, X, y, W.rows, n, NULL, NULL, 0, NULL, NULL);
     else cuk_gemm(m->st, W, x, W.cols, y, W.rows, n, NULL, NULL, 0, NULL, NULL, m->tc);
@@ -722,10 +728,14 @@ static void mm(const cu_model *m, const fscr &f, const dw &W, const float *x, fl
 static void mm_x(const cu_model *m, const fscr &f, const dw *const *ws, float *const *ys, int nw, const float *x, int n) {
     cu_xq X;
     int q = nw > 0 && n <= 8 && quant_x(m, f, *ws[0], x, ws[0]->cols, n, &X), fmt = q ? cuk_gemv_q_ok(*ws[0]) : 0;
+    int64_t hcols = -1; /* on the bf16 form, x rounded once into f.xh for the products of as many columns */
     for (int pass = 0; pass < 2; pass++)
         for (int i = 0; i < nw; i++) {
             int shared = q && cuk_gemv_q_ok(*ws[i]) == fmt && ws[i]->cols == ws[0]->cols;
-            if (shared == !pass) mm(m, f, *ws[i], x, ys[i], n, shared ? &X : NULL);
+            if (shared != !pass) continue;
+            const int h = mm_bf16(m, f, *ws[i], n);
+            mm(m, f, *ws[i], x, ys[i], n, shared ? &X : NULL, h && ws[i]->cols == hcols);
+            hcols = h ? ws[i]->cols : -1;
         }
 }
 
@@ -757,7 +767,7 @@ static void swiglu(const cu_model *m, const dw &g, const dw &u, const dw &d, con
         cuk_gemv_swiglu(m->st, g, u, x, g.cols, f.gb, g.rows, n, NULL, NULL, f.ub);
     } else {
         mm(m, f, g, x, f.gb, n);
-        mm(m, f, u, x, f.ub, n);
+        mm(m, f, u, x, f.ub, n, NULL, mm_bf16(m, f, g, n) && mm_bf16(m, f, u, n) && g.cols == u.cols); /* x in bf16 once for both */
         cuk_silu_mul(m->st, f.gb, f.ub, (int64_t)n * g.rows);
     }
     mm(m, f, d, f.gb, out, n);
@@ -801,9 +811,10 @@ void experts_compute(cu_model *m, const cu_layer &G, const fscr &f, const int32_
         xbf16(st, f.x, H, f.t, H, f.xh, H);
         gemm(st, G.eg, f.xh, H, f.gb, I, n, f.tiles, f.ntiles, mt, f.list, xrow);
         gemm(st, G.eu, f.xh, H, f.ub, I, n, f.tiles, f.ntiles, mt, f.list, xrow);
-        cuk_silu_mul(st, f.gb, f.ub, (int64_t)n * I);
+        if (wg) cuk_swiglu_bf16g(st, f.gb, f.ub, I, n, I, f.xh, I); /* the down product's x in one pass */
+        else cuk_silu_mul(st, f.gb, f.ub, (int64_t)n * I);
         prof_mark(m, P_EXPERTS);
-        xbf16(st, f.gb, I, n, I, f.xh, I);
+        if (!wg) xbf16(st, f.gb, I, n, I, f.xh, I);
         gemm(st, G.ed, f.xh, I, y, H, n, f.tiles, f.ntiles, mt, f.list, NULL);
         return;
     }
@@ -1543,6 +1554,47 @@ extern "C" int cu_route_check(const float *lg, const float *bias, int T, int E, 
         cuk_route(m.st, dl, db, T, rcfg, di, dw_, dx, regs);
         rc = check_fetch(&m, idx, di, sizeof(int32_t) * (size_t)T * K, "route", err);
         if (!rc) rc = check_fetch(&m, wts, dw_, sizeof(float) * (size_t)T * K, "route", err);
+    }
+    check_done(&m);
+    return rc;
+}
+
+extern "C" int cu_swiglu_bf16_check(const float *g, const float *u, int n, int cols, uint16_t *fused, uint16_t *twin, petrel_error *err) {
+    if (n < 1 || cols < 64 || cols % 64) return pt_err(err, PETREL_EINVAL, "the SwiGLU bf16 check takes n >= 1 rows of whole 64 columns");
+    cu_model m;
+    PT_TRY(check_model(&m, err));
+    const size_t e = (size_t)n * cols;
+    float *dg = (float *)dalloc(&m, sizeof(float) * e, "gate", err), *du = (float *)dalloc(&m, sizeof(float) * e, "up", err);
+    __nv_bfloat16 *dh = (__nv_bfloat16 *)dalloc(&m, 2 * sizeof(__nv_bfloat16) * e, "h", err);
+    int rc = dg && du && dh ? up_copy(dg, g, sizeof(float) * e, err) : PETREL_ENOMEM;
+    if (!rc) rc = up_copy(du, u, sizeof(float) * e, err);
+    if (!rc) {
+        cuk_swiglu_bf16g(m.st, dg, du, cols, n, cols, dh, cols);
+        cuk_silu_mul(m.st, dg, du, (int64_t)e);
+        cuk_xbf16g(m.st, dg, cols, n, cols, dh + e, cols);
+        rc = check_fetch(&m, fused, dh, sizeof(uint16_t) * e, "swiglu bf16", err);
+        if (!rc) rc = check_fetch(&m, twin, dh + e, sizeof(uint16_t) * e, "swiglu bf16", err);
+    }
+    check_done(&m);
+    return rc;
+}
+
+extern "C" int cu_moe_sort_check(const int32_t *idx, int T, int K, int E, int tm, int32_t *list, int32_t *tiles, int *ntiles, petrel_error *err) {
+    if (T < 1 || K < 1 || E < 1 || tm < 1) return pt_err(err, PETREL_EINVAL, "the sort check takes T, K, E and tm >= 1");
+    for (int64_t i = 0; i < (int64_t)T * K; i++)
+        if (idx[i] < 0 || idx[i] >= E) return pt_err(err, PETREL_EINVAL, "the sort check's expert ids are 0..E-1");
+    cu_model m;
+    PT_TRY(check_model(&m, err));
+    const size_t n = (size_t)T * K, mt = (size_t)E + n / tm + 1;
+    int32_t *di = (int32_t *)dalloc(&m, sizeof(int32_t) * n, "idx", err), *dl = (int32_t *)dalloc(&m, sizeof(int32_t) * n, "list", err);
+    int32_t *dt = (int32_t *)dalloc(&m, sizeof(int32_t) * (3 * mt + 1), "tiles", err);
+    int rc = di && dl && dt ? up_copy(di, idx, sizeof(int32_t) * n, err) : PETREL_ENOMEM;
+    if (!rc) {
+        cuk_moe_sort(m.st, di, T, K, E, tm, dl, dt, dt + 3 * mt);
+        rc = check_fetch(&m, ntiles, dt + 3 * mt, sizeof(int), "sort", err);
+        if (!rc && (*ntiles < 0 || (size_t)*ntiles > mt)) rc = pt_err(err, PETREL_ERANGE, "the sort made %d tiles (at most %zu)", *ntiles, mt);
+        if (!rc) rc = check_fetch(&m, list, dl, sizeof(int32_t) * n, "sort", err);
+        if (!rc) rc = check_fetch(&m, tiles, dt, sizeof(int32_t) * 3 * (size_t)*ntiles, "sort", err);
     }
     check_done(&m);
     return rc;

@@ -81,6 +81,14 @@ int cu_topk_check(const float *v, int n, int k, int32_t *idx, petrel_error *err)
     (void)v, (void)n, (void)k, (void)idx;
     return pt_err(err, PETREL_EUNSUPPORTED, NO_CUDA);
 }
+int cu_swiglu_bf16_check(const float *g, const float *u, int n, int cols, uint16_t *fused, uint16_t *twin, petrel_error *err) {
+    (void)g, (void)u, (void)n, (void)cols, (void)fused, (void)twin;
+    return pt_err(err, PETREL_EUNSUPPORTED, NO_CUDA);
+}
+int cu_moe_sort_check(const int32_t *idx, int T, int K, int E, int tm, int32_t *list, int32_t *tiles, int *ntiles, petrel_error *err) {
+    (void)idx, (void)T, (void)K, (void)E, (void)tm, (void)list, (void)tiles, (void)ntiles;
+    return pt_err(err, PETREL_EUNSUPPORTED, NO_CUDA);
+}
 int cu_attn_check(const float *q, const float *qt, const float *kv, int cap, const int32_t *sel, int ld_sel, const int *seln, int T, int NH, int Dn,
                   int Dr, int Rkv, float scale, int flash, float *lat, petrel_error *err) {
     (void)q, (void)qt, (void)kv, (void)cap, (void)sel, (void)ld_sel, (void)seln, (void)T, (void)NH, (void)Dn, (void)Dr, (void)Rkv, (void)scale;
