@@ -1612,13 +1612,40 @@ __device__ __forceinline__ void wgmma_n128(float *d, const uint32_t a[4], uint64
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
 }
+__device__ __forceinline__ void wgmma_n192(float *d, const uint32_t a[4], uint64_t db) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95}, "
+                 "{%96, %97, %98, %99}, %100, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+__device__ __forceinline__ void wgmma_n256(float *d, const uint32_t a[4], uint64_t db) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
+                 "{%128, %129, %130, %131}, %132, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+/* d += A B with both operands in shared memory (A: 64 rows, K-major, laid out as B) */
+__device__ __forceinline__ void wgmma_ss_n64(float *d, uint64_t da, uint64_t db) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+                 "%32, %33, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "l"(da), "l"(db));
+}
 template <int N>
 __device__ __forceinline__ void wgmma_n(float *d, const uint32_t a[4], uint64_t db) {
     if constexpr (N == 32) wgmma_n32(d, a, db);
     else if constexpr (N == 64) wgmma_n64(d, a, db);
     else if constexpr (N == 80) wgmma_n80(d, a, db);
     else if constexpr (N == 96) wgmma_n96(d, a, db);
-    else wgmma_n128(d, a, db);
+    else if constexpr (N == 128) wgmma_n128(d, a, db);
+    else if constexpr (N == 192) wgmma_n192(d, a, db);
+    else {
+        static_assert(N == 256, "wgmma_n: N 32, 64, 80, 96, 128, 192 or 256");
+        wgmma_n256(d, a, db);
+    }
 }
 /* the block's work for N x rows (the tile's count <= N) */
 template <int N, int Q>
@@ -2688,20 +2715,33 @@ static void expand_tiles(cudaStream_t st, const dw &kvb, const float *kv, int nk
 }
 
 /* ---- a prompt's attention, expanded, in one pass on bf16 tensor cores (form 3) ----
- * The quantized path's form, FlashAttention-2's order: K_h and V_h in bf16 (Kb [NH][nk][DKP], Vb
- * [NH][nk][DVP], zeros past Dqk / Dv, the widths padded to 64), packed by k_fa_pack from one bf16
- * GEMM of the keys where kv_b is q8, else rounded by k_fa_bf16 from form 1's f32 expansion (see
- * attn_fa); then a block takes 64 rows of one head (4 warps of 16 rows, q
- * rounded to bf16 as it is staged) over tiles of 64 keys up to its last row's count: S = q K^T
- * on mma.m16n8k16 (f32 sums), each row's running max and sum in registers (exp2 of the scaled
- * scores), P rounded to bf16 straight from S's fragments, O += P V; o = O / sum. Keys past a
- * row's seln score -inf. K and V tiles arrive by cp.async; in shared memory 16-byte chunk c of
- * row r sits at c ^ (r & 7), so ldmatrix's 8 rows of a matrix meet distinct banks. A tile's V
- * loads while its scores compute, the next tile's K while its P V computes. Errors: bf16's
- * rounding of q, K, V and P (~3e-3 of the outputs), against the f32 forms' ~1e-6. */
-#define FA_BM 64 /* rows a block */
+ * The quantized path's form, FlashAttention-2's order on Hopper's warpgroup MMA: K_h in bf16 (Kb
+ * [NH][nk][DK], zeros past Dqk) and V_h transposed (Vt [NH][DV][nkp], keys contiguous, nkp = nk
+ * rounded up to 8, zeros past Dv and nk; the widths padded to 64), packed by k_fa_pack / k_fa_vt
+ * from one bf16 GEMM of the keys where kv_b is q8, else from form 1's f32 expansion (see
+ * attn_fa). A block is FA_WG warpgroups of 64 rows each, of one head (q rounded to bf16 as it is
+ * staged), over tiles of 64 keys up to its last row's count (a warpgroup skips the tiles past its
+ * own rows' counts, which would add exact zeros): S = q K^T by wgmma.m64n64k16 with both
+ * operands in shared memory (f32 sums), each row's running max and sum in registers (exp2 of the
+ * scaled scores), P rounded to bf16 straight from S's accumulators into the A fragments of
+ * O += P V (wgmma.m64n<DV>k16, V^T's tile as B); o = O / sum. Keys past a row's seln score -inf.
+ * The tiles sit in shared memory in the canonical K-major layout without swizzle that
+ * k_gemm_w4g's x uses (16-byte chunk c of row r at c 16 R + 16 r for R rows: LBO 16 R, SBO 128),
+ * so a k16 slice's descriptor is the tile's plus a constant. K and V^T arrive by cp.async: a
+ * tile's V^T while its scores compute, the next tile's K while its P V computes. Each tile read
+ * from L2 serves the block's 128 rows (one warpgroup a block read every tile once per 64 rows and
+ * was bound by L2: 64 % busy at 136 TFLOP/s on an H100); 128 KB of shared memory at 256 wide, one
+ * block a multiprocessor. A row's sums do not depend on the
+ * other rows of its block (tiles past its count add exact zeros), so a prompt in pieces gives the
+ * same bits. Errors: bf16's rounding of q, K, V and P (~3e-3 of the outputs), against the f32
+ * forms' ~1e-6. k_attn_fa on mma.sync (4 warps of 16 rows, ldmatrix, 248 registers at 256 wide:
+ * 8 warps a multiprocessor) ran the same sums at 136 TFLOP/s on an H100 (RESULTS 2026-12-06
+ * 22:20). */
+#define FA_WG 2 /* warpgroups a block, each 64 rows: a K / V tile read once serves them all */
+#define FA_BM (64 * FA_WG) /* rows a block */
 #define FA_BN 64 /* keys a tile */
 __host__ __device__ __forceinline__ int fa_pad(int d) { return (d + 63) / 64 * 64; }
+__host__ __device__ __forceinline__ int fa_nkp(int nk) { return (nk + 7) / 8 * 8; }
 /* x [rows][D] f32 to y [rows][DP] bf16, zeros past D: a thread 8 outputs */
 __global__ void k_fa_bf16(const float *__restrict__ x, int64_t rows, int D, int DP, __nv_bfloat16 *__restrict__ y) {
     pdl_enter();
@@ -2714,39 +2754,40 @@ __global__ void k_fa_bf16(const float *__restrict__ x, int64_t rows, int D, int 
     for (int j = 0; j < 8; j++) v[j] = __float2bfloat16_rn(c + j < D ? x[r * D + c + j] : 0.f);
     *(uint4 *)(y + r * DP + c) = *(const uint4 *)v;
 }
-__device__ __forceinline__ void ldsm_x4(uint32_t r[4], const void *p) {
-    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");
-}
-__device__ __forceinline__ void ldsm_x4_t(uint32_t r[4], const void *p) {
-    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");
+/* Vt [NH][DV][nkp] (bf16) = head h's value column n of key i, src[h sh + i sk + n] (f32), zeros
+ * past Dv and nk: a thread 8 keys of one column, the columns of a warp adjacent (its loads
+ * coalesced) */
+__global__ void k_fa_vt(const float *__restrict__ src, int64_t sh, int64_t sk, int nk, int nkp, int NH, int Dv, int DV, __nv_bfloat16 *__restrict__ Vt) {
+    pdl_enter();
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, nc = nkp / 8;
+    if (i >= (int64_t)NH * DV * nc) return;
+    const int n = (int)(i % DV);
+    const int64_t rest = i / DV;
+    const int kc = (int)(rest % nc), h = (int)(rest / nc);
+    const float *s = src + (int64_t)h * sh + n;
+    __align__(16) __nv_bfloat16 v[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        const int key = 8 * kc + j;
+        v[j] = __float2bfloat16_rn(n < Dv && key < nk ? s[(int64_t)key * sk] : 0.f);
+    }
+    *(uint4 *)(Vt + ((int64_t)h * DV + n) * nkp + 8 * kc) = *(const uint4 *)v;
 }
 __device__ __forceinline__ uint32_t bf2(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *(const uint32_t *)&v;
 }
-/* 16-byte chunk c of row r of a shared tile of W bf16 a row (W a multiple of 64), swizzled */
-__device__ __forceinline__ __nv_bfloat16 *fa_at(__nv_bfloat16 *b, int W, int r, int c) { return b + (size_t)r * W + ((c ^ (r & 7)) << 3); }
-/* rows [n] of W bf16 from src (row k0 + r of nk) into shared tile b, zeros past nk */
-__device__ __forceinline__ void fa_tile(__nv_bfloat16 *b, const __nv_bfloat16 *src, int W, int k0, int nk) {
-    const int per = W / 8;
-    for (int i = threadIdx.x; i < FA_BN * per; i += blockDim.x) {
-        const int r = i / per, c = i % per;
-        const bool ok = k0 + r < nk;
-        cp_async16(fa_at(b, W, r, c), ok ? src + (size_t)(k0 + r) * W + 8 * c : src, ok);
-    }
-}
 template <int DV> /* V's padded width: 64, 128, 192 or 256 */
-__global__ void __launch_bounds__(128) k_attn_fa(const float *__restrict__ q, int Dqk, int DK, const __nv_bfloat16 *__restrict__ Kb,
-                                                 const __nv_bfloat16 *__restrict__ Vb, int nk, const int *__restrict__ seln, int T, int NH, int Dv,
-                                                 float sl2, float *__restrict__ o) {
+__global__ void __launch_bounds__(128 * FA_WG, 1) k_attn_fa(const float *__restrict__ q, int Dqk, int DK, const __nv_bfloat16 *__restrict__ Kb,
+                                                    const __nv_bfloat16 *__restrict__ Vt, int nk, int nkp, const int *__restrict__ seln, int T, int NH,
+                                                    int Dv, float sl2, float *__restrict__ o) {
     pdl_enter();
     extern __shared__ __align__(128) uint8_t fa_smem[];
-    __shared__ int red[4];
-    __nv_bfloat16 *Qs = (__nv_bfloat16 *)fa_smem, *Ks = Qs + FA_BM * DK, *Vs = Ks + FA_BN * DK;
+    __shared__ int red[4 * FA_WG];
+    /* q: DK / 8 chunks of 64 rows; K: DK / 8 chunks of 64 keys; V^T: 8 chunks (of 8 keys) of DV rows */
+    uint8_t *Qs = fa_smem, *Ks = Qs + 2 * FA_BM * DK, *Vs = Ks + 2 * FA_BN * DK;
     const int h = blockIdx.y, r0 = blockIdx.x * FA_BM, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
-    const __nv_bfloat16 *Kh = Kb + (size_t)h * nk * DK, *Vh = Vb + (size_t)h * nk * DV;
+    const __nv_bfloat16 *Kh = Kb + (size_t)h * nk * DK, *Vh = Vt + (size_t)h * DV * nkp;
     /* the thread's rows (a: g, b: g + 8 of the warp's 16) and their key counts */
     const int ra = r0 + warp * 16 + g, rb = ra + 8;
     const int la = ra < T ? seln[ra] : 0, lb = rb < T ? seln[rb] : 0;
@@ -2754,44 +2795,81 @@ __global__ void __launch_bounds__(128) k_attn_fa(const float *__restrict__ q, in
 #pragma unroll
     for (int d = 16; d; d >>= 1) wmax = max(wmax, __shfl_xor_sync(0xffffffffu, wmax, d));
     if (lane == 0) red[warp] = wmax;
-    /* q of the block's rows, rounded to bf16, zeros past Dqk and T */
+    /* q of the block's rows, rounded to bf16, zeros past Dqk and T (16-byte loads where aligned) */
+    const bool q4 = (Dqk & 3) == 0;
     for (int i = tid; i < FA_BM * (DK / 8); i += blockDim.x) {
         const int r = i / (DK / 8), c = i % (DK / 8), row = r0 + r;
+        const float *qr = q + ((size_t)row * NH + h) * Dqk + 8 * c;
         __align__(16) __nv_bfloat16 v[8];
+        if (row < T && q4 && 8 * c + 8 <= Dqk) {
+            const float4 a = *(const float4 *)qr, b = *(const float4 *)(qr + 4);
+            v[0] = __float2bfloat16_rn(a.x), v[1] = __float2bfloat16_rn(a.y), v[2] = __float2bfloat16_rn(a.z), v[3] = __float2bfloat16_rn(a.w);
+            v[4] = __float2bfloat16_rn(b.x), v[5] = __float2bfloat16_rn(b.y), v[6] = __float2bfloat16_rn(b.z), v[7] = __float2bfloat16_rn(b.w);
+        } else {
 #pragma unroll
-        for (int j = 0; j < 8; j++) v[j] = __float2bfloat16_rn(row < T && 8 * c + j < Dqk ? q[((size_t)row * NH + h) * Dqk + 8 * c + j] : 0.f);
-        *(uint4 *)fa_at(Qs, DK, r, c) = *(const uint4 *)v;
+            for (int j = 0; j < 8; j++) v[j] = __float2bfloat16_rn(row < T && 8 * c + j < Dqk ? qr[j] : 0.f);
+        }
+        *(uint4 *)(Qs + 16 * (c * FA_BM + r)) = *(const uint4 *)v;
     }
+    /* a tile's copies: lanes 2 p and 2 p + 1 take chunks 2 j and 2 j + 1 of one row (32 bytes) */
+    auto load_k = [&](int k0) {
+        for (int i = tid; i < FA_BN * (DK / 8); i += blockDim.x) {
+            const int p = i >> 1, r = p % FA_BN, c = 2 * (p / FA_BN) + (i & 1);
+            const bool ok = k0 + r < nk;
+            cp_async16(Ks + 16 * (c * FA_BN + r), ok ? Kh + (size_t)(k0 + r) * DK + 8 * c : Kh, ok);
+        }
+    };
+    auto load_v = [&](int k0) {
+        for (int i = tid; i < DV * (FA_BN / 8); i += blockDim.x) {
+            const int p = i >> 1, n = p % DV, c = 2 * (p / DV) + (i & 1);
+            const bool ok = k0 + 8 * c < nkp;
+            cp_async16(Vs + 16 * (c * DV + n), ok ? Vh + (size_t)n * nkp + k0 + 8 * c : Vh, ok);
+        }
+    };
+    fence_async_smem(); /* q's stores, before the tensor cores read them */
     __syncthreads();
-    const int bmax = max(max(red[0], red[1]), max(red[2], red[3])), ntile = (bmax + FA_BN - 1) / FA_BN;
-    float acc[DV / 8][4], m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+    const int wg = warp >> 2; /* the warpgroup: rows 64 wg .. 64 wg + 63 of the block */
+    int bmax = 0, gmax = 0;   /* the block's and the warpgroup's most keys */
 #pragma unroll
-    for (int i = 0; i < DV / 8; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
-    fa_tile(Ks, Kh, DK, 0, nk);
+    for (int w = 0; w < 4 * FA_WG; w++) {
+        bmax = max(bmax, red[w]);
+        if (w >> 2 == wg) gmax = max(gmax, red[w]);
+    }
+    const int ntile = (bmax + FA_BN - 1) / FA_BN;
+    float acc[DV / 2], m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+#pragma unroll
+    for (int i = 0; i < DV / 2; i++) acc[i] = 0.f;
+    /* slice k16 kk of a tile: chunks 2 kk and 2 kk + 1, 32 R bytes on (the descriptor's address
+     * field counts 16 bytes) */
+    const uint64_t dq = wg_desc(Qs + 16 * 64 * wg, 16 * FA_BM, 128), dk = wg_desc(Ks, 16 * FA_BN, 128), dv = wg_desc(Vs, 16 * DV, 128);
+    if (ntile > 0) load_k(0);
+    cp_async_commit();
+    if (ntile > 0) load_v(0);
     cp_async_commit();
     for (int j = 0; j < ntile; j++) {
         const int k0 = j * FA_BN;
-        fa_tile(Vs, Vh, DV, k0, nk);
-        cp_async_commit();
         cp_async_wait<1>(); /* this thread's K of tile j */
-        __syncthreads();    /* everyone's */
-        uint32_t pa[4][4];  /* P as the A fragments of the 4 key steps of 16 */
-        const bool live = k0 < wmax;
-        if (live) {
-            float s[8][4];
+        fence_async_smem();
+        __syncthreads(); /* everyone's */
+        const bool act = k0 < gmax; /* a tile past all the warpgroup's rows' keys would add exact zeros: skipped */
+        float s[32];     /* s[4 i + e]: row g (e < 2) or g + 8, key k0 + 8 i + 2 t4 + e % 2 */
 #pragma unroll
-            for (int i = 0; i < 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
-            for (int kk = 0; kk < DK / 16; kk++) {
-                uint32_t a[4];
-                ldsm_x4(a, fa_at(Qs, DK, warp * 16 + (lane & 15), 2 * kk + (lane >> 4)));
+        for (int i = 0; i < 32; i++) s[i] = 0.f;
+        if (act) {
+            wg_fence();
 #pragma unroll
-                for (int np = 0; np < 4; np++) {
-                    uint32_t b[4];
-                    ldsm_x4(b, fa_at(Ks, DK, np * 16 + (lane & 7) + ((lane >> 4) << 3), 2 * kk + ((lane >> 3) & 1)));
-                    mma_bf16(s[2 * np], a[0], a[1], a[2], a[3], b[0], b[1]);
-                    mma_bf16(s[2 * np + 1], a[0], a[1], a[2], a[3], b[2], b[3]);
-                }
-            }
+            for (int kk = 0; kk < 16; kk++) /* unrolled, guarded (a loop over DK would serialize the chain) */
+                if (kk < DK / 16) wgmma_ss_n64(s, dq + 2 * FA_BM * kk, dk + 2 * FA_BN * kk);
+            wg_commit();
+            wg_wait<0>();
+#pragma unroll
+            for (int i = 0; i < 32; i++) wg_keep(s[i]);
+        }
+        __syncthreads(); /* the block's scores are out of K's tile */
+        if (j + 1 < ntile) load_k(k0 + FA_BN);
+        cp_async_commit();
+        uint32_t pa[4][4]; /* P as the A fragments of the 4 key slices of 16 */
+        if (act) {
             /* scale, mask, the rows' new max (over the 4 lanes of a row) */
             float x0 = -INFINITY, x1 = -INFINITY;
 #pragma unroll
@@ -2799,8 +2877,8 @@ __global__ void __launch_bounds__(128) k_attn_fa(const float *__restrict__ q, in
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int key = k0 + 8 * i + 2 * t4 + (e & 1);
-                    const float v = key < (e < 2 ? la : lb) ? s[i][e] * sl2 : -INFINITY;
-                    s[i][e] = v;
+                    const float v = key < (e < 2 ? la : lb) ? s[4 * i + e] * sl2 : -INFINITY;
+                    s[4 * i + e] = v;
                     if (e < 2) x0 = fmaxf(x0, v);
                     else x1 = fmaxf(x1, v);
                 }
@@ -2813,67 +2891,70 @@ __global__ void __launch_bounds__(128) k_attn_fa(const float *__restrict__ q, in
             float p0 = 0.f, p1 = 0.f;
 #pragma unroll
             for (int i = 0; i < 8; i++) {
-                s[i][0] = exp2f(s[i][0] - b0), s[i][1] = exp2f(s[i][1] - b0), s[i][2] = exp2f(s[i][2] - b1), s[i][3] = exp2f(s[i][3] - b1);
-                p0 += s[i][0] + s[i][1], p1 += s[i][2] + s[i][3];
+                s[4 * i] = exp2f(s[4 * i] - b0), s[4 * i + 1] = exp2f(s[4 * i + 1] - b0);
+                s[4 * i + 2] = exp2f(s[4 * i + 2] - b1), s[4 * i + 3] = exp2f(s[4 * i + 3] - b1);
+                p0 += s[4 * i] + s[4 * i + 1], p1 += s[4 * i + 2] + s[4 * i + 3];
             }
             l0 = l0 * c0 + p0, l1 = l1 * c1 + p1;
 #pragma unroll
-            for (int i = 0; i < DV / 8; i++) acc[i][0] *= c0, acc[i][1] *= c0, acc[i][2] *= c1, acc[i][3] *= c1;
+            for (int i = 0; i < DV / 8; i++) acc[4 * i] *= c0, acc[4 * i + 1] *= c0, acc[4 * i + 2] *= c1, acc[4 * i + 3] *= c1;
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) {
-                pa[kk][0] = bf2(s[2 * kk][0], s[2 * kk][1]), pa[kk][1] = bf2(s[2 * kk][2], s[2 * kk][3]);
-                pa[kk][2] = bf2(s[2 * kk + 1][0], s[2 * kk + 1][1]), pa[kk][3] = bf2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+                pa[kk][0] = bf2(s[8 * kk], s[8 * kk + 1]), pa[kk][1] = bf2(s[8 * kk + 2], s[8 * kk + 3]);
+                pa[kk][2] = bf2(s[8 * kk + 4], s[8 * kk + 5]), pa[kk][3] = bf2(s[8 * kk + 6], s[8 * kk + 7]);
             }
         }
-        __syncthreads(); /* every warp is done with K of tile j */
-        if (j + 1 < ntile) fa_tile(Ks, Kh, DK, k0 + FA_BN, nk);
-        cp_async_commit();
-        cp_async_wait<1>(); /* this thread's V of tile j */
+        cp_async_wait<1>(); /* this thread's V^T of tile j */
+        fence_async_smem();
         __syncthreads();
-        if (live) {
+        if (act) {
+            wg_fence();
 #pragma unroll
-            for (int kk = 0; kk < 4; kk++)
+            for (int kk = 0; kk < 4; kk++) wgmma_n<DV>(acc, pa[kk], dv + 2 * DV * kk);
+            wg_commit();
+            wg_wait<0>();
 #pragma unroll
-                for (int dp = 0; dp < DV / 16; dp++) {
-                    uint32_t b[4];
-                    ldsm_x4_t(b, fa_at(Vs, DV, kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), 2 * dp + (lane >> 4)));
-                    mma_bf16(acc[2 * dp], pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3], b[0], b[1]);
-                    mma_bf16(acc[2 * dp + 1], pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3], b[2], b[3]);
-                }
+            for (int i = 0; i < DV / 2; i++) wg_keep(acc[i]);
         }
-        __syncthreads(); /* every warp is done with V of tile j */
+        __syncthreads(); /* the block's P V is out of V^T's tile */
+        if (j + 1 < ntile) load_v(k0 + FA_BN);
+        cp_async_commit();
     }
     cp_async_wait<0>();
 #pragma unroll
     for (int d = 1; d <= 2; d <<= 1) l0 += __shfl_xor_sync(0xffffffffu, l0, d), l1 += __shfl_xor_sync(0xffffffffu, l1, d);
     const float i0 = l0 > 0.f ? 1.f / l0 : 0.f, i1 = l1 > 0.f ? 1.f / l1 : 0.f;
+    /* acc[4 i + e]: row g (e < 2) or g + 8, column 8 i + 2 t4 + e % 2 */
 #pragma unroll
     for (int i = 0; i < DV / 8; i++) {
         const int col = 8 * i + 2 * t4;
 #pragma unroll
         for (int e = 0; e < 2; e++) {
             if (col + e >= Dv) continue;
-            if (ra < T) o[((size_t)ra * NH + h) * Dv + col + e] = acc[i][e] * i0;
-            if (rb < T) o[((size_t)rb * NH + h) * Dv + col + e] = acc[i][2 + e] * i1;
+            if (ra < T) o[((size_t)ra * NH + h) * Dv + col + e] = acc[4 * i + e] * i0;
+            if (rb < T) o[((size_t)rb * NH + h) * Dv + col + e] = acc[4 * i + 2 + e] * i1;
         }
     }
 }
 int cuk_attn_fa_ok(int Dqk, int Dv) { return Dqk >= 1 && Dqk <= 256 && Dv >= 1 && Dv <= 256; }
 int cuk_w_quantized(const dw &W) { return W.qt == QQ8ROW || W.qt == QQ8G || W.qt == QQ4G; }
-size_t cuk_attn_fa_bytes(int NH, int nk, int Dqk, int Dv, int Rkv) { return sizeof(__nv_bfloat16) * ((size_t)NH * nk * (fa_pad(Dqk) + fa_pad(Dv)) + (size_t)nk * Rkv); }
+size_t cuk_attn_fa_bytes(int NH, int nk, int Dqk, int Dv, int Rkv) {
+    return sizeof(__nv_bfloat16) * ((size_t)NH * ((size_t)nk * fa_pad(Dqk) + (size_t)fa_nkp(nk) * fa_pad(Dv)) + (size_t)nk * Rkv);
+}
 template <int DV>
-static void fa_go(cudaStream_t st, const float *q, int Dqk, int DK, const __nv_bfloat16 *Kb, const __nv_bfloat16 *Vb, int nk, const int *seln, int T,
+static void fa_go(cudaStream_t st, const float *q, int Dqk, int DK, const __nv_bfloat16 *Kb, const __nv_bfloat16 *Vt, int nk, const int *seln, int T,
                   int NH, int Dv, float sl2, float *o) {
     const int smem = (int)sizeof(__nv_bfloat16) * (FA_BM * DK + FA_BN * DK + FA_BN * DV);
     cudaFuncSetAttribute(k_attn_fa<DV>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    cu_launch(k_attn_fa<DV>, dim3((unsigned)((T + FA_BM - 1) / FA_BM), (unsigned)NH), 128, smem, st, q, Dqk, DK, Kb, Vb, nk, seln, T, NH, Dv, sl2, o);
+    cu_launch(k_attn_fa<DV>, dim3((unsigned)((T + FA_BM - 1) / FA_BM), (unsigned)NH), 128 * FA_WG, smem, st, q, Dqk, DK, Kb, Vt, nk, fa_nkp(nk), seln, T, NH, Dv,
+              sl2, o);
 }
-/* Kb [NH][nk][DK] = [W_UK_h c | k_pe | 0] and Vb [NH][nk][DV] = [W_UV_h c | 0] in bf16 from the
- * keys' GEMM y [nk][NH][Dn + Dv] and the cache's k_pe (kv [nk][D] at Rkv): a thread 8 outputs */
+/* Kb [NH][nk][DK] = [W_UK_h c | k_pe | 0] in bf16 from the keys' GEMM y [nk][NH][Dn + Dv] and the
+ * cache's k_pe (kv [nk][D] at Rkv): a thread 8 outputs */
 __global__ void k_fa_pack(const float *__restrict__ y, const float *__restrict__ kv, int nk, int NH, int Dn, int Dr, int Dv, int D, int Rkv, int DK,
-                          int DV, __nv_bfloat16 *__restrict__ Kb, __nv_bfloat16 *__restrict__ Vb) {
+                          __nv_bfloat16 *__restrict__ Kb) {
     pdl_enter();
-    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, per = (DK + DV) / 8;
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, per = DK / 8;
     if (i >= (int64_t)NH * nk * per) return;
     const int64_t r = i / per; /* h nk + key */
     const int c = (int)(i % per) * 8, h = (int)(r / nk), key = (int)(r % nk);
@@ -2882,37 +2963,34 @@ __global__ void k_fa_pack(const float *__restrict__ y, const float *__restrict__
 #pragma unroll
     for (int j = 0; j < 8; j++) {
         const int d = c + j;
-        float x;
-        if (c < DK) x = d < Dn ? yr[d] : d < Dn + Dr ? pe[d - Dn] : 0.f;
-        else x = d - DK < Dv ? yr[Dn + d - DK] : 0.f;
-        v[j] = __float2bfloat16_rn(x);
+        v[j] = __float2bfloat16_rn(d < Dn ? yr[d] : d < Dn + Dr ? pe[d - Dn] : 0.f);
     }
-    if (c < DK) *(uint4 *)(Kb + r * DK + c) = *(const uint4 *)v;
-    else *(uint4 *)(Vb + r * DV + c - DK) = *(const uint4 *)v;
+    *(uint4 *)(Kb + r * DK + c) = *(const uint4 *)v;
 }
-/* the keys and values in bf16 (xb: Kb, Vb, then the GEMM's bf16 keys), then the one pass. Where
+/* the keys and values in bf16 (xb: Kb, Vt, then the GEMM's bf16 keys), then the one pass. Where
  * kv_b is q8 that the warpgroup GEMM takes, every head's W_UK c and W_UV c come from one bf16
  * GEMM of the keys' c rows (y in Kx, [nk][NH][Dn + Dv]: the quantized path's products); else
  * from the f32 expansion (Kx, Vx as forms 1 and 2 have them, made here) */
 static void attn_fa(cudaStream_t st, const dw &kvb, const float *kv, int nk, const float *q, float *Kx, float *Vx, const int *seln, int T, int NH,
                     int Dn, int Dr, int Dv, int Rkv, float scale, __nv_bfloat16 *xb, float *o) {
-    const int Dqk = Dn + Dr, D = Rkv + Dr, DK = fa_pad(Dqk), DV = fa_pad(Dv);
-    __nv_bfloat16 *Kb = xb, *Vb = xb + (size_t)NH * nk * DK, *xh = Vb + (size_t)NH * nk * DV;
-    const int64_t rows = (int64_t)NH * nk;
+    const int Dqk = Dn + Dr, D = Rkv + Dr, DK = fa_pad(Dqk), DV = fa_pad(Dv), nkp = fa_nkp(nk);
+    __nv_bfloat16 *Kb = xb, *Vt = xb + (size_t)NH * nk * DK, *xh = Vt + (size_t)NH * DV * nkp;
+    const int64_t rows = (int64_t)NH * nk, vt = (int64_t)NH * DV * (nkp / 8);
     if (cuk_gemm_w8_ok(kvb)) {
         cuk_xbf16g8(st, kv, D, nk, Rkv, xh, Rkv);
         cuk_gemm_w8g(st, kvb, xh, Rkv, Kx, (int64_t)NH * (Dn + Dv), nk, nullptr, nullptr, 0, nullptr, nullptr);
-        cu_launch(k_fa_pack, (unsigned)((rows * ((DK + DV) / 8) + 255) / 256), 256, 0, st, Kx, kv, nk, NH, Dn, Dr, Dv, D, Rkv, DK, DV, Kb, Vb);
+        cu_launch(k_fa_pack, (unsigned)((rows * (DK / 8) + 255) / 256), 256, 0, st, Kx, kv, nk, NH, Dn, Dr, Dv, D, Rkv, DK, Kb);
+        cu_launch(k_fa_vt, (unsigned)((vt + 255) / 256), 256, 0, st, (const float *)Kx + Dn, (int64_t)(Dn + Dv), (int64_t)NH * (Dn + Dv), nk, nkp, NH, Dv, DV, Vt);
     } else {
         expand_tiles(st, kvb, kv, nk, Kx, Vx, NH, Dn, Dr, Dv, Rkv);
         cu_launch(k_fa_bf16, (unsigned)((rows * (DK / 8) + 255) / 256), 256, 0, st, Kx, rows, Dqk, DK, Kb);
-        cu_launch(k_fa_bf16, (unsigned)((rows * (DV / 8) + 255) / 256), 256, 0, st, Vx, rows, Dv, DV, Vb);
+        cu_launch(k_fa_vt, (unsigned)((vt + 255) / 256), 256, 0, st, (const float *)Vx, (int64_t)nk * Dv, (int64_t)Dv, nk, nkp, NH, Dv, DV, Vt);
     }
     const float sl2 = scale * 1.4426950408889634f;
-    if (DV == 64) fa_go<64>(st, q, Dqk, DK, Kb, Vb, nk, seln, T, NH, Dv, sl2, o);
-    else if (DV == 128) fa_go<128>(st, q, Dqk, DK, Kb, Vb, nk, seln, T, NH, Dv, sl2, o);
-    else if (DV == 192) fa_go<192>(st, q, Dqk, DK, Kb, Vb, nk, seln, T, NH, Dv, sl2, o);
-    else fa_go<256>(st, q, Dqk, DK, Kb, Vb, nk, seln, T, NH, Dv, sl2, o);
+    if (DV == 64) fa_go<64>(st, q, Dqk, DK, Kb, Vt, nk, seln, T, NH, Dv, sl2, o);
+    else if (DV == 128) fa_go<128>(st, q, Dqk, DK, Kb, Vt, nk, seln, T, NH, Dv, sl2, o);
+    else if (DV == 192) fa_go<192>(st, q, Dqk, DK, Kb, Vt, nk, seln, T, NH, Dv, sl2, o);
+    else fa_go<256>(st, q, Dqk, DK, Kb, Vt, nk, seln, T, NH, Dv, sl2, o);
 }
 
 /* ---- a prompt's attention, expanded ---- */
