@@ -2727,10 +2727,11 @@ static void expand_tiles(cudaStream_t st, const dw &kvb, const float *kv, int nk
  * O += P V (wgmma.m64n<DV>k16, V^T's tile as B); o = O / sum. Keys past a row's seln score -inf.
  * The tiles sit in shared memory in the canonical K-major layout without swizzle that
  * k_gemm_w4g's x uses (16-byte chunk c of row r at c 16 R + 16 r for R rows: LBO 16 R, SBO 128),
- * so a k16 slice's descriptor is the tile's plus a constant. K and V^T arrive by cp.async: a
- * tile's V^T while its scores compute, the next tile's K while its P V computes. Each tile read
- * from L2 serves the block's 128 rows (one warpgroup a block read every tile once per 64 rows and
- * was bound by L2: 64 % busy at 136 TFLOP/s on an H100); 128 KB of shared memory at 256 wide, one
+ * so a k16 slice's descriptor is the tile's plus a constant. K and V^T arrive by cp.async into
+ * two buffers each: the next tile's copies run while this tile's S, softmax and P V compute, one
+ * block barrier a tile. Each tile read from L2 serves the block's 128 rows (one warpgroup a block
+ * read every tile once per 64 rows and was bound by L2: 64 % busy at 136 TFLOP/s on an H100);
+ * 192 KB of shared memory at 256 wide, one
  * block a multiprocessor. A row's sums do not depend on the
  * other rows of its block (tiles past its count add exact zeros), so a prompt in pieces gives the
  * same bits. Errors: bf16's rounding of q, K, V and P (~3e-3 of the outputs), against the f32
@@ -2785,7 +2786,7 @@ __global__ void __launch_bounds__(128 * FA_WG, 1) k_attn_fa(const float *__restr
     extern __shared__ __align__(128) uint8_t fa_smem[];
     __shared__ int red[4 * FA_WG];
     /* q: DK / 8 chunks of 64 rows; K: DK / 8 chunks of 64 keys; V^T: 8 chunks (of 8 keys) of DV rows */
-    uint8_t *Qs = fa_smem, *Ks = Qs + 2 * FA_BM * DK, *Vs = Ks + 2 * FA_BN * DK;
+    uint8_t *Qs = fa_smem, *Ks0 = Qs + 2 * FA_BM * DK, *Vs0 = Ks0 + 2 * 2 * FA_BN * DK; /* K and V^T: two buffers each */
     const int h = blockIdx.y, r0 = blockIdx.x * FA_BM, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
     const __nv_bfloat16 *Kh = Kb + (size_t)h * nk * DK, *Vh = Vt + (size_t)h * DV * nkp;
     /* the thread's rows (a: g, b: g + 8 of the warp's 16) and their key counts */
@@ -2812,14 +2813,14 @@ __global__ void __launch_bounds__(128 * FA_WG, 1) k_attn_fa(const float *__restr
         *(uint4 *)(Qs + 16 * (c * FA_BM + r)) = *(const uint4 *)v;
     }
     /* a tile's copies: lanes 2 p and 2 p + 1 take chunks 2 j and 2 j + 1 of one row (32 bytes) */
-    auto load_k = [&](int k0) {
+    auto load_k = [&](int k0, uint8_t *Ks) {
         for (int i = tid; i < FA_BN * (DK / 8); i += blockDim.x) {
             const int p = i >> 1, r = p % FA_BN, c = 2 * (p / FA_BN) + (i & 1);
             const bool ok = k0 + r < nk;
             cp_async16(Ks + 16 * (c * FA_BN + r), ok ? Kh + (size_t)(k0 + r) * DK + 8 * c : Kh, ok);
         }
     };
-    auto load_v = [&](int k0) {
+    auto load_v = [&](int k0, uint8_t *Vs) {
         for (int i = tid; i < DV * (FA_BN / 8); i += blockDim.x) {
             const int p = i >> 1, n = p % DV, c = 2 * (p / DV) + (i & 1);
             const bool ok = k0 + 8 * c < nkp;
@@ -2841,16 +2842,18 @@ __global__ void __launch_bounds__(128 * FA_WG, 1) k_attn_fa(const float *__restr
     for (int i = 0; i < DV / 2; i++) acc[i] = 0.f;
     /* slice k16 kk of a tile: chunks 2 kk and 2 kk + 1, 32 R bytes on (the descriptor's address
      * field counts 16 bytes) */
-    const uint64_t dq = wg_desc(Qs + 16 * 64 * wg, 16 * FA_BM, 128), dk = wg_desc(Ks, 16 * FA_BN, 128), dv = wg_desc(Vs, 16 * DV, 128);
-    if (ntile > 0) load_k(0);
-    cp_async_commit();
-    if (ntile > 0) load_v(0);
+    const uint64_t dq = wg_desc(Qs + 16 * 64 * wg, 16 * FA_BM, 128);
+    if (ntile > 0) load_k(0, Ks0), load_v(0, Vs0);
     cp_async_commit();
     for (int j = 0; j < ntile; j++) {
-        const int k0 = j * FA_BN;
-        cp_async_wait<1>(); /* this thread's K of tile j */
+        const int k0 = j * FA_BN, b = j & 1;
+        uint8_t *Ks = Ks0 + b * 2 * FA_BN * DK, *Vs = Vs0 + b * 2 * FA_BN * DV;
+        const uint64_t dk = wg_desc(Ks, 16 * FA_BN, 128), dv = wg_desc(Vs, 16 * DV, 128);
+        cp_async_wait<0>(); /* this thread's K and V^T of tile j */
         fence_async_smem();
-        __syncthreads(); /* everyone's */
+        __syncthreads(); /* everyone's; and every warpgroup is done with tile j - 1, so its buffers take tile j + 1 */
+        if (j + 1 < ntile) load_k(k0 + FA_BN, Ks0 + (b ^ 1) * 2 * FA_BN * DK), load_v(k0 + FA_BN, Vs0 + (b ^ 1) * 2 * FA_BN * DV);
+        cp_async_commit();
         const bool act = k0 < gmax; /* a tile past all the warpgroup's rows' keys would add exact zeros: skipped */
         float s[32];     /* s[4 i + e]: row g (e < 2) or g + 8, key k0 + 8 i + 2 t4 + e % 2 */
 #pragma unroll
@@ -2865,9 +2868,6 @@ __global__ void __launch_bounds__(128 * FA_WG, 1) k_attn_fa(const float *__restr
 #pragma unroll
             for (int i = 0; i < 32; i++) wg_keep(s[i]);
         }
-        __syncthreads(); /* the block's scores are out of K's tile */
-        if (j + 1 < ntile) load_k(k0 + FA_BN);
-        cp_async_commit();
         uint32_t pa[4][4]; /* P as the A fragments of the 4 key slices of 16 */
         if (act) {
             /* scale, mask, the rows' new max (over the 4 lanes of a row) */
@@ -2904,9 +2904,6 @@ __global__ void __launch_bounds__(128 * FA_WG, 1) k_attn_fa(const float *__restr
                 pa[kk][2] = bf2(s[8 * kk + 4], s[8 * kk + 5]), pa[kk][3] = bf2(s[8 * kk + 6], s[8 * kk + 7]);
             }
         }
-        cp_async_wait<1>(); /* this thread's V^T of tile j */
-        fence_async_smem();
-        __syncthreads();
         if (act) {
             wg_fence();
 #pragma unroll
@@ -2916,9 +2913,6 @@ __global__ void __launch_bounds__(128 * FA_WG, 1) k_attn_fa(const float *__restr
 #pragma unroll
             for (int i = 0; i < DV / 2; i++) wg_keep(acc[i]);
         }
-        __syncthreads(); /* the block's P V is out of V^T's tile */
-        if (j + 1 < ntile) load_v(k0 + FA_BN);
-        cp_async_commit();
     }
     cp_async_wait<0>();
 #pragma unroll
@@ -2944,7 +2938,7 @@ size_t cuk_attn_fa_bytes(int NH, int nk, int Dqk, int Dv, int Rkv) {
 template <int DV>
 static void fa_go(cudaStream_t st, const float *q, int Dqk, int DK, const __nv_bfloat16 *Kb, const __nv_bfloat16 *Vt, int nk, const int *seln, int T,
                   int NH, int Dv, float sl2, float *o) {
-    const int smem = (int)sizeof(__nv_bfloat16) * (FA_BM * DK + FA_BN * DK + FA_BN * DV);
+    const int smem = (int)sizeof(__nv_bfloat16) * (FA_BM * DK + 2 * FA_BN * DK + 2 * FA_BN * DV);
     cudaFuncSetAttribute(k_attn_fa<DV>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     cu_launch(k_attn_fa<DV>, dim3((unsigned)((T + FA_BM - 1) / FA_BM), (unsigned)NH), 128 * FA_WG, smem, st, q, Dqk, DK, Kb, Vt, nk, fa_nkp(nk), seln, T, NH, Dv,
               sl2, o);
