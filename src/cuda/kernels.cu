@@ -2731,10 +2731,9 @@ static void expand_tiles(cudaStream_t st, const dw &kvb, const float *kv, int nk
  * two buffers each: the next tile's copies run while this tile's S, softmax and P V compute, one
  * block barrier a tile. Each tile read from L2 serves the block's 128 rows (one warpgroup a block
  * read every tile once per 64 rows and was bound by L2: 64 % busy at 136 TFLOP/s on an H100);
- * 192 KB of shared memory at 256 wide, one
- * block a multiprocessor. A row's sums do not depend on the
- * other rows of its block (tiles past its count add exact zeros), so a prompt in pieces gives the
- * same bits. Errors: bf16's rounding of q, K, V and P (~3e-3 of the outputs), against the f32
+ * 192 KB of shared memory at 256 wide, one block a multiprocessor. A row's sums do not depend on
+ * the other rows of its block (tiles past its count add exact zeros), so a prompt in pieces gives
+ * the same bits. Errors: bf16's rounding of q, K, V and P (~3e-3 of the outputs), against the f32
  * forms' ~1e-6. k_attn_fa on mma.sync (4 warps of 16 rows, ldmatrix, 248 registers at 256 wide:
  * 8 warps a multiprocessor) ran the same sums at 136 TFLOP/s on an H100 (RESULTS 2026-12-06
  * 22:20). */
@@ -2855,10 +2854,10 @@ __global__ void __launch_bounds__(128 * FA_WG, 1) k_attn_fa(const float *__restr
         if (j + 1 < ntile) load_k(k0 + FA_BN, Ks0 + (b ^ 1) * 2 * FA_BN * DK), load_v(k0 + FA_BN, Vs0 + (b ^ 1) * 2 * FA_BN * DV);
         cp_async_commit();
         const bool act = k0 < gmax; /* a tile past all the warpgroup's rows' keys would add exact zeros: skipped */
-        float s[32];     /* s[4 i + e]: row g (e < 2) or g + 8, key k0 + 8 i + 2 t4 + e % 2 */
-#pragma unroll
-        for (int i = 0; i < 32; i++) s[i] = 0.f;
         if (act) {
+            float s[32]; /* s[4 i + e]: row g (e < 2) or g + 8, key k0 + 8 i + 2 t4 + e % 2 */
+#pragma unroll
+            for (int i = 0; i < 32; i++) s[i] = 0.f;
             wg_fence();
 #pragma unroll
             for (int kk = 0; kk < 16; kk++) /* unrolled, guarded (a loop over DK would serialize the chain) */
@@ -2867,9 +2866,6 @@ __global__ void __launch_bounds__(128 * FA_WG, 1) k_attn_fa(const float *__restr
             wg_wait<0>();
 #pragma unroll
             for (int i = 0; i < 32; i++) wg_keep(s[i]);
-        }
-        uint32_t pa[4][4]; /* P as the A fragments of the 4 key slices of 16 */
-        if (act) {
             /* scale, mask, the rows' new max (over the 4 lanes of a row) */
             float x0 = -INFINITY, x1 = -INFINITY;
 #pragma unroll
@@ -2898,13 +2894,12 @@ __global__ void __launch_bounds__(128 * FA_WG, 1) k_attn_fa(const float *__restr
             l0 = l0 * c0 + p0, l1 = l1 * c1 + p1;
 #pragma unroll
             for (int i = 0; i < DV / 8; i++) acc[4 * i] *= c0, acc[4 * i + 1] *= c0, acc[4 * i + 2] *= c1, acc[4 * i + 3] *= c1;
+            uint32_t pa[4][4]; /* P as the A fragments of the 4 key slices of 16 */
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) {
                 pa[kk][0] = bf2(s[8 * kk], s[8 * kk + 1]), pa[kk][1] = bf2(s[8 * kk + 2], s[8 * kk + 3]);
                 pa[kk][2] = bf2(s[8 * kk + 4], s[8 * kk + 5]), pa[kk][3] = bf2(s[8 * kk + 6], s[8 * kk + 7]);
             }
-        }
-        if (act) {
             wg_fence();
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) wgmma_n<DV>(acc, pa[kk], dv + 2 * DV * kk);
