@@ -75,8 +75,10 @@ static const char *usage =
     "                   on the int8 tensor-core GEMM (int8: the CPU's int8 bits per product) or a\n"
     "                   bf16 one (the scales in the dequantized weights, f32 sums): mma.sync (bf16)\n"
     "                   or Hopper's warpgroup MMA (wgmma, the default)\n"
-    "  --cuda-dense int8|wgmma with --device cuda: a prompt's other q8 products on the int8\n"
-    "                   tensor-core GEMM or on warpgroup MMA in bf16 (wgmma, the default)\n"
+    "  --cuda-dense int8|wgmma|tma with --device cuda: a prompt's other q8 products on the int8\n"
+    "                   tensor-core GEMM or on warpgroup MMA in bf16: wgmma unpacks the weights\n"
+    "                   in every block; tma (the default) unpacks them once a product for chunks\n"
+    "                   of 512 rows or more and loads both operands by TMA (the same bits)\n"
     "  --cuda-prompt-attn absorbed|expanded|expanded-wgmma|flash-bf16 with --device cuda: a prompt\n"
     "                   chunk's attention (one session, every key selected: contexts up to\n"
     "                   index_topk) in the absorbed form or expanded: each head's keys and values\n"
@@ -699,8 +701,8 @@ CLI_CMD(bench) {
             if ((bf16_experts = cli_opt_choice("bench", "--cuda-experts", argv[++i], forms, 3)) < 0) return 1;
         }
         else if (!strcmp(argv[i], "--cuda-dense") && i + 1 < argc) {
-            static const char *const forms[] = {"int8", "wgmma"};
-            if ((bf16_dense = cli_opt_choice("bench", "--cuda-dense", argv[++i], forms, 2)) < 0) return 1;
+            static const char *const forms[] = {"int8", "wgmma", "tma"};
+            if ((bf16_dense = cli_opt_choice("bench", "--cuda-dense", argv[++i], forms, 3)) < 0) return 1;
         }
         else if (!strcmp(argv[i], "--cuda-prompt-attn") && i + 1 < argc) { /* 1 mma.sync tiles, 2 wgmma, 3 one bf16 pass */
             static const char *const forms[] = {"absorbed", "expanded", "expanded-wgmma", "flash-bf16"};

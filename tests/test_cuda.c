@@ -311,6 +311,50 @@ TEST(cuda, gemm_bf16) {
         }
 }
 
+/* the q8 products' TMA GEMM (weights unpacked once into bf16, both operands loaded by TMA):
+ * bitwise equal to the wgmma form it stands in for (the same operands and slices in the same
+ * order), over partial tiles of x rows (128 a block) and of weight rows (256), one step of 64
+ * columns and many; a row alone as in a call of n; q4 refused */
+TEST(cuda, gemm_tma) {
+    if (!need_gpu()) return;
+    const int64_t shapes[][2] = {{64, 256}, {300, 1024}, {257, 64}, {2048, 6144}, {512, 128}, {37, 512}};
+    const int ns[] = {9, 130, 300, 600};
+    petrel_error err = {0};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        uint8_t *d;
+        void *sc;
+        pt_wview W = rand_weight(PT_Q8_G32, shapes[s][0], shapes[s][1], s % 2 ? PT_BF16 : PT_F32, &d, &sc);
+        for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
+            int n = ns[k];
+            float *x = malloc(sizeof(float) * n * W.cols), *yt = malloc(sizeof(float) * n * W.rows), *yw = malloc(sizeof(float) * n * W.rows);
+            float *y1 = malloc(sizeof(float) * W.rows);
+            for (int64_t i = 0; i < n * W.cols; i++) x[i] = frand() * (i % 7 == 0 ? 9.f : 1.f);
+            int rc = cu_matmul_check(&W, x, n, yt, 14, &err);
+            CHECK_MSG(rc == 0, "q8 [%lld x %lld] n=%d: the TMA GEMM failed (%s)", (long long)W.rows, (long long)W.cols, n, err.msg);
+            CHECK(cu_matmul_check(&W, x, n, yw, 12, &err) == 0);
+            if (rc == 0) {
+                size_t diff = 0;
+                for (int64_t i = 0; i < n * W.rows; i++) diff += memcmp(&yt[i], &yw[i], 4) != 0;
+                CHECK_MSG(!diff, "q8 [%lld x %lld] n=%d: the TMA GEMM differs from the wgmma form in %zu of %lld values (rel err %.3g)", (long long)W.rows,
+                          (long long)W.cols, n, diff, (long long)(n * W.rows), test_rel_l2(yt, yw, (size_t)n * W.rows));
+                CHECK(cu_matmul_check(&W, x + (int64_t)(n - 1) * W.cols, 1, y1, 14, &err) == 0);
+                CHECK_MSG(!memcmp(y1, yt + (int64_t)(n - 1) * W.rows, sizeof(float) * W.rows), "q8 [%lld x %lld] n=%d: a TMA GEMM row depends on its call",
+                          (long long)W.rows, (long long)W.cols, n);
+                if (getenv("PETREL_TEST_VERBOSE")) fprintf(stderr, "  TMA GEMM [%lld x %lld] n=%d: %zu values differ\n", (long long)W.rows, (long long)W.cols, n, diff);
+            }
+            free(x), free(yt), free(yw), free(y1);
+            if (W.cols >= 4096 && n >= 300) break; /* the time */
+        }
+        free(d), free(sc);
+    }
+    uint8_t *d;
+    void *sc;
+    pt_wview W = rand_weight(PT_Q4_G64, 64, 256, PT_F32, &d, &sc);
+    float x[256 * 2] = {0}, y[64 * 2];
+    CHECK_MSG(cu_matmul_check(&W, x, 2, y, 14, &err) == PETREL_EUNSUPPORTED, "the TMA GEMM took q4 weights");
+    free(d), free(sc);
+}
+
 /* the fused SwiGLU form of the int8 GEMV (gate and up rows of one warp, silu(g) * u written)
  * against the CPU's int8 reference of each product, plain rows and slots */
 TEST(cuda, swiglu_int8_activations) {

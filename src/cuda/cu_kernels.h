@@ -91,6 +91,13 @@ int cuk_gemm_w8_ok(const dw &W);
 void cuk_xbf16g8(cudaStream_t st, const float *x, int64_t ldx, int n, int cols, __nv_bfloat16 *xh, int64_t ldxh);
 void cuk_gemm_w8g(cudaStream_t st, const dw &W, const __nv_bfloat16 *xh, int64_t ldxh, float *y, int64_t ldy, int n, const int32_t *tiles,
                   const int *ntiles_dev, int max_tiles, const int32_t *list, const int32_t *xmap);
+/* The same product for a chunk of many rows (model.cu's CU_TMA_ROWS): cuk_w8_bf16g writes W's
+ * weights once as bf16 (wb: rows x cols, cuk_gemm_w8g's values in cuk_xbf16g8's column order),
+ * then cuk_gemm_tma multiplies them with x from cuk_xbf16g8 by TMA and warpgroup MMA from shared
+ * memory: the same bits as cuk_gemm_w8g. Returns -1 (nothing launched) where the driver has no
+ * tensor maps or the operands do not fit them (16-byte aligned, ldxh a multiple of 8). */
+void cuk_w8_bf16g(cudaStream_t st, const dw &W, __nv_bfloat16 *wb);
+int cuk_gemm_tma(cudaStream_t st, const __nv_bfloat16 *wb, int64_t rows, int64_t cols, const __nv_bfloat16 *xh, int64_t ldxh, float *y, int64_t ldy, int n);
 /* the column parts a row of W is summed in (cuk_gemv_q, plain rows): two weights of one format
  * and width with the same count give a row the same bits */
 int cuk_gemv_q_parts(const dw &W);
@@ -169,9 +176,11 @@ void cuk_nt_wg(cudaStream_t st, const float *A, int M, const float *B, int N, in
  * and P V in one pass on bf16 tensor cores (k_attn_fa: no S), K and V in bf16 in xb
  * (cuk_attn_fa_bytes), made by one bf16 GEMM of the keys where kv_b is q8 (its output in Kx,
  * which then holds nk NH (Dn + Dv) floats), else by form 1's expansion; ~3e-3 of the outputs
- * from the f32 forms. Not the same bits as each other. */
+ * from the f32 forms. Not the same bits as each other. wb (wb_cap values; NULL: none): form
+ * 3's keys GEMM on cuk_gemm_tma, kv_b unpacked there (the same bits as without). */
 void cuk_mla_attn_expanded(cudaStream_t st, const dw &kvb, const float *kv, int nk, const float *q, float *Kx, float *Vx, float *S, int64_t ldS,
-                           const int *seln, float *o, int T, int NH, int Dn, int Dr, int Dv, int Rkv, float scale, int form, __nv_bfloat16 *xb);
+                           const int *seln, float *o, int T, int NH, int Dn, int Dr, int Dv, int Rkv, float scale, int form, __nv_bfloat16 *xb,
+                           __nv_bfloat16 *wb = nullptr, int64_t wb_cap = 0);
 /* whether the one bf16 pass (form 3) takes heads of these widths (each up to 256), and the bytes
  * of its bf16 keys and values for nk keys (xb) */
 int cuk_attn_fa_ok(int Dqk, int Dv);

@@ -15,6 +15,7 @@ extern "C" {
 #define CU_ROWS 256      /* the fewest rows per chunk of a forward (m->rows: more where the VRAM left allows) */
 #define CU_ROWS_MAX 2048 /* the most a chunk takes (each chunk reads, or copies, its experts once) */
 #define CU_EXP_GEMV 64   /* routed choices per chunk up to which experts take the GEMV form */
+#define CU_TMA_ROWS 512  /* chunk rows from which q8 products unpack their weights once, for the TMA GEMM (cu_model.w8 2) */
 #define PIN_ROW_BYTES 64 /* pinned staging per chunk row: its id, flag, row info */
 #define CU_PIN_LOGITS 8  /* rows of logits staged in pinned memory (decode steps, batched rows) */
 #define CU_GRAPHS 8      /* decode graphs kept (buckets of 256 keys: a context's recent ones) */
@@ -69,7 +70,9 @@ struct cu_model {
     int no_pdl;                 /* launch each kernel after its predecessor's end (cu_model_use_pdl) */
     int no_fork;                /* run every kernel of a step on one stream (cu_model_use_fork) */
     int w4;                     /* prompts' routed experts on a bf16 GEMM (1 mma.sync, 2 wgmma), not the int8 one (cu_model_use_bf16_experts) */
-    int w8;                     /* prompts' q8 products on the bf16 wgmma GEMM, not the int8 one (cu_model_use_bf16_dense) */
+    int w8;                     /* prompts' q8 products on the bf16 wgmma GEMM, not the int8 one; 2: chunks of CU_TMA_ROWS or more rows on the TMA GEMM over weights unpacked once (cu_model_use_bf16_dense) */
+    __nv_bfloat16 *wb;          /* the TMA GEMM's weights in bf16: the largest q8 product the prompts run (wb_cap values; NULL: none fits) */
+    int64_t wb_cap;
     int kvb_gemm;               /* every layer's kv_b is a q8 the bf16 GEMM takes (form 3 then makes its keys and values by one GEMM: no f32 V) */
     int kvb_quant;              /* every layer's kv_b is q8 / q4 (form 3 takes the chunk; a mixed pack keeps form 1 in every layer) */
     int xattn;                  /* one session's prompt chunks of at most index_topk keys take the expanded attention: 1 on mma.sync tiles, 2 on wgmma, 3 one bf16 pass (quantized models; cu_model_use_expanded_attn) */

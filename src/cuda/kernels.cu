@@ -10,6 +10,7 @@
  * round differently (~1e-7 relative). Reductions of norms use double, like src/model/ops.c. */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cudaTypedefs.h>
 #include <math.h>
 #include <mma.h>
 #include <stdint.h>
@@ -1620,7 +1621,7 @@ __device__ __forceinline__ void wgmma_n192(float *d, const uint32_t a[4], uint64
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
 }
 __device__ __forceinline__ void wgmma_n256(float *d, const uint32_t a[4], uint64_t db) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
                  "{%128, %129, %130, %131}, %132, p, 1, 1, 0;\n}\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
@@ -1832,6 +1833,191 @@ void cuk_xbf16g8(cudaStream_t st, const float *x, int64_t ldx, int n, int cols, 
 void cuk_gemm_w8g(cudaStream_t st, const dw &W, const __nv_bfloat16 *xh, int64_t ldxh, float *y, int64_t ldy, int n, const int32_t *tiles,
                   const int *ntiles_dev, int max_tiles, const int32_t *list, const int32_t *xmap) {
     gemm_bf16_go(k_gemm_w4g<8>, W4GM, w4g_layout<8>::BYTES, 128 * W4GW, W4GN, st, W, xh, ldxh, y, ldy, n, tiles, ntiles_dev, max_tiles, list, xmap);
+}
+
+/* ---- the prompts' q8 products as a plain bf16 GEMM: TMA loads, warpgroup MMA from shared memory ----
+ * k_gemm_w4g<8> unpacks every weight in every block that reads it (a weight row's block is read
+ * by each of the n / 128 tiles of x rows), issues its own copies and meets at a block barrier
+ * each step: 250-330 TFLOP/s on full tiles (bench/RESULTS.md 2026-12-06 22:17). For a chunk of
+ * many rows (CU_TMA_ROWS) the weights are unpacked once a call instead (k_w8_bf16g: the same
+ * bf16 values, w = bf16(bf16(q) bf16(s)), into a scratch in cuk_xbf16g8's column order), and
+ * k_gemm_tma multiplies the two bf16 matrices the way Hopper wants: one producer thread loads
+ * 128 x rows and 256 weight rows of 64 columns a stage by TMA (128-byte swizzle, a ring of TG_S
+ * stages, full / empty mbarriers), two consumer warpgroups each run wgmma.m64n256k16 over their
+ * 64 x rows with both operands in shared memory and free a stage once its products are done.
+ * Both operands hold the columns in the same order as k_gemm_w4g<8>'s, each 16-column slice the
+ * same columns at the same k-indices, summed in the same order: the same bits. */
+#define TG_BM 128                       /* x rows a block: 2 consumer warpgroups of 64 */
+#define TG_BN 256                       /* weight rows a block: one m64n256k16 a slice */
+#define TG_S 4                          /* stages */
+#define TG_ASTAGE (TG_BM * W4K * 2)     /* 16 KB of x a stage */
+#define TG_BSTAGE (TG_BN * W4K * 2)     /* 32 KB of weights a stage */
+#define TG_SMEM (TG_S * (TG_ASTAGE + TG_BSTAGE) + 2 * TG_S * 8 + 1024) /* + the barriers, + alignment */
+__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void mbar_init(uint64_t *b, unsigned n) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(b)), "r"(n) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t *b, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(b)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t *b) { asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(b)) : "memory"); }
+__device__ __forceinline__ void mbar_wait(uint64_t *b, unsigned parity) {
+    uint32_t done;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(smem_u32(b)), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+/* box (c0: column, c1: row) of a 2-D tensor map into shared memory, completing on bar */
+__device__ __forceinline__ void tma_load2(void *dst, const CUtensorMap *map, uint64_t *bar, int c0, int c1) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n" ::"r"(smem_u32(dst)),
+                 "l"((uint64_t)map), "r"(smem_u32(bar)), "r"(c0), "r"(c1)
+                 : "memory");
+}
+/* a K-major operand of 128-byte rows as TMA's 128-byte swizzle leaves it (8-row groups 1024
+ * bytes apart, the tile 1024-aligned; a 16-column slice k starts 32 k bytes in) */
+__device__ __forceinline__ uint64_t wg_desc128(uint32_t a) {
+    return (uint64_t)((a & 0x3ffff) >> 4) | (uint64_t)1 << 16 | (uint64_t)(1024 >> 4) << 32 | (uint64_t)1 << 62;
+}
+/* d = A B + (sd ? d : 0) */
+__device__ __forceinline__ void wgmma_ss_n256(float *d, uint64_t da, uint64_t db, int sd) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
+                 "%128, %129, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+                 : "l"(da), "l"(db), "r"(sd));
+}
+
+__global__ void __launch_bounds__(384, 1) k_gemm_tma(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb, float *__restrict__ y,
+                                                    int64_t ldy, int n, int64_t rows, int nk) {
+    extern __shared__ uint8_t tg_raw[];
+    uint8_t *sA = (uint8_t *)(((uintptr_t)tg_raw + 1023) & ~(uintptr_t)1023), *sB = sA + TG_S * TG_ASTAGE;
+    uint64_t *full = (uint64_t *)(sB + TG_S * TG_BSTAGE), *empty = full + TG_S;
+    const int wg = threadIdx.x >> 7, tid = threadIdx.x & 127;
+    const int m0 = blockIdx.x * TG_BM, n0 = blockIdx.y * TG_BN;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < TG_S; s++) mbar_init(&full[s], 1), mbar_init(&empty[s], 8); /* empty: a consumer warp's lane 0 each */
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    pdl_enter();
+    if (wg == 0) { /* the producer: one thread */
+        if (tid == 0)
+            for (int kt = 0; kt < nk; kt++) {
+                const int s = kt % TG_S;
+                mbar_wait(&empty[s], ((kt / TG_S) & 1) ^ 1); /* a fresh barrier passes parity 1 */
+                mbar_expect_tx(&full[s], TG_ASTAGE + TG_BSTAGE);
+                tma_load2(sA + s * TG_ASTAGE, &ta, &full[s], kt * W4K, m0);
+                tma_load2(sB + s * TG_BSTAGE, &tb, &full[s], kt * W4K, n0);
+            }
+        return;
+    }
+    const int cw = wg - 1;
+    /* the first slice writes the sums (scale-d 0) where a zeroed start would make ptxas serialize
+     * the products (C7515); nk >= 1 */
+    float acc[128];
+    const uint32_t a0 = smem_u32(sA) + cw * 64 * 128, b0 = smem_u32(sB);
+    for (int kt = 0; kt < nk; kt++) {
+        const int s = kt % TG_S;
+        mbar_wait(&full[s], (kt / TG_S) & 1);
+        wg_fence();
+#pragma unroll
+        for (int k = 0; k < 4; k++) wgmma_ss_n256(acc, wg_desc128(a0 + s * TG_ASTAGE + 32 * k), wg_desc128(b0 + s * TG_BSTAGE + 32 * k), kt | k);
+        wg_commit();
+        wg_wait<1>(); /* step kt - 1's products are done: its stage may refill */
+        if (kt > 0 && (tid & 31) == 0) mbar_arrive(&empty[(kt - 1) % TG_S]);
+    }
+    wg_wait<0>();
+#pragma unroll
+    for (int i = 0; i < 128; i++) wg_keep(acc[i]);
+    /* acc[4 j + c]: x row 16 warp + g (+ 8 for c >= 2), weight row 8 j + 2 t4 + c % 2 */
+    const int warp = tid >> 5, g = (tid & 31) >> 2, t4 = tid & 3;
+    const bool v2 = !((uintptr_t)y & 7) && !(ldy & 1);
+#pragma unroll
+    for (int j = 0; j < 32; j++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int r = m0 + cw * 64 + warp * 16 + g + 8 * h;
+            const int64_t col = (int64_t)n0 + 8 * j + 2 * t4;
+            if (r >= n || col >= rows) continue;
+            float *yr = y + (int64_t)r * ldy + col;
+            const float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
+            if (v2 && col + 1 < rows) *(float2 *)yr = make_float2(v0, v1);
+            else {
+                yr[0] = v0;
+                if (col + 1 < rows) yr[1] = v1;
+            }
+        }
+}
+/* W's q8 weights as bf16 in cuk_xbf16g8's column order (position p of each 64 columns holds
+ * column w8g_col(p)): each value bf16(bf16(q) bf16(s)), as w8_unpack forms it; a thread a row's
+ * 64 columns */
+__global__ void k_w8_bf16g(dw W, __nv_bfloat16 *__restrict__ wb) {
+    pdl_enter();
+    const int64_t steps = W.cols / W4K, i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= W.rows * steps) return;
+    const int64_t r = i / steps, j = i % steps;
+    const uint4 *src = (const uint4 *)(W.d + r * W.rb + W4K * j);
+    uint32_t q[16];
+#pragma unroll
+    for (int v = 0; v < 4; v++) {
+        const uint4 u = src[v];
+        q[4 * v] = u.x, q[4 * v + 1] = u.y, q[4 * v + 2] = u.z, q[4 * v + 3] = u.w;
+    }
+    const int gs = __ffs(W.g) - 1;
+    const float *s = W.s + r * W.sc;
+    const __nv_bfloat162 slo = __float2bfloat162_rn(s[(W4K * j) >> gs]), shi = __float2bfloat162_rn(s[(W4K * j + 32) >> gs]);
+    uint4 *dst = (uint4 *)(wb + r * W.cols + W4K * j);
+#pragma unroll
+    for (int o = 0; o < 8; o++) {
+        uint32_t w[4];
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int c0 = w8g_col(8 * o + 2 * e), c1 = w8g_col(8 * o + 2 * e + 1); /* the same 32-column half (w8g_col: c0 + 1 == c1) */
+            const float a = (float)(int8_t)(q[c0 >> 2] >> (8 * (c0 & 3))), b = (float)(int8_t)(q[c1 >> 2] >> (8 * (c1 & 3)));
+            __nv_bfloat162 p = __floats2bfloat162_rn(a, b);
+            p = __hmul2(p, c0 < 32 ? slo : shi);
+            w[e] = *(const uint32_t *)&p;
+        }
+        dst[o] = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+}
+/* cuTensorMapEncodeTiled from the driver (found once; NULL where the driver lacks it) */
+static PFN_cuTensorMapEncodeTiled_v12000 tma_encode(void) {
+    static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+        void *p = nullptr;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) != cudaSuccess || q != cudaDriverEntryPointSuccess)
+            p = nullptr;
+        cudaGetLastError();
+        return (PFN_cuTensorMapEncodeTiled_v12000)p;
+    }();
+    return fn;
+}
+/* a bf16 matrix [rows][cols] (ld apart) in boxes of 64 columns x box_rows rows, 128-byte swizzle */
+static int tma_map(CUtensorMap *t, const void *p, int64_t cols, int64_t rows, int64_t ld, int box_rows) {
+    PFN_cuTensorMapEncodeTiled_v12000 fn = tma_encode();
+    if (!fn || ((uintptr_t)p & 15) || (ld & 7) || rows < 1) return -1;
+    cuuint64_t dim[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, str[1] = {(cuuint64_t)ld * 2};
+    cuuint32_t box[2] = {(cuuint32_t)W4K, (cuuint32_t)box_rows}, es[2] = {1, 1};
+    return fn(t, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)p, dim, str, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS
+               ? 0
+               : -1;
+}
+void cuk_w8_bf16g(cudaStream_t st, const dw &W, __nv_bfloat16 *wb) {
+    const int64_t n = W.rows * (W.cols / W4K);
+    if (n > 0) cu_launch(k_w8_bf16g, dim3((unsigned)((n + 255) / 256)), 256, 0, st, W, wb);
+}
+int cuk_gemm_tma(cudaStream_t st, const __nv_bfloat16 *wb, int64_t rows, int64_t cols, const __nv_bfloat16 *xh, int64_t ldxh, float *y, int64_t ldy, int n) {
+    CUtensorMap ta, tb;
+    if (n < 1 || cols < W4K || cols % W4K || rows < 1 || tma_map(&ta, xh, cols, n, ldxh, TG_BM) || tma_map(&tb, wb, cols, rows, cols, TG_BN)) return -1;
+    cudaFuncSetAttribute(k_gemm_tma, cudaFuncAttributeMaxDynamicSharedMemorySize, TG_SMEM);
+    cu_launch(k_gemm_tma, dim3((unsigned)((n + TG_BM - 1) / TG_BM), (unsigned)((rows + TG_BN - 1) / TG_BN)), 384, TG_SMEM, st, ta, tb, y, ldy, n, rows,
+              (int)(cols / W4K));
+    return 0;
 }
 
 /* the bf16 warpgroup MMA's peak (k_gemm_w4g's instruction): each warpgroup chains 8
@@ -2961,13 +3147,18 @@ __global__ void k_fa_pack(const float *__restrict__ y, const float *__restrict__
  * GEMM of the keys' c rows (y in Kx, [nk][NH][Dn + Dv]: the quantized path's products); else
  * from the f32 expansion (Kx, Vx as forms 1 and 2 have them, made here) */
 static void attn_fa(cudaStream_t st, const dw &kvb, const float *kv, int nk, const float *q, float *Kx, float *Vx, const int *seln, int T, int NH,
-                    int Dn, int Dr, int Dv, int Rkv, float scale, __nv_bfloat16 *xb, float *o) {
+                    int Dn, int Dr, int Dv, int Rkv, float scale, __nv_bfloat16 *xb, float *o, __nv_bfloat16 *wb, int64_t wb_cap) {
     const int Dqk = Dn + Dr, D = Rkv + Dr, DK = fa_pad(Dqk), DV = fa_pad(Dv), nkp = fa_nkp(nk);
     __nv_bfloat16 *Kb = xb, *Vt = xb + (size_t)NH * nk * DK, *xh = Vt + (size_t)NH * DV * nkp;
     const int64_t rows = (int64_t)NH * nk, vt = (int64_t)NH * DV * (nkp / 8);
     if (cuk_gemm_w8_ok(kvb)) {
         cuk_xbf16g8(st, kv, D, nk, Rkv, xh, Rkv);
-        cuk_gemm_w8g(st, kvb, xh, Rkv, Kx, (int64_t)NH * (Dn + Dv), nk, nullptr, nullptr, 0, nullptr, nullptr);
+        int done = 0;
+        if (wb && kvb.rows * kvb.cols <= wb_cap) {
+            cuk_w8_bf16g(st, kvb, wb);
+            done = !cuk_gemm_tma(st, wb, kvb.rows, kvb.cols, xh, Rkv, Kx, (int64_t)NH * (Dn + Dv), nk);
+        }
+        if (!done) cuk_gemm_w8g(st, kvb, xh, Rkv, Kx, (int64_t)NH * (Dn + Dv), nk, nullptr, nullptr, 0, nullptr, nullptr);
         cu_launch(k_fa_pack, (unsigned)((rows * (DK / 8) + 255) / 256), 256, 0, st, Kx, kv, nk, NH, Dn, Dr, Dv, D, Rkv, DK, Kb);
         cu_launch(k_fa_vt, (unsigned)((vt + 255) / 256), 256, 0, st, (const float *)Kx + Dn, (int64_t)(Dn + Dv), (int64_t)NH * (Dn + Dv), nk, nkp, NH, Dv, DV, Vt);
     } else {
@@ -2985,9 +3176,10 @@ static void attn_fa(cudaStream_t st, const dw &kvb, const float *kv, int nk, con
 /* ---- a prompt's attention, expanded ---- */
 
 void cuk_mla_attn_expanded(cudaStream_t st, const dw &kvb, const float *kv, int nk, const float *q, float *Kx, float *Vx, float *S, int64_t ldS,
-                           const int *seln, float *o, int T, int NH, int Dn, int Dr, int Dv, int Rkv, float scale, int form, __nv_bfloat16 *xb) {
+                           const int *seln, float *o, int T, int NH, int Dn, int Dr, int Dv, int Rkv, float scale, int form, __nv_bfloat16 *xb,
+                           __nv_bfloat16 *wb, int64_t wb_cap) {
     if (form == 3) { /* one pass on bf16 tensor cores */
-        attn_fa(st, kvb, kv, nk, q, Kx, Vx, seln, T, NH, Dn, Dr, Dv, Rkv, scale, xb, o);
+        attn_fa(st, kvb, kv, nk, q, Kx, Vx, seln, T, NH, Dn, Dr, Dv, Rkv, scale, xb, o, wb, wb_cap);
         return;
     }
     const int D = Rkv + Dr, Dqk = Dn + Dr, nc = tile_cols(1), wg = form == 2;

@@ -412,7 +412,7 @@ extern "C" int cu_model_open(const petrel_engine *e, int device, uint64_t vram_b
      * expanded, one bf16 pass where the weights are quantized: faster than the int8 forms and
      * nearer the exact path (bench/RESULTS.md, 2026-12-06: KL 0.0061 against int8's 0.0122 on
      * GLM-5.2 shapes) */
-    m->w4 = 2, m->w8 = 1, m->xattn = 3;
+    m->w4 = 2, m->w8 = 2, m->xattn = 3;
     const model_w *w = &e->w;
     if (!r) r = up_w(m, &w->embed_tokens, "embed_tokens", &m->embed, err);
     if (!r) {
@@ -429,6 +429,17 @@ extern "C" int cu_model_open(const petrel_engine *e, int device, uint64_t vram_b
         free(hh);
     }
     for (int l = 0; l < L && !r; l++) r = up_layer(m, &w->layers[l], l, &m->L[l], err);
+    if (!r) { /* the TMA GEMM's bf16 weights: the largest q8 product a prompt runs through mm (none fits the budget: mm keeps cuk_gemm_w8g) */
+        int64_t cap = 0;
+        for (int l = 0; l < L; l++) {
+            const cu_layer &ly = m->L[l];
+            const dw *ws[] = {&ly.q_a, &ly.q_b, &ly.kv_a, &ly.kv_b, &ly.o, &ly.iq, &ly.ik, &ly.iwp, &ly.gate, &ly.up, &ly.down, &ly.sg, &ly.su, &ly.sd};
+            for (const dw *W : ws)
+                if (W->d && cuk_gemm_w8_ok(*W) && W->rows * W->cols > cap) cap = W->rows * W->cols;
+        }
+        petrel_error ignored = {};
+        if (cap > 0 && (m->wb = (__nv_bfloat16 *)dalloc(m, sizeof(__nv_bfloat16) * (size_t)cap, "the TMA GEMM's bf16 weights", &ignored))) m->wb_cap = cap;
+    }
     m->kvb_gemm = m->kvb_quant = !r && L > 0;
     for (int l = 0; l < L && !r; l++) m->kvb_gemm &= cuk_gemm_w8_ok(m->L[l].kv_b), m->kvb_quant &= cuk_w_quantized(m->L[l].kv_b);
     if (!r && e->route) { /* trace-driven routing (benchmarks): the trace to HBM */
@@ -715,8 +726,12 @@ static void mm(const cu_model *m, const fscr &f, const dw &W, const float *x, fl
     if (n <= 8 && xq) cuk_gemv_q(m->st, W, *xq, y, W.rows, n, NULL, NULL); /* x quantized for W's format already */
     else if (n <= 8 && quant_x(m, f, W, x, W.cols, n, &X)) cuk_gemv_q(m->st, W, X, y, W.rows, n, NULL, NULL);
     else if (n <= 8) cuk_gemv(m->st, W, x, W.cols, y, W.rows, n, NULL, NULL);
-    else if (mm_bf16(m, f, W, n)) { /* the bf16 warpgroup-MMA form (cu_model_use_bf16_dense) */
+    else if (mm_bf16(m, f, W, n)) { /* the bf16 warpgroup-MMA form (cu_model_use_bf16_dense); for many rows its TMA twin (the same bits) */
         if (!xh_ready) cuk_xbf16g8(m->st, x, W.cols, n, (int)W.cols, f.xh, W.cols);
+        if (m->w8 == 2 && n >= CU_TMA_ROWS && W.rows * W.cols <= m->wb_cap) {
+            cuk_w8_bf16g(m->st, W, m->wb);
+            if (!cuk_gemm_tma(m->st, m->wb, W.rows, W.cols, f.xh, W.cols, y, W.rows, n)) return;
+        }
         cuk_gemm_w8g(m->st, W, f.xh, W.cols, y, W.rows, n, NULL, NULL, 0, NULL, NULL);
     } else if (quant_x(m, f, W, x, W.cols, n, &X, 1)) cuk_gemm_q(m->st, W, X, y, W.rows, n, NULL, NULL, 0, NULL, NULL);
     else cuk_gemm(m->st, W, x, W.cols, y, W.rows, n, NULL, NULL, 0, NULL, NULL, m->tc);
@@ -916,7 +931,7 @@ static int chunk_kernels(cu_model *m, fscr &f, const fscr &f0, const chunk_k &ck
             if (dsa_side) cudaEventRecord(m->join, m->side), cudaStreamWaitEvent(st, m->join, 0);
             m->xruns++;
             cuk_mla_attn_expanded(st, G.kv_b, ck.xkv + (size_t)l * ck.xcap * (Rkv + Dr), ck.xkeys, f.q, f.kx, f.vx, f.S, nmax, f.seln, f.o, t, NH,
-                                  Dn, Dr, Dv, Rkv, scale, ck.xform, f.xb);
+                                  Dn, Dr, Dv, Rkv, scale, ck.xform, f.xb, m->w8 == 2 && ck.xkeys >= CU_TMA_ROWS ? m->wb : NULL, m->wb_cap);
             PROF(P_ATTN_CORE);
         } else {
             cuk_mla_uk(st, G.kv_b, G.uk_t, f.q, f.qt, t, NH, Dn, Dr, Dv, Rkv, m->heads, 1);
@@ -1357,6 +1372,20 @@ extern "C" int cu_matmul_check(const pt_wview *W, const float *x, int n, float *
                 } else {
                     cuk_gemm_q(m.st, G, X, dy, W->rows, n, NULL, NULL, 0, NULL, NULL);
                 }
+            }
+        } else if (path == 14) { /* q8 on the TMA GEMM: the weights unpacked once into bf16 */
+            int64_t cols = W->cols;
+            __nv_bfloat16 *xh = (__nv_bfloat16 *)dalloc(&m, sizeof(__nv_bfloat16) * (size_t)(n * cols), "x bf16", err);
+            __nv_bfloat16 *wb = (__nv_bfloat16 *)dalloc(&m, sizeof(__nv_bfloat16) * (size_t)(W->rows * cols), "weights bf16", err);
+            if (!cuk_gemm_w8_ok(G))
+                rc = pt_err(err, PETREL_EUNSUPPORTED, "the TMA GEMM takes q8 weights of groups of a power of two >= 32 columns and whole 64 columns, not %s [%lld x %lld]",
+                            pt_qtype_name(W->qtype), (long long)W->rows, (long long)cols);
+            else if (!xh || !wb) rc = PETREL_ENOMEM;
+            if (!rc) {
+                cuk_xbf16g8(m.st, dx, cols, n, (int)cols, xh, cols);
+                cuk_w8_bf16g(m.st, G, wb);
+                if (cuk_gemm_tma(m.st, wb, W->rows, cols, xh, cols, dy, W->rows, n))
+                    rc = pt_err(err, PETREL_EUNSUPPORTED, "the TMA GEMM: the driver has no tensor maps, or the operands do not fit one");
             }
         } else if (path >= 8 && path <= 13) { /* the bf16 GEMM over q4 weights; 9 over a row list (one expert's 128-row tiles); 10, 11 on wgmma; 12, 13 on wgmma over q8 */
             int64_t cols = W->cols;
