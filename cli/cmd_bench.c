@@ -71,13 +71,14 @@ static const char *usage =
     "  --cuda-fork on|off with --device cuda: run a decode step's shared experts and DSA top-k on a\n"
     "                   second stream beside the routed experts and the MLA queries (on, the\n"
     "                   default) or every kernel on one stream (off); the same results either way\n"
-    "  --cuda-experts int8|bf16|wgmma with --device cuda: a prompt's routed experts (q4)\n"
+    "  --cuda-experts int8|bf16|wgmma|tma with --device cuda: a prompt's routed experts (q4)\n"
     "                   on the int8 tensor-core GEMM (int8: the CPU's int8 bits per product) or a\n"
-    "                   bf16 one (the scales in the dequantized weights, f32 sums): mma.sync (bf16)\n"
-    "                   or Hopper's warpgroup MMA (wgmma, the default)\n"
+    "                   bf16 one (the scales in the dequantized weights, f32 sums): mma.sync (bf16),\n"
+    "                   Hopper's warpgroup MMA (wgmma, the default), or the same with its loads\n"
+    "                   on the TMA unit (tma; the same bits as wgmma)\n"
     "  --cuda-dense int8|wgmma|tma with --device cuda: a prompt's other q8 products on the int8\n"
-    "                   tensor-core GEMM or on warpgroup MMA in bf16: wgmma unpacks the weights\n"
-    "                   in every block; tma (the default) unpacks them once a product for chunks\n"
+    "                   tensor-core GEMM or on warpgroup MMA in bf16: wgmma (the default) unpacks\n"
+    "                   the weights in every block; tma unpacks them once a product for chunks\n"
     "                   of 512 rows or more and loads both operands by TMA (the same bits)\n"
     "  --cuda-prompt-attn absorbed|expanded|expanded-wgmma|flash-bf16 with --device cuda: a prompt\n"
     "                   chunk's attention (one session, every key selected: contexts up to\n"
@@ -697,8 +698,8 @@ CLI_CMD(bench) {
             if ((two_streams = cli_opt_choice("bench", "--cuda-fork", argv[++i], off_on, 2)) < 0) return 1;
         }
         else if (!strcmp(argv[i], "--cuda-experts") && i + 1 < argc) { /* 1 mma.sync, 2 wgmma */
-            static const char *const forms[] = {"int8", "bf16", "wgmma"};
-            if ((bf16_experts = cli_opt_choice("bench", "--cuda-experts", argv[++i], forms, 3)) < 0) return 1;
+            static const char *const forms[] = {"int8", "bf16", "wgmma", "tma"};
+            if ((bf16_experts = cli_opt_choice("bench", "--cuda-experts", argv[++i], forms, 4)) < 0) return 1;
         }
         else if (!strcmp(argv[i], "--cuda-dense") && i + 1 < argc) {
             static const char *const forms[] = {"int8", "wgmma", "tma"};

@@ -355,6 +355,54 @@ TEST(cuda, gemm_tma) {
     free(d), free(sc);
 }
 
+/* the routed experts' GEMM with its loads on the TMA unit: bitwise equal to the wgmma form
+ * (the same fragments and order), plain rows and over a row list with x gathered by it, at
+ * every tile width (32, 64, 80, 96, 128 x rows; 200: 128 + 72) and partial blocks of weight
+ * rows; q8 and widths its scales' boxes do not take refused */
+TEST(cuda, gemm_w4t) {
+    if (!need_gpu()) return;
+    const int64_t shapes[][2] = {{64, 256}, {300, 1024}, {257, 512}, {2048, 6144}, {37, 768}};
+    const int ns[] = {9, 40, 75, 90, 100, 200};
+    petrel_error err = {0};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        uint8_t *d;
+        void *sc;
+        pt_wview W = rand_weight(PT_Q4_G64, shapes[s][0], shapes[s][1], s % 2 ? PT_BF16 : PT_F32, &d, &sc);
+        for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
+            int n = ns[k];
+            float *x = malloc(sizeof(float) * n * W.cols), *yt = malloc(sizeof(float) * n * W.rows), *yw = malloc(sizeof(float) * n * W.rows);
+            for (int64_t i = 0; i < n * W.cols; i++) x[i] = frand() * (i % 7 == 0 ? 9.f : 1.f);
+            for (int listed = 0; listed <= 1; listed++) {
+                int rc = cu_matmul_check(&W, x, n, yt, 15 + listed, &err);
+                CHECK_MSG(rc == 0, "q4 [%lld x %lld] n=%d: the TMA-loaded GEMM failed (%s)", (long long)W.rows, (long long)W.cols, n, err.msg);
+                CHECK(cu_matmul_check(&W, x, n, yw, 10 + listed, &err) == 0);
+                if (rc) continue;
+                size_t diff = 0;
+                for (int64_t i = 0; i < n * W.rows; i++) diff += memcmp(&yt[i], &yw[i], 4) != 0;
+                CHECK_MSG(!diff, "q4 [%lld x %lld] n=%d%s: the TMA-loaded GEMM differs from the wgmma form in %zu of %lld values (rel err %.3g)",
+                          (long long)W.rows, (long long)W.cols, n, listed ? " (row list)" : "", diff, (long long)(n * W.rows),
+                          test_rel_l2(yt, yw, (size_t)n * W.rows));
+                if (getenv("PETREL_TEST_VERBOSE"))
+                    fprintf(stderr, "  TMA-loaded GEMM [%lld x %lld] n=%d%s: %zu values differ\n", (long long)W.rows, (long long)W.cols, n, listed ? " listed" : "", diff);
+            }
+            free(x), free(yt), free(yw);
+            if (W.cols >= 4096 && n >= 90) break; /* the time */
+        }
+        free(d), free(sc);
+    }
+    const pt_qtype other[] = {PT_Q8_G32, PT_Q4_G64};
+    const int64_t cols[] = {256, 64};
+    for (int i = 0; i < 2; i++) {
+        uint8_t *d;
+        void *sc;
+        pt_wview W = rand_weight(other[i], 64, cols[i], PT_F32, &d, &sc);
+        float x[256 * 2] = {0}, y[64 * 2];
+        CHECK_MSG(cu_matmul_check(&W, x, 2, y, 15, &err) == PETREL_EUNSUPPORTED, "the TMA-loaded GEMM took %s [64 x %lld]", pt_qtype_name(W.qtype),
+                  (long long)cols[i]);
+        free(d), free(sc);
+    }
+}
+
 /* the fused SwiGLU form of the int8 GEMV (gate and up rows of one warp, silu(g) * u written)
  * against the CPU's int8 reference of each product, plain rows and slots */
 TEST(cuda, swiglu_int8_activations) {

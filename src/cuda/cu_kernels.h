@@ -84,6 +84,16 @@ void cuk_xbf16g(cudaStream_t st, const float *x, int64_t ldx, int n, int cols, _
 void cuk_swiglu_bf16g(cudaStream_t st, const float *g, const float *u, int64_t ld, int n, int cols, __nv_bfloat16 *xh, int64_t ldxh);
 void cuk_gemm_w4g(cudaStream_t st, const dw &W, const __nv_bfloat16 *xh, int64_t ldxh, float *y, int64_t ldy, int n, const int32_t *tiles,
                   const int *ntiles_dev, int max_tiles, const int32_t *list, const int32_t *xmap);
+/* The same product with its loads on the TMA unit (k_gemm_w4t: the same bits as cuk_gemm_w4g):
+ * x rows gathered in the tiles' order first (xg row i: cuk_xbf16g_rows of x row m2[m1[i]], m2
+ * NULL: m1[i]; or cuk_swiglu_bf16g_rows of gate / up rows m[i]), so a tile's rows are one box;
+ * W ne experts stacked (cuk_gemm_w4t_ok: q4 groups of 32 or 64, dense strides, the driver's tensor
+ * maps). Returns -1 (nothing launched) where it does not take them. */
+int cuk_gemm_w4t_ok(const dw &W, int ne);
+void cuk_xbf16g_rows(cudaStream_t st, const float *x, int64_t ldx, int n, int cols, const int32_t *m1, const int32_t *m2, __nv_bfloat16 *xh, int64_t ldxh);
+void cuk_swiglu_bf16g_rows(cudaStream_t st, const float *g, const float *u, int64_t ld, int n, int cols, const int32_t *m, __nv_bfloat16 *xh, int64_t ldxh);
+int cuk_gemm_w4t(cudaStream_t st, const dw &W, int ne, const __nv_bfloat16 *xg, int64_t ldxg, float *y, int64_t ldy, int n, const int32_t *tiles,
+                 const int *ntiles_dev, int max_tiles, const int32_t *list);
 /* The same form for q8 weights (q8_g32 and other power-of-two groups >= 32, whole 64 columns):
  * w = bf16(q bf16(s)); x rows from cuk_xbf16g8 (its own column order), plain rows or tiles as
  * cuk_gemm_w4g's (`bench --cuda-dense wgmma`). */

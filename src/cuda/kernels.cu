@@ -1780,14 +1780,10 @@ __global__ void __launch_bounds__(128 * W4GW, 1) k_gemm_w4g(dw W, const __nv_bfl
     else w4g_body<32, Q>(W, xp, y, ldy, e, first, cnt, tiles, list, w4g_smem);
 }
 /* x rows [n][cols] (f32) to bf16 in k_gemm_w4g<Q>'s order: position q of each 64 columns holds
- * column w4g_col(q % 64) of them (Q = 8: w8g_col); a thread writes 8 positions */
+ * column w4g_col(q % 64) of them (Q = 8: w8g_col); a thread writes 8 positions (c8) of a row */
 template <int Q>
-__global__ void k_xbf16g(const float *__restrict__ x, int64_t ldx, int cols, __nv_bfloat16 *__restrict__ xh, int64_t ldxh) {
-    pdl_enter();
-    const int64_t r = blockIdx.y;
-    const int c8 = blockIdx.x * blockDim.x + threadIdx.x;
-    if (8 * c8 >= cols) return;
-    const float *xs = x + r * ldx + 64 * (c8 >> 3);
+__device__ __forceinline__ void xbf16g_part(const float *__restrict__ xr, int c8, __nv_bfloat16 *__restrict__ dr) {
+    const float *xs = xr + 64 * (c8 >> 3);
     const int q0 = 8 * (c8 & 7);
     __nv_bfloat162 p[4];
 #pragma unroll
@@ -1795,16 +1791,29 @@ __global__ void k_xbf16g(const float *__restrict__ x, int64_t ldx, int cols, __n
         const int c0 = Q == 4 ? w4g_col(q0 + 2 * i) : w8g_col(q0 + 2 * i), c1 = Q == 4 ? w4g_col(q0 + 2 * i + 1) : w8g_col(q0 + 2 * i + 1);
         p[i] = __floats2bfloat162_rn(xs[c0], xs[c1]);
     }
-    *(uint4 *)(xh + r * ldxh + 8 * c8) = *(const uint4 *)p;
+    *(uint4 *)(dr + 8 * c8) = *(const uint4 *)p;
 }
-/* k_silu_mul's expression of gate and up rows [n][cols] (f32), rounded to bf16 in
- * k_xbf16g<4>'s order: the bits of k_silu_mul then k_xbf16g<4>, in one pass that writes no f32 */
-__global__ void k_swiglu_bf16g(const float *__restrict__ g, const float *__restrict__ u, int64_t ld, int cols, __nv_bfloat16 *__restrict__ xh, int64_t ldxh) {
+template <int Q>
+__global__ void k_xbf16g(const float *__restrict__ x, int64_t ldx, int cols, __nv_bfloat16 *__restrict__ xh, int64_t ldxh) {
     pdl_enter();
     const int64_t r = blockIdx.y;
     const int c8 = blockIdx.x * blockDim.x + threadIdx.x;
     if (8 * c8 >= cols) return;
-    const float *gs = g + r * ld + 64 * (c8 >> 3), *us = u + r * ld + 64 * (c8 >> 3);
+    xbf16g_part<Q>(x + r * ldx, c8, xh + r * ldxh);
+}
+/* the same into row i of xh from x row m2[m1[i]] (m2 NULL: m1[i]): a tile's rows gathered */
+__global__ void k_xbf16g_rows(const float *__restrict__ x, int64_t ldx, int cols, const int32_t *m1, const int32_t *m2, __nv_bfloat16 *__restrict__ xh,
+                              int64_t ldxh) {
+    pdl_enter();
+    const int64_t i = blockIdx.y, r = m2 ? m2[m1[i]] : m1[i];
+    const int c8 = blockIdx.x * blockDim.x + threadIdx.x;
+    if (8 * c8 >= cols) return;
+    xbf16g_part<4>(x + r * ldx, c8, xh + i * ldxh);
+}
+/* k_silu_mul's expression of gate and up rows [n][cols] (f32), rounded to bf16 in
+ * k_xbf16g<4>'s order: the bits of k_silu_mul then k_xbf16g<4>, in one pass that writes no f32 */
+__device__ __forceinline__ void swiglu_part(const float *__restrict__ gr, const float *__restrict__ ur, int c8, __nv_bfloat16 *__restrict__ dr) {
+    const float *gs = gr + 64 * (c8 >> 3), *us = ur + 64 * (c8 >> 3);
     const int q0 = 8 * (c8 & 7);
     __nv_bfloat162 p[4];
 #pragma unroll
@@ -1813,7 +1822,23 @@ __global__ void k_swiglu_bf16g(const float *__restrict__ g, const float *__restr
         const float a0 = gs[c0], a1 = gs[c1];
         p[i] = __floats2bfloat162_rn(a0 / (1.0f + expf(-a0)) * us[c0], a1 / (1.0f + expf(-a1)) * us[c1]);
     }
-    *(uint4 *)(xh + r * ldxh + 8 * c8) = *(const uint4 *)p;
+    *(uint4 *)(dr + 8 * c8) = *(const uint4 *)p;
+}
+__global__ void k_swiglu_bf16g(const float *__restrict__ g, const float *__restrict__ u, int64_t ld, int cols, __nv_bfloat16 *__restrict__ xh, int64_t ldxh) {
+    pdl_enter();
+    const int64_t r = blockIdx.y;
+    const int c8 = blockIdx.x * blockDim.x + threadIdx.x;
+    if (8 * c8 >= cols) return;
+    swiglu_part(g + r * ld, u + r * ld, c8, xh + r * ldxh);
+}
+/* the same into row i of xh from gate and up rows m[i] */
+__global__ void k_swiglu_bf16g_rows(const float *__restrict__ g, const float *__restrict__ u, int64_t ld, int cols, const int32_t *m, __nv_bfloat16 *__restrict__ xh,
+                                    int64_t ldxh) {
+    pdl_enter();
+    const int64_t i = blockIdx.y, r = m[i];
+    const int c8 = blockIdx.x * blockDim.x + threadIdx.x;
+    if (8 * c8 >= cols) return;
+    swiglu_part(g + r * ld, u + r * ld, c8, xh + i * ldxh);
 }
 void cuk_swiglu_bf16g(cudaStream_t st, const float *g, const float *u, int64_t ld, int n, int cols, __nv_bfloat16 *xh, int64_t ldxh) {
     if (n > 0) cu_launch(k_swiglu_bf16g, dim3((unsigned)((cols / 8 + 127) / 128), (unsigned)n), 128, 0, st, g, u, ld, cols, xh, ldxh);
@@ -2017,6 +2042,161 @@ int cuk_gemm_tma(cudaStream_t st, const __nv_bfloat16 *wb, int64_t rows, int64_t
     cudaFuncSetAttribute(k_gemm_tma, cudaFuncAttributeMaxDynamicSharedMemorySize, TG_SMEM);
     cu_launch(k_gemm_tma, dim3((unsigned)((n + TG_BM - 1) / TG_BM), (unsigned)((rows + TG_BN - 1) / TG_BN)), 384, TG_SMEM, st, ta, tb, y, ldy, n, rows,
               (int)(cols / W4K));
+    return 0;
+}
+
+/* ---- the routed experts' prompt GEMM with TMA loads (k_gemm_w4t) ----
+ * k_gemm_w4g<4>'s products (the same fragments, slices and order: the same bits), its loads
+ * moved to the TMA unit: thread 0 issues, for the block's tile of x rows (gathered beforehand in
+ * the sort's order, so a tile's rows are one box: k_xbf16g_rows, k_swiglu_bf16g_rows) one box a
+ * step into a ring of WT_XS stages, and for its 256 weight rows each row's next 128 bytes (W4GU
+ * steps) and their scales into a ring of WT_WS super-stages; full / empty mbarriers in place of
+ * the block barrier and the threads' own copies, which cost the GEMM more than its products
+ * (bench/RESULTS.md 2026-12-06 20:08). The weights arrive in TMA's 128-byte swizzle (16-byte
+ * chunk c of row r at c ^ (r % 8)); x as k_gemm_tma's operands. q4 with groups of 32 or 64. */
+#define WT_XS 4 /* x stages, one step each: x loads 2 steps ahead */
+#define WT_WS 3 /* weight super-stages: a super-step loads 6 steps ahead */
+#define WT_XB (W4GM * 128)
+#define WT_WB (W4GN * 128)
+#define WT_SB (W4GN * 32)
+#define WT_SMEM (WT_XS * WT_XB + WT_WS * (WT_WB + WT_SB) + 2 * (WT_XS + WT_WS) * 8 + 1024)
+template <int N>
+__device__ __forceinline__ void w4t_body(const CUtensorMap *tx, const CUtensorMap *tw, const CUtensorMap *ts, const dw &W, float *__restrict__ y, int64_t ldy,
+                                         int64_t e, int first, int cnt, const int32_t *tiles, const int32_t *list, uint8_t *sm, int scf) {
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
+    const int64_t n0 = (int64_t)blockIdx.x * W4GN;
+    const int nk = (int)(W.cols / W4K), nu = (nk + W4GU - 1) / W4GU, gs = __ffs(W.g) - 1;
+    uint8_t *X = sm, *Wt = X + WT_XS * WT_XB, *Sc = Wt + WT_WS * WT_WB;
+    uint64_t *xfull = (uint64_t *)(Sc + WT_WS * WT_SB), *xempty = xfull + WT_XS, *wfull = xempty + WT_XS, *wempty = wfull + WT_WS;
+    const int wrow = (int)(e * W.rows + n0); /* the block's first row in the experts' stacked maps */
+    auto issue_x = [&](int kt) {
+        const int s = kt % WT_XS;
+        mbar_wait(&xempty[s], ((kt / WT_XS) & 1) ^ 1);
+        mbar_expect_tx(&xfull[s], N * 128);
+        tma_load2(X + s * WT_XB, tx, &xfull[s], kt * W4K, first);
+    };
+    auto issue_w = [&](int u) {
+        const int s = u % WT_WS;
+        mbar_wait(&wempty[s], ((u / WT_WS) & 1) ^ 1);
+        mbar_expect_tx(&wfull[s], WT_WB + W4GN * 4 * scf);
+        tma_load2(Wt + s * WT_WB, tw, &wfull[s], u * 128, wrow);
+        tma_load2(Sc + s * WT_SB, ts, &wfull[s], u * scf, wrow);
+    };
+    if (tid == 0) {
+        for (int u = 0; u < 2 && u < nu; u++) issue_w(u);
+        for (int kt = 0; kt < 2 && kt < nk; kt++) issue_x(kt);
+    }
+    const int r0 = warp * 16 + g; /* the lane's weight rows r0 and r0 + 8 (both g modulo 8) */
+    float acc[N / 2];
+    uint32_t a[4][4];
+#pragma unroll
+    for (int i = 0; i < N / 2; i++) acc[i] = 0.f;
+    for (int kt = 0; kt < nk; kt++) {
+        const int u = kt / W4GU, ju = kt % W4GU, ws = u % WT_WS, xs = kt % WT_XS;
+        if (tid == 0) {
+            if (kt + 2 < nk) issue_x(kt + 2);
+            if (ju == 2 && u + 2 < nu) issue_w(u + 2);
+        }
+        if (ju == 0) mbar_wait(&wfull[ws], (u / WT_WS) & 1);
+        mbar_wait(&xfull[xs], (kt / WT_XS) & 1);
+        const uint8_t *P = Wt + ws * WT_WB + ((2 * ju + (t4 >> 1)) ^ g) * 16 + 8 * (t4 & 1);
+        const uint2 w0 = *(const uint2 *)(P + r0 * 128), w1 = *(const uint2 *)(P + (r0 + 8) * 128);
+        const float *Ps = (const float *)(Sc + ws * WT_SB);
+        const int si = (W4K * ju + 32 * (t4 >> 1)) >> gs;
+        const __nv_bfloat162 s0 = __float2bfloat162_rn(Ps[r0 * scf + si]), s1 = __float2bfloat162_rn(Ps[(r0 + 8) * scf + si]);
+        const uint64_t d0 = wg_desc128(smem_u32(X + xs * WT_XB));
+#pragma unroll
+        for (int s = 0; s < 4; s++) {
+            uint32_t o0[2], o1[2];
+            wg_wait<3>(); /* slice s of step kt - 1 is done */
+            w4_unpack_half(s < 2 ? w0.x : w0.y, 2 * (s & 1), s0, o0);
+            w4_unpack_half(s < 2 ? w1.x : w1.y, 2 * (s & 1), s1, o1);
+            a[s][0] = o0[0], a[s][1] = o1[0], a[s][2] = o0[1], a[s][3] = o1[1];
+            wg_fence();
+            wgmma_n<N>(acc, a[s], d0 + 2 * s); /* slice s: 32 s bytes in (the address field counts 16 bytes) */
+            wg_commit();
+        }
+        /* step kt - 1's products are all done (the last wait above): its x stage may refill; the
+         * super-stage's weights were last read this step */
+        if (lane == 0) {
+            if (kt > 0) mbar_arrive(&xempty[(kt - 1) % WT_XS]);
+            if (ju == W4GU - 1) mbar_arrive(&wempty[ws]);
+        }
+    }
+    wg_wait<0>();
+#pragma unroll
+    for (int i = 0; i < N / 2; i++) wg_keep(acc[i]);
+    /* acc[4 j + c]: weight row 16 warp + g (+ 8 for c >= 2), x row 8 j + 2 t4 + c % 2 */
+#pragma unroll
+    for (int i = 0; i < N / 2; i++) {
+        const int j = i >> 2, c = i & 3;
+        const int r = 8 * j + 2 * t4 + (c & 1);
+        const int64_t col = n0 + warp * 16 + g + (c >= 2 ? 8 : 0);
+        if (r >= cnt || col >= W.rows) continue;
+        const int64_t yr = tiles ? list[first + r] : first + r;
+        y[yr * ldy + col] = acc[i];
+    }
+}
+struct wt_maps {
+    CUtensorMap x[5]; /* x boxes of 32, 64, 80, 96, 128 rows */
+};
+__global__ void __launch_bounds__(128 * W4GW, 1) k_gemm_w4t(const __grid_constant__ wt_maps tx, const __grid_constant__ CUtensorMap tw,
+                                                           const __grid_constant__ CUtensorMap ts, dw W, float *__restrict__ y, int64_t ldy, int n,
+                                                           const int32_t *tiles, const int *ntiles, const int32_t *list, int scf) {
+    extern __shared__ uint8_t wt_raw[];
+    uint8_t *sm = (uint8_t *)(((uintptr_t)wt_raw + 1023) & ~(uintptr_t)1023);
+    uint64_t *bar = (uint64_t *)(sm + WT_XS * WT_XB + WT_WS * (WT_WB + WT_SB));
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < 2 * (WT_XS + WT_WS); i++) mbar_init(&bar[i], (i / WT_XS == 1 && i < 2 * WT_XS) || i >= 2 * WT_XS + WT_WS ? 4 * W4GW : 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    pdl_enter();
+    int first, cnt;
+    int64_t e;
+    if (!gemm_tile(tiles, ntiles, blockIdx.y, n, W4GM, &e, &first, &cnt)) return;
+    if (cnt > 96) w4t_body<W4GM>(&tx.x[4], &tw, &ts, W, y, ldy, e, first, cnt, tiles, list, sm, scf);
+    else if (cnt > 80) w4t_body<96>(&tx.x[3], &tw, &ts, W, y, ldy, e, first, cnt, tiles, list, sm, scf);
+    else if (cnt > 64) w4t_body<80>(&tx.x[2], &tw, &ts, W, y, ldy, e, first, cnt, tiles, list, sm, scf);
+    else if (cnt > 32) w4t_body<64>(&tx.x[1], &tw, &ts, W, y, ldy, e, first, cnt, tiles, list, sm, scf);
+    else w4t_body<32>(&tx.x[0], &tw, &ts, W, y, ldy, e, first, cnt, tiles, list, sm, scf);
+}
+/* a 2-D tensor map of any element type: [rows][cols] elements of esize bytes, ld elements apart */
+static int tma_map_t(CUtensorMap *t, CUtensorMapDataType dt, int esize, const void *p, int64_t cols, int64_t rows, int64_t ld, int box_cols, int box_rows,
+                     CUtensorMapSwizzle sw) {
+    PFN_cuTensorMapEncodeTiled_v12000 fn = tma_encode();
+    if (!fn || ((uintptr_t)p & 15) || (ld * esize) % 16 || rows < 1 || rows >= (1ll << 31)) return -1;
+    cuuint64_t dim[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, str[1] = {(cuuint64_t)(ld * esize)};
+    cuuint32_t box[2] = {(cuuint32_t)box_cols, (cuuint32_t)box_rows}, es[2] = {1, 1};
+    return fn(t, dt, 2, (void *)p, dim, str, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE, sw, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) ==
+                   CUDA_SUCCESS
+               ? 0
+               : -1;
+}
+int cuk_gemm_w4t_ok(const dw &W, int ne) {
+    return cuk_gemm_w4_ok(W) && (W.g == 32 || W.g == 64) && W.estride == W.rows * W.rb && W.sstride == W.rows * W.sc && W.sc % 4 == 0 && ne >= 1 &&
+           (int64_t)ne * W.rows < (1ll << 31) && tma_encode();
+}
+void cuk_xbf16g_rows(cudaStream_t st, const float *x, int64_t ldx, int n, int cols, const int32_t *m1, const int32_t *m2, __nv_bfloat16 *xh, int64_t ldxh) {
+    if (n > 0) cu_launch(k_xbf16g_rows, dim3((unsigned)((cols / 8 + 127) / 128), (unsigned)n), 128, 0, st, x, ldx, cols, m1, m2, xh, ldxh);
+}
+void cuk_swiglu_bf16g_rows(cudaStream_t st, const float *g, const float *u, int64_t ld, int n, int cols, const int32_t *m, __nv_bfloat16 *xh, int64_t ldxh) {
+    if (n > 0) cu_launch(k_swiglu_bf16g_rows, dim3((unsigned)((cols / 8 + 127) / 128), (unsigned)n), 128, 0, st, g, u, ld, cols, m, xh, ldxh);
+}
+int cuk_gemm_w4t(cudaStream_t st, const dw &W, int ne, const __nv_bfloat16 *xg, int64_t ldxg, float *y, int64_t ldy, int n, const int32_t *tiles,
+                 const int *ntiles_dev, int max_tiles, const int32_t *list) {
+    if (n < 1 || max_tiles < 1 || !cuk_gemm_w4t_ok(W, ne)) return -1;
+    wt_maps tx;
+    CUtensorMap tw, ts;
+    const int widths[5] = {32, 64, 80, 96, W4GM}, scf = W4GU * W4K / W.g;
+    for (int i = 0; i < 5; i++)
+        if (tma_map_t(&tx.x[i], CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, xg, W.cols, n, ldxg, W4K, widths[i], CU_TENSOR_MAP_SWIZZLE_128B)) return -1;
+    if (tma_map_t(&tw, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, W.d, W.rb, (int64_t)ne * W.rows, W.rb, 128, W4GN, CU_TENSOR_MAP_SWIZZLE_128B) ||
+        tma_map_t(&ts, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, W.s, W.sc, (int64_t)ne * W.rows, W.sc, scf, W4GN, CU_TENSOR_MAP_SWIZZLE_NONE))
+        return -1;
+    cudaFuncSetAttribute(k_gemm_w4t, cudaFuncAttributeMaxDynamicSharedMemorySize, WT_SMEM);
+    cu_launch(k_gemm_w4t, dim3((unsigned)((W.rows + W4GN - 1) / W4GN), (unsigned)(tiles ? max_tiles : (n + W4GM - 1) / W4GM)), 128 * W4GW, WT_SMEM, st, tx, tw,
+              ts, W, y, ldy, n, tiles, ntiles_dev, list, scf);
     return 0;
 }
 

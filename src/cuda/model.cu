@@ -412,7 +412,7 @@ extern "C" int cu_model_open(const petrel_engine *e, int device, uint64_t vram_b
      * expanded, one bf16 pass where the weights are quantized: faster than the int8 forms and
      * nearer the exact path (bench/RESULTS.md, 2026-12-06: KL 0.0061 against int8's 0.0122 on
      * GLM-5.2 shapes) */
-    m->w4 = 2, m->w8 = 2, m->xattn = 3;
+    m->w4 = 2, m->w8 = 1, m->xattn = 3;
     const model_w *w = &e->w;
     if (!r) r = up_w(m, &w->embed_tokens, "embed_tokens", &m->embed, err);
     if (!r) {
@@ -819,7 +819,21 @@ void experts_compute(cu_model *m, const cu_layer &G, const fscr &f, const int32_
     /* on the quantized path, q4 experts on the bf16 GEMM where asked (128-row tiles: an expert's
      * rows of a 2048-row chunk in one) */
     if (m->tc && m->w4 && fits && cuk_gemm_w4_ok(G.eg) && cuk_gemm_w4_ok(G.eu) && cuk_gemm_w4_ok(G.ed)) {
-        const int wg = m->w4 == 2; /* warpgroup MMA: its tiles and x order */
+        const int wg = m->w4 >= 2; /* warpgroup MMA: its tiles and x order */
+        if (m->w4 == 3 && cuk_gemm_w4t_ok(G.eg, sort_e) && cuk_gemm_w4t_ok(G.eu, sort_e) && cuk_gemm_w4t_ok(G.ed, sort_e)) {
+            /* its loads on the TMA unit: x gathered in the tiles' order into y (free until the
+             * down product writes it: n rows of H floats hold n rows of H bf16) */
+            __nv_bfloat16 *xg = (__nv_bfloat16 *)y;
+            cuk_moe_sort(st, idx, sort_t, sort_k, sort_e, cuk_gemm_w4g_rows(), f.list, f.tiles, f.ntiles);
+            cuk_xbf16g_rows(st, f.x, H, n, H, f.list, xrow, xg, H);
+            if (!cuk_gemm_w4t(st, G.eg, sort_e, xg, H, f.gb, I, n, f.tiles, f.ntiles, mt, f.list)) {
+                cuk_gemm_w4t(st, G.eu, sort_e, xg, H, f.ub, I, n, f.tiles, f.ntiles, mt, f.list);
+                cuk_swiglu_bf16g_rows(st, f.gb, f.ub, I, n, I, f.list, f.xh, I); /* the down product's x, gathered too */
+                prof_mark(m, P_EXPERTS);
+                cuk_gemm_w4t(st, G.ed, sort_e, f.xh, I, y, H, n, f.tiles, f.ntiles, mt, f.list);
+                return;
+            }
+        }
         cuk_moe_sort(st, idx, sort_t, sort_k, sort_e, wg ? cuk_gemm_w4g_rows() : 128, f.list, f.tiles, f.ntiles);
         auto xbf16 = wg ? cuk_xbf16g : cuk_xbf16p;
         auto gemm = wg ? cuk_gemm_w4g : cuk_gemm_w4;
@@ -1386,6 +1400,28 @@ extern "C" int cu_matmul_check(const pt_wview *W, const float *x, int n, float *
                 cuk_w8_bf16g(m.st, G, wb);
                 if (cuk_gemm_tma(m.st, wb, W->rows, cols, xh, cols, dy, W->rows, n))
                     rc = pt_err(err, PETREL_EUNSUPPORTED, "the TMA GEMM: the driver has no tensor maps, or the operands do not fit one");
+            }
+        } else if (path == 15 || path == 16) { /* q4 on the TMA-loaded wgmma GEMM: plain rows, or over a row list (x gathered by it) */
+            int64_t cols = W->cols;
+            int mt = n / 64 + 2;
+            int32_t *rl = path == 16 ? (int32_t *)dalloc(&m, sizeof(int32_t) * (size_t)(2 * n + 3 * mt + 1), "row list", err) : NULL;
+            __nv_bfloat16 *xh = (__nv_bfloat16 *)dalloc(&m, sizeof(__nv_bfloat16) * (size_t)(n * cols), "x bf16", err);
+            if (!cuk_gemm_w4t_ok(G, 1))
+                rc = pt_err(err, PETREL_EUNSUPPORTED, "the TMA-loaded GEMM takes q4 weights of groups of 32 or 64 columns and whole 256 columns, not %s [%lld x %lld]",
+                            pt_qtype_name(W->qtype), (long long)W->rows, (long long)cols);
+            else if (!xh || (path == 16 && !rl)) rc = PETREL_ENOMEM;
+            if (!rc) {
+                if (path == 16) { /* every row chooses expert 0 of 1: the list is the rows in order */
+                    int32_t *idx = rl, *list = rl + n, *tiles = rl + 2 * n, *nt = tiles + 3 * mt;
+                    cudaMemsetAsync(idx, 0, sizeof(int32_t) * (size_t)n, m.st);
+                    cuk_moe_sort(m.st, idx, n, 1, 1, cuk_gemm_w4g_rows(), list, tiles, nt);
+                    cuk_xbf16g_rows(m.st, dx, cols, n, (int)cols, list, NULL, xh, cols);
+                    rc = cuk_gemm_w4t(m.st, G, 1, xh, cols, dy, W->rows, n, tiles, nt, mt, list);
+                } else {
+                    cuk_xbf16g(m.st, dx, cols, n, (int)cols, xh, cols);
+                    rc = cuk_gemm_w4t(m.st, G, 1, xh, cols, dy, W->rows, n, NULL, NULL, 0, NULL);
+                }
+                if (rc) rc = pt_err(err, PETREL_EUNSUPPORTED, "the TMA-loaded GEMM: the driver has no tensor maps, or the operands do not fit one");
             }
         } else if (path >= 8 && path <= 13) { /* the bf16 GEMM over q4 weights; 9 over a row list (one expert's 128-row tiles); 10, 11 on wgmma; 12, 13 on wgmma over q8 */
             int64_t cols = W->cols;
