@@ -311,6 +311,13 @@ TEST(cuda, gemm_bf16) {
         }
 }
 
+/* the values of a and b that are not the same bits */
+static size_t count_unequal(const float *a, const float *b, size_t n) {
+    size_t d = 0;
+    for (size_t i = 0; i < n; i++) d += memcmp(&a[i], &b[i], 4) != 0;
+    return d;
+}
+
 /* the q8 products' TMA GEMM (weights unpacked once into bf16, both operands loaded by TMA):
  * bitwise equal to the wgmma form it stands in for (the same operands and slices in the same
  * order), over partial tiles of x rows (128 a block) and of weight rows (256), one step of 64
@@ -333,8 +340,7 @@ TEST(cuda, gemm_tma) {
             CHECK_MSG(rc == 0, "q8 [%lld x %lld] n=%d: the TMA GEMM failed (%s)", (long long)W.rows, (long long)W.cols, n, err.msg);
             CHECK(cu_matmul_check(&W, x, n, yw, 12, &err) == 0);
             if (rc == 0) {
-                size_t diff = 0;
-                for (int64_t i = 0; i < n * W.rows; i++) diff += memcmp(&yt[i], &yw[i], 4) != 0;
+                size_t diff = count_unequal(yt, yw, (size_t)(n * W.rows));
                 CHECK_MSG(!diff, "q8 [%lld x %lld] n=%d: the TMA GEMM differs from the wgmma form in %zu of %lld values (rel err %.3g)", (long long)W.rows,
                           (long long)W.cols, n, diff, (long long)(n * W.rows), test_rel_l2(yt, yw, (size_t)n * W.rows));
                 CHECK(cu_matmul_check(&W, x + (int64_t)(n - 1) * W.cols, 1, y1, 14, &err) == 0);
@@ -377,8 +383,7 @@ TEST(cuda, gemm_w4t) {
                 CHECK_MSG(rc == 0, "q4 [%lld x %lld] n=%d: the TMA-loaded GEMM failed (%s)", (long long)W.rows, (long long)W.cols, n, err.msg);
                 CHECK(cu_matmul_check(&W, x, n, yw, 10 + listed, &err) == 0);
                 if (rc) continue;
-                size_t diff = 0;
-                for (int64_t i = 0; i < n * W.rows; i++) diff += memcmp(&yt[i], &yw[i], 4) != 0;
+                size_t diff = count_unequal(yt, yw, (size_t)(n * W.rows));
                 CHECK_MSG(!diff, "q4 [%lld x %lld] n=%d%s: the TMA-loaded GEMM differs from the wgmma form in %zu of %lld values (rel err %.3g)",
                           (long long)W.rows, (long long)W.cols, n, listed ? " (row list)" : "", diff, (long long)(n * W.rows),
                           test_rel_l2(yt, yw, (size_t)n * W.rows));

@@ -1648,6 +1648,21 @@ __device__ __forceinline__ void wgmma_n(float *d, const uint32_t a[4], uint64_t 
         wgmma_n256(d, a, db);
     }
 }
+/* a block's sums to y: acc[4 j + c] holds weight row 16 warp + g (+ 8 for c >= 2), x row
+ * 8 j + 2 t4 + c % 2 of the tile (its rows past cnt and weight rows past W.rows left out) */
+template <int N>
+__device__ __forceinline__ void w4g_store(const float *acc, const dw &W, float *__restrict__ y, int64_t ldy, int64_t n0, int first, int cnt, const int32_t *tiles,
+                                          const int32_t *list, int warp, int g, int t4) {
+#pragma unroll
+    for (int i = 0; i < N / 2; i++) {
+        const int j = i >> 2, c = i & 3;
+        const int r = 8 * j + 2 * t4 + (c & 1);
+        const int64_t col = n0 + warp * 16 + g + (c >= 2 ? 8 : 0);
+        if (r >= cnt || col >= W.rows) continue;
+        const int64_t yr = tiles ? list[first + r] : first + r;
+        y[yr * ldy + col] = acc[i];
+    }
+}
 /* the block's work for N x rows (the tile's count <= N) */
 template <int N, int Q>
 __device__ __forceinline__ void w4g_body(const dw &W, const __nv_bfloat16 *const *xp, float *__restrict__ y, int64_t ldy, int64_t e, int first,
@@ -1747,16 +1762,7 @@ __device__ __forceinline__ void w4g_body(const dw &W, const __nv_bfloat16 *const
 #pragma unroll
     for (int i = 0; i < N / 2; i++) wg_keep(acc[i]);
     cp_async_wait<0>();
-    /* acc[4 j + c]: weight row 16 warp + g (+ 8 for c >= 2), x row 8 j + 2 t4 + c % 2 */
-#pragma unroll
-    for (int i = 0; i < N / 2; i++) {
-        const int j = i >> 2, c = i & 3;
-        const int r = 8 * j + 2 * t4 + (c & 1);
-        const int64_t col = n0 + warp * 16 + g + (c >= 2 ? 8 : 0);
-        if (r >= cnt || col >= W.rows) continue;
-        const int64_t yr = tiles ? list[first + r] : first + r;
-        y[yr * ldy + col] = acc[i];
-    }
+    w4g_store<N>(acc, W, y, ldy, n0, first, cnt, tiles, list, warp, g, t4);
 }
 template <int Q>
 __global__ void __launch_bounds__(128 * W4GW, 1) k_gemm_w4g(dw W, const __nv_bfloat16 *__restrict__ xh, int64_t ldxh, float *__restrict__ y, int64_t ldy,
@@ -2021,16 +2027,21 @@ static PFN_cuTensorMapEncodeTiled_v12000 tma_encode(void) {
     }();
     return fn;
 }
-/* a bf16 matrix [rows][cols] (ld apart) in boxes of 64 columns x box_rows rows, 128-byte swizzle */
-static int tma_map(CUtensorMap *t, const void *p, int64_t cols, int64_t rows, int64_t ld, int box_rows) {
+/* a 2-D tensor map of any element type: [rows][cols] elements of esize bytes, ld elements apart */
+static int tma_map_t(CUtensorMap *t, CUtensorMapDataType dt, int esize, const void *p, int64_t cols, int64_t rows, int64_t ld, int box_cols, int box_rows,
+                     CUtensorMapSwizzle sw) {
     PFN_cuTensorMapEncodeTiled_v12000 fn = tma_encode();
-    if (!fn || ((uintptr_t)p & 15) || (ld & 7) || rows < 1) return -1;
-    cuuint64_t dim[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, str[1] = {(cuuint64_t)ld * 2};
-    cuuint32_t box[2] = {(cuuint32_t)W4K, (cuuint32_t)box_rows}, es[2] = {1, 1};
-    return fn(t, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)p, dim, str, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS
+    if (!fn || ((uintptr_t)p & 15) || (ld * esize) % 16 || rows < 1 || rows >= (1ll << 31)) return -1;
+    cuuint64_t dim[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, str[1] = {(cuuint64_t)(ld * esize)};
+    cuuint32_t box[2] = {(cuuint32_t)box_cols, (cuuint32_t)box_rows}, es[2] = {1, 1};
+    return fn(t, dt, 2, (void *)p, dim, str, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE, sw, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) ==
+                   CUDA_SUCCESS
                ? 0
                : -1;
+}
+/* a bf16 matrix [rows][cols] (ld apart) in boxes of 64 columns x box_rows rows, 128-byte swizzle */
+static int tma_map(CUtensorMap *t, const void *p, int64_t cols, int64_t rows, int64_t ld, int box_rows) {
+    return tma_map_t(t, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, p, cols, rows, ld, W4K, box_rows, CU_TENSOR_MAP_SWIZZLE_128B);
 }
 void cuk_w8_bf16g(cudaStream_t st, const dw &W, __nv_bfloat16 *wb) {
     const int64_t n = W.rows * (W.cols / W4K);
@@ -2126,16 +2137,7 @@ __device__ __forceinline__ void w4t_body(const CUtensorMap *tx, const CUtensorMa
     wg_wait<0>();
 #pragma unroll
     for (int i = 0; i < N / 2; i++) wg_keep(acc[i]);
-    /* acc[4 j + c]: weight row 16 warp + g (+ 8 for c >= 2), x row 8 j + 2 t4 + c % 2 */
-#pragma unroll
-    for (int i = 0; i < N / 2; i++) {
-        const int j = i >> 2, c = i & 3;
-        const int r = 8 * j + 2 * t4 + (c & 1);
-        const int64_t col = n0 + warp * 16 + g + (c >= 2 ? 8 : 0);
-        if (r >= cnt || col >= W.rows) continue;
-        const int64_t yr = tiles ? list[first + r] : first + r;
-        y[yr * ldy + col] = acc[i];
-    }
+    w4g_store<N>(acc, W, y, ldy, n0, first, cnt, tiles, list, warp, g, t4);
 }
 struct wt_maps {
     CUtensorMap x[5]; /* x boxes of 32, 64, 80, 96, 128 rows */
@@ -2160,18 +2162,6 @@ __global__ void __launch_bounds__(128 * W4GW, 1) k_gemm_w4t(const __grid_constan
     else if (cnt > 64) w4t_body<80>(&tx.x[2], &tw, &ts, W, y, ldy, e, first, cnt, tiles, list, sm, scf);
     else if (cnt > 32) w4t_body<64>(&tx.x[1], &tw, &ts, W, y, ldy, e, first, cnt, tiles, list, sm, scf);
     else w4t_body<32>(&tx.x[0], &tw, &ts, W, y, ldy, e, first, cnt, tiles, list, sm, scf);
-}
-/* a 2-D tensor map of any element type: [rows][cols] elements of esize bytes, ld elements apart */
-static int tma_map_t(CUtensorMap *t, CUtensorMapDataType dt, int esize, const void *p, int64_t cols, int64_t rows, int64_t ld, int box_cols, int box_rows,
-                     CUtensorMapSwizzle sw) {
-    PFN_cuTensorMapEncodeTiled_v12000 fn = tma_encode();
-    if (!fn || ((uintptr_t)p & 15) || (ld * esize) % 16 || rows < 1 || rows >= (1ll << 31)) return -1;
-    cuuint64_t dim[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, str[1] = {(cuuint64_t)(ld * esize)};
-    cuuint32_t box[2] = {(cuuint32_t)box_cols, (cuuint32_t)box_rows}, es[2] = {1, 1};
-    return fn(t, dt, 2, (void *)p, dim, str, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE, sw, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) ==
-                   CUDA_SUCCESS
-               ? 0
-               : -1;
 }
 int cuk_gemm_w4t_ok(const dw &W, int ne) {
     return cuk_gemm_w4_ok(W) && (W.g == 32 || W.g == 64) && W.estride == W.rows * W.rb && W.sstride == W.rows * W.sc && W.sc % 4 == 0 && ne >= 1 &&
