@@ -21,6 +21,11 @@
 #            source page (CSV) under $OUT
 #   kernels  every kernel of one 1d4m prefill (PROMPT tokens, default 2048) timed alone by ncu and
 #            summed by function name (then one decode step's launches): where a prompt's time goes
+#   goldens  the logits of one PROMPT-token prompt (default 1024) on the 1d${MOE:-1}m slice from each of
+#            VARIANTS ("BIN:FLAGS" words, BIN base = petrel-cuda-base, new = petrel-cuda, FLAGS with
+#            commas for spaces; default: base, new, new with PDL off, new with each prompt form
+#            back on wgmma), each compared bitwise with the first's (cmp) and by bench --golden
+#            against it (relative L2 error, top-1, KL): which form changes a prompt's bits
 R=$(pwd)
 (cd /tmp && tar xJf "$R/build-carry/w.tar.xz")
 W=/tmp/w
@@ -112,5 +117,19 @@ kernels)
                   for (x in ns) printf "%10.1f us %6.1f %%  %5d launches  %s\n", ns[x] / 1000, 100 * ns[x] / all, n[x], x
                   printf "%10.1f us total\n", all / 1000 }' "$OUT/kernels.csv" | sort -rn | head -30
     done ;;
-*) echo "device-run.sh: unknown mode $1 (tests, bench, quality, cpu, ab, ncu, kernels)" >&2; exit 2 ;;
+goldens)
+    S=/tmp/s1d${MOE:-1}m.pack
+    slice "${MOE:-1}" $S
+    first=
+    for v in ${VARIANTS:-base: new: new:--cuda-pdl,off new:--cuda-experts,wgmma new:--cuda-dense,wgmma new:--cuda-experts,wgmma,--cuda-dense,wgmma}; do
+        b=${v%%:*}; a=${v#*:}; a=${a//,/ }; bin=petrel-cuda; [ "$b" = base ] && bin=petrel-cuda-base
+        g=/tmp/golden-$(echo "$v" | tr -c 'a-zA-Z0-9' _).st
+        timeout 60 $W/$bin bench --model $S --device cuda --prompt ${PROMPT:-1024} --golden-out $g $a 2>&1 | grep -E "rror" | head -3
+        if [ -z "$first" ]; then first=$g; echo "== $v: the reference"; continue; fi
+        cmp -s $first $g && echo "== $v: the same bits" || {
+            echo "== $v: differs ($(cmp $first $g | head -1))"
+            timeout 60 $W/$bin bench --model $S --device cuda --golden $first $a 2>&1 | tail -1
+        }
+    done ;;
+*) echo "device-run.sh: unknown mode $1 (tests, bench, quality, cpu, ab, ncu, kernels, goldens)" >&2; exit 2 ;;
 esac
