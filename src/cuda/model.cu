@@ -374,6 +374,20 @@ extern "C" void cu_model_close(cu_model *m) {
     free(m);
 }
 
+/* the TMA GEMM's bf16 weights (cu_model.w8 2): the largest q8 product a prompt runs through mm;
+ * none where it does not fit the VRAM budget (mm then keeps cuk_gemm_w8g) */
+static void wb_alloc(cu_model *m) {
+    int64_t cap = 0;
+    for (int l = 0; l < m->c->num_hidden_layers; l++) {
+        const cu_layer &ly = m->L[l];
+        const dw *ws[] = {&ly.q_a, &ly.q_b, &ly.kv_a, &ly.kv_b, &ly.o, &ly.iq, &ly.ik, &ly.iwp, &ly.gate, &ly.up, &ly.down, &ly.sg, &ly.su, &ly.sd};
+        for (const dw *W : ws)
+            if (W->d && cuk_gemm_w8_ok(*W) && W->rows * W->cols > cap) cap = W->rows * W->cols;
+    }
+    petrel_error ignored = {};
+    if (cap > 0 && !m->wb && (m->wb = (__nv_bfloat16 *)dalloc(m, sizeof(__nv_bfloat16) * (size_t)cap, "the TMA GEMM's bf16 weights", &ignored))) m->wb_cap = cap;
+}
+
 extern "C" int cu_model_open(const petrel_engine *e, int device, uint64_t vram_budget, int vram_expert_slots, int host_experts, cu_model **out,
                              petrel_error *err) {
     *out = NULL;
@@ -429,17 +443,7 @@ extern "C" int cu_model_open(const petrel_engine *e, int device, uint64_t vram_b
         free(hh);
     }
     for (int l = 0; l < L && !r; l++) r = up_layer(m, &w->layers[l], l, &m->L[l], err);
-    if (!r) { /* the TMA GEMM's bf16 weights: the largest q8 product a prompt runs through mm (none fits the budget: mm keeps cuk_gemm_w8g) */
-        int64_t cap = 0;
-        for (int l = 0; l < L; l++) {
-            const cu_layer &ly = m->L[l];
-            const dw *ws[] = {&ly.q_a, &ly.q_b, &ly.kv_a, &ly.kv_b, &ly.o, &ly.iq, &ly.ik, &ly.iwp, &ly.gate, &ly.up, &ly.down, &ly.sg, &ly.su, &ly.sd};
-            for (const dw *W : ws)
-                if (W->d && cuk_gemm_w8_ok(*W) && W->rows * W->cols > cap) cap = W->rows * W->cols;
-        }
-        petrel_error ignored = {};
-        if (cap > 0 && (m->wb = (__nv_bfloat16 *)dalloc(m, sizeof(__nv_bfloat16) * (size_t)cap, "the TMA GEMM's bf16 weights", &ignored))) m->wb_cap = cap;
-    }
+    if (!r && m->w8 == 2) wb_alloc(m);
     m->kvb_gemm = m->kvb_quant = !r && L > 0;
     for (int l = 0; l < L && !r; l++) m->kvb_gemm &= cuk_gemm_w8_ok(m->L[l].kv_b), m->kvb_quant &= cuk_w_quantized(m->L[l].kv_b);
     if (!r && e->route) { /* trace-driven routing (benchmarks): the trace to HBM */
@@ -492,7 +496,15 @@ extern "C" void cu_model_use_stacks(cu_model *m, int on) { set_mode(m, &m->no_st
 extern "C" void cu_model_use_pdl(cu_model *m, int on) { set_mode(m, &m->no_pdl, !on); }
 extern "C" void cu_model_use_fork(cu_model *m, int on) { set_mode(m, &m->no_fork, !on); }
 extern "C" void cu_model_use_bf16_experts(cu_model *m, int form) { set_mode(m, &m->w4, form); }
-extern "C" void cu_model_use_bf16_dense(cu_model *m, int on) { set_mode(m, &m->w8, on); }
+extern "C" void cu_model_use_bf16_dense(cu_model *m, int on) {
+    set_mode(m, &m->w8, on);
+    pthread_mutex_lock(&m->mu);
+    if (on == 2 && !m->wb) { /* the TMA form's scratch, first asked for now */
+        cudaSetDevice(m->dev);
+        wb_alloc(m);
+    }
+    pthread_mutex_unlock(&m->mu);
+}
 extern "C" void cu_model_use_expanded_attn(cu_model *m, int form) { set_mode(m, &m->xattn, form); }
 extern "C" void cu_model_use_graphs(cu_model *m, int on) { set_mode(m, &m->use_graphs, on); }
 extern "C" unsigned long long cu_model_fork_count(const cu_model *m) { return m->forks; }
