@@ -1892,8 +1892,9 @@ __device__ __forceinline__ void mbar_expect_tx(uint64_t *b, unsigned bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(b)), "r"(bytes) : "memory");
 }
 /* orders this thread's later async-proxy reads of global memory (TMA) after what the grids before
- * wrote through the generic proxy: griddepcontrol.wait under programmatic dependent launch is
- * not documented to cover the async proxy (bench/RESULTS.md 2026-12-07 03:40) */
+ * wrote through the generic proxy. Until a prompt's logits are shown the same with and without
+ * programmatic dependent launch (whose griddepcontrol.wait is not documented to cover the async
+ * proxy: bench/RESULTS.md 2026-12-07), the TMA GEMMs are also launched as plain stream order. */
 __device__ __forceinline__ void fence_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
 __device__ __forceinline__ void mbar_arrive(uint64_t *b) { asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(b)) : "memory"); }
 __device__ __forceinline__ void mbar_wait(uint64_t *b, unsigned parity) {
@@ -2056,8 +2057,10 @@ int cuk_gemm_tma(cudaStream_t st, const __nv_bfloat16 *wb, int64_t rows, int64_t
     CUtensorMap ta, tb;
     if (n < 1 || cols < W4K || cols % W4K || rows < 1 || tma_map(&ta, xh, cols, n, ldxh, TG_BM) || tma_map(&tb, wb, cols, rows, cols, TG_BN)) return -1;
     cudaFuncSetAttribute(k_gemm_tma, cudaFuncAttributeMaxDynamicSharedMemorySize, TG_SMEM);
+    const int was = cuk_pdl(0); /* launched after its predecessor's end: see fence_async_global */
     cu_launch(k_gemm_tma, dim3((unsigned)((n + TG_BM - 1) / TG_BM), (unsigned)((rows + TG_BN - 1) / TG_BN)), 384, TG_SMEM, st, ta, tb, y, ldy, n, rows,
               (int)(cols / W4K));
+    cuk_pdl(was);
     return 0;
 }
 
@@ -2191,8 +2194,10 @@ int cuk_gemm_w4t(cudaStream_t st, const dw &W, int ne, const __nv_bfloat16 *xg, 
         tma_map_t(&ts, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, W.s, W.sc, (int64_t)ne * W.rows, W.sc, scf, W4GN, CU_TENSOR_MAP_SWIZZLE_NONE))
         return -1;
     cudaFuncSetAttribute(k_gemm_w4t, cudaFuncAttributeMaxDynamicSharedMemorySize, WT_SMEM);
+    const int was = cuk_pdl(0); /* launched after its predecessor's end: see fence_async_global */
     cu_launch(k_gemm_w4t, dim3((unsigned)((W.rows + W4GN - 1) / W4GN), (unsigned)(tiles ? max_tiles : (n + W4GM - 1) / W4GM)), 128 * W4GW, WT_SMEM, st, tx, tw,
               ts, W, y, ldy, n, tiles, ntiles_dev, list, scf);
+    cuk_pdl(was);
     return 0;
 }
 
