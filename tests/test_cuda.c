@@ -311,11 +311,40 @@ TEST(cuda, gemm_bf16) {
         }
 }
 
-/* the values of a and b that are not the same bits */
-static size_t count_unequal(const float *a, const float *b, size_t n) {
-    size_t d = 0;
-    for (size_t i = 0; i < n; i++) d += memcmp(&a[i], &b[i], 4) != 0;
-    return d;
+/* a GEMM form (cu_matmul_check's path) against the twin it stands in for (twin): bitwise over
+ * n random x rows of W; alone: also a row alone as in the call */
+static void check_twin(const pt_wview *W, int n, int path, int twin, int alone, const char *what) {
+    petrel_error err = {0};
+    float *x = malloc(sizeof(float) * n * W->cols), *yt = malloc(sizeof(float) * n * W->rows), *yw = malloc(sizeof(float) * n * W->rows);
+    float *y1 = malloc(sizeof(float) * W->rows);
+    for (int64_t i = 0; i < n * W->cols; i++) x[i] = frand() * (i % 7 == 0 ? 9.f : 1.f);
+    int rc = cu_matmul_check(W, x, n, yt, path, &err);
+    CHECK_MSG(rc == 0, "%s [%lld x %lld] n=%d: %s failed (%s)", pt_qtype_name(W->qtype), (long long)W->rows, (long long)W->cols, n, what, err.msg);
+    CHECK(cu_matmul_check(W, x, n, yw, twin, &err) == 0);
+    if (rc == 0) {
+        size_t diff = 0;
+        for (int64_t i = 0; i < n * W->rows; i++) diff += memcmp(&yt[i], &yw[i], 4) != 0;
+        CHECK_MSG(!diff, "%s [%lld x %lld] n=%d: %s differs from its twin in %zu of %lld values (rel err %.3g)", pt_qtype_name(W->qtype), (long long)W->rows,
+                  (long long)W->cols, n, what, diff, (long long)(n * W->rows), test_rel_l2(yt, yw, (size_t)n * W->rows));
+        if (alone) {
+            CHECK(cu_matmul_check(W, x + (int64_t)(n - 1) * W->cols, 1, y1, path, &err) == 0);
+            CHECK_MSG(!memcmp(y1, yt + (int64_t)(n - 1) * W->rows, sizeof(float) * W->rows), "%s [%lld x %lld] n=%d: a row of %s depends on its call",
+                      pt_qtype_name(W->qtype), (long long)W->rows, (long long)W->cols, n, what);
+        }
+        if (getenv("PETREL_TEST_VERBOSE"))
+            fprintf(stderr, "  %s [%lld x %lld] n=%d: %zu values differ from its twin\n", what, (long long)W->rows, (long long)W->cols, n, diff);
+    }
+    free(x), free(yt), free(yw), free(y1);
+}
+/* a format and width a form does not take: refused */
+static void check_refused(pt_qtype qt, int64_t cols, int path, const char *what) {
+    petrel_error err = {0};
+    uint8_t *d;
+    void *sc;
+    pt_wview W = rand_weight(qt, 64, cols, PT_F32, &d, &sc);
+    float *x = calloc((size_t)(2 * cols), sizeof(float)), y[64 * 2];
+    CHECK_MSG(cu_matmul_check(&W, x, 2, y, path, &err) == PETREL_EUNSUPPORTED, "%s took %s [64 x %lld]", what, pt_qtype_name(qt), (long long)cols);
+    free(x), free(d), free(sc);
 }
 
 /* the q8 products' TMA GEMM (weights unpacked once into bf16, both operands loaded by TMA):
@@ -326,39 +355,17 @@ TEST(cuda, gemm_tma) {
     if (!need_gpu()) return;
     const int64_t shapes[][2] = {{64, 256}, {300, 1024}, {257, 64}, {2048, 6144}, {512, 128}, {37, 512}};
     const int ns[] = {9, 130, 300, 600};
-    petrel_error err = {0};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         uint8_t *d;
         void *sc;
         pt_wview W = rand_weight(PT_Q8_G32, shapes[s][0], shapes[s][1], s % 2 ? PT_BF16 : PT_F32, &d, &sc);
         for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
-            int n = ns[k];
-            float *x = malloc(sizeof(float) * n * W.cols), *yt = malloc(sizeof(float) * n * W.rows), *yw = malloc(sizeof(float) * n * W.rows);
-            float *y1 = malloc(sizeof(float) * W.rows);
-            for (int64_t i = 0; i < n * W.cols; i++) x[i] = frand() * (i % 7 == 0 ? 9.f : 1.f);
-            int rc = cu_matmul_check(&W, x, n, yt, 14, &err);
-            CHECK_MSG(rc == 0, "q8 [%lld x %lld] n=%d: the TMA GEMM failed (%s)", (long long)W.rows, (long long)W.cols, n, err.msg);
-            CHECK(cu_matmul_check(&W, x, n, yw, 12, &err) == 0);
-            if (rc == 0) {
-                size_t diff = count_unequal(yt, yw, (size_t)(n * W.rows));
-                CHECK_MSG(!diff, "q8 [%lld x %lld] n=%d: the TMA GEMM differs from the wgmma form in %zu of %lld values (rel err %.3g)", (long long)W.rows,
-                          (long long)W.cols, n, diff, (long long)(n * W.rows), test_rel_l2(yt, yw, (size_t)n * W.rows));
-                CHECK(cu_matmul_check(&W, x + (int64_t)(n - 1) * W.cols, 1, y1, 14, &err) == 0);
-                CHECK_MSG(!memcmp(y1, yt + (int64_t)(n - 1) * W.rows, sizeof(float) * W.rows), "q8 [%lld x %lld] n=%d: a TMA GEMM row depends on its call",
-                          (long long)W.rows, (long long)W.cols, n);
-                if (getenv("PETREL_TEST_VERBOSE")) fprintf(stderr, "  TMA GEMM [%lld x %lld] n=%d: %zu values differ\n", (long long)W.rows, (long long)W.cols, n, diff);
-            }
-            free(x), free(yt), free(yw), free(y1);
-            if (W.cols >= 4096 && n >= 300) break; /* the time */
+            check_twin(&W, ns[k], 14, 12, 1, "the TMA GEMM");
+            if (W.cols >= 4096 && ns[k] >= 300) break; /* the time */
         }
         free(d), free(sc);
     }
-    uint8_t *d;
-    void *sc;
-    pt_wview W = rand_weight(PT_Q4_G64, 64, 256, PT_F32, &d, &sc);
-    float x[256 * 2] = {0}, y[64 * 2];
-    CHECK_MSG(cu_matmul_check(&W, x, 2, y, 14, &err) == PETREL_EUNSUPPORTED, "the TMA GEMM took q4 weights");
-    free(d), free(sc);
+    check_refused(PT_Q4_G64, 256, 14, "the TMA GEMM");
 }
 
 /* the routed experts' GEMM with its loads on the TMA unit: bitwise equal to the wgmma form
@@ -369,43 +376,19 @@ TEST(cuda, gemm_w4t) {
     if (!need_gpu()) return;
     const int64_t shapes[][2] = {{64, 256}, {300, 1024}, {257, 512}, {2048, 6144}, {37, 768}};
     const int ns[] = {9, 40, 75, 90, 100, 200};
-    petrel_error err = {0};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         uint8_t *d;
         void *sc;
         pt_wview W = rand_weight(PT_Q4_G64, shapes[s][0], shapes[s][1], s % 2 ? PT_BF16 : PT_F32, &d, &sc);
         for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
-            int n = ns[k];
-            float *x = malloc(sizeof(float) * n * W.cols), *yt = malloc(sizeof(float) * n * W.rows), *yw = malloc(sizeof(float) * n * W.rows);
-            for (int64_t i = 0; i < n * W.cols; i++) x[i] = frand() * (i % 7 == 0 ? 9.f : 1.f);
-            for (int listed = 0; listed <= 1; listed++) {
-                int rc = cu_matmul_check(&W, x, n, yt, 15 + listed, &err);
-                CHECK_MSG(rc == 0, "q4 [%lld x %lld] n=%d: the TMA-loaded GEMM failed (%s)", (long long)W.rows, (long long)W.cols, n, err.msg);
-                CHECK(cu_matmul_check(&W, x, n, yw, 10 + listed, &err) == 0);
-                if (rc) continue;
-                size_t diff = count_unequal(yt, yw, (size_t)(n * W.rows));
-                CHECK_MSG(!diff, "q4 [%lld x %lld] n=%d%s: the TMA-loaded GEMM differs from the wgmma form in %zu of %lld values (rel err %.3g)",
-                          (long long)W.rows, (long long)W.cols, n, listed ? " (row list)" : "", diff, (long long)(n * W.rows),
-                          test_rel_l2(yt, yw, (size_t)n * W.rows));
-                if (getenv("PETREL_TEST_VERBOSE"))
-                    fprintf(stderr, "  TMA-loaded GEMM [%lld x %lld] n=%d%s: %zu values differ\n", (long long)W.rows, (long long)W.cols, n, listed ? " listed" : "", diff);
-            }
-            free(x), free(yt), free(yw);
-            if (W.cols >= 4096 && n >= 90) break; /* the time */
+            check_twin(&W, ns[k], 15, 10, 0, "the TMA-loaded GEMM");
+            check_twin(&W, ns[k], 16, 11, 0, "the TMA-loaded GEMM over a row list");
+            if (W.cols >= 4096 && ns[k] >= 90) break; /* the time */
         }
         free(d), free(sc);
     }
-    const pt_qtype other[] = {PT_Q8_G32, PT_Q4_G64};
-    const int64_t cols[] = {256, 64};
-    for (int i = 0; i < 2; i++) {
-        uint8_t *d;
-        void *sc;
-        pt_wview W = rand_weight(other[i], 64, cols[i], PT_F32, &d, &sc);
-        float x[256 * 2] = {0}, y[64 * 2];
-        CHECK_MSG(cu_matmul_check(&W, x, 2, y, 15, &err) == PETREL_EUNSUPPORTED, "the TMA-loaded GEMM took %s [64 x %lld]", pt_qtype_name(W.qtype),
-                  (long long)cols[i]);
-        free(d), free(sc);
-    }
+    check_refused(PT_Q8_G32, 256, 15, "the TMA-loaded GEMM");
+    check_refused(PT_Q4_G64, 64, 15, "the TMA-loaded GEMM");
 }
 
 /* the fused SwiGLU form of the int8 GEMV (gate and up rows of one warp, silu(g) * u written)
