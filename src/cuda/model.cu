@@ -443,7 +443,7 @@ extern "C" int cu_model_open(const petrel_engine *e, int device, uint64_t vram_b
         free(hh);
     }
     for (int l = 0; l < L && !r; l++) r = up_layer(m, &w->layers[l], l, &m->L[l], err);
-    if (!r && m->w8 == 2) wb_alloc(m);
+    if (!r && m->w8 >= 2) wb_alloc(m);
     m->kvb_gemm = m->kvb_quant = !r && L > 0;
     for (int l = 0; l < L && !r; l++) m->kvb_gemm &= cuk_gemm_w8_ok(m->L[l].kv_b), m->kvb_quant &= cuk_w_quantized(m->L[l].kv_b);
     if (!r && e->route) { /* trace-driven routing (benchmarks): the trace to HBM */
@@ -499,7 +499,7 @@ extern "C" void cu_model_use_bf16_experts(cu_model *m, int form) { set_mode(m, &
 extern "C" void cu_model_use_bf16_dense(cu_model *m, int on) {
     set_mode(m, &m->w8, on);
     pthread_mutex_lock(&m->mu);
-    if (on == 2 && !m->wb) { /* the TMA form's scratch, first asked for now */
+    if (on >= 2 && !m->wb) { /* the TMA form's scratch, first asked for now */
         cudaSetDevice(m->dev);
         wb_alloc(m);
     }
@@ -740,9 +740,9 @@ static void mm(const cu_model *m, const fscr &f, const dw &W, const float *x, fl
     else if (n <= 8) cuk_gemv(m->st, W, x, W.cols, y, W.rows, n, NULL, NULL);
     else if (mm_bf16(m, f, W, n)) { /* the bf16 warpgroup-MMA form (cu_model_use_bf16_dense); for many rows its TMA twin (the same bits) */
         if (!xh_ready) cuk_xbf16g8(m->st, x, W.cols, n, (int)W.cols, f.xh, W.cols);
-        if (m->w8 == 2 && n >= CU_TMA_ROWS && W.rows * W.cols <= m->wb_cap) {
+        if (m->w8 >= 2 && n >= CU_TMA_ROWS && W.rows * W.cols <= m->wb_cap) {
             cuk_w8_bf16g(m->st, W, m->wb);
-            if (!cuk_gemm_tma(m->st, m->wb, W.rows, W.cols, f.xh, W.cols, y, W.rows, n)) return;
+            if (!cuk_gemm_tma(m->st, m->wb, W.rows, W.cols, f.xh, W.cols, y, W.rows, n, m->w8 == 3 ? 2 : 1)) return;
         }
         cuk_gemm_w8g(m->st, W, f.xh, W.cols, y, W.rows, n, NULL, NULL, 0, NULL, NULL);
     } else if (quant_x(m, f, W, x, W.cols, n, &X, 1)) cuk_gemm_q(m->st, W, X, y, W.rows, n, NULL, NULL, 0, NULL, NULL);
@@ -957,7 +957,7 @@ static int chunk_kernels(cu_model *m, fscr &f, const fscr &f0, const chunk_k &ck
             if (dsa_side) cudaEventRecord(m->join, m->side), cudaStreamWaitEvent(st, m->join, 0);
             m->xruns++;
             cuk_mla_attn_expanded(st, G.kv_b, ck.xkv + (size_t)l * ck.xcap * (Rkv + Dr), ck.xkeys, f.q, f.kx, f.vx, f.S, nmax, f.seln, f.o, t, NH,
-                                  Dn, Dr, Dv, Rkv, scale, ck.xform, f.xb, m->w8 == 2 && ck.xkeys >= CU_TMA_ROWS ? m->wb : NULL, m->wb_cap);
+                                  Dn, Dr, Dv, Rkv, scale, ck.xform, f.xb, m->w8 >= 2 && ck.xkeys >= CU_TMA_ROWS ? m->wb : NULL, m->wb_cap);
             PROF(P_ATTN_CORE);
         } else {
             cuk_mla_uk(st, G.kv_b, G.uk_t, f.q, f.qt, t, NH, Dn, Dr, Dv, Rkv, m->heads, 1);
@@ -1399,7 +1399,7 @@ extern "C" int cu_matmul_check(const pt_wview *W, const float *x, int n, float *
                     cuk_gemm_q(m.st, G, X, dy, W->rows, n, NULL, NULL, 0, NULL, NULL);
                 }
             }
-        } else if (path == 14) { /* q8 on the TMA GEMM: the weights unpacked once into bf16 */
+        } else if (path == 14 || path == 17) { /* q8 on the TMA GEMM: the weights unpacked once into bf16; 17 in pairs of blocks */
             int64_t cols = W->cols;
             __nv_bfloat16 *xh = (__nv_bfloat16 *)dalloc(&m, sizeof(__nv_bfloat16) * (size_t)(n * cols), "x bf16", err);
             __nv_bfloat16 *wb = (__nv_bfloat16 *)dalloc(&m, sizeof(__nv_bfloat16) * (size_t)(W->rows * cols), "weights bf16", err);
@@ -1410,7 +1410,7 @@ extern "C" int cu_matmul_check(const pt_wview *W, const float *x, int n, float *
             if (!rc) {
                 cuk_xbf16g8(m.st, dx, cols, n, (int)cols, xh, cols);
                 cuk_w8_bf16g(m.st, G, wb);
-                if (cuk_gemm_tma(m.st, wb, W->rows, cols, xh, cols, dy, W->rows, n))
+                if (cuk_gemm_tma(m.st, wb, W->rows, cols, xh, cols, dy, W->rows, n, path == 17 ? 2 : 1))
                     rc = pt_err(err, PETREL_EUNSUPPORTED, "the TMA GEMM: the driver has no tensor maps, or the operands do not fit one");
             }
         } else if (path == 15 || path == 16) { /* q4 on the TMA-loaded wgmma GEMM: plain rows, or over a row list (x gathered by it) */
