@@ -3379,18 +3379,13 @@ __global__ void k_fa_pack(const float *__restrict__ y, const float *__restrict__
  * GEMM of the keys' c rows (y in Kx, [nk][NH][Dn + Dv]: the quantized path's products); else
  * from the f32 expansion (Kx, Vx as forms 1 and 2 have them, made here) */
 static void attn_fa(cudaStream_t st, const dw &kvb, const float *kv, int nk, const float *q, float *Kx, float *Vx, const int *seln, int T, int NH,
-                    int Dn, int Dr, int Dv, int Rkv, float scale, __nv_bfloat16 *xb, float *o, __nv_bfloat16 *wb, int64_t wb_cap) {
+                    int Dn, int Dr, int Dv, int Rkv, float scale, __nv_bfloat16 *xb, float *o) {
     const int Dqk = Dn + Dr, D = Rkv + Dr, DK = fa_pad(Dqk), DV = fa_pad(Dv), nkp = fa_nkp(nk);
     __nv_bfloat16 *Kb = xb, *Vt = xb + (size_t)NH * nk * DK, *xh = Vt + (size_t)NH * DV * nkp;
     const int64_t rows = (int64_t)NH * nk, vt = (int64_t)NH * DV * (nkp / 8);
     if (cuk_gemm_w8_ok(kvb)) {
         cuk_xbf16g8(st, kv, D, nk, Rkv, xh, Rkv);
-        int done = 0;
-        if (wb && kvb.rows * kvb.cols <= wb_cap) {
-            cuk_w8_bf16g(st, kvb, wb);
-            done = !cuk_gemm_tma(st, wb, kvb.rows, kvb.cols, xh, Rkv, Kx, (int64_t)NH * (Dn + Dv), nk);
-        }
-        if (!done) cuk_gemm_w8g(st, kvb, xh, Rkv, Kx, (int64_t)NH * (Dn + Dv), nk, nullptr, nullptr, 0, nullptr, nullptr);
+        cuk_gemm_w8g(st, kvb, xh, Rkv, Kx, (int64_t)NH * (Dn + Dv), nk, nullptr, nullptr, 0, nullptr, nullptr);
         cu_launch(k_fa_pack, (unsigned)((rows * (DK / 8) + 255) / 256), 256, 0, st, Kx, kv, nk, NH, Dn, Dr, Dv, D, Rkv, DK, Kb);
         cu_launch(k_fa_vt, (unsigned)((vt + 255) / 256), 256, 0, st, (const float *)Kx + Dn, (int64_t)(Dn + Dv), (int64_t)NH * (Dn + Dv), nk, nkp, NH, Dv, DV, Vt);
     } else {
@@ -3408,10 +3403,9 @@ static void attn_fa(cudaStream_t st, const dw &kvb, const float *kv, int nk, con
 /* ---- a prompt's attention, expanded ---- */
 
 void cuk_mla_attn_expanded(cudaStream_t st, const dw &kvb, const float *kv, int nk, const float *q, float *Kx, float *Vx, float *S, int64_t ldS,
-                           const int *seln, float *o, int T, int NH, int Dn, int Dr, int Dv, int Rkv, float scale, int form, __nv_bfloat16 *xb,
-                           __nv_bfloat16 *wb, int64_t wb_cap) {
+                           const int *seln, float *o, int T, int NH, int Dn, int Dr, int Dv, int Rkv, float scale, int form, __nv_bfloat16 *xb) {
     if (form == 3) { /* one pass on bf16 tensor cores */
-        attn_fa(st, kvb, kv, nk, q, Kx, Vx, seln, T, NH, Dn, Dr, Dv, Rkv, scale, xb, o, wb, wb_cap);
+        attn_fa(st, kvb, kv, nk, q, Kx, Vx, seln, T, NH, Dn, Dr, Dv, Rkv, scale, xb, o);
         return;
     }
     const int D = Rkv + Dr, Dqk = Dn + Dr, nc = tile_cols(1), wg = form == 2;

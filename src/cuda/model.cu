@@ -957,7 +957,7 @@ static int chunk_kernels(cu_model *m, fscr &f, const fscr &f0, const chunk_k &ck
             if (dsa_side) cudaEventRecord(m->join, m->side), cudaStreamWaitEvent(st, m->join, 0);
             m->xruns++;
             cuk_mla_attn_expanded(st, G.kv_b, ck.xkv + (size_t)l * ck.xcap * (Rkv + Dr), ck.xkeys, f.q, f.kx, f.vx, f.S, nmax, f.seln, f.o, t, NH,
-                                  Dn, Dr, Dv, Rkv, scale, ck.xform, f.xb, m->w8 >= 2 && ck.xkeys >= CU_TMA_ROWS ? m->wb : NULL, m->wb_cap);
+                                  Dn, Dr, Dv, Rkv, scale, ck.xform, f.xb);
             PROF(P_ATTN_CORE);
         } else {
             cuk_mla_uk(st, G.kv_b, G.uk_t, f.q, f.qt, t, NH, Dn, Dr, Dv, Rkv, m->heads, 1);
