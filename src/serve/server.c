@@ -502,9 +502,11 @@ static void *sched_main(void *arg) {
     for (;;) {
         pthread_mutex_lock(&sv->mu);
         while (!sv->stopping && !sv->q_head && sv->n_run == 0) pthread_cond_wait(&sv->sched_cv, &sv->mu);
-        if (sv->stopping) { /* everything still open ends with an error */
+        if (sv->stopping) { /* everything still open ends with an error; what finished is kept first */
             for (int a = 0; a < sv->n_run; a++) {
-                job_finish_locked(sv, sv->run[a], NULL, 503, "the server is shutting down");
+                job *j = sv->run[a];
+                if (j->done && sv->ps && !j->err_status && j->s) persist_offer(sv->ps, j->s); /* a finished job not yet swept below */
+                job_finish_locked(sv, j, NULL, 503, "the server is shutting down");
                 job_release_locked(sv, sv->run[a]);
             }
             sv->n_run = 0;
