@@ -372,7 +372,8 @@ TEST(cuda, gemm_tma) {
 }
 
 /* the routed experts' GEMM with its loads on the TMA unit: bitwise equal to the wgmma form
- * (the same fragments and order), plain rows and over a row list with x gathered by it, at
+ * (the same fragments and order), plain rows and over a row list with x gathered by it (rows
+ * uploaded in reverse, gathered back through a second map), at
  * every tile width (32, 64, 80, 96, 128 x rows; 200: 128 + 72) and partial blocks of weight
  * rows; q8 and widths its scales' boxes do not take refused */
 TEST(cuda, gemm_w4t) {
@@ -776,15 +777,16 @@ TEST(cuda, swiglu_bf16) {
     const int n = 37, cols = 2048;
     const size_t e = (size_t)n * cols;
     float *g = malloc(sizeof(float) * e), *u = malloc(sizeof(float) * e);
-    uint16_t *a = malloc(sizeof(uint16_t) * e), *b = malloc(sizeof(uint16_t) * e);
+    uint16_t *a = malloc(sizeof(uint16_t) * e), *b = malloc(sizeof(uint16_t) * e), *r = malloc(sizeof(uint16_t) * e);
     for (size_t i = 0; i < e; i++) g[i] = frand() * (i % 97 == 0 ? 200.0f : 6.0f), u[i] = frand() * 3.0f;
-    int rc = cu_swiglu_bf16_check(g, u, n, cols, a, b, &err);
+    int rc = cu_swiglu_bf16_check(g, u, n, cols, a, b, r, &err);
     CHECK_MSG(rc == 0, "cu_swiglu_bf16_check: %s", err.msg);
-    size_t bad = 0;
-    for (size_t i = 0; !rc && i < e; i++) bad += a[i] != b[i];
+    size_t bad = 0, badr = 0;
+    for (size_t i = 0; !rc && i < e; i++) bad += a[i] != b[i], badr += r[i] != a[(size_t)(n - 1 - (int)(i / cols)) * cols + i % cols];
     CHECK_MSG(bad == 0, "swiglu bf16: %zu of %zu values differ from k_silu_mul + k_xbf16g", bad, e);
-    CHECK(cu_swiglu_bf16_check(g, u, n, 100, a, b, &err) == PETREL_EINVAL); /* not whole 64 columns: refused */
-    free(g), free(u), free(a), free(b);
+    CHECK_MSG(badr == 0, "swiglu bf16 gathered by rows n-1 .. 0: %zu of %zu values differ from the plain pass's reversed", badr, e);
+    CHECK(cu_swiglu_bf16_check(g, u, n, 100, a, b, r, &err) == PETREL_EINVAL); /* not whole 64 columns: refused */
+    free(g), free(u), free(a), free(b), free(r);
 }
 
 /* the experts' counting sort: the list and tiles of a stable sort on the host, for even,

@@ -187,8 +187,9 @@ int cu_route_check(const float *lg, const float *bias, int T, int E, int K, int 
 int cu_topk_check(const float *v, int n, int k, int32_t *idx, petrel_error *err);
 /* The prompt's down-product input from the experts' gate and up rows g, u [n][cols] (cols a
  * multiple of 64): fused gets cuk_swiglu_bf16g's bf16 bits, twin those of cuk_silu_mul then
- * cuk_xbf16g (both in cuk_xbf16g's column order, [n][cols]). */
-int cu_swiglu_bf16_check(const float *g, const float *u, int n, int cols, uint16_t *fused, uint16_t *twin, petrel_error *err);
+ * cuk_xbf16g (both in cuk_xbf16g's column order, [n][cols]); rev those of
+ * cuk_swiglu_bf16g_rows gathering rows n-1 .. 0. */
+int cu_swiglu_bf16_check(const float *g, const float *u, int n, int cols, uint16_t *fused, uint16_t *twin, uint16_t *rev, petrel_error *err);
 /* cuk_moe_sort on the GPU: idx [T][K] expert ids (< E) to list [T K] (the slots t K + k grouped
  * by expert, ascending within one) and tiles [3 *ntiles] (expert, first place, count <= tm);
  * tiles holds E + T K / tm + 1 entries of 3. */

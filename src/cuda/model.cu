@@ -1416,24 +1416,36 @@ extern "C" int cu_matmul_check(const pt_wview *W, const float *x, int n, float *
         } else if (path == 15 || path == 16) { /* q4 on the TMA-loaded wgmma GEMM: plain rows, or over a row list (x gathered by it) */
             int64_t cols = W->cols;
             int mt = n / 64 + 2;
-            int32_t *rl = path == 16 ? (int32_t *)dalloc(&m, sizeof(int32_t) * (size_t)(2 * n + 3 * mt + 1), "row list", err) : NULL;
+            int32_t *rl = path == 16 ? (int32_t *)dalloc(&m, sizeof(int32_t) * (size_t)(3 * n + 3 * mt + 1), "row list", err) : NULL;
             __nv_bfloat16 *xh = (__nv_bfloat16 *)dalloc(&m, sizeof(__nv_bfloat16) * (size_t)(n * cols), "x bf16", err);
             if (!cuk_gemm_w4t_ok(G, 1))
                 rc = pt_err(err, PETREL_EUNSUPPORTED, "the TMA-loaded GEMM takes q4 weights of groups of 32 or 64 columns and whole 256 columns, not %s [%lld x %lld]",
                             pt_qtype_name(W->qtype), (long long)W->rows, (long long)cols);
             else if (!xh || (path == 16 && !rl)) rc = PETREL_ENOMEM;
             if (!rc) {
-                if (path == 16) { /* every row chooses expert 0 of 1: the list is the rows in order */
-                    int32_t *idx = rl, *list = rl + n, *tiles = rl + 2 * n, *nt = tiles + 3 * mt;
-                    cudaMemsetAsync(idx, 0, sizeof(int32_t) * (size_t)n, m.st);
-                    cuk_moe_sort(m.st, idx, n, 1, 1, cuk_gemm_w4g_rows(), list, tiles, nt);
-                    cuk_xbf16g_rows(m.st, dx, cols, n, (int)cols, list, NULL, xh, cols);
-                    rc = cuk_gemm_w4t(m.st, G, 1, xh, cols, dy, W->rows, n, tiles, nt, mt, list);
+                int launched = -1;
+                if (path == 16) { /* every row chooses expert 0 of 1: the list is the rows in order; x rows
+                                   * uploaded in reverse and gathered back through a second map */
+                    int32_t *idx = rl, *list = rl + n, *tiles = rl + 2 * n, *nt = tiles + 3 * mt, *rev = nt + 1;
+                    int32_t *hr = (int32_t *)malloc(sizeof(int32_t) * (size_t)n);
+                    float *hx = (float *)malloc(sizeof(float) * (size_t)(n * cols));
+                    float *dxr = (float *)dalloc(&m, sizeof(float) * (size_t)(n * cols), "x reversed", err);
+                    rc = hr && hx && dxr ? 0 : PETREL_ENOMEM;
+                    for (int i = 0; !rc && i < n; i++) hr[i] = n - 1 - i, memcpy(hx + (size_t)(n - 1 - i) * cols, x + (size_t)i * cols, sizeof(float) * cols);
+                    if (!rc) rc = up_copy(rev, hr, sizeof(int32_t) * (size_t)n, err);
+                    if (!rc) rc = up_copy(dxr, hx, sizeof(float) * (size_t)(n * cols), err);
+                    free(hr), free(hx);
+                    if (!rc) {
+                        cudaMemsetAsync(idx, 0, sizeof(int32_t) * (size_t)n, m.st);
+                        cuk_moe_sort(m.st, idx, n, 1, 1, cuk_gemm_w4g_rows(), list, tiles, nt);
+                        cuk_xbf16g_rows(m.st, dxr, cols, n, (int)cols, list, rev, xh, cols);
+                        launched = cuk_gemm_w4t(m.st, G, 1, xh, cols, dy, W->rows, n, tiles, nt, mt, list);
+                    }
                 } else {
                     cuk_xbf16g(m.st, dx, cols, n, (int)cols, xh, cols);
-                    rc = cuk_gemm_w4t(m.st, G, 1, xh, cols, dy, W->rows, n, NULL, NULL, 0, NULL);
+                    launched = cuk_gemm_w4t(m.st, G, 1, xh, cols, dy, W->rows, n, NULL, NULL, 0, NULL);
                 }
-                if (rc) rc = pt_err(err, PETREL_EUNSUPPORTED, "the TMA-loaded GEMM: the driver has no tensor maps, or the operands do not fit one");
+                if (!rc && launched) rc = pt_err(err, PETREL_EUNSUPPORTED, "the TMA-loaded GEMM: the driver has no tensor maps, or the operands do not fit one");
             }
         } else if (path >= 8 && path <= 13) { /* the bf16 GEMM over q4 weights; 9 over a row list (one expert's 128-row tiles); 10, 11 on wgmma; 12, 13 on wgmma over q8 */
             int64_t cols = W->cols;
@@ -1636,21 +1648,27 @@ extern "C" int cu_route_check(const float *lg, const float *bias, int T, int E, 
     return rc;
 }
 
-extern "C" int cu_swiglu_bf16_check(const float *g, const float *u, int n, int cols, uint16_t *fused, uint16_t *twin, petrel_error *err) {
+extern "C" int cu_swiglu_bf16_check(const float *g, const float *u, int n, int cols, uint16_t *fused, uint16_t *twin, uint16_t *rev, petrel_error *err) {
     if (n < 1 || cols < 64 || cols % 64) return pt_err(err, PETREL_EINVAL, "the SwiGLU bf16 check takes n >= 1 rows of whole 64 columns");
     cu_model m;
     PT_TRY(check_model(&m, err));
     const size_t e = (size_t)n * cols;
     float *dg = (float *)dalloc(&m, sizeof(float) * e, "gate", err), *du = (float *)dalloc(&m, sizeof(float) * e, "up", err);
-    __nv_bfloat16 *dh = (__nv_bfloat16 *)dalloc(&m, 2 * sizeof(__nv_bfloat16) * e, "h", err);
-    int rc = dg && du && dh ? up_copy(dg, g, sizeof(float) * e, err) : PETREL_ENOMEM;
+    __nv_bfloat16 *dh = (__nv_bfloat16 *)dalloc(&m, 3 * sizeof(__nv_bfloat16) * e, "h", err);
+    int32_t *dm = (int32_t *)dalloc(&m, sizeof(int32_t) * (size_t)n, "rows", err), *hm = (int32_t *)malloc(sizeof(int32_t) * (size_t)n);
+    int rc = dg && du && dh && dm && hm ? up_copy(dg, g, sizeof(float) * e, err) : PETREL_ENOMEM;
     if (!rc) rc = up_copy(du, u, sizeof(float) * e, err);
+    for (int i = 0; !rc && i < n; i++) hm[i] = n - 1 - i;
+    if (!rc) rc = up_copy(dm, hm, sizeof(int32_t) * (size_t)n, err);
+    free(hm);
     if (!rc) {
         cuk_swiglu_bf16g(m.st, dg, du, cols, n, cols, dh, cols);
+        cuk_swiglu_bf16g_rows(m.st, dg, du, cols, n, cols, dm, dh + 2 * e, cols);
         cuk_silu_mul(m.st, dg, du, (int64_t)e);
         cuk_xbf16g(m.st, dg, cols, n, cols, dh + e, cols);
         rc = check_fetch(&m, fused, dh, sizeof(uint16_t) * e, "swiglu bf16", err);
         if (!rc) rc = check_fetch(&m, twin, dh + e, sizeof(uint16_t) * e, "swiglu bf16", err);
+        if (!rc) rc = check_fetch(&m, rev, dh + 2 * e, sizeof(uint16_t) * e, "swiglu bf16", err);
     }
     check_done(&m);
     return rc;

@@ -507,7 +507,7 @@ static void *sched_main(void *arg) {
                 job *j = sv->run[a];
                 if (j->done && sv->ps && !j->err_status && j->s) persist_offer(sv->ps, j->s); /* a finished job not yet swept below */
                 job_finish_locked(sv, j, NULL, 503, "the server is shutting down");
-                job_release_locked(sv, sv->run[a]);
+                job_release_locked(sv, j);
             }
             sv->n_run = 0;
             while (sv->q_head) {
