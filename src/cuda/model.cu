@@ -838,12 +838,13 @@ void experts_compute(cu_model *m, const cu_layer &G, const fscr &f, const int32_
             __nv_bfloat16 *xg = (__nv_bfloat16 *)y;
             cuk_moe_sort(st, idx, sort_t, sort_k, sort_e, cuk_gemm_w4g_rows(), f.list, f.tiles, f.ntiles);
             cuk_xbf16g_rows(st, f.x, H, n, H, f.list, xrow, xg, H);
-            if (!cuk_gemm_w4t(st, G.eg, sort_e, xg, H, f.gb, I, n, f.tiles, f.ntiles, mt, f.list)) {
-                cuk_gemm_w4t(st, G.eu, sort_e, xg, H, f.ub, I, n, f.tiles, f.ntiles, mt, f.list);
+            /* a launch refused (a tensor map that would not encode) falls through to the form
+             * below, which recomputes every product from f.x */
+            if (!cuk_gemm_w4t(st, G.eg, sort_e, xg, H, f.gb, I, n, f.tiles, f.ntiles, mt, f.list) &&
+                !cuk_gemm_w4t(st, G.eu, sort_e, xg, H, f.ub, I, n, f.tiles, f.ntiles, mt, f.list)) {
                 cuk_swiglu_bf16g_rows(st, f.gb, f.ub, I, n, I, f.list, f.xh, I); /* the down product's x, gathered too */
                 prof_mark(m, P_EXPERTS);
-                cuk_gemm_w4t(st, G.ed, sort_e, f.xh, I, y, H, n, f.tiles, f.ntiles, mt, f.list);
-                return;
+                if (!cuk_gemm_w4t(st, G.ed, sort_e, f.xh, I, y, H, n, f.tiles, f.ntiles, mt, f.list)) return;
             }
         }
         cuk_moe_sort(st, idx, sort_t, sort_k, sort_e, wg ? cuk_gemm_w4g_rows() : 128, f.list, f.tiles, f.ntiles);
