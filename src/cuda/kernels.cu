@@ -2109,7 +2109,11 @@ int cuk_gemm_tma(cudaStream_t st, const __nv_bfloat16 *wb, int64_t rows, int64_t
         at[0].val.clusterDim.x = 2, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
         cudaLaunchConfig_t cfg = {};
         cfg.gridDim = grid, cfg.blockDim = dim3(384), cfg.dynamicSmemBytes = TG_SMEM, cfg.stream = st, cfg.attrs = at, cfg.numAttrs = 1;
-        cudaLaunchKernelEx(&cfg, k_gemm_tma<2>, ta, tb, y, ldy, n, rows, (int)(cols / W4K));
+        if (cudaLaunchKernelEx(&cfg, k_gemm_tma<2>, ta, tb, y, ldy, n, rows, (int)(cols / W4K)) != cudaSuccess) {
+            cudaGetLastError(); /* a cluster this device cannot place: the caller takes the plain form */
+            cuk_pdl(was);
+            return -1;
+        }
     }
     cuk_pdl(was);
     return 0;
