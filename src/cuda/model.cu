@@ -832,11 +832,11 @@ void experts_compute(cu_model *m, const cu_layer &G, const fscr &f, const int32_
      * rows of a 2048-row chunk in one) */
     if (m->tc && m->w4 && fits && cuk_gemm_w4_ok(G.eg) && cuk_gemm_w4_ok(G.eu) && cuk_gemm_w4_ok(G.ed)) {
         const int wg = m->w4 >= 2; /* warpgroup MMA: its tiles and x order */
+        cuk_moe_sort(st, idx, sort_t, sort_k, sort_e, wg ? cuk_gemm_w4g_rows() : 128, f.list, f.tiles, f.ntiles);
         if (m->w4 == 3 && cuk_gemm_w4t_ok(G.eg, sort_e) && cuk_gemm_w4t_ok(G.eu, sort_e) && cuk_gemm_w4t_ok(G.ed, sort_e)) {
             /* its loads on the TMA unit: x gathered in the tiles' order into y (free until the
              * down product writes it: n rows of H floats hold n rows of H bf16) */
             __nv_bfloat16 *xg = (__nv_bfloat16 *)y;
-            cuk_moe_sort(st, idx, sort_t, sort_k, sort_e, cuk_gemm_w4g_rows(), f.list, f.tiles, f.ntiles);
             cuk_xbf16g_rows(st, f.x, H, n, H, f.list, xrow, xg, H);
             /* a launch refused (a tensor map that would not encode) falls through to the form
              * below, which recomputes every product from f.x */
@@ -847,7 +847,6 @@ void experts_compute(cu_model *m, const cu_layer &G, const fscr &f, const int32_
                 if (!cuk_gemm_w4t(st, G.ed, sort_e, f.xh, I, y, H, n, f.tiles, f.ntiles, mt, f.list)) return;
             }
         }
-        cuk_moe_sort(st, idx, sort_t, sort_k, sort_e, wg ? cuk_gemm_w4g_rows() : 128, f.list, f.tiles, f.ntiles);
         auto xbf16 = wg ? cuk_xbf16g : cuk_xbf16p;
         auto gemm = wg ? cuk_gemm_w4g : cuk_gemm_w4;
         xbf16(st, f.x, H, f.t, H, f.xh, H);
