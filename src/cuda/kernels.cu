@@ -1906,6 +1906,24 @@ __device__ __forceinline__ void mbar_wait(uint64_t *b, unsigned parity) {
                      : "memory");
     } while (!done);
 }
+/* the same at a 32-bit shared address, and shared loads at one */
+__device__ __forceinline__ void mbar_wait_at(uint32_t b, unsigned parity) {
+    uint32_t done;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n" : "=r"(done) : "r"(b), "r"(parity) : "memory");
+    } while (!done);
+}
+__device__ __forceinline__ void mbar_arrive_at32(uint32_t b) { asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(b) : "memory"); }
+__device__ __forceinline__ uint2 lds_u2(uint32_t a) {
+    uint2 v;
+    asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(a) : "memory");
+    return v;
+}
+__device__ __forceinline__ float lds_f(uint32_t a) {
+    float v;
+    asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(a) : "memory");
+    return v;
+}
 /* thread block clusters (k_gemm_tma<2>): this block's rank, a barrier of every thread of the
  * cluster, an arrival on the mbarrier at b's offset in block rank's shared memory */
 __device__ __forceinline__ uint32_t cluster_rank() {
@@ -2166,37 +2184,51 @@ __device__ __forceinline__ void w4t_body(const CUtensorMap *tx, const CUtensorMa
     uint32_t a[4][4];
 #pragma unroll
     for (int i = 0; i < N / 2; i++) acc[i] = 0.f;
-    for (int kt = 0; kt < nk; kt++) {
-        const int u = kt / W4GU, ju = kt % W4GU, ws = u % WT_WS, xs = kt % WT_XS;
-        if (tid == 0) {
-            if (kt + 2 < nk) issue_x(kt + 2);
-            if (ju == 2 && u + 2 < nu) issue_w(u + 2);
-        }
-        if (ju == 0) mbar_wait(&wfull[ws], (u / WT_WS) & 1);
-        mbar_wait(&xfull[xs], (kt / WT_XS) & 1);
-        const uint8_t *P = Wt + ws * WT_WB + ((2 * ju + (t4 >> 1)) ^ g) * 16 + 8 * (t4 & 1);
-        const uint2 w0 = *(const uint2 *)(P + r0 * 128), w1 = *(const uint2 *)(P + (r0 + 8) * 128);
-        const float *Ps = (const float *)(Sc + ws * WT_SB);
-        const int si = (W4K * ju + 32 * (t4 >> 1)) >> gs;
-        const __nv_bfloat162 s0 = __float2bfloat162_rn(Ps[r0 * scf + si]), s1 = __float2bfloat162_rn(Ps[(r0 + 8) * scf + si]);
-        const uint64_t d0 = wg_desc128(smem_u32(X + xs * WT_XB));
+    /* every shared address as a 32-bit offset formed once (generic pointers into shared memory
+     * cost a window computation and generic loads each step); the stages' indices and phases
+     * as counters; a super-step's W4GU steps unrolled, so its offsets are constants */
+    const uint32_t xb = smem_u32(X), wb = smem_u32(Wt) + r0 * 128 + 8 * (t4 & 1), scb = smem_u32(Sc), xfb = smem_u32(xfull), xeb = smem_u32(xempty),
+                   wfb = smem_u32(wfull), web = smem_u32(wempty);
+    const uint32_t sr0 = 4 * r0 * scf, h = t4 >> 1;
+    int ws = 0, xs = 0;
+    unsigned wph = 0, xph = 0;
+    for (int u = 0; u < nu; u++) {
+        mbar_wait_at(wfb + 8 * ws, wph);
+        const uint32_t wu = wb + ws * WT_WB, su = scb + ws * WT_SB + sr0;
 #pragma unroll
-        for (int s = 0; s < 4; s++) {
-            uint32_t o0[2], o1[2];
-            wg_wait<3>(); /* slice s of step kt - 1 is done */
-            w4_unpack_half(s < 2 ? w0.x : w0.y, 2 * (s & 1), s0, o0);
-            w4_unpack_half(s < 2 ? w1.x : w1.y, 2 * (s & 1), s1, o1);
-            a[s][0] = o0[0], a[s][1] = o1[0], a[s][2] = o0[1], a[s][3] = o1[1];
-            wg_fence();
-            wgmma_n<N>(acc, a[s], d0 + 2 * s); /* slice s: 32 s bytes in (the address field counts 16 bytes) */
-            wg_commit();
+        for (int ju = 0; ju < W4GU; ju++) {
+            const int kt = u * W4GU + ju;
+            if (kt >= nk) break;
+            if (tid == 0) {
+                if (kt + 2 < nk) issue_x(kt + 2);
+                if (ju == 2 && u + 2 < nu) issue_w(u + 2);
+            }
+            mbar_wait_at(xfb + 8 * xs, xph);
+            const uint32_t co = ((2 * ju + h) ^ g) * 16; /* step ju's 16-byte unit of the lane's rows (TMA's swizzle) */
+            const uint2 w0 = lds_u2(wu + co), w1 = lds_u2(wu + 8 * 128 + co);
+            const uint32_t si = 4 * ((W4K * ju + 32 * h) >> gs);
+            const __nv_bfloat162 s0 = __float2bfloat162_rn(lds_f(su + si)), s1 = __float2bfloat162_rn(lds_f(su + 8 * 4 * scf + si));
+            const uint64_t d0 = wg_desc128(xb + xs * WT_XB);
+#pragma unroll
+            for (int s = 0; s < 4; s++) {
+                uint32_t o0[2], o1[2];
+                wg_wait<3>(); /* slice s of step kt - 1 is done */
+                w4_unpack_half(s < 2 ? w0.x : w0.y, 2 * (s & 1), s0, o0);
+                w4_unpack_half(s < 2 ? w1.x : w1.y, 2 * (s & 1), s1, o1);
+                a[s][0] = o0[0], a[s][1] = o1[0], a[s][2] = o0[1], a[s][3] = o1[1];
+                wg_fence();
+                wgmma_n<N>(acc, a[s], d0 + 2 * s); /* slice s: 32 s bytes in (the address field counts 16 bytes) */
+                wg_commit();
+            }
+            /* step kt - 1's products are all done (the last wait above): its x stage may refill;
+             * the super-stage's weights were last read this step */
+            if (lane == 0) {
+                if (kt > 0) mbar_arrive_at32(xeb + 8 * ((xs + WT_XS - 1) % WT_XS));
+                if (ju == W4GU - 1) mbar_arrive_at32(web + 8 * ws);
+            }
+            if (++xs == WT_XS) xs = 0, xph ^= 1;
         }
-        /* step kt - 1's products are all done (the last wait above): its x stage may refill; the
-         * super-stage's weights were last read this step */
-        if (lane == 0) {
-            if (kt > 0) mbar_arrive(&xempty[(kt - 1) % WT_XS]);
-            if (ju == W4GU - 1) mbar_arrive(&wempty[ws]);
-        }
+        if (++ws == WT_WS) ws = 0, wph ^= 1;
     }
     wg_wait<0>();
 #pragma unroll
