@@ -2146,12 +2146,13 @@ int cuk_gemm_tma(cudaStream_t st, const __nv_bfloat16 *wb, int64_t rows, int64_t
  * the block barrier and the threads' own copies, which cost the GEMM more than its products
  * (bench/RESULTS.md 2026-12-06 20:08). The weights arrive in TMA's 128-byte swizzle (16-byte
  * chunk c of row r at c ^ (r % 8)); x as k_gemm_tma's operands. q4 with groups of 32 or 64. */
-#define WT_XS 4 /* x stages, one step each: x loads 2 steps ahead */
+#define WT_XS 6 /* x stages, one step each: x loads WT_XS - 2 steps ahead */
 #define WT_WS 3 /* weight super-stages: a super-step loads 6 steps ahead */
 #define WT_XB (W4GM * 128)
 #define WT_WB (W4GN * 128)
 #define WT_SB (W4GN * 32)
 #define WT_SMEM (WT_XS * WT_XB + WT_WS * (WT_WB + WT_SB) + 2 * (WT_XS + WT_WS) * 8 + 1024)
+static_assert(WT_SMEM <= 227 * 1024, "k_gemm_w4t's stages pass a block's shared memory");
 template <int N>
 __device__ __forceinline__ void w4t_body(const CUtensorMap *tx, const CUtensorMap *tw, const CUtensorMap *ts, const dw &W, float *__restrict__ y, int64_t ldy,
                                          int64_t e, int first, int cnt, const int32_t *tiles, const int32_t *list, uint8_t *sm, int scf) {
@@ -2177,7 +2178,7 @@ __device__ __forceinline__ void w4t_body(const CUtensorMap *tx, const CUtensorMa
     if (tid == 0) {
         fence_async_global();
         for (int u = 0; u < 2 && u < nu; u++) issue_w(u);
-        for (int kt = 0; kt < 2 && kt < nk; kt++) issue_x(kt);
+        for (int kt = 0; kt < WT_XS - 2 && kt < nk; kt++) issue_x(kt);
     }
     const int r0 = warp * 16 + g; /* the lane's weight rows r0 and r0 + 8 (both g modulo 8) */
     float acc[N / 2];
@@ -2200,7 +2201,7 @@ __device__ __forceinline__ void w4t_body(const CUtensorMap *tx, const CUtensorMa
             const int kt = u * W4GU + ju;
             if (kt >= nk) break;
             if (tid == 0) {
-                if (kt + 2 < nk) issue_x(kt + 2);
+                if (kt + WT_XS - 2 < nk) issue_x(kt + WT_XS - 2); /* its stage was freed at step kt - 1 */
                 if (ju == 2 && u + 2 < nu) issue_w(u + 2);
             }
             mbar_wait_at(xfb + 8 * xs, xph);
@@ -2209,6 +2210,7 @@ __device__ __forceinline__ void w4t_body(const CUtensorMap *tx, const CUtensorMa
             const uint32_t si = 4 * ((W4K * ju + 32 * h) >> gs);
             const __nv_bfloat162 s0 = __float2bfloat162_rn(lds_f(su + si)), s1 = __float2bfloat162_rn(lds_f(su + 8 * 4 * scf + si));
             const uint64_t d0 = wg_desc128(xb + xs * WT_XB);
+            const uint32_t dlo = (uint32_t)d0, dhi = (uint32_t)(d0 >> 32); /* the address field (< 2^14) takes 2 s without a carry */
 #pragma unroll
             for (int s = 0; s < 4; s++) {
                 uint32_t o0[2], o1[2];
@@ -2217,13 +2219,13 @@ __device__ __forceinline__ void w4t_body(const CUtensorMap *tx, const CUtensorMa
                 w4_unpack_half(s < 2 ? w1.x : w1.y, 2 * (s & 1), s1, o1);
                 a[s][0] = o0[0], a[s][1] = o1[0], a[s][2] = o0[1], a[s][3] = o1[1];
                 wg_fence();
-                wgmma_n<N>(acc, a[s], d0 + 2 * s); /* slice s: 32 s bytes in (the address field counts 16 bytes) */
+                wgmma_n<N>(acc, a[s], (uint64_t)dhi << 32 | (dlo + 2 * s)); /* slice s: 32 s bytes in (the address field counts 16 bytes) */
                 wg_commit();
             }
             /* step kt - 1's products are all done (the last wait above): its x stage may refill;
              * the super-stage's weights were last read this step */
             if (lane == 0) {
-                if (kt > 0) mbar_arrive_at32(xeb + 8 * ((xs + WT_XS - 1) % WT_XS));
+                if (kt > 0) mbar_arrive_at32(xeb + 8 * (xs ? xs - 1 : WT_XS - 1));
                 if (ju == W4GU - 1) mbar_arrive_at32(web + 8 * ws);
             }
             if (++xs == WT_XS) xs = 0, xph ^= 1;
