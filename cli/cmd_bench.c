@@ -76,11 +76,10 @@ static const char *usage =
     "                   bf16 one (the scales in the dequantized weights, f32 sums): mma.sync (bf16),\n"
     "                   Hopper's warpgroup MMA (wgmma), or the same with its loads on the TMA\n"
     "                   unit (tma, the default; the same bits as wgmma)\n"
-    "  --cuda-dense int8|wgmma|tma|tma2 with --device cuda: a prompt's other q8 products on\n"
+    "  --cuda-dense int8|wgmma|tma with --device cuda: a prompt's other q8 products on\n"
     "                   the int8 tensor-core GEMM or on warpgroup MMA in bf16: wgmma unpacks the\n"
     "                   weights in every block; tma (the default) unpacks them once a product for\n"
-    "                   chunks of 512 rows or more and loads both operands by TMA; tma2 the same\n"
-    "                   with pairs of blocks sharing each weight tile (the same bits)\n"
+    "                   chunks of 512 rows or more and loads both operands by TMA (the same bits)\n"
     "  --cuda-prompt-attn absorbed|expanded|expanded-wgmma|flash-bf16 with --device cuda: a prompt\n"
     "                   chunk's attention (one session, every key selected: contexts up to\n"
     "                   index_topk) in the absorbed form or expanded: each head's keys and values\n"
@@ -703,8 +702,8 @@ CLI_CMD(bench) {
             if ((bf16_experts = cli_opt_choice("bench", "--cuda-experts", argv[++i], forms, 4)) < 0) return 1;
         }
         else if (!strcmp(argv[i], "--cuda-dense") && i + 1 < argc) {
-            static const char *const forms[] = {"int8", "wgmma", "tma", "tma2"};
-            if ((bf16_dense = cli_opt_choice("bench", "--cuda-dense", argv[++i], forms, 4)) < 0) return 1;
+            static const char *const forms[] = {"int8", "wgmma", "tma"};
+            if ((bf16_dense = cli_opt_choice("bench", "--cuda-dense", argv[++i], forms, 3)) < 0) return 1;
         }
         else if (!strcmp(argv[i], "--cuda-prompt-attn") && i + 1 < argc) { /* 1 mma.sync tiles, 2 wgmma, 3 one bf16 pass */
             static const char *const forms[] = {"absorbed", "expanded", "expanded-wgmma", "flash-bf16"};

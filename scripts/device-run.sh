@@ -4,9 +4,10 @@
 #   tests    PETREL_TEST_VERBOSE runs of the tests named in TESTS, then the whole cuda group of
 #            each test binary in GROUPS_OF (default petrel-tests-cuda)
 #   bench    1d4m prefill of 2048 tokens per FORMS entry: EXPERTS[+DENSE[+ATTN]] with EXPERTS
-#            int8|bf16|wgmma, DENSE int8|wgmma (int8 when absent), ATTN x (expanded), xw
-#            (expanded-wgmma) or f (flash-bf16; absorbed when absent), by $BIN (default
-#            petrel-cuda); TRACE=1 routes by bench/data/glm5-like-2048.txt.gz
+#            int8|bf16|wgmma|tma, DENSE int8|wgmma|tma (int8 when absent), ATTN x (expanded), xw
+#            (expanded-wgmma) or f (flash-bf16; absorbed when absent: not the engine's defaults,
+#            which are tma+tma+f), by $BIN (default petrel-cuda); TRACE=1 routes by
+#            bench/data/glm5-like-2048.txt.gz
 #   quality  the exact CPU path's logits of 512 positions (--golden-out), then each QF form's
 #            distance from them (spec as in bench; the CPU default's too)
 #   cpu      issues 12 / 21 on the host CPU, 2 threads pinned: 1d1m, 1d2m with 8 sessions

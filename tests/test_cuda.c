@@ -347,12 +347,10 @@ static void check_refused(pt_qtype qt, int64_t cols, int path, const char *what)
     free(x), free(d), free(sc);
 }
 
-/* the q8 products' TMA GEMM (weights unpacked once into bf16, both operands loaded by TMA),
- * alone and in clusters of two blocks sharing each weight tile (multicast): bitwise equal to the
- * wgmma form it stands in for (the same operands and slices in the same order), over partial
- * tiles of x rows (128 a block; an odd count of tiles leaves a pair's second block past n) and
- * of weight rows (256; a half wholly past the matrix), one step of 64 columns and many; a row
- * alone as in a call of n; q4 refused */
+/* the q8 products' TMA GEMM (weights unpacked once into bf16, both operands loaded by TMA):
+ * bitwise equal to the wgmma form it stands in for (the same operands and slices in the same
+ * order), over partial tiles of x rows (128 a block) and of weight rows (256), one step of 64
+ * columns and many; a row alone as in a call of n; q4 refused */
 TEST(cuda, gemm_tma) {
     if (!need_gpu()) return;
     const int64_t shapes[][2] = {{64, 256}, {300, 1024}, {257, 64}, {2048, 6144}, {512, 128}, {37, 512}};
@@ -363,7 +361,6 @@ TEST(cuda, gemm_tma) {
         pt_wview W = rand_weight(PT_Q8_G32, shapes[s][0], shapes[s][1], s % 2 ? PT_BF16 : PT_F32, &d, &sc);
         for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
             check_twin(&W, ns[k], 14, 12, 1, "the TMA GEMM");
-            check_twin(&W, ns[k], 17, 12, 1, "the TMA GEMM in pairs of blocks");
             if (W.cols >= 4096 && ns[k] >= 300) break; /* the time */
         }
         free(d), free(sc);

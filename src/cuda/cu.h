@@ -73,13 +73,15 @@ void cu_model_use_pdl(cu_model *m, int on);
  * (tests and benchmarks: the same kernels on the same inputs, the same bits either way) */
 void cu_model_use_fork(cu_model *m, int on);
 /* A prompt's routed experts (chunks past the GEMV's rows, q4 experts on the quantized path) run
- * on a bf16 tensor-core GEMM (the scales in the dequantized weights, f32 sums): form 2 on
- * warpgroup MMA (cuk_gemm_w4g, the default), 1 on mma.sync (cuk_gemm_w4); form 0 on the int8
- * one (the CPU's int8 bits per product) */
+ * on a bf16 tensor-core GEMM (the scales in the dequantized weights, f32 sums): form 3 on
+ * warpgroup MMA with the loads on the TMA unit (cuk_gemm_w4t, the default), 2 the same with each
+ * thread's own copies (cuk_gemm_w4g; the same bits), 1 on mma.sync (cuk_gemm_w4); form 0 on the
+ * int8 one (the CPU's int8 bits per product) */
 void cu_model_use_bf16_experts(cu_model *m, int form);
 /* A prompt's other q8 products (more than 8 rows: attention projections, the dense and shared
- * MLPs, the head) on the bf16 warpgroup-MMA GEMM (cuk_gemm_w8g, 1: the default) or the int8 one
- * (0: the CPU's int8 bits). */
+ * MLPs, the head) on the bf16 warpgroup-MMA GEMM (cuk_gemm_w8g, 1), the same bits with chunks of
+ * CU_TMA_ROWS or more rows on the TMA GEMM over the weights unpacked once (2: the default; its
+ * bf16 scratch allocated when first asked for), or the int8 one (0: the CPU's int8 bits). */
 void cu_model_use_bf16_dense(cu_model *m, int on);
 /* A prompt chunk whose rows are one session's and each select all of their keys (contexts up to
  * index_topk) runs its attention expanded (cuk_mla_attn_expanded: each head's keys and values
@@ -149,7 +151,9 @@ void cu_model_profile_report(const cu_model *m, char *buf, size_t n);
  * path's GEMM on int8 tensor cores (plain rows), 7 the same over a row list (every row one
  * expert's choice: the routed experts' tiles), 8 the bf16 GEMM over q4 weights (cuk_gemm_w4; else
  * PETREL_EUNSUPPORTED), 9 the same over a row list (128-row tiles), 10 and 11 as 8 and 9 on
- * warpgroup MMA (cuk_gemm_w4g), 12 and 13 the same over q8 weights (cuk_gemm_w8g). */
+ * warpgroup MMA (cuk_gemm_w4g), 12 and 13 the same over q8 weights (cuk_gemm_w8g), 14 the q8 TMA
+ * GEMM over the weights unpacked once (cuk_gemm_tma), 15 and 16 as 10 and 11 with the loads on the
+ * TMA unit (cuk_gemm_w4t; 16 with x gathered by the row list). */
 int cu_matmul_check(const pt_wview *W, const float *x, int n, float *y, int path, petrel_error *err);
 /* The quantized path's fused SwiGLU GEMV on the GPU: y[n][rows] = silu(Wg x) * (Wu x) on int8 x
  * (Wg, Wu: one int8 format (q8_g32 / q4_g64) and shape; n 1..8 plain rows, or with slots n slots

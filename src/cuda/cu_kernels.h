@@ -107,8 +107,7 @@ void cuk_gemm_w8g(cudaStream_t st, const dw &W, const __nv_bfloat16 *xh, int64_t
  * memory: the same bits as cuk_gemm_w8g. Returns -1 (nothing launched) where the driver has no
  * tensor maps or the operands do not fit them (16-byte aligned, ldxh a multiple of 8). */
 void cuk_w8_bf16g(cudaStream_t st, const dw &W, __nv_bfloat16 *wb);
-int cuk_gemm_tma(cudaStream_t st, const __nv_bfloat16 *wb, int64_t rows, int64_t cols, const __nv_bfloat16 *xh, int64_t ldxh, float *y, int64_t ldy, int n,
-                 int cl = 1); /* cl 2: pairs of blocks share each weight tile (TMA multicast); the same bits */
+int cuk_gemm_tma(cudaStream_t st, const __nv_bfloat16 *wb, int64_t rows, int64_t cols, const __nv_bfloat16 *xh, int64_t ldxh, float *y, int64_t ldy, int n);
 /* the column parts a row of W is summed in (cuk_gemv_q, plain rows): two weights of one format
  * and width with the same count give a row the same bits */
 int cuk_gemv_q_parts(const dw &W);

@@ -70,7 +70,7 @@ struct cu_model {
     int no_pdl;                 /* launch each kernel after its predecessor's end (cu_model_use_pdl) */
     int no_fork;                /* run every kernel of a step on one stream (cu_model_use_fork) */
     int w4;                     /* prompts' routed experts on a bf16 GEMM (1 mma.sync, 2 wgmma, 3 wgmma with TMA loads), not the int8 one (cu_model_use_bf16_experts) */
-    int w8;                     /* prompts' q8 products on the bf16 wgmma GEMM, not the int8 one; 2: chunks of CU_TMA_ROWS or more rows on the TMA GEMM over weights unpacked once, 3: the same in pairs of blocks (cu_model_use_bf16_dense) */
+    int w8;                     /* prompts' q8 products on the bf16 wgmma GEMM, not the int8 one; 2 (the default): chunks of CU_TMA_ROWS or more rows on the TMA GEMM over weights unpacked once (cu_model_use_bf16_dense) */
     __nv_bfloat16 *wb;          /* the TMA GEMM's weights in bf16: the largest q8 product the prompts run (wb_cap values; NULL: none fits) */
     int64_t wb_cap;
     int kvb_gemm;               /* every layer's kv_b is a q8 the bf16 GEMM takes (form 3 then makes its keys and values by one GEMM: no f32 V) */

@@ -1924,29 +1924,6 @@ __device__ __forceinline__ float lds_f(uint32_t a) {
     asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(a) : "memory");
     return v;
 }
-/* thread block clusters (k_gemm_tma<2>): this block's rank, a barrier of every thread of the
- * cluster, an arrival on the mbarrier at b's offset in block rank's shared memory */
-__device__ __forceinline__ uint32_t cluster_rank() {
-    uint32_t r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-    return r;
-}
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void mbar_arrive_at(uint64_t *b, uint32_t rank) {
-    uint32_t ra;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(ra) : "r"(smem_u32(b)), "r"(rank));
-    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(ra) : "memory");
-}
-/* the same box into this offset of every block of the cluster in mask, completing on the
- * mbarrier at bar's offset in each */
-__device__ __forceinline__ void tma_load2_mc(void *dst, const CUtensorMap *map, uint64_t *bar, int c0, int c1, uint16_t mask) {
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%3, %4}], [%2], %5;\n" ::"r"(
-                     smem_u32(dst)),
-                 "l"((uint64_t)map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "h"(mask)
-                 : "memory");
-}
 /* box (c0: column, c1: row) of a 2-D tensor map into shared memory, completing on bar */
 __device__ __forceinline__ void tma_load2(void *dst, const CUtensorMap *map, uint64_t *bar, int c0, int c1) {
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n" ::"r"(smem_u32(dst)),
@@ -1967,10 +1944,6 @@ __device__ __forceinline__ void wgmma_ss_n256(float *d, uint64_t da, uint64_t db
                  : "l"(da), "l"(db), "r"(sd));
 }
 
-/* CL: blocks a cluster (1, or 2 along the x tiles: the two share their weight tile, each loading
- * half of it for both by TMA multicast, so L2 serves a weight tile once for 256 x rows; a stage
- * is refilled once the consumers of both blocks are done with it) */
-template <int CL>
 __global__ void __launch_bounds__(384, 1) k_gemm_tma(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb, float *__restrict__ y,
                                                     int64_t ldy, int n, int64_t rows, int nk) {
     extern __shared__ uint8_t tg_raw[];
@@ -1978,29 +1951,25 @@ __global__ void __launch_bounds__(384, 1) k_gemm_tma(const __grid_constant__ CUt
     uint64_t *full = (uint64_t *)(sB + TG_S * TG_BSTAGE), *empty = full + TG_S;
     const int wg = threadIdx.x >> 7, tid = threadIdx.x & 127;
     const int m0 = blockIdx.x * TG_BM, n0 = blockIdx.y * TG_BN;
-    const uint32_t rank = CL > 1 ? cluster_rank() : 0;
     if (threadIdx.x == 0) {
-        for (int s = 0; s < TG_S; s++) mbar_init(&full[s], 1), mbar_init(&empty[s], 8 * CL); /* empty: a consumer warp's lane 0 each, of every block */
+        for (int s = 0; s < TG_S; s++) mbar_init(&full[s], 1), mbar_init(&empty[s], 8); /* empty: a consumer warp's lane 0 each */
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
-    if (CL > 1) cluster_sync(); /* every block's barriers exist before any other block's arrivals and copies */
     pdl_enter();
     if (wg == 0) { /* the producer: one thread */
         if (tid == 0) {
             fence_async_global();
             /* a box wholly past the matrix reads row 0 instead (its sums are not stored) */
-            const int ma = m0 < n ? m0 : 0, nb = n0 + (int)rank * (TG_BN / CL), na = nb < rows ? nb : 0;
+            const int ma = m0 < n ? m0 : 0, na = n0 < rows ? n0 : 0;
             for (int kt = 0; kt < nk; kt++) {
                 const int s = kt % TG_S;
                 mbar_wait(&empty[s], ((kt / TG_S) & 1) ^ 1); /* a fresh barrier passes parity 1 */
                 mbar_expect_tx(&full[s], TG_ASTAGE + TG_BSTAGE);
                 tma_load2(sA + s * TG_ASTAGE, &ta, &full[s], kt * W4K, ma);
-                if (CL > 1) tma_load2_mc(sB + s * TG_BSTAGE + rank * (TG_BSTAGE / CL), &tb, &full[s], kt * W4K, na, (uint16_t)((1u << CL) - 1));
-                else tma_load2(sB + s * TG_BSTAGE, &tb, &full[s], kt * W4K, na);
+                tma_load2(sB + s * TG_BSTAGE, &tb, &full[s], kt * W4K, na);
             }
         }
-        if (CL > 1) cluster_sync(); /* no block leaves while another may still arrive on its barriers */
         return;
     }
     const int cw = wg - 1;
@@ -2016,11 +1985,7 @@ __global__ void __launch_bounds__(384, 1) k_gemm_tma(const __grid_constant__ CUt
         for (int k = 0; k < 4; k++) wgmma_ss_n256(acc, wg_desc128(a0 + s * TG_ASTAGE + 32 * k), wg_desc128(b0 + s * TG_BSTAGE + 32 * k), kt | k);
         wg_commit();
         wg_wait<1>(); /* step kt - 1's products are done: its stage may refill */
-        if (kt > 0 && (tid & 31) == 0) {
-            if (CL > 1)
-                for (uint32_t b = 0; b < CL; b++) mbar_arrive_at(&empty[(kt - 1) % TG_S], b);
-            else mbar_arrive(&empty[(kt - 1) % TG_S]);
-        }
+        if (kt > 0 && (tid & 31) == 0) mbar_arrive(&empty[(kt - 1) % TG_S]);
     }
     wg_wait<0>();
 #pragma unroll
@@ -2043,7 +2008,6 @@ __global__ void __launch_bounds__(384, 1) k_gemm_tma(const __grid_constant__ CUt
                 if (col + 1 < rows) yr[1] = v1;
             }
         }
-    if (CL > 1) cluster_sync();
 }
 /* W's q8 weights as bf16 in cuk_xbf16g8's column order (position p of each 64 columns holds
  * column w8g_col(p)): each value bf16(bf16(q) bf16(s)), as w8_unpack forms it; a thread a row's
@@ -2110,29 +2074,13 @@ void cuk_w8_bf16g(cudaStream_t st, const dw &W, __nv_bfloat16 *wb) {
     const int64_t n = W.rows * (W.cols / W4K);
     if (n > 0) cu_launch(k_w8_bf16g, dim3((unsigned)((n + 255) / 256)), 256, 0, st, W, wb);
 }
-int cuk_gemm_tma(cudaStream_t st, const __nv_bfloat16 *wb, int64_t rows, int64_t cols, const __nv_bfloat16 *xh, int64_t ldxh, float *y, int64_t ldy, int n,
-                 int cl) {
+int cuk_gemm_tma(cudaStream_t st, const __nv_bfloat16 *wb, int64_t rows, int64_t cols, const __nv_bfloat16 *xh, int64_t ldxh, float *y, int64_t ldy, int n) {
     CUtensorMap ta, tb;
-    if (cl != 1 && cl != 2) return -1;
-    if (n < 1 || cols < W4K || cols % W4K || rows < 1 || tma_map(&ta, xh, cols, n, ldxh, TG_BM) || tma_map(&tb, wb, cols, rows, cols, TG_BN / cl)) return -1;
-    const dim3 grid((unsigned)((n + TG_BM * cl - 1) / (TG_BM * cl) * cl), (unsigned)((rows + TG_BN - 1) / TG_BN));
+    if (n < 1 || cols < W4K || cols % W4K || rows < 1 || tma_map(&ta, xh, cols, n, ldxh, TG_BM) || tma_map(&tb, wb, cols, rows, cols, TG_BN)) return -1;
+    const dim3 grid((unsigned)((n + TG_BM - 1) / TG_BM), (unsigned)((rows + TG_BN - 1) / TG_BN));
     const int was = cuk_pdl(0); /* launched after its predecessor's end: see fence_async_global */
-    if (cl == 1) {
-        cudaFuncSetAttribute(k_gemm_tma<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, TG_SMEM);
-        cu_launch(k_gemm_tma<1>, grid, 384, TG_SMEM, st, ta, tb, y, ldy, n, rows, (int)(cols / W4K));
-    } else { /* clusters of 2 blocks along the x tiles (the grid's x rounded up to pairs) */
-        cudaFuncSetAttribute(k_gemm_tma<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, TG_SMEM);
-        cudaLaunchAttribute at[1];
-        at[0].id = cudaLaunchAttributeClusterDimension;
-        at[0].val.clusterDim.x = 2, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = grid, cfg.blockDim = dim3(384), cfg.dynamicSmemBytes = TG_SMEM, cfg.stream = st, cfg.attrs = at, cfg.numAttrs = 1;
-        if (cudaLaunchKernelEx(&cfg, k_gemm_tma<2>, ta, tb, y, ldy, n, rows, (int)(cols / W4K)) != cudaSuccess) {
-            cudaGetLastError(); /* a cluster this device cannot place: the caller takes the plain form */
-            cuk_pdl(was);
-            return -1;
-        }
-    }
+    cudaFuncSetAttribute(k_gemm_tma, cudaFuncAttributeMaxDynamicSharedMemorySize, TG_SMEM);
+    cu_launch(k_gemm_tma, grid, 384, TG_SMEM, st, ta, tb, y, ldy, n, rows, (int)(cols / W4K));
     cuk_pdl(was);
     return 0;
 }

@@ -743,7 +743,7 @@ static void mm(const cu_model *m, const fscr &f, const dw &W, const float *x, fl
         if (!xh_ready) cuk_xbf16g8(m->st, x, W.cols, n, (int)W.cols, f.xh, W.cols);
         if (m->w8 >= 2 && n >= CU_TMA_ROWS && W.rows * W.cols <= m->wb_cap) {
             cuk_w8_bf16g(m->st, W, m->wb);
-            if (!cuk_gemm_tma(m->st, m->wb, W.rows, W.cols, f.xh, W.cols, y, W.rows, n, m->w8 == 3 ? 2 : 1)) return;
+            if (!cuk_gemm_tma(m->st, m->wb, W.rows, W.cols, f.xh, W.cols, y, W.rows, n)) return;
         }
         cuk_gemm_w8g(m->st, W, f.xh, W.cols, y, W.rows, n, NULL, NULL, 0, NULL, NULL);
     } else if (quant_x(m, f, W, x, W.cols, n, &X, 1)) cuk_gemm_q(m->st, W, X, y, W.rows, n, NULL, NULL, 0, NULL, NULL);
@@ -1400,7 +1400,7 @@ extern "C" int cu_matmul_check(const pt_wview *W, const float *x, int n, float *
                     cuk_gemm_q(m.st, G, X, dy, W->rows, n, NULL, NULL, 0, NULL, NULL);
                 }
             }
-        } else if (path == 14 || path == 17) { /* q8 on the TMA GEMM: the weights unpacked once into bf16; 17 in pairs of blocks */
+        } else if (path == 14) { /* q8 on the TMA GEMM: the weights unpacked once into bf16 */
             int64_t cols = W->cols;
             __nv_bfloat16 *xh = (__nv_bfloat16 *)dalloc(&m, sizeof(__nv_bfloat16) * (size_t)(n * cols), "x bf16", err);
             __nv_bfloat16 *wb = (__nv_bfloat16 *)dalloc(&m, sizeof(__nv_bfloat16) * (size_t)(W->rows * cols), "weights bf16", err);
@@ -1411,7 +1411,7 @@ extern "C" int cu_matmul_check(const pt_wview *W, const float *x, int n, float *
             if (!rc) {
                 cuk_xbf16g8(m.st, dx, cols, n, (int)cols, xh, cols);
                 cuk_w8_bf16g(m.st, G, wb);
-                if (cuk_gemm_tma(m.st, wb, W->rows, cols, xh, cols, dy, W->rows, n, path == 17 ? 2 : 1))
+                if (cuk_gemm_tma(m.st, wb, W->rows, cols, xh, cols, dy, W->rows, n))
                     rc = pt_err(err, PETREL_EUNSUPPORTED, "the TMA GEMM: the driver has no tensor maps, or the operands do not fit one");
             }
         } else if (path == 15 || path == 16) { /* q4 on the TMA-loaded wgmma GEMM: plain rows, or over a row list (x gathered by it) */
