@@ -1892,28 +1892,23 @@ __device__ __forceinline__ void mbar_expect_tx(uint64_t *b, unsigned bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(b)), "r"(bytes) : "memory");
 }
 /* orders this thread's later async-proxy reads of global memory (TMA) after what the grids before
- * wrote through the generic proxy. Until a prompt's logits are shown the same with and without
- * programmatic dependent launch (whose griddepcontrol.wait is not documented to cover the async
- * proxy: bench/RESULTS.md 2026-12-07), the TMA GEMMs are also launched as plain stream order. */
+ * wrote through the generic proxy. The TMA GEMMs are also launched in plain stream order, never
+ * as programmatic dependents: griddepcontrol.wait is not documented to cover the async proxy,
+ * and no run has tried them as dependents (the logits equal with PDL on and off in
+ * bench/RESULTS.md 2026-12-07 07:50 had them in stream order both times). */
 __device__ __forceinline__ void fence_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
-__device__ __forceinline__ void mbar_arrive(uint64_t *b) { asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(b)) : "memory"); }
-__device__ __forceinline__ void mbar_wait(uint64_t *b, unsigned parity) {
-    uint32_t done;
-    do {
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done)
-                     : "r"(smem_u32(b)), "r"(parity)
-                     : "memory");
-    } while (!done);
-}
-/* the same at a 32-bit shared address, and shared loads at one */
+/* an arrival on, and a wait for phase parity of, the mbarrier at a 32-bit shared address; the
+ * same at a pointer */
+__device__ __forceinline__ void mbar_arrive_at(uint32_t b) { asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(b) : "memory"); }
 __device__ __forceinline__ void mbar_wait_at(uint32_t b, unsigned parity) {
     uint32_t done;
     do {
         asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n" : "=r"(done) : "r"(b), "r"(parity) : "memory");
     } while (!done);
 }
-__device__ __forceinline__ void mbar_arrive_at32(uint32_t b) { asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(b) : "memory"); }
+__device__ __forceinline__ void mbar_arrive(uint64_t *b) { mbar_arrive_at(smem_u32(b)); }
+__device__ __forceinline__ void mbar_wait(uint64_t *b, unsigned parity) { mbar_wait_at(smem_u32(b), parity); }
+/* loads from a 32-bit shared address */
 __device__ __forceinline__ uint2 lds_u2(uint32_t a) {
     uint2 v;
     asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(a) : "memory");
@@ -2173,8 +2168,8 @@ __device__ __forceinline__ void w4t_body(const CUtensorMap *tx, const CUtensorMa
             /* step kt - 1's products are all done (the last wait above): its x stage may refill;
              * the super-stage's weights were last read this step */
             if (lane == 0) {
-                if (kt > 0) mbar_arrive_at32(xeb + 8 * (xs ? xs - 1 : WT_XS - 1));
-                if (ju == W4GU - 1) mbar_arrive_at32(web + 8 * ws);
+                if (kt > 0) mbar_arrive_at(xeb + 8 * (xs ? xs - 1 : WT_XS - 1));
+                if (ju == W4GU - 1) mbar_arrive_at(web + 8 * ws);
             }
             if (++xs == WT_XS) xs = 0, xph ^= 1;
         }
