@@ -3114,31 +3114,31 @@ static void expand_tiles(cudaStream_t st, const dw &kvb, const float *kv, int nk
 }
 
 /* ---- a prompt's attention, expanded, in one pass on bf16 tensor cores (form 3) ----
- * The quantized path's form, FlashAttention-2's order on Hopper's warpgroup MMA: K_h in bf16 (Kb
- * [NH][nk][DK], zeros past Dqk) and V_h transposed (Vt [NH][DV][nkp], keys contiguous, nkp = nk
- * rounded up to 8, zeros past Dv and nk; the widths padded to 64), packed by k_fa_pack / k_fa_vt
- * from one bf16 GEMM of the keys where kv_b is q8, else from form 1's f32 expansion (see
- * attn_fa). A block is FA_WG warpgroups of 64 rows each, of one head (q rounded to bf16 as it is
- * staged), over tiles of 64 keys up to its last row's count (a warpgroup skips the tiles past its
- * own rows' counts, which would add exact zeros): S = q K^T by wgmma.m64n64k16 with both
- * operands in shared memory (f32 sums), each row's running max and sum in registers (exp2 of the
- * scaled scores), P rounded to bf16 straight from S's accumulators into the A fragments of
- * O += P V (wgmma.m64n<DV>k16, V^T's tile as B); o = O / sum. Keys past a row's seln score -inf.
- * The tiles sit in shared memory in the canonical K-major layout without swizzle that
- * k_gemm_w4g's x uses (16-byte chunk c of row r at c 16 R + 16 r for R rows: LBO 16 R, SBO 128),
- * so a k16 slice's descriptor is the tile's plus a constant. K and V^T arrive by cp.async into
- * two buffers each: the next tile's copies run while this tile's S, softmax and P V compute, one
- * block barrier a tile. Each tile read from L2 serves the block's 128 rows (one warpgroup a block
- * read every tile once per 64 rows and was bound by L2: 64 % busy at 136 TFLOP/s on an H100);
- * 192 KB of shared memory at 256 wide, one block a multiprocessor. A row's sums do not depend on
- * the other rows of its block (tiles past its count add exact zeros), so a prompt in pieces gives
- * the same bits. Errors: bf16's rounding of q, K, V and P (~3e-3 of the outputs), against the f32
- * forms' ~1e-6. k_attn_fa on mma.sync (4 warps of 16 rows, ldmatrix, 248 registers at 256 wide:
- * 8 warps a multiprocessor) ran the same sums at 136 TFLOP/s on an H100 (RESULTS 2026-12-06
- * 22:20). */
+ * The quantized path's form, FlashAttention-2's order on Hopper's warpgroup MMA, FlashAttention-3's
+ * warp specialization: K_h in bf16 (Kb [NH][nk][DK], zeros past Dqk) and V_h transposed (Vt
+ * [NH][DV][nkp], keys contiguous, nkp = nk rounded up to 8, zeros past Dv and nk; the widths
+ * padded to 64), packed by k_fa_pack / k_fa_vt from one bf16 GEMM of the keys where kv_b is q8,
+ * else from form 1's f32 expansion (see attn_fa). A block is one head's FA_BM rows: a producer
+ * warpgroup, whose one thread loads each tile of 64 keys (K, then V^T) by TMA into a ring of FA_ST
+ * stages (full / empty mbarriers; keys past nk read as zeros), and FA_WG consumer warpgroups of
+ * 64 rows each (q rounded to bf16 as it is staged), with the registers the producer gives up
+ * (setmaxnreg). A consumer, per tile up to its last row's count (the tiles past it would add
+ * exact zeros): S = q K^T by wgmma.m64n64k16 with both operands in shared memory (f32 sums),
+ * each row's running max and sum in registers (exp2 of the scaled scores), P rounded to bf16
+ * straight from S's accumulators into the A fragments of O += P V (wgmma.m64n<DV>k16, V^T's tile
+ * as B); o = O / sum. Keys past a row's seln score -inf. The two consumers take turns at issuing
+ * their S products (named barriers), so one's softmax runs under the other's products. Every
+ * operand tile in TMA's 128-byte swizzle (k_gemm_tma's; q's 64-column panels stored so by the
+ * threads). The products, slices and their order are those of the cp.async form this replaced
+ * (bench/RESULTS.md 2026-12-07), so the same bits. A row's sums do not depend on the other rows
+ * of its block (tiles past its count add exact zeros), so a prompt in pieces gives the same bits.
+ * Errors: bf16's rounding of q, K, V and P (~3e-3 of the outputs), against the f32 forms' ~1e-6.
+ * 192 KB of shared memory at 256 wide, one block a multiprocessor. Launched in plain stream order
+ * (fence_async_global). */
 #define FA_WG 2 /* warpgroups a block, each 64 rows: a K / V tile read once serves them all */
 #define FA_BM (64 * FA_WG) /* rows a block */
 #define FA_BN 64 /* keys a tile */
+#define FA_ST 2  /* K and V^T stages: 192 KB at 256 wide with q's 64 KB */
 __host__ __device__ __forceinline__ int fa_pad(int d) { return (d + 63) / 64 * 64; }
 __host__ __device__ __forceinline__ int fa_nkp(int nk) { return (nk + 7) / 8 * 8; }
 /* x [rows][D] f32 to y [rows][DP] bf16, zeros past D: a thread 8 outputs */
@@ -3176,27 +3176,59 @@ __device__ __forceinline__ uint32_t bf2(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *(const uint32_t *)&v;
 }
+/* named barrier id of count threads: wait for it (bar.sync) or only arrive (bar.arrive) */
+__device__ __forceinline__ void nbar_sync(int id, int count) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory"); }
+__device__ __forceinline__ void nbar_arrive(int id, int count) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory"); }
+/* the same where p, and an arrival on the mbarrier at b where p: predicated, no branch */
+__device__ __forceinline__ void nbar_arrive_if(int p, int id, int count) {
+    asm volatile("{\n.reg .pred q;\nsetp.ne.b32 q, %0, 0;\n@q bar.arrive %1, %2;\n}\n" ::"r"(p), "r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_if(int p, uint32_t b) {
+    asm volatile("{\n.reg .pred q;\nsetp.ne.b32 q, %0, 0;\n@q mbarrier.arrive.shared::cta.b64 _, [%1];\n}\n" ::"r"(p), "r"(b) : "memory");
+}
+/* box (c0, c1, c2) of a 3-D tensor map into shared memory, completing on bar */
+__device__ __forceinline__ void tma_load3(uint32_t dst, const CUtensorMap *map, uint32_t bar, int c0, int c1, int c2) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];\n" ::"r"(dst),
+                 "l"((uint64_t)map), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
+                 : "memory");
+}
 template <int DV> /* V's padded width: 64, 128, 192 or 256 */
-__global__ void __launch_bounds__(128 * FA_WG, 1) k_attn_fa(const float *__restrict__ q, int Dqk, int DK, const __nv_bfloat16 *__restrict__ Kb,
-                                                    const __nv_bfloat16 *__restrict__ Vt, int nk, int nkp, const int *__restrict__ seln, int T, int NH,
-                                                    int Dv, float sl2, float *__restrict__ o) {
+__global__ void __launch_bounds__(128 * (FA_WG + 1), 1) k_attn_fa(const float *__restrict__ q, int Dqk, int DK, const __grid_constant__ CUtensorMap tk,
+                                                          const __grid_constant__ CUtensorMap tv, const int *__restrict__ seln, int T, int NH, int Dv,
+                                                          float sl2, float *__restrict__ o) {
     pdl_enter();
-    extern __shared__ __align__(128) uint8_t fa_smem[];
+    extern __shared__ uint8_t fa_raw[];
     __shared__ int red[4 * FA_WG];
-    /* q: DK / 8 chunks of 64 rows; K: DK / 8 chunks of 64 keys; V^T: 8 chunks (of 8 keys) of DV rows */
-    uint8_t *Qs = fa_smem, *Ks0 = Qs + 2 * FA_BM * DK, *Vs0 = Ks0 + 2 * 2 * FA_BN * DK; /* K and V^T: two buffers each */
-    const int h = blockIdx.y, r0 = blockIdx.x * FA_BM, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
-    const __nv_bfloat16 *Kh = Kb + (size_t)h * nk * DK, *Vh = Vt + (size_t)h * DV * nkp;
-    /* the thread's rows (a: g, b: g + 8 of the warp's 16) and their key counts */
-    const int ra = r0 + warp * 16 + g, rb = ra + 8;
-    const int la = ra < T ? seln[ra] : 0, lb = rb < T ? seln[rb] : 0;
-    int wmax = la > lb ? la : lb;
+    /* q: DK / 64 panels of FA_BM rows x 128 bytes; K: FA_ST stages of DK / 64 panels of FA_BN
+     * rows; V^T: FA_ST stages of DV rows x 128 bytes (64 keys); all in TMA's 128-byte swizzle */
+    uint8_t *Qs = (uint8_t *)(((uintptr_t)fa_raw + 1023) & ~(uintptr_t)1023);
+    const uint32_t qs = smem_u32(Qs), ks = qs + FA_BM * 2 * DK, vs = ks + FA_ST * FA_BN * 2 * DK;
+    uint64_t *bars = (uint64_t *)(Qs + FA_BM * 2 * DK + FA_ST * (FA_BN * 2 * DK + DV * 128));
+    const uint32_t fullk = smem_u32(bars), fullv = fullk + 8 * FA_ST, emptyk = fullv + 8 * FA_ST, emptyv = emptyk + 8 * FA_ST;
+    /* wg -1: the producer; broadcast from lane 0, so ptxas knows it warp-uniform (else the consumers'
+     * code is a divergent path, and its products serialized: C7520) */
+    const int h = blockIdx.y, r0 = blockIdx.x * FA_BM, wg = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0) - 1;
+    const int tid = threadIdx.x & 127, lane = tid & 31, cw = (int)threadIdx.x / 32 - 4, g = lane >> 2, t4 = lane & 3;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < FA_ST; s++) {
+            mbar_init(bars + s, 1), mbar_init(bars + FA_ST + s, 1);
+            mbar_init(bars + 2 * FA_ST + s, 4 * FA_WG), mbar_init(bars + 3 * FA_ST + s, 4 * FA_WG); /* empty: each consumer warp's lane 0 */
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    /* a consumer thread's rows (a: g, b: g + 8 of its warp's 16) and their key counts */
+    const int ra = r0 + cw * 16 + g, rb = ra + 8;
+    const int la = wg >= 0 && ra < T ? seln[ra] : 0, lb = wg >= 0 && rb < T ? seln[rb] : 0;
+    if (wg >= 0) {
+        int wmax = la > lb ? la : lb;
 #pragma unroll
-    for (int d = 16; d; d >>= 1) wmax = max(wmax, __shfl_xor_sync(0xffffffffu, wmax, d));
-    if (lane == 0) red[warp] = wmax;
-    /* q of the block's rows, rounded to bf16, zeros past Dqk and T (16-byte loads where aligned) */
+        for (int d = 16; d; d >>= 1) wmax = max(wmax, __shfl_xor_sync(0xffffffffu, wmax, d));
+        if (lane == 0) red[cw] = wmax;
+    }
+    /* q of the block's rows, rounded to bf16, zeros past Dqk and T (16-byte loads where aligned):
+     * 16-byte chunk c of row r of panel p at p 128 FA_BM + 128 r + 16 (c ^ r % 8) */
     const bool q4 = (Dqk & 3) == 0;
-    for (int i = tid; i < FA_BM * (DK / 8); i += blockDim.x) {
+    for (int i = threadIdx.x; i < FA_BM * (DK / 8); i += blockDim.x) {
         const int r = i / (DK / 8), c = i % (DK / 8), row = r0 + r;
         const float *qr = q + ((size_t)row * NH + h) * Dqk + 8 * c;
         __align__(16) __nv_bfloat16 v[8];
@@ -3208,63 +3240,67 @@ __global__ void __launch_bounds__(128 * FA_WG, 1) k_attn_fa(const float *__restr
 #pragma unroll
             for (int j = 0; j < 8; j++) v[j] = __float2bfloat16_rn(row < T && 8 * c + j < Dqk ? qr[j] : 0.f);
         }
-        *(uint4 *)(Qs + 16 * (c * FA_BM + r)) = *(const uint4 *)v;
+        *(uint4 *)(Qs + 128 * FA_BM * (c >> 3) + 128 * r + 16 * ((c & 7) ^ (r & 7))) = *(const uint4 *)v;
     }
-    /* a tile's copies: lanes 2 p and 2 p + 1 take chunks 2 j and 2 j + 1 of one row (32 bytes) */
-    auto load_k = [&](int k0, uint8_t *Ks) {
-        for (int i = tid; i < FA_BN * (DK / 8); i += blockDim.x) {
-            const int p = i >> 1, r = p % FA_BN, c = 2 * (p / FA_BN) + (i & 1);
-            const bool ok = k0 + r < nk;
-            cp_async16(Ks + 16 * (c * FA_BN + r), ok ? Kh + (size_t)(k0 + r) * DK + 8 * c : Kh, ok);
-        }
-    };
-    auto load_v = [&](int k0, uint8_t *Vs) {
-        for (int i = tid; i < DV * (FA_BN / 8); i += blockDim.x) {
-            const int p = i >> 1, n = p % DV, c = 2 * (p / DV) + (i & 1);
-            const bool ok = k0 + 8 * c < nkp;
-            cp_async16(Vs + 16 * (c * DV + n), ok ? Vh + (size_t)n * nkp + k0 + 8 * c : Vh, ok);
-        }
-    };
     fence_async_smem(); /* q's stores, before the tensor cores read them */
     __syncthreads();
-    const int wg = warp >> 2; /* the warpgroup: rows 64 wg .. 64 wg + 63 of the block */
-    int bmax = 0, gmax = 0;   /* the block's and the warpgroup's most keys */
+    int bmax = 0, gmax = 0; /* the block's and the warpgroup's most keys */
 #pragma unroll
     for (int w = 0; w < 4 * FA_WG; w++) {
         bmax = max(bmax, red[w]);
         if (w >> 2 == wg) gmax = max(gmax, red[w]);
     }
     const int ntile = (bmax + FA_BN - 1) / FA_BN;
+    if (wg < 0) { /* the producer: one thread loads K and V^T tile j into stage j % FA_ST */
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+        if (tid == 0) {
+            fence_async_global();
+            for (int j = 0; j < ntile; j++) {
+                const int s = j % FA_ST;
+                const unsigned ph = ((j / FA_ST) & 1) ^ 1; /* a fresh barrier passes parity 1 */
+                mbar_wait_at(emptyk + 8 * s, ph);
+                asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(fullk + 8 * s), "r"(FA_BN * 2 * DK) : "memory");
+                for (int p = 0; p < DK / 64; p++) tma_load3(ks + s * FA_BN * 2 * DK + p * FA_BN * 128, &tk, fullk + 8 * s, 64 * p, j * FA_BN, h);
+                mbar_wait_at(emptyv + 8 * s, ph);
+                asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(fullv + 8 * s), "r"(DV * 128) : "memory");
+                tma_load3(vs + s * DV * 128, &tv, fullv + 8 * s, j * FA_BN, 0, h);
+            }
+        }
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
     float acc[DV / 2], m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
 #pragma unroll
     for (int i = 0; i < DV / 2; i++) acc[i] = 0.f;
-    /* slice k16 kk of a tile: chunks 2 kk and 2 kk + 1, 32 R bytes on (the descriptor's address
-     * field counts 16 bytes) */
-    const uint64_t dq = wg_desc(Qs + 16 * 64 * wg, 16 * FA_BM, 128);
-    if (ntile > 0) load_k(0, Ks0), load_v(0, Vs0);
-    cp_async_commit();
+    /* the warpgroups take turns at issuing their S products (named barriers 1 + wg), so one's
+     * softmax runs under the other's products; warpgroup 0 first */
+    if (wg == 1 && ntile > 0) nbar_arrive(1, 256);
+    const uint32_t qa = qs + 64 * 128 * wg;
     for (int j = 0; j < ntile; j++) {
-        const int k0 = j * FA_BN, b = j & 1;
-        uint8_t *Ks = Ks0 + b * 2 * FA_BN * DK, *Vs = Vs0 + b * 2 * FA_BN * DV;
-        const uint64_t dk = wg_desc(Ks, 16 * FA_BN, 128), dv = wg_desc(Vs, 16 * DV, 128);
-        cp_async_wait<0>(); /* this thread's K and V^T of tile j */
-        fence_async_smem();
-        __syncthreads(); /* everyone's; and every warpgroup is done with tile j - 1, so its buffers take tile j + 1 */
-        if (j + 1 < ntile) load_k(k0 + FA_BN, Ks0 + (b ^ 1) * 2 * FA_BN * DK), load_v(k0 + FA_BN, Vs0 + (b ^ 1) * 2 * FA_BN * DV);
-        cp_async_commit();
+        const int k0 = j * FA_BN, s = j % FA_ST;
+        const unsigned ph = (j / FA_ST) & 1;
+        const uint32_t kt = ks + s * FA_BN * 2 * DK, vt = vs + s * DV * 128;
         const bool act = k0 < gmax; /* a tile past all the warpgroup's rows' keys would add exact zeros: skipped */
+        float sc[32]; /* sc[4 i + e]: row g (e < 2) or g + 8, key k0 + 8 i + 2 t4 + e % 2 */
+        mbar_wait_at(fullk + 8 * s, ph);
+        mbar_wait_at(fullv + 8 * s, ph);
+        nbar_sync(1 + wg, 256);
+        /* then the other's turn (every sync matched by one arrival), an arrival without a branch
+         * (a branch between the products and their wait would serialize them: C7518) */
+        const int turn = wg == 0 || j + 1 < ntile;
         if (act) {
-            float s[32]; /* s[4 i + e]: row g (e < 2) or g + 8, key k0 + 8 i + 2 t4 + e % 2 */
 #pragma unroll
-            for (int i = 0; i < 32; i++) s[i] = 0.f;
+            for (int i = 0; i < 32; i++) sc[i] = 0.f;
             wg_fence();
 #pragma unroll
             for (int kk = 0; kk < 16; kk++) /* unrolled, guarded (a loop over DK would serialize the chain) */
-                if (kk < DK / 16) wgmma_ss_n64(s, dq + 2 * FA_BM * kk, dk + 2 * FA_BN * kk);
+                if (kk < DK / 16) wgmma_ss_n64(sc, wg_desc128(qa + 128 * FA_BM * (kk >> 2) + 32 * (kk & 3)), wg_desc128(kt + 128 * FA_BN * (kk >> 2) + 32 * (kk & 3)));
             wg_commit();
+            nbar_arrive_if(turn, 2 - wg, 256);
             wg_wait<0>();
 #pragma unroll
-            for (int i = 0; i < 32; i++) wg_keep(s[i]);
+            for (int i = 0; i < 32; i++) wg_keep(sc[i]);
+            mbar_arrive_if(lane == 0, emptyk + 8 * s);
             /* scale, mask, the rows' new max (over the 4 lanes of a row) */
             float x0 = -INFINITY, x1 = -INFINITY;
 #pragma unroll
@@ -3272,8 +3308,8 @@ __global__ void __launch_bounds__(128 * FA_WG, 1) k_attn_fa(const float *__restr
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int key = k0 + 8 * i + 2 * t4 + (e & 1);
-                    const float v = key < (e < 2 ? la : lb) ? s[4 * i + e] * sl2 : -INFINITY;
-                    s[4 * i + e] = v;
+                    const float v = key < (e < 2 ? la : lb) ? sc[4 * i + e] * sl2 : -INFINITY;
+                    sc[4 * i + e] = v;
                     if (e < 2) x0 = fmaxf(x0, v);
                     else x1 = fmaxf(x1, v);
                 }
@@ -3286,9 +3322,9 @@ __global__ void __launch_bounds__(128 * FA_WG, 1) k_attn_fa(const float *__restr
             float p0 = 0.f, p1 = 0.f;
 #pragma unroll
             for (int i = 0; i < 8; i++) {
-                s[4 * i] = exp2f(s[4 * i] - b0), s[4 * i + 1] = exp2f(s[4 * i + 1] - b0);
-                s[4 * i + 2] = exp2f(s[4 * i + 2] - b1), s[4 * i + 3] = exp2f(s[4 * i + 3] - b1);
-                p0 += s[4 * i] + s[4 * i + 1], p1 += s[4 * i + 2] + s[4 * i + 3];
+                sc[4 * i] = exp2f(sc[4 * i] - b0), sc[4 * i + 1] = exp2f(sc[4 * i + 1] - b0);
+                sc[4 * i + 2] = exp2f(sc[4 * i + 2] - b1), sc[4 * i + 3] = exp2f(sc[4 * i + 3] - b1);
+                p0 += sc[4 * i] + sc[4 * i + 1], p1 += sc[4 * i + 2] + sc[4 * i + 3];
             }
             l0 = l0 * c0 + p0, l1 = l1 * c1 + p1;
 #pragma unroll
@@ -3296,19 +3332,22 @@ __global__ void __launch_bounds__(128 * FA_WG, 1) k_attn_fa(const float *__restr
             uint32_t pa[4][4]; /* P as the A fragments of the 4 key slices of 16 */
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) {
-                pa[kk][0] = bf2(s[8 * kk], s[8 * kk + 1]), pa[kk][1] = bf2(s[8 * kk + 2], s[8 * kk + 3]);
-                pa[kk][2] = bf2(s[8 * kk + 4], s[8 * kk + 5]), pa[kk][3] = bf2(s[8 * kk + 6], s[8 * kk + 7]);
+                pa[kk][0] = bf2(sc[8 * kk], sc[8 * kk + 1]), pa[kk][1] = bf2(sc[8 * kk + 2], sc[8 * kk + 3]);
+                pa[kk][2] = bf2(sc[8 * kk + 4], sc[8 * kk + 5]), pa[kk][3] = bf2(sc[8 * kk + 6], sc[8 * kk + 7]);
             }
             wg_fence();
 #pragma unroll
-            for (int kk = 0; kk < 4; kk++) wgmma_n<DV>(acc, pa[kk], dv + 2 * DV * kk);
+            for (int kk = 0; kk < 4; kk++) wgmma_n<DV>(acc, pa[kk], wg_desc128(vt + 32 * kk));
             wg_commit();
             wg_wait<0>();
 #pragma unroll
             for (int i = 0; i < DV / 2; i++) wg_keep(acc[i]);
+        } else {
+            nbar_arrive_if(turn, 2 - wg, 256);
+            mbar_arrive_if(lane == 0, emptyk + 8 * s);
         }
+        mbar_arrive_if(lane == 0, emptyv + 8 * s);
     }
-    cp_async_wait<0>();
 #pragma unroll
     for (int d = 1; d <= 2; d <<= 1) l0 += __shfl_xor_sync(0xffffffffu, l0, d), l1 += __shfl_xor_sync(0xffffffffu, l1, d);
     const float i0 = l0 > 0.f ? 1.f / l0 : 0.f, i1 = l1 > 0.f ? 1.f / l1 : 0.f;
@@ -3324,18 +3363,36 @@ __global__ void __launch_bounds__(128 * FA_WG, 1) k_attn_fa(const float *__restr
         }
     }
 }
-int cuk_attn_fa_ok(int Dqk, int Dv) { return Dqk >= 1 && Dqk <= 256 && Dv >= 1 && Dv <= 256; }
+/* a 3-D bf16 tensor map: dims[0] contiguous, str the next two dims' strides in elements; boxes of
+ * 64 x box1 x 1 in 128-byte swizzle */
+static int tma_map3(CUtensorMap *t, const void *p, int64_t d0, int64_t d1, int64_t d2, int64_t s1, int64_t s2, int box1) {
+    PFN_cuTensorMapEncodeTiled_v12000 fn = tma_encode();
+    if (!fn || ((uintptr_t)p & 15) || (s1 * 2) % 16 || (s2 * 2) % 16) return -1;
+    cuuint64_t dim[3] = {(cuuint64_t)d0, (cuuint64_t)d1, (cuuint64_t)d2}, str[2] = {(cuuint64_t)(s1 * 2), (cuuint64_t)(s2 * 2)};
+    cuuint32_t box[3] = {64, (cuuint32_t)box1, 1}, es[3] = {1, 1, 1};
+    return fn(t, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, (void *)p, dim, str, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS
+               ? 0
+               : -1;
+}
+template <int DV>
+static int fa_go(cudaStream_t st, const float *q, int Dqk, int DK, const __nv_bfloat16 *Kb, const __nv_bfloat16 *Vt, int nk, const int *seln, int T,
+                 int NH, int Dv, float sl2, float *o) {
+    const int nkp = fa_nkp(nk);
+    CUtensorMap tk, tv; /* K [NH][nk][DK] in boxes of 64 columns x 64 keys; V^T [NH][DV][nkp] in boxes of 64 keys x DV rows (zeros past nk and nkp) */
+    if (tma_map3(&tk, Kb, DK, nk, NH, DK, (int64_t)nk * DK, FA_BN) || tma_map3(&tv, Vt, nkp, DV, NH, nkp, (int64_t)DV * nkp, DV)) return -1;
+    const int smem = 2 * (FA_BM * DK + FA_ST * (FA_BN * DK + DV * 64)) + 4 * FA_ST * 8 + 1024;
+    const int was = cuk_pdl(0); /* launched after its predecessor's end: see fence_async_global */
+    cudaFuncSetAttribute(k_attn_fa<DV>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    cu_launch(k_attn_fa<DV>, dim3((unsigned)((T + FA_BM - 1) / FA_BM), (unsigned)NH), 128 * (FA_WG + 1), smem, st, q, Dqk, DK, tk, tv, seln, T, NH, Dv, sl2,
+              o);
+    cuk_pdl(was);
+    return 0;
+}
+int cuk_attn_fa_ok(int Dqk, int Dv) { return Dqk >= 1 && Dqk <= 256 && Dv >= 1 && Dv <= 256 && tma_encode(); }
 int cuk_w_quantized(const dw &W) { return W.qt == QQ8ROW || W.qt == QQ8G || W.qt == QQ4G; }
 size_t cuk_attn_fa_bytes(int NH, int nk, int Dqk, int Dv, int Rkv) {
     return sizeof(__nv_bfloat16) * ((size_t)NH * ((size_t)nk * fa_pad(Dqk) + (size_t)fa_nkp(nk) * fa_pad(Dv)) + (size_t)nk * Rkv);
-}
-template <int DV>
-static void fa_go(cudaStream_t st, const float *q, int Dqk, int DK, const __nv_bfloat16 *Kb, const __nv_bfloat16 *Vt, int nk, const int *seln, int T,
-                  int NH, int Dv, float sl2, float *o) {
-    const int smem = (int)sizeof(__nv_bfloat16) * (FA_BM * DK + 2 * FA_BN * DK + 2 * FA_BN * DV);
-    cudaFuncSetAttribute(k_attn_fa<DV>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    cu_launch(k_attn_fa<DV>, dim3((unsigned)((T + FA_BM - 1) / FA_BM), (unsigned)NH), 128 * FA_WG, smem, st, q, Dqk, DK, Kb, Vt, nk, fa_nkp(nk), seln, T, NH, Dv,
-              sl2, o);
 }
 /* Kb [NH][nk][DK] = [W_UK_h c | k_pe | 0] in bf16 from the keys' GEMM y [nk][NH][Dn + Dv] and the
  * cache's k_pe (kv [nk][D] at Rkv): a thread 8 outputs */
@@ -3359,7 +3416,7 @@ __global__ void k_fa_pack(const float *__restrict__ y, const float *__restrict__
  * kv_b is q8 that the warpgroup GEMM takes, every head's W_UK c and W_UV c come from one bf16
  * GEMM of the keys' c rows (y in Kx, [nk][NH][Dn + Dv]: the quantized path's products); else
  * from the f32 expansion (Kx, Vx as forms 1 and 2 have them, made here) */
-static void attn_fa(cudaStream_t st, const dw &kvb, const float *kv, int nk, const float *q, float *Kx, float *Vx, const int *seln, int T, int NH,
+static int attn_fa(cudaStream_t st, const dw &kvb, const float *kv, int nk, const float *q, float *Kx, float *Vx, const int *seln, int T, int NH,
                     int Dn, int Dr, int Dv, int Rkv, float scale, __nv_bfloat16 *xb, float *o) {
     const int Dqk = Dn + Dr, D = Rkv + Dr, DK = fa_pad(Dqk), DV = fa_pad(Dv), nkp = fa_nkp(nk);
     __nv_bfloat16 *Kb = xb, *Vt = xb + (size_t)NH * nk * DK, *xh = Vt + (size_t)NH * DV * nkp;
@@ -3375,20 +3432,18 @@ static void attn_fa(cudaStream_t st, const dw &kvb, const float *kv, int nk, con
         cu_launch(k_fa_vt, (unsigned)((vt + 255) / 256), 256, 0, st, (const float *)Vx, (int64_t)nk * Dv, (int64_t)Dv, nk, nkp, NH, Dv, DV, Vt);
     }
     const float sl2 = scale * 1.4426950408889634f;
-    if (DV == 64) fa_go<64>(st, q, Dqk, DK, Kb, Vt, nk, seln, T, NH, Dv, sl2, o);
-    else if (DV == 128) fa_go<128>(st, q, Dqk, DK, Kb, Vt, nk, seln, T, NH, Dv, sl2, o);
-    else if (DV == 192) fa_go<192>(st, q, Dqk, DK, Kb, Vt, nk, seln, T, NH, Dv, sl2, o);
-    else fa_go<256>(st, q, Dqk, DK, Kb, Vt, nk, seln, T, NH, Dv, sl2, o);
+    if (DV == 64) return fa_go<64>(st, q, Dqk, DK, Kb, Vt, nk, seln, T, NH, Dv, sl2, o);
+    if (DV == 128) return fa_go<128>(st, q, Dqk, DK, Kb, Vt, nk, seln, T, NH, Dv, sl2, o);
+    if (DV == 192) return fa_go<192>(st, q, Dqk, DK, Kb, Vt, nk, seln, T, NH, Dv, sl2, o);
+    return fa_go<256>(st, q, Dqk, DK, Kb, Vt, nk, seln, T, NH, Dv, sl2, o);
 }
 
 /* ---- a prompt's attention, expanded ---- */
 
-void cuk_mla_attn_expanded(cudaStream_t st, const dw &kvb, const float *kv, int nk, const float *q, float *Kx, float *Vx, float *S, int64_t ldS,
-                           const int *seln, float *o, int T, int NH, int Dn, int Dr, int Dv, int Rkv, float scale, int form, __nv_bfloat16 *xb) {
-    if (form == 3) { /* one pass on bf16 tensor cores */
-        attn_fa(st, kvb, kv, nk, q, Kx, Vx, seln, T, NH, Dn, Dr, Dv, Rkv, scale, xb, o);
-        return;
-    }
+int cuk_mla_attn_expanded(cudaStream_t st, const dw &kvb, const float *kv, int nk, const float *q, float *Kx, float *Vx, float *S, int64_t ldS,
+                          const int *seln, float *o, int T, int NH, int Dn, int Dr, int Dv, int Rkv, float scale, int form, __nv_bfloat16 *xb) {
+    if (form == 3) /* one pass on bf16 tensor cores */
+        return attn_fa(st, kvb, kv, nk, q, Kx, Vx, seln, T, NH, Dn, Dr, Dv, Rkv, scale, xb, o);
     const int D = Rkv + Dr, Dqk = Dn + Dr, nc = tile_cols(1), wg = form == 2;
     const int64_t lk = (int64_t)nk * Dqk, lv = (int64_t)nk * Dv;
     /* wg: the products on warpgroup MMA (k_nt_wg), V kept transposed (Vx [NH][Dv][nk]) */
@@ -3424,6 +3479,7 @@ void cuk_mla_attn_expanded(cudaStream_t st, const dw &kvb, const float *kv, int 
         dim3 go((unsigned)((Dv + nc - 1) / nc), (unsigned)((T + GT - 1) / GT), (unsigned)NH);
         cu_launch(k_head_mm<0, 1>, go, 256, 0, st, Wv, 0, nk, S, (int64_t)NH * ldS, ldS, nk, Dv, o, (int64_t)NH * Dv, Dv, T, seln, 1.f);
     }
+    return 0;
 }
 
 /* ---- the decode attention in one pass (up to 8 rows) ----

@@ -957,8 +957,9 @@ static int chunk_kernels(cu_model *m, fscr &f, const fscr &f0, const chunk_k &ck
         if (ck.xkeys) { /* the heads' keys and values expanded, then o per head: no q~, no lat */
             if (dsa_side) cudaEventRecord(m->join, m->side), cudaStreamWaitEvent(st, m->join, 0);
             m->xruns++;
-            cuk_mla_attn_expanded(st, G.kv_b, ck.xkv + (size_t)l * ck.xcap * (Rkv + Dr), ck.xkeys, f.q, f.kx, f.vx, f.S, nmax, f.seln, f.o, t, NH,
-                                  Dn, Dr, Dv, Rkv, scale, ck.xform, f.xb);
+            if (cuk_mla_attn_expanded(st, G.kv_b, ck.xkv + (size_t)l * ck.xcap * (Rkv + Dr), ck.xkeys, f.q, f.kx, f.vx, f.S, nmax, f.seln, f.o, t, NH,
+                                      Dn, Dr, Dv, Rkv, scale, ck.xform, f.xb))
+                return pt_err(err, PETREL_EUNSUPPORTED, "layer %d: the prompt's one-pass attention could not make its tensor maps", l);
             PROF(P_ATTN_CORE);
         } else {
             cuk_mla_uk(st, G.kv_b, G.uk_t, f.q, f.qt, t, NH, Dn, Dr, Dv, Rkv, m->heads, 1);
@@ -1620,8 +1621,10 @@ extern "C" int cu_attn_expanded_check(const pt_wview *kvb, const float *q, const
     if (!rc) rc = up_copy(dkv, kv, sizeof(float) * (size_t)nk * D, err);
     if (!rc) rc = up_copy(dn, hn, sizeof(int) * T, err);
     if (!rc) {
-        cuk_mla_attn_expanded(m.st, K, dkv, nk, dq, dkx, dvx, dS, nk, dn, dout, T, NH, Dn, Dr, Dv, Rkv, scale, form, dxb);
-        rc = check_fetch(&m, o, dout, sizeof(float) * (size_t)T * NH * Dv, "expanded attention", err);
+        if (cuk_mla_attn_expanded(m.st, K, dkv, nk, dq, dkx, dvx, dS, nk, dn, dout, T, NH, Dn, Dr, Dv, Rkv, scale, form, dxb))
+            rc = pt_err(err, PETREL_EUNSUPPORTED, "expanded attention: form 3's tensor maps could not be made");
+        else
+            rc = check_fetch(&m, o, dout, sizeof(float) * (size_t)T * NH * Dv, "expanded attention", err);
     }
     free(hn);
     check_done(&m);
