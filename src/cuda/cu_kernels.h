@@ -186,10 +186,13 @@ void cuk_nt_wg(cudaStream_t st, const float *A, int M, const float *B, int N, in
  * and P V in one pass on bf16 tensor cores (k_attn_fa: no S), K and V in bf16 in xb
  * (cuk_attn_fa_bytes), made by one bf16 GEMM of the keys where kv_b is q8 (its output in Kx,
  * which then holds nk NH (Dn + Dv) floats), else by form 1's expansion; ~3e-3 of the outputs
- * from the f32 forms. Not the same bits as each other. Returns -1 where form 3's tensor maps
- * cannot be made (the driver lacks cuTensorMapEncodeTiled; cuk_attn_fa_ok refuses it there). */
+ * from the f32 forms. Not the same bits as each other. wb (form 3, or NULL): room for kv_b's
+ * weights in bf16, where its product of the keys takes the TMA GEMM (cuk_gemm_tma: the same bits
+ * as cuk_gemm_w8g's). Returns -1 where form 3's tensor maps cannot be made (the driver lacks
+ * cuTensorMapEncodeTiled; cuk_attn_fa_ok refuses it there). */
 int cuk_mla_attn_expanded(cudaStream_t st, const dw &kvb, const float *kv, int nk, const float *q, float *Kx, float *Vx, float *S, int64_t ldS,
-                          const int *seln, float *o, int T, int NH, int Dn, int Dr, int Dv, int Rkv, float scale, int form, __nv_bfloat16 *xb);
+                          const int *seln, float *o, int T, int NH, int Dn, int Dr, int Dv, int Rkv, float scale, int form, __nv_bfloat16 *xb,
+                          __nv_bfloat16 *wb);
 /* whether the one bf16 pass (form 3) takes heads of these widths (each up to 256), and the bytes
  * of its bf16 keys and values for nk keys (xb) */
 int cuk_attn_fa_ok(int Dqk, int Dv);

@@ -2005,36 +2005,43 @@ __global__ void __launch_bounds__(384, 1) k_gemm_tma(const __grid_constant__ CUt
         }
 }
 /* W's q8 weights as bf16 in cuk_xbf16g8's column order (position p of each 64 columns holds
- * column w8g_col(p)): each value bf16(bf16(q) bf16(s)), as w8_unpack forms it; a thread a row's
- * 64 columns */
-__global__ void k_w8_bf16g(dw W, __nv_bfloat16 *__restrict__ wb) {
+ * column w8g_col(p)): each value bf16(bf16(q) bf16(s)), as w8_unpack forms it. A block 64 groups
+ * of 64 columns: their bytes (4 KB, a thread 16) and scales into shared memory, then each thread
+ * two 16-byte chunks of the output (positions 8 o .. 8 o + 7 of group c / 8, o = c % 8: bytes
+ * 4 (o / 2) + 2 (o % 2) and the next of each of the group's four 16-byte columns), so a warp's
+ * loads and stores are each 512 contiguous bytes (a thread a group, its 64 bytes read and 128
+ * written 64 and 128 bytes apart across the warp, ran at ~0.65 TB/s on an H100) */
+#define W8B_G 64 /* groups a block */
+__global__ void __launch_bounds__(256) k_w8_bf16g(dw W, __nv_bfloat16 *__restrict__ wb) {
     pdl_enter();
-    const int64_t steps = W.cols / W4K, i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= W.rows * steps) return;
-    const int64_t r = i / steps, j = i % steps;
-    const uint4 *src = (const uint4 *)(W.d + r * W.rb + W4K * j);
-    uint32_t q[16];
-#pragma unroll
-    for (int v = 0; v < 4; v++) {
-        const uint4 u = src[v];
-        q[4 * v] = u.x, q[4 * v + 1] = u.y, q[4 * v + 2] = u.z, q[4 * v + 3] = u.w;
-    }
-    const int gs = __ffs(W.g) - 1;
-    const float *s = W.s + r * W.sc;
-    const __nv_bfloat162 slo = __float2bfloat162_rn(s[(W4K * j) >> gs]), shi = __float2bfloat162_rn(s[(W4K * j + 32) >> gs]);
-    uint4 *dst = (uint4 *)(wb + r * W.cols + W4K * j);
-#pragma unroll
-    for (int o = 0; o < 8; o++) {
-        uint32_t w[4];
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int c0 = w8g_col(8 * o + 2 * e), c1 = w8g_col(8 * o + 2 * e + 1); /* the same 32-column half (w8g_col: c0 + 1 == c1) */
-            const float a = (float)(int8_t)(q[c0 >> 2] >> (8 * (c0 & 3))), b = (float)(int8_t)(q[c1 >> 2] >> (8 * (c1 & 3)));
-            __nv_bfloat162 p = __floats2bfloat162_rn(a, b);
-            p = __hmul2(p, c0 < 32 ? slo : shi);
-            w[e] = *(const uint32_t *)&p;
+    __shared__ uint4 sq[4 * W8B_G];
+    __shared__ __nv_bfloat162 ss[2 * W8B_G];
+    const int64_t steps = W.cols / W4K, n = W.rows * steps, g0 = (int64_t)blockIdx.x * W8B_G;
+    const int tid = threadIdx.x, gs = __ffs(W.g) - 1;
+    {
+        const int64_t i = g0 + (tid >> 2);
+        const int t = tid & 3;
+        if (i < n) {
+            const int64_t r = i / steps, j = i % steps;
+            sq[tid] = *(const uint4 *)(W.d + r * W.rb + W4K * j + 16 * t);
+            if (t < 2) ss[2 * (tid >> 2) + t] = __float2bfloat162_rn(W.s[r * W.sc + ((W4K * j + 32 * t) >> gs)]);
         }
-        dst[o] = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+    __syncthreads();
+    const uint32_t *sw = (const uint32_t *)sq;
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+        const int c = tid + 256 * k, G = c >> 3, o = c & 7;
+        const int64_t i = g0 + G;
+        if (i >= n) continue;
+        const int64_t r = i / steps, j = i % steps;
+        uint32_t w[4], v[2];
+#pragma unroll
+        for (int e = 0; e < 4; e++) { /* the pair of positions 8 o + 2 e, 8 o + 2 e + 1: 16-byte column e */
+            w8_unpack(sw[16 * G + 4 * e + (o >> 1)], ss[2 * G + (e >> 1)], v);
+            w[e] = v[o & 1];
+        }
+        *(uint4 *)(wb + r * W.cols + W4K * j + 8 * o) = make_uint4(w[0], w[1], w[2], w[3]);
     }
 }
 /* cuTensorMapEncodeTiled from the driver (found once; NULL where the driver lacks it) */
@@ -2066,8 +2073,8 @@ static int tma_map(CUtensorMap *t, const void *p, int64_t cols, int64_t rows, in
     return tma_map_t(t, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, p, cols, rows, ld, W4K, box_rows, CU_TENSOR_MAP_SWIZZLE_128B);
 }
 void cuk_w8_bf16g(cudaStream_t st, const dw &W, __nv_bfloat16 *wb) {
-    const int64_t n = W.rows * (W.cols / W4K);
-    if (n > 0) cu_launch(k_w8_bf16g, dim3((unsigned)((n + 255) / 256)), 256, 0, st, W, wb);
+    const int64_t n = W.rows * (W.cols / W4K); /* groups of 64 columns */
+    if (n > 0) cu_launch(k_w8_bf16g, dim3((unsigned)((n + W8B_G - 1) / W8B_G)), 256, 0, st, W, wb);
 }
 int cuk_gemm_tma(cudaStream_t st, const __nv_bfloat16 *wb, int64_t rows, int64_t cols, const __nv_bfloat16 *xh, int64_t ldxh, float *y, int64_t ldy, int n) {
     CUtensorMap ta, tb;
@@ -3417,13 +3424,15 @@ __global__ void k_fa_pack(const float *__restrict__ y, const float *__restrict__
  * GEMM of the keys' c rows (y in Kx, [nk][NH][Dn + Dv]: the quantized path's products); else
  * from the f32 expansion (Kx, Vx as forms 1 and 2 have them, made here) */
 static int attn_fa(cudaStream_t st, const dw &kvb, const float *kv, int nk, const float *q, float *Kx, float *Vx, const int *seln, int T, int NH,
-                    int Dn, int Dr, int Dv, int Rkv, float scale, __nv_bfloat16 *xb, float *o) {
+                   int Dn, int Dr, int Dv, int Rkv, float scale, __nv_bfloat16 *xb, float *o, __nv_bfloat16 *wb) {
     const int Dqk = Dn + Dr, D = Rkv + Dr, DK = fa_pad(Dqk), DV = fa_pad(Dv), nkp = fa_nkp(nk);
     __nv_bfloat16 *Kb = xb, *Vt = xb + (size_t)NH * nk * DK, *xh = Vt + (size_t)NH * DV * nkp;
     const int64_t rows = (int64_t)NH * nk, vt = (int64_t)NH * DV * (nkp / 8);
     if (cuk_gemm_w8_ok(kvb)) {
         cuk_xbf16g8(st, kv, D, nk, Rkv, xh, Rkv);
-        cuk_gemm_w8g(st, kvb, xh, Rkv, Kx, (int64_t)NH * (Dn + Dv), nk, nullptr, nullptr, 0, nullptr, nullptr);
+        if (wb) cuk_w8_bf16g(st, kvb, wb); /* its TMA twin (the same bits), as the model's products of many rows */
+        if (!wb || cuk_gemm_tma(st, wb, kvb.rows, Rkv, xh, Rkv, Kx, (int64_t)NH * (Dn + Dv), nk))
+            cuk_gemm_w8g(st, kvb, xh, Rkv, Kx, (int64_t)NH * (Dn + Dv), nk, nullptr, nullptr, 0, nullptr, nullptr);
         cu_launch(k_fa_pack, (unsigned)((rows * (DK / 8) + 255) / 256), 256, 0, st, Kx, kv, nk, NH, Dn, Dr, Dv, D, Rkv, DK, Kb);
         cu_launch(k_fa_vt, (unsigned)((vt + 255) / 256), 256, 0, st, (const float *)Kx + Dn, (int64_t)(Dn + Dv), (int64_t)NH * (Dn + Dv), nk, nkp, NH, Dv, DV, Vt);
     } else {
@@ -3441,9 +3450,10 @@ static int attn_fa(cudaStream_t st, const dw &kvb, const float *kv, int nk, cons
 /* ---- a prompt's attention, expanded ---- */
 
 int cuk_mla_attn_expanded(cudaStream_t st, const dw &kvb, const float *kv, int nk, const float *q, float *Kx, float *Vx, float *S, int64_t ldS,
-                          const int *seln, float *o, int T, int NH, int Dn, int Dr, int Dv, int Rkv, float scale, int form, __nv_bfloat16 *xb) {
+                          const int *seln, float *o, int T, int NH, int Dn, int Dr, int Dv, int Rkv, float scale, int form, __nv_bfloat16 *xb,
+                          __nv_bfloat16 *wb) {
     if (form == 3) /* one pass on bf16 tensor cores */
-        return attn_fa(st, kvb, kv, nk, q, Kx, Vx, seln, T, NH, Dn, Dr, Dv, Rkv, scale, xb, o);
+        return attn_fa(st, kvb, kv, nk, q, Kx, Vx, seln, T, NH, Dn, Dr, Dv, Rkv, scale, xb, o, wb);
     const int D = Rkv + Dr, Dqk = Dn + Dr, nc = tile_cols(1), wg = form == 2;
     const int64_t lk = (int64_t)nk * Dqk, lv = (int64_t)nk * Dv;
     /* wg: the products on warpgroup MMA (k_nt_wg), V kept transposed (Vx [NH][Dv][nk]) */

@@ -958,7 +958,8 @@ static int chunk_kernels(cu_model *m, fscr &f, const fscr &f0, const chunk_k &ck
             if (dsa_side) cudaEventRecord(m->join, m->side), cudaStreamWaitEvent(st, m->join, 0);
             m->xruns++;
             if (cuk_mla_attn_expanded(st, G.kv_b, ck.xkv + (size_t)l * ck.xcap * (Rkv + Dr), ck.xkeys, f.q, f.kx, f.vx, f.S, nmax, f.seln, f.o, t, NH,
-                                      Dn, Dr, Dv, Rkv, scale, ck.xform, f.xb))
+                                      Dn, Dr, Dv, Rkv, scale, ck.xform, f.xb,
+                                      m->w8 >= 2 && ck.xkeys >= CU_TMA_ROWS && G.kv_b.rows * G.kv_b.cols <= m->wb_cap ? m->wb : NULL))
                 return pt_err(err, PETREL_EUNSUPPORTED, "layer %d: the prompt's one-pass attention could not make its tensor maps", l);
             PROF(P_ATTN_CORE);
         } else {
@@ -1621,7 +1622,7 @@ extern "C" int cu_attn_expanded_check(const pt_wview *kvb, const float *q, const
     if (!rc) rc = up_copy(dkv, kv, sizeof(float) * (size_t)nk * D, err);
     if (!rc) rc = up_copy(dn, hn, sizeof(int) * T, err);
     if (!rc) {
-        if (cuk_mla_attn_expanded(m.st, K, dkv, nk, dq, dkx, dvx, dS, nk, dn, dout, T, NH, Dn, Dr, Dv, Rkv, scale, form, dxb))
+        if (cuk_mla_attn_expanded(m.st, K, dkv, nk, dq, dkx, dvx, dS, nk, dn, dout, T, NH, Dn, Dr, Dv, Rkv, scale, form, dxb, NULL))
             rc = pt_err(err, PETREL_EUNSUPPORTED, "expanded attention: form 3's tensor maps could not be made");
         else
             rc = check_fetch(&m, o, dout, sizeof(float) * (size_t)T * NH * Dv, "expanded attention", err);
