@@ -766,8 +766,9 @@ TEST(cuda, topk_ties) {
     }
 }
 
-/* the prompt's experts' down input in one pass: cuk_swiglu_bf16g's bits are those of
- * k_silu_mul then k_xbf16g, over ordinary values and ones whose exp overflows */
+/* the prompt's down input in one pass: cuk_swiglu_bf16g's bits (the routed experts' order) and
+ * cuk_swiglu_bf16g8's (the q8 products') are those of k_silu_mul then the conversion of that
+ * order, over ordinary values and ones whose exp overflows */
 TEST(cuda, swiglu_bf16) {
     if (!need_gpu()) return;
     petrel_error err = {0};
@@ -776,13 +777,19 @@ TEST(cuda, swiglu_bf16) {
     float *g = malloc(sizeof(float) * e), *u = malloc(sizeof(float) * e);
     uint16_t *a = malloc(sizeof(uint16_t) * e), *b = malloc(sizeof(uint16_t) * e), *r = malloc(sizeof(uint16_t) * e);
     for (size_t i = 0; i < e; i++) g[i] = frand() * (i % 97 == 0 ? 200.0f : 6.0f), u[i] = frand() * 3.0f;
-    int rc = cu_swiglu_bf16_check(g, u, n, cols, a, b, r, &err);
+    int rc = cu_swiglu_bf16_check(g, u, n, cols, 4, a, b, r, &err);
     CHECK_MSG(rc == 0, "cu_swiglu_bf16_check: %s", err.msg);
     size_t bad = 0, badr = 0;
     for (size_t i = 0; !rc && i < e; i++) bad += a[i] != b[i], badr += r[i] != a[(size_t)(n - 1 - (int)(i / cols)) * cols + i % cols];
     CHECK_MSG(bad == 0, "swiglu bf16: %zu of %zu values differ from k_silu_mul + k_xbf16g", bad, e);
     CHECK_MSG(badr == 0, "swiglu bf16 gathered by rows n-1 .. 0: %zu of %zu values differ from the plain pass's reversed", badr, e);
-    CHECK(cu_swiglu_bf16_check(g, u, n, 100, a, b, r, &err) == PETREL_EINVAL); /* not whole 64 columns: refused */
+    rc = cu_swiglu_bf16_check(g, u, n, cols, 8, a, b, NULL, &err);
+    CHECK_MSG(rc == 0, "cu_swiglu_bf16_check (q8 order): %s", err.msg);
+    bad = 0;
+    for (size_t i = 0; !rc && i < e; i++) bad += a[i] != b[i];
+    CHECK_MSG(bad == 0, "swiglu bf16 in the q8 order: %zu of %zu values differ from k_silu_mul + k_xbf16g8", bad, e);
+    CHECK(cu_swiglu_bf16_check(g, u, n, 100, 4, a, b, r, &err) == PETREL_EINVAL); /* not whole 64 columns: refused */
+    CHECK(cu_swiglu_bf16_check(g, u, n, cols, 6, a, b, r, &err) == PETREL_EINVAL); /* no such order */
     free(g), free(u), free(a), free(b), free(r);
 }
 

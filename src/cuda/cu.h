@@ -189,11 +189,12 @@ int cu_route_check(const float *lg, const float *bias, int T, int E, int K, int 
                    int32_t *idx, float *wts, petrel_error *err);
 /* op_topk on the GPU for one row of n scores: idx[k] ascending. */
 int cu_topk_check(const float *v, int n, int k, int32_t *idx, petrel_error *err);
-/* The prompt's down-product input from the experts' gate and up rows g, u [n][cols] (cols a
- * multiple of 64): fused gets cuk_swiglu_bf16g's bf16 bits, twin those of cuk_silu_mul then
- * cuk_xbf16g (both in cuk_xbf16g's column order, [n][cols]); rev those of
- * cuk_swiglu_bf16g_rows gathering rows n-1 .. 0. */
-int cu_swiglu_bf16_check(const float *g, const float *u, int n, int cols, uint16_t *fused, uint16_t *twin, uint16_t *rev, petrel_error *err);
+/* The prompt's down-product input from gate and up rows g, u [n][cols] (cols a multiple of 64),
+ * in column order q: 4 (the routed experts', cuk_xbf16g's) or 8 (the q8 products',
+ * cuk_xbf16g8's): fused gets cuk_swiglu_bf16g's (q 8: cuk_swiglu_bf16g8's) bf16 bits, twin those
+ * of cuk_silu_mul then the conversion of that order ([n][cols]); for q 4, rev those of
+ * cuk_swiglu_bf16g_rows gathering rows n-1 .. 0 (for q 8 rev is not written). */
+int cu_swiglu_bf16_check(const float *g, const float *u, int n, int cols, int q, uint16_t *fused, uint16_t *twin, uint16_t *rev, petrel_error *err);
 /* cuk_moe_sort on the GPU: idx [T][K] expert ids (< E) to list [T K] (the slots t K + k grouped
  * by expert, ascending within one) and tiles [3 *ntiles] (expert, first place, count <= tm);
  * tiles holds E + T K / tm + 1 entries of 3. */

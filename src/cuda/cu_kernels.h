@@ -82,6 +82,8 @@ void cuk_xbf16g(cudaStream_t st, const float *x, int64_t ldx, int n, int cols, _
 /* bf16(silu(g) * u) of gate and up rows [n][cols] (ld apart) in cuk_xbf16g's order: the bits of
  * cuk_silu_mul then cuk_xbf16g, without the f32 pass between */
 void cuk_swiglu_bf16g(cudaStream_t st, const float *g, const float *u, int64_t ld, int n, int cols, __nv_bfloat16 *xh, int64_t ldxh);
+/* the same in cuk_xbf16g8's order (the q8 products' input: the dense and shared experts' down) */
+void cuk_swiglu_bf16g8(cudaStream_t st, const float *g, const float *u, int64_t ld, int n, int cols, __nv_bfloat16 *xh, int64_t ldxh);
 void cuk_gemm_w4g(cudaStream_t st, const dw &W, const __nv_bfloat16 *xh, int64_t ldxh, float *y, int64_t ldy, int n, const int32_t *tiles,
                   const int *ntiles_dev, int max_tiles, const int32_t *list, const int32_t *xmap);
 /* The same product with its loads on the TMA unit (k_gemm_w4t: the same bits as cuk_gemm_w4g):

@@ -1817,25 +1817,27 @@ __global__ void k_xbf16g_rows(const float *__restrict__ x, int64_t ldx, int cols
     xbf16g_part<4>(x + r * ldx, c8, xh + i * ldxh);
 }
 /* k_silu_mul's expression of gate and up rows [n][cols] (f32), rounded to bf16 in
- * k_xbf16g<4>'s order: the bits of k_silu_mul then k_xbf16g<4>, in one pass that writes no f32 */
+ * k_xbf16g<Q>'s order: the bits of k_silu_mul then k_xbf16g<Q>, in one pass that writes no f32 */
+template <int Q>
 __device__ __forceinline__ void swiglu_part(const float *__restrict__ gr, const float *__restrict__ ur, int c8, __nv_bfloat16 *__restrict__ dr) {
     const float *gs = gr + 64 * (c8 >> 3), *us = ur + 64 * (c8 >> 3);
     const int q0 = 8 * (c8 & 7);
     __nv_bfloat162 p[4];
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        const int c0 = w4g_col(q0 + 2 * i), c1 = w4g_col(q0 + 2 * i + 1);
+        const int c0 = Q == 4 ? w4g_col(q0 + 2 * i) : w8g_col(q0 + 2 * i), c1 = Q == 4 ? w4g_col(q0 + 2 * i + 1) : w8g_col(q0 + 2 * i + 1);
         const float a0 = gs[c0], a1 = gs[c1];
         p[i] = __floats2bfloat162_rn(a0 / (1.0f + expf(-a0)) * us[c0], a1 / (1.0f + expf(-a1)) * us[c1]);
     }
     *(uint4 *)(dr + 8 * c8) = *(const uint4 *)p;
 }
+template <int Q>
 __global__ void k_swiglu_bf16g(const float *__restrict__ g, const float *__restrict__ u, int64_t ld, int cols, __nv_bfloat16 *__restrict__ xh, int64_t ldxh) {
     pdl_enter();
     const int64_t r = blockIdx.y;
     const int c8 = blockIdx.x * blockDim.x + threadIdx.x;
     if (8 * c8 >= cols) return;
-    swiglu_part(g + r * ld, u + r * ld, c8, xh + r * ldxh);
+    swiglu_part<Q>(g + r * ld, u + r * ld, c8, xh + r * ldxh);
 }
 /* the same into row i of xh from gate and up rows m[i] */
 __global__ void k_swiglu_bf16g_rows(const float *__restrict__ g, const float *__restrict__ u, int64_t ld, int cols, const int32_t *m, __nv_bfloat16 *__restrict__ xh,
@@ -1844,10 +1846,13 @@ __global__ void k_swiglu_bf16g_rows(const float *__restrict__ g, const float *__
     const int64_t i = blockIdx.y, r = m[i];
     const int c8 = blockIdx.x * blockDim.x + threadIdx.x;
     if (8 * c8 >= cols) return;
-    swiglu_part(g + r * ld, u + r * ld, c8, xh + i * ldxh);
+    swiglu_part<4>(g + r * ld, u + r * ld, c8, xh + i * ldxh);
 }
 void cuk_swiglu_bf16g(cudaStream_t st, const float *g, const float *u, int64_t ld, int n, int cols, __nv_bfloat16 *xh, int64_t ldxh) {
-    if (n > 0) cu_launch(k_swiglu_bf16g, dim3((unsigned)((cols / 8 + 127) / 128), (unsigned)n), 128, 0, st, g, u, ld, cols, xh, ldxh);
+    if (n > 0) cu_launch(k_swiglu_bf16g<4>, dim3((unsigned)((cols / 8 + 127) / 128), (unsigned)n), 128, 0, st, g, u, ld, cols, xh, ldxh);
+}
+void cuk_swiglu_bf16g8(cudaStream_t st, const float *g, const float *u, int64_t ld, int n, int cols, __nv_bfloat16 *xh, int64_t ldxh) {
+    if (n > 0) cu_launch(k_swiglu_bf16g<8>, dim3((unsigned)((cols / 8 + 127) / 128), (unsigned)n), 128, 0, st, g, u, ld, cols, xh, ldxh);
 }
 int cuk_gemm_w4g_rows(void) { return W4GM; }
 void cuk_xbf16g(cudaStream_t st, const float *x, int64_t ldx, int n, int cols, __nv_bfloat16 *xh, int64_t ldxh) {

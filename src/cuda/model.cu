@@ -796,6 +796,11 @@ static void swiglu(const cu_model *m, const dw &g, const dw &u, const dw &d, con
     } else {
         mm(m, f, g, x, f.gb, n);
         mm(m, f, u, x, f.ub, n, NULL, mm_bf16(m, f, g, n) && mm_bf16(m, f, u, n) && g.cols == u.cols); /* x in bf16 once for both */
+        if (mm_bf16(m, f, d, n) && d.cols == g.rows) { /* the down product's bf16 input in one pass (the same bits as below) */
+            cuk_swiglu_bf16g8(m->st, f.gb, f.ub, g.rows, n, (int)g.rows, f.xh, d.cols);
+            mm(m, f, d, f.gb, out, n, NULL, 1);
+            return;
+        }
         cuk_silu_mul(m->st, f.gb, f.ub, (int64_t)n * g.rows);
     }
     mm(m, f, d, f.gb, out, n);
@@ -1653,8 +1658,10 @@ extern "C" int cu_route_check(const float *lg, const float *bias, int T, int E, 
     return rc;
 }
 
-extern "C" int cu_swiglu_bf16_check(const float *g, const float *u, int n, int cols, uint16_t *fused, uint16_t *twin, uint16_t *rev, petrel_error *err) {
-    if (n < 1 || cols < 64 || cols % 64) return pt_err(err, PETREL_EINVAL, "the SwiGLU bf16 check takes n >= 1 rows of whole 64 columns");
+extern "C" int cu_swiglu_bf16_check(const float *g, const float *u, int n, int cols, int q, uint16_t *fused, uint16_t *twin, uint16_t *rev,
+                                    petrel_error *err) {
+    if (n < 1 || cols < 64 || cols % 64 || (q != 4 && q != 8))
+        return pt_err(err, PETREL_EINVAL, "the SwiGLU bf16 check takes n >= 1 rows of whole 64 columns in order 4 or 8");
     cu_model m;
     PT_TRY(check_model(&m, err));
     const size_t e = (size_t)n * cols;
@@ -1667,13 +1674,18 @@ extern "C" int cu_swiglu_bf16_check(const float *g, const float *u, int n, int c
     if (!rc) rc = up_copy(dm, hm, sizeof(int32_t) * (size_t)n, err);
     free(hm);
     if (!rc) {
-        cuk_swiglu_bf16g(m.st, dg, du, cols, n, cols, dh, cols);
-        cuk_swiglu_bf16g_rows(m.st, dg, du, cols, n, cols, dm, dh + 2 * e, cols);
+        if (q == 4) {
+            cuk_swiglu_bf16g(m.st, dg, du, cols, n, cols, dh, cols);
+            cuk_swiglu_bf16g_rows(m.st, dg, du, cols, n, cols, dm, dh + 2 * e, cols);
+        } else {
+            cuk_swiglu_bf16g8(m.st, dg, du, cols, n, cols, dh, cols);
+        }
         cuk_silu_mul(m.st, dg, du, (int64_t)e);
-        cuk_xbf16g(m.st, dg, cols, n, cols, dh + e, cols);
+        if (q == 4) cuk_xbf16g(m.st, dg, cols, n, cols, dh + e, cols);
+        else cuk_xbf16g8(m.st, dg, cols, n, cols, dh + e, cols);
         rc = check_fetch(&m, fused, dh, sizeof(uint16_t) * e, "swiglu bf16", err);
         if (!rc) rc = check_fetch(&m, twin, dh + e, sizeof(uint16_t) * e, "swiglu bf16", err);
-        if (!rc) rc = check_fetch(&m, rev, dh + 2 * e, sizeof(uint16_t) * e, "swiglu bf16", err);
+        if (!rc && q == 4) rc = check_fetch(&m, rev, dh + 2 * e, sizeof(uint16_t) * e, "swiglu bf16", err);
     }
     check_done(&m);
     return rc;

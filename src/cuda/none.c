@@ -81,8 +81,8 @@ int cu_topk_check(const float *v, int n, int k, int32_t *idx, petrel_error *err)
     (void)v, (void)n, (void)k, (void)idx;
     return pt_err(err, PETREL_EUNSUPPORTED, NO_CUDA);
 }
-int cu_swiglu_bf16_check(const float *g, const float *u, int n, int cols, uint16_t *fused, uint16_t *twin, uint16_t *rev, petrel_error *err) {
-    (void)g, (void)u, (void)n, (void)cols, (void)fused, (void)twin, (void)rev;
+int cu_swiglu_bf16_check(const float *g, const float *u, int n, int cols, int q, uint16_t *fused, uint16_t *twin, uint16_t *rev, petrel_error *err) {
+    (void)g, (void)u, (void)n, (void)cols, (void)q, (void)fused, (void)twin, (void)rev;
     return pt_err(err, PETREL_EUNSUPPORTED, NO_CUDA);
 }
 int cu_moe_sort_check(const int32_t *idx, int T, int K, int E, int tm, int32_t *list, int32_t *tiles, int *ntiles, petrel_error *err) {
