@@ -22,13 +22,15 @@
  * DSA (BENCH_ONLY=dsa): the lightning indexer's scores (kn_dsa) of one query row over BENCH_N cached
  * keys (default 4096; GLM-5.2's 32 heads x 128) on one thread, GMAC/s beside one core's f32 FMA
  * peak (24 independent fma chains).
+ * MLA (BENCH_ONLY=mla): the absorbed form's per-head W_UK^T q and W_UV lat of one decode row over
+ * GLM-5.2's kv_b_proj (q8_g32), cold (BENCH_HOT=1: one copy, from cache), as GB/s against the floor.
  * AMX (BENCH_ONLY=amx, a CPU with AMX-INT8): the measured AMX int8 peak (TDPBSSD on register
  * tiles, one thread and all threads), then R16 products at BENCH_N rows (default 512) and the
  * routed-expert prefill (64 cold q4 experts, 32 per kn_matmul_many) at 4..64 rows per expert,
  * each as isa avx512 and isa amx in alternation, as GMAC/s and as a fraction of the all-thread
  * peak; the rows where amx overtakes avx512 give KN_AMX_MIN_ROWS. bf16 [2048 x 6144] under
  * amx-bf16 too (not exact). BENCH_AMX_EXPERTS=0 skips the routed-expert sweep.
- * Env: BENCH_ONLY=decode|prefill|dispatch|experts|attn|dsa|amx, BENCH_ISA=avx2|scalar, BENCH_ACTQ=0|1 (int8
+ * Env: BENCH_ONLY=decode|prefill|dispatch|experts|attn|dsa|mla|amx, BENCH_ISA=avx2|scalar, BENCH_ACTQ=0|1 (int8
  * activations: 0 off, 1 q4, 2 q4+q8 (default here)), BENCH_Q=q4_g64,... (formats to run),
  * BENCH_PF=BYTES (-1: none) and BENCH_PFL=1|2 (into L1 / L2): the R16 kernels' software prefetch. */
 #include <immintrin.h>
@@ -524,6 +526,50 @@ static void bench_amx(int n) {
     free(g); free(u); free(d); free(x); free(h); free(o);
 }
 
+/* MLA's absorbed head products of one decode row (BENCH_ONLY=mla): GLM-5.2's kv_b_proj [64 x
+ * (192 + 256) = 28672][512] in q8_g32, cycled through enough copies to be cold; per head, as the
+ * engine's uk_task / uv_task, W_UK_h^T q (kn_matmul_t over the head's 192 rows) and W_UV_h lat
+ * (kn_matmul over its 256), the heads as pool tasks: GB/s of each part's weight bytes */
+typedef struct { const mat *kvb; const float *x; float *y; int t; } mla_ctx;
+static void mla_task(void *c_, int h, int thread) {
+    (void)thread;
+    const mla_ctx *c = c_;
+    const pt_wview *W = &c->kvb->v;
+    int64_t r0 = (int64_t)h * 448 + (c->t ? 192 : 0), n = c->t ? 256 : 192, spr = W->scale_cols;
+    pt_wview v = pt_wview_make(W->qtype, n, W->cols, W->data + r0 * W->row_bytes, (const uint16_t *)W->scale + r0 * spr, PT_BF16);
+    if (c->t) kn_matmul(&v, c->x + (size_t)h * 512, 1, c->y + (size_t)h * 256);
+    else kn_matmul_t(&v, c->x + (size_t)h * 256, 1, c->y + (size_t)h * 512);
+}
+static void bench_mla(double floor_gbs) {
+    mat probe = make_mat(PT_Q8_G32, 28672, 512);
+    int copies = getenv("BENCH_HOT") ? 1 : (int)((768ull << 20) / probe.bytes) + 1; /* BENCH_HOT: one copy (from cache where it fits) */
+    mat *ms = malloc(sizeof(mat) * (size_t)copies);
+    ms[0] = probe;
+    for (int i = 1; i < copies; i++) ms[i] = make_mat(PT_Q8_G32, 28672, 512);
+    float *x = malloc(64 * 512 * 4), *y = malloc(64 * 512 * 4);
+    for (int j = 0; j < 64 * 512; j++) x[j] = (float)(rnd() % 1000) / 1000.f - 0.5f;
+    const char *nm[2] = {"W_UK^T q (kn_matmul_t, 64 x [192 x 512])", "W_UV lat (kn_matmul, 64 x [256 x 512])"};
+    for (int t = 0; t < 2; t++) {
+        double part = (double)probe.bytes * (t ? 256.0 : 192.0) / 448.0, best = 0;
+        for (int rep = 0; rep < 12; rep++) {
+            int calls = 0;
+            double t0 = now(), dt;
+            do {
+                for (int i = 0; i < copies; i++) {
+                    mla_ctx c = {&ms[i], x, y, t};
+                    pool_run(kn_pool(), 64, mla_task, &c);
+                }
+                calls += copies;
+            } while ((dt = now() - t0) < 0.1);
+            double gbs = part * calls / dt / 1e9;
+            if (gbs > best) best = gbs;
+        }
+        printf("%-44s %6.2f MB  %6.2f GB/s  %6.1f us a layer  %.2fx floor\n", nm[t], part / 1e6, best, part / best / 1e3, floor_gbs / best);
+    }
+    for (int i = 0; i < copies; i++) { free(ms[i].data); free(ms[i].scale); }
+    free(ms); free(x); free(y);
+}
+
 int main(int argc, char **argv) {
     int threads = argc > 1 ? atoi(argv[1]) : 0;
     int64_t head_rows = argc > 2 ? atoll(argv[2]) : 40960;
@@ -559,6 +605,10 @@ int main(int argc, char **argv) {
     }
     double fl = mem_floor();
     printf("memory floor (AVX-512 sum of 1 GB): %.2f GB/s\n", fl);
+    if (only && !strcmp(only, "mla")) {
+        bench_mla(fl);
+        return 0;
+    }
     const pt_qtype Q[] = {PT_BF16, PT_FP8_E4M3, PT_Q8_ROW, PT_Q8_G32, PT_Q4_G64};
     if (!only || !strcmp(only, "decode"))
         for (int qi = 0; qi < 5; qi++) {
