@@ -566,6 +566,23 @@ static void bench_mla(double floor_gbs) {
         }
         printf("%-44s %6.2f MB  %6.2f GB/s  %6.1f us a layer  %.2fx floor\n", nm[t], part / 1e6, best, part / best / 1e3, floor_gbs / best);
     }
+    { /* the bound: one kn_matmul over every row of kv_b_proj (one input for all heads) */
+        float *yy = malloc(28672 * 4);
+        double best = 0;
+        for (int rep = 0; rep < 12; rep++) {
+            int calls = 0;
+            double t0 = now(), dt;
+            do {
+                for (int i = 0; i < copies; i++) kn_matmul(&ms[i].v, x, 1, yy);
+                calls += copies;
+            } while ((dt = now() - t0) < 0.1);
+            double gbs = (double)probe.bytes * calls / dt / 1e9;
+            if (gbs > best) best = gbs;
+        }
+        printf("%-44s %6.2f MB  %6.2f GB/s  %6.1f us a layer  %.2fx floor\n", "one kn_matmul over all 28672 rows", probe.bytes / 1e6, best,
+               probe.bytes / best / 1e3, floor_gbs / best);
+        free(yy);
+    }
     for (int i = 0; i < copies; i++) { free(ms[i].data); free(ms[i].scale); }
     free(ms); free(x); free(y);
 }
