@@ -24,6 +24,7 @@
  * peak (24 independent fma chains).
  * MLA (BENCH_ONLY=mla): the absorbed form's per-head W_UK^T q and W_UV lat of one decode row over
  * GLM-5.2's kv_b_proj (q8_g32), cold (BENCH_HOT=1: one copy, from cache), as GB/s against the floor.
+ * BENCH_HUGE=1: every weight matrix on transparent huge pages (madvise), as the engine's resident copy.
  * AMX (BENCH_ONLY=amx, a CPU with AMX-INT8): the measured AMX int8 peak (TDPBSSD on register
  * tiles, one thread and all threads), then R16 products at BENCH_N rows (default 512) and the
  * routed-expert prefill (64 cold q4 experts, 32 per kn_matmul_many) at 4..64 rows per expert,
@@ -38,6 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/mman.h>
 
 #include "base/pool.h"
 #include "kernels/kernels.h"
@@ -98,7 +100,11 @@ static mat make_mat(pt_qtype q, int64_t rows, int64_t cols) {
     mat m;
     memset(&m, 0, sizeof m);
     int64_t rb = pt_qtype_row_bytes(q, cols), spr = pt_qtype_scales_per_row(q, cols);
-    m.data = aligned_alloc(64, (size_t)((rb * rows + 63) / 64 * 64));
+    if (getenv("BENCH_HUGE")) { /* BENCH_HUGE=1: on transparent huge pages, as the engine's resident weights */
+        size_t sz = (size_t)((rb * rows + (2 << 20) - 1) / (2 << 20) * (2 << 20));
+        m.data = aligned_alloc(2 << 20, sz);
+        madvise(m.data, sz, MADV_HUGEPAGE);
+    } else m.data = aligned_alloc(64, (size_t)((rb * rows + 63) / 64 * 64));
     uint8_t *d = m.data;
     for (int64_t i = 0; i < rb * rows; i += 4) { uint32_t r = rnd(); memcpy(d + i, &r, rb * rows - i < 4 ? (size_t)(rb * rows - i) : 4); }
     if (q == PT_BF16) for (int64_t i = 0; i < rows * cols; i++) ((uint16_t *)d)[i] = (uint16_t)(0x3c00 + (rnd() & 0x1ff) - 0x100 + ((rnd() & 1) << 15));
