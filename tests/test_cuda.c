@@ -696,8 +696,20 @@ TEST(cuda, attention_expanded) {
             for (size_t i = 0; !rc && !rc2 && i < no; i++) bad += memcmp(&o[i], &o2[i], 4) != 0;
             CHECK_MSG(bad == 0, "expanded attention, %s: %zu of %zu outputs differ between one call and %d + %d rows", fname[form], bad, no, T1, T - T1);
         }
+        /* form 3 with kv_b's product of the keys on the TMA GEMM (the forward's way for long
+         * chunks): the same bits as form 3's wgmma GEMM (o still holds form 3's outputs); a kv_b
+         * that GEMM does not take is refused */
+        if (gemm) {
+            int rc = cu_attn_expanded_check(&W, q, kv, pos0, T, NH, Dn, Dr, Dv, scale, 4, o2, &err);
+            CHECK_MSG(rc == 0, "cu_attn_expanded_check (form 4): %s", err.msg);
+            size_t bad = 0;
+            for (size_t i = 0; !rc && i < no; i++) bad += memcmp(&o[i], &o2[i], 4) != 0;
+            CHECK_MSG(bad == 0, "expanded attention, kv_b on the TMA GEMM: %zu of %zu outputs differ from the wgmma GEMM's", bad, no);
+        } else {
+            CHECK(cu_attn_expanded_check(&W, q, kv, pos0, T, NH, Dn, Dr, Dv, scale, 4, o2, &err) == PETREL_EINVAL);
+        }
         /* an unknown form is refused, not run */
-        CHECK(cu_attn_expanded_check(&W, q, kv, pos0, T, NH, Dn, Dr, Dv, scale, 4, o, &err) != 0);
+        CHECK(cu_attn_expanded_check(&W, q, kv, pos0, T, NH, Dn, Dr, Dv, scale, 5, o, &err) != 0);
 #undef kxb
         free(w), free(q), free(kv), free(o), free(o2), free(ref), free(refb), free(kx), free(vx), free(p), free(d), free(sc), free(yb);
     }

@@ -81,7 +81,8 @@ void cu_model_use_bf16_experts(cu_model *m, int form);
 /* A prompt's other q8 products (more than 8 rows: attention projections, the dense and shared
  * MLPs, the head) on the bf16 warpgroup-MMA GEMM (cuk_gemm_w8g, 1), the same bits with chunks of
  * CU_TMA_ROWS or more rows on the TMA GEMM over the weights unpacked once (2: the default; its
- * bf16 scratch allocated when first asked for), or the int8 one (0: the CPU's int8 bits). */
+ * bf16 scratch allocated at open, or here when first asked for), or the int8 one (0: the CPU's
+ * int8 bits). */
 void cu_model_use_bf16_dense(cu_model *m, int on);
 /* A prompt chunk whose rows are one session's and each select all of their keys (contexts up to
  * index_topk) runs its attention expanded (cuk_mla_attn_expanded: each head's keys and values
@@ -179,7 +180,9 @@ int cu_nt_check(const float *A, int M, const float *B, int N, int K, float *D, p
  * one session over keys kv [pos0 + T][Rkv + Dr] (row r over keys 0 .. pos0 + r) with kv_b
  * [NH (Dn + Dv)][Rkv] and q [T][NH][Dn + Dr]: o [T][NH][Dv], what cu_attn_check's lat becomes
  * through W_UV; form as cuk_mla_attn_expanded's (1 mma.sync tiles, 2 warpgroup MMA, 3 the bf16
- * one pass). */
+ * one pass), or 4: form 3 with kv_b's product of the keys on the TMA GEMM over its weights
+ * unpacked to bf16 (the forward's way for chunks of CU_TMA_ROWS keys or more; a q8 kv_b the GEMM
+ * takes, else PETREL_EINVAL). */
 int cu_attn_expanded_check(const pt_wview *kvb, const float *q, const float *kv, int pos0, int T, int NH, int Dn, int Dr, int Dv, float scale, int form,
                            float *o, petrel_error *err);
 /* The router (moe_route) of T rows of E logits on the GPU: idx / wts [T][K]; regs 1 the form

@@ -3188,10 +3188,9 @@ __device__ __forceinline__ uint32_t bf2(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *(const uint32_t *)&v;
 }
-/* named barrier id of count threads: wait for it (bar.sync) or only arrive (bar.arrive) */
+/* named barrier id of count threads: wait for it (bar.sync), or only arrive (bar.arrive) where p;
+ * and an arrival on the mbarrier at b where p (predicated: no branch) */
 __device__ __forceinline__ void nbar_sync(int id, int count) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory"); }
-__device__ __forceinline__ void nbar_arrive(int id, int count) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory"); }
-/* the same where p, and an arrival on the mbarrier at b where p: predicated, no branch */
 __device__ __forceinline__ void nbar_arrive_if(int p, int id, int count) {
     asm volatile("{\n.reg .pred q;\nsetp.ne.b32 q, %0, 0;\n@q bar.arrive %1, %2;\n}\n" ::"r"(p), "r"(id), "r"(count) : "memory");
 }
@@ -3286,7 +3285,7 @@ __global__ void __launch_bounds__(128 * (FA_WG + 1), 1) k_attn_fa(const float *_
     for (int i = 0; i < DV / 2; i++) acc[i] = 0.f;
     /* the warpgroups take turns at issuing their S products (named barriers 1 + wg), so one's
      * softmax runs under the other's products; warpgroup 0 first */
-    if (wg == 1 && ntile > 0) nbar_arrive(1, 256);
+    nbar_arrive_if(wg == 1 && ntile > 0, 1, 256);
     const uint32_t qa = qs + 64 * 128 * wg;
     for (int j = 0; j < ntile; j++) {
         const int k0 = j * FA_BN, s = j % FA_ST;

@@ -1605,6 +1605,8 @@ extern "C" int cu_attn_expanded_check(const pt_wview *kvb, const float *q, const
                                       float scale, int form, float *o, petrel_error *err) {
     if (T < 1 || pos0 < 0 || NH < 1 || kvb->rows != (int64_t)NH * (Dn + Dv))
         return pt_err(err, PETREL_EINVAL, "the expanded attention check takes rows and a kv_b of NH (Dn + Dv) rows");
+    const int tma = form == 4; /* form 3 with kv_b's product of the keys on the TMA GEMM */
+    if (tma) form = 3;
     if (form < 1 || form > 3 || (form == 3 && !cuk_attn_fa_ok(Dn + Dr, Dv)))
         return pt_err(err, PETREL_EINVAL, "the expanded attention check: no form %d for heads of %d / %d", form, Dn + Dr, Dv);
     cu_model m;
@@ -1612,6 +1614,10 @@ extern "C" int cu_attn_expanded_check(const pt_wview *kvb, const float *q, const
     dw K;
     const int Rkv = (int)kvb->cols, D = Rkv + Dr, nk = pos0 + T;
     int rc = up_w(&m, kvb, "test kv_b", &K, err);
+    if (!rc && tma && !cuk_gemm_w8_ok(K))
+        rc = pt_err(err, PETREL_EINVAL, "the expanded attention check: form 4 takes a q8 kv_b the TMA GEMM takes, not %s", pt_qtype_name(kvb->qtype));
+    __nv_bfloat16 *dwb = !rc && tma ? (__nv_bfloat16 *)dalloc(&m, sizeof(__nv_bfloat16) * (size_t)(K.rows * K.cols), "kv_b bf16", err) : NULL;
+    if (!rc && tma && !dwb) rc = PETREL_ENOMEM;
     float *dq = (float *)dalloc(&m, sizeof(float) * (size_t)T * NH * (Dn + Dr), "q", err);
     float *dkv = (float *)dalloc(&m, sizeof(float) * (size_t)nk * D, "keys", err);
     float *dkx = (float *)dalloc(&m, sizeof(float) * (size_t)NH * nk * (Dn + (Dr > Dv ? Dr : Dv)), "expanded keys", err);
@@ -1627,7 +1633,7 @@ extern "C" int cu_attn_expanded_check(const pt_wview *kvb, const float *q, const
     if (!rc) rc = up_copy(dkv, kv, sizeof(float) * (size_t)nk * D, err);
     if (!rc) rc = up_copy(dn, hn, sizeof(int) * T, err);
     if (!rc) {
-        if (cuk_mla_attn_expanded(m.st, K, dkv, nk, dq, dkx, dvx, dS, nk, dn, dout, T, NH, Dn, Dr, Dv, Rkv, scale, form, dxb, NULL))
+        if (cuk_mla_attn_expanded(m.st, K, dkv, nk, dq, dkx, dvx, dS, nk, dn, dout, T, NH, Dn, Dr, Dv, Rkv, scale, form, dxb, dwb))
             rc = pt_err(err, PETREL_EUNSUPPORTED, "expanded attention: form 3's tensor maps could not be made");
         else
             rc = check_fetch(&m, o, dout, sizeof(float) * (size_t)T * NH * Dv, "expanded attention", err);
