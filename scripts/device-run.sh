@@ -25,7 +25,7 @@
 #            summed by function name (then one decode step's launches): where a prompt's time goes
 #   goldens  the logits of one PROMPT-token prompt (default 1024) on the 1d${MOE:-1}m slice from each of
 #            VARIANTS ("BIN:FLAGS" words, BIN base = petrel-cuda-base, new = petrel-cuda, FLAGS with
-#            commas for spaces; default: base, new, new with PDL off, new with each prompt form
+#            commas for spaces; any other BIN NAME = petrel-cuda-NAME; default: base, new, new with PDL off, new with each prompt form
 #            back on wgmma), each compared bitwise with the first's (cmp) and by bench --golden
 #            against it (relative L2 error, top-1, KL): which form changes a prompt's bits
 R=$(pwd)
@@ -124,7 +124,7 @@ goldens)
     slice "${MOE:-1}" $S
     first=
     for v in ${VARIANTS:-base: new: new:--cuda-pdl,off new:--cuda-experts,wgmma new:--cuda-dense,wgmma new:--cuda-experts,wgmma,--cuda-dense,wgmma}; do
-        b=${v%%:*}; a=${v#*:}; a=${a//,/ }; bin=petrel-cuda; [ "$b" = base ] && bin=petrel-cuda-base
+        b=${v%%:*}; a=${v#*:}; a=${a//,/ }; bin=petrel-cuda; [ "$b" = new ] || bin=petrel-cuda-$b
         g=/tmp/golden-$(echo "$v" | tr -c 'a-zA-Z0-9' _).st
         timeout 60 $W/$bin bench --model $S --device cuda --prompt ${PROMPT:-1024} --golden-out $g $a 2>&1 | grep -E "rror" | head -3
         if [ -z "$first" ]; then first=$g; echo "== $v: the reference"; continue; fi

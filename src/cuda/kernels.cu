@@ -3166,23 +3166,29 @@ __global__ void k_fa_bf16(const float *__restrict__ x, int64_t rows, int D, int 
     *(uint4 *)(y + r * DP + c) = *(const uint4 *)v;
 }
 /* Vt [NH][DV][nkp] (bf16) = head h's value column n of key i, src[h sh + i sk + n] (f32), zeros
- * past Dv and nk: a thread 8 keys of one column, the columns of a warp adjacent (its loads
- * coalesced) */
-__global__ void k_fa_vt(const float *__restrict__ src, int64_t sh, int64_t sk, int nk, int nkp, int NH, int Dv, int DV, __nv_bfloat16 *__restrict__ Vt) {
+ * past Dv and nk: a block one head's 64 keys x 64 columns, read along the columns into shared
+ * memory and written along the keys, a thread 8 keys (16 bytes) of one column, so a warp's loads
+ * and stores are 128 contiguous bytes each (a thread reading its 8 keys itself stored 16 bytes
+ * a row of Vt apart across the warp: 123 us a GLM-5.2 layer's 2048 keys on an H100) */
+__global__ void __launch_bounds__(256) k_fa_vt(const float *__restrict__ src, int64_t sh, int64_t sk, int nk, int nkp, int NH, int Dv, int DV,
+                                               __nv_bfloat16 *__restrict__ Vt) {
     pdl_enter();
-    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, nc = nkp / 8;
-    if (i >= (int64_t)NH * DV * nc) return;
-    const int n = (int)(i % DV);
-    const int64_t rest = i / DV;
-    const int kc = (int)(rest % nc), h = (int)(rest / nc);
-    const float *s = src + (int64_t)h * sh + n;
-    __align__(16) __nv_bfloat16 v[8];
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-        const int key = 8 * kc + j;
-        v[j] = __float2bfloat16_rn(n < Dv && key < nk ? s[(int64_t)key * sk] : 0.f);
+    __shared__ float tile[64][65];
+    const int k0 = blockIdx.x * 64, n0 = blockIdx.y * 64, h = blockIdx.z, tid = threadIdx.x;
+    const float *sr = src + (int64_t)h * sh;
+    for (int i = tid; i < 64 * 64; i += 256) {
+        const int r = i >> 6, c = i & 63, key = k0 + r, n = n0 + c;
+        tile[r][c] = key < nk && n < Dv ? sr[(int64_t)key * sk + n] : 0.f;
     }
-    *(uint4 *)(Vt + ((int64_t)h * DV + n) * nkp + 8 * kc) = *(const uint4 *)v;
+    __syncthreads();
+    for (int i = tid; i < 64 * 8; i += 256) {
+        const int n = i >> 3, kc = i & 7, key = k0 + 8 * kc;
+        if (key >= nkp) continue;
+        __align__(16) __nv_bfloat16 v[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) v[j] = __float2bfloat16_rn(tile[8 * kc + j][n]);
+        *(uint4 *)(Vt + ((int64_t)h * DV + n0 + n) * nkp + key) = *(const uint4 *)v;
+    }
 }
 __device__ __forceinline__ uint32_t bf2(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -3431,18 +3437,19 @@ static int attn_fa(cudaStream_t st, const dw &kvb, const float *kv, int nk, cons
                    int Dn, int Dr, int Dv, int Rkv, float scale, __nv_bfloat16 *xb, float *o, __nv_bfloat16 *wb) {
     const int Dqk = Dn + Dr, D = Rkv + Dr, DK = fa_pad(Dqk), DV = fa_pad(Dv), nkp = fa_nkp(nk);
     __nv_bfloat16 *Kb = xb, *Vt = xb + (size_t)NH * nk * DK, *xh = Vt + (size_t)NH * DV * nkp;
-    const int64_t rows = (int64_t)NH * nk, vt = (int64_t)NH * DV * (nkp / 8);
+    const int64_t rows = (int64_t)NH * nk;
+    const dim3 gvt((unsigned)((nkp + 63) / 64), (unsigned)(DV / 64), (unsigned)NH); /* k_fa_vt: 64 keys x 64 columns of a head a block */
     if (cuk_gemm_w8_ok(kvb)) {
         cuk_xbf16g8(st, kv, D, nk, Rkv, xh, Rkv);
         if (wb) cuk_w8_bf16g(st, kvb, wb); /* its TMA twin (the same bits), as the model's products of many rows */
         if (!wb || cuk_gemm_tma(st, wb, kvb.rows, Rkv, xh, Rkv, Kx, (int64_t)NH * (Dn + Dv), nk))
             cuk_gemm_w8g(st, kvb, xh, Rkv, Kx, (int64_t)NH * (Dn + Dv), nk, nullptr, nullptr, 0, nullptr, nullptr);
         cu_launch(k_fa_pack, (unsigned)((rows * (DK / 8) + 255) / 256), 256, 0, st, Kx, kv, nk, NH, Dn, Dr, Dv, D, Rkv, DK, Kb);
-        cu_launch(k_fa_vt, (unsigned)((vt + 255) / 256), 256, 0, st, (const float *)Kx + Dn, (int64_t)(Dn + Dv), (int64_t)NH * (Dn + Dv), nk, nkp, NH, Dv, DV, Vt);
+        cu_launch(k_fa_vt, gvt, 256, 0, st, (const float *)Kx + Dn, (int64_t)(Dn + Dv), (int64_t)NH * (Dn + Dv), nk, nkp, NH, Dv, DV, Vt);
     } else {
         expand_tiles(st, kvb, kv, nk, Kx, Vx, NH, Dn, Dr, Dv, Rkv);
         cu_launch(k_fa_bf16, (unsigned)((rows * (DK / 8) + 255) / 256), 256, 0, st, Kx, rows, Dqk, DK, Kb);
-        cu_launch(k_fa_vt, (unsigned)((vt + 255) / 256), 256, 0, st, (const float *)Vx, (int64_t)nk * Dv, (int64_t)Dv, nk, nkp, NH, Dv, DV, Vt);
+        cu_launch(k_fa_vt, gvt, 256, 0, st, (const float *)Vx, (int64_t)nk * Dv, (int64_t)Dv, nk, nkp, NH, Dv, DV, Vt);
     }
     const float sl2 = scale * 1.4426950408889634f;
     if (DV == 64) return fa_go<64>(st, q, Dqk, DK, Kb, Vt, nk, seln, T, NH, Dv, sl2, o);
