@@ -778,6 +778,43 @@ TEST(cuda, topk_ties) {
     }
 }
 
+/* the DSA indexer's scores: the GPU's are kn_ref_dsa_scores' bits (one fma chain a head over
+ * the dimension, the ReLU'd products in h order into 16 lanes, the fixed tree), for the
+ * vector (Di % 4 == 0) and scalar forms, head counts below 16, past one chunk of 64, rows of a
+ * batch and one key; many heads' dot products negative (the ReLU's zeros) */
+TEST(cuda, dsa_scores) {
+    if (!need_gpu()) return;
+    petrel_error err = {0};
+    const int cases[][4] = {{1, 32, 128, 2049}, {3, 5, 7, 100}, {2, 70, 64, 33}, {1, 16, 12, 1}, {8, 32, 128, 300}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const int T = cases[c][0], Hi = cases[c][1], Di = cases[c][2], n = cases[c][3], Hp = kn_dsa_heads(Hi);
+        float *q = malloc(sizeof(float) * T * Hi * Di), *w = malloc(sizeof(float) * T * Hi), *k = malloc(sizeof(float) * (size_t)n * Di);
+        float *got = malloc(sizeof(float) * (size_t)T * n), *want = malloc(sizeof(float) * n);
+        float *qt = calloc((size_t)Di * Hp, sizeof(float)), *wp = calloc((size_t)Hp, sizeof(float));
+        for (int i = 0; i < T * Hi * Di; i++) q[i] = frand();
+        for (int i = 0; i < T * Hi; i++) w[i] = frand();
+        for (int64_t i = 0; i < (int64_t)n * Di; i++) k[i] = frand();
+        int rc = cu_dsa_scores_check(q, w, k, T, Hi, Di, n, got, &err);
+        CHECK_MSG(rc == 0, "cu_dsa_scores_check: %s", err.msg);
+        for (int r = 0; !rc && r < T; r++) {
+            for (int h = 0; h < Hi; h++) {
+                wp[h] = w[r * Hi + h];
+                for (int d = 0; d < Di; d++) qt[(size_t)d * Hp + h] = q[((size_t)r * Hi + h) * Di + d];
+            }
+            kn_dsa a = {.Hp = Hp, .Di = Di, .qt = qt, .w = wp, .k = k, .k_stride = Di, .n = n, .score = want};
+            kn_ref_dsa_scores(&a);
+            int bad = -1;
+            for (int t = 0; t < n && bad < 0; t++)
+                if (memcmp(&got[(size_t)r * n + t], &want[t], sizeof(float)) && !(got[(size_t)r * n + t] == 0.f && want[t] == 0.f)) bad = t;
+            CHECK_MSG(bad < 0, "DSA scores T %d Hi %d Di %d n %d: row %d key %d: GPU %.9g, reference %.9g", T, Hi, Di, n, r, bad,
+                      got[(size_t)r * n + (bad < 0 ? 0 : bad)], want[bad < 0 ? 0 : bad]);
+        }
+        free(q), free(w), free(k), free(got), free(want), free(qt), free(wp);
+    }
+    float one = 1.f, sc;
+    CHECK(cu_dsa_scores_check(&one, &one, &one, 1, 1, 1, 0, &sc, &err) == PETREL_EINVAL); /* no keys: refused */
+}
+
 /* the prompt's down input in one pass: cuk_swiglu_bf16g's bits (the routed experts' order) and
  * cuk_swiglu_bf16g8's (the q8 products') are those of k_silu_mul then the conversion of that
  * order, over ordinary values and ones whose exp overflows */

@@ -2684,20 +2684,40 @@ __global__ void k_head_mm(dw W, int64_t row0, int64_t hs, const float *x, int64_
  * each of 8 parts of the Dn rows (ascending in a part), the parts' sums added in part order */
 #define UK_COLS 256
 #define UK_PARTS 8
+#define UK_PRE 16 /* rows of a part whose weights load together first */
 __global__ void __launch_bounds__(512) k_uk_q8(dw W, const float *__restrict__ q, int NH, int Dn, int Dr, int Dv, int Rkv, float *__restrict__ qt) {
     pdl_enter();
     extern __shared__ float uk_sm[]; /* x [Dn], then the parts' sums [UK_PARTS][UK_COLS] */
     float *xs = uk_sm, *ps = uk_sm + Dn;
     const int h = blockIdx.x, r = blockIdx.y, tid = threadIdx.x, cg = tid & 63, part = tid >> 6;
+    const int c = blockIdx.z * UK_COLS + 4 * cg, per = (Dn + UK_PARTS - 1) / UK_PARTS, i0 = part * per, i1 = i0 + per < Dn ? i0 + per : Dn;
+    const int64_t row0 = (int64_t)h * (Dn + Dv);
+    /* the part's first UK_PRE rows of weights loaded at once, before x is staged (then summed in
+     * row order as the rest) */
+    char4 wp[UK_PRE];
+    float sp[UK_PRE];
+#pragma unroll
+    for (int j = 0; j < UK_PRE; j++)
+        if (c < Rkv && i0 + j < i1) {
+            const int64_t rr = row0 + i0 + j;
+            wp[j] = *(const char4 *)(W.d + rr * W.rb + c), sp[j] = W.s[rr * W.sc + c / 32];
+        }
     const float *x = q + ((int64_t)r * NH + h) * (Dn + Dr);
     for (int i = tid; i < Dn; i += blockDim.x) xs[i] = x[i];
     __syncthreads();
-    const int c = blockIdx.z * UK_COLS + 4 * cg, per = (Dn + UK_PARTS - 1) / UK_PARTS, i0 = part * per, i1 = i0 + per < Dn ? i0 + per : Dn;
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     if (c < Rkv) {
-        const int64_t row0 = (int64_t)h * (Dn + Dv);
+#pragma unroll
+        for (int j = 0; j < UK_PRE; j++)
+            if (i0 + j < i1) {
+                const float xv = xs[i0 + j];
+                acc[0] = fmaf((float)wp[j].x * sp[j], xv, acc[0]);
+                acc[1] = fmaf((float)wp[j].y * sp[j], xv, acc[1]);
+                acc[2] = fmaf((float)wp[j].z * sp[j], xv, acc[2]);
+                acc[3] = fmaf((float)wp[j].w * sp[j], xv, acc[3]);
+            }
 #pragma unroll 8
-        for (int i = i0; i < i1; i++) {
+        for (int i = i0 + UK_PRE; i < i1; i++) {
             const int64_t rr = row0 + i;
             const char4 w = *(const char4 *)(W.d + rr * W.rb + c);
             const float sc = W.s[rr * W.sc + c / 32], xv = xs[i];
@@ -3875,40 +3895,123 @@ void cuk_dsa_prep(cudaStream_t st, float *qi, float *k, float *iw, const float *
     if (T > 0) cu_launch(k_dsa_prep, dim3((unsigned)T, (unsigned)(1 + (qi || iw ? qb / 256 : 0))), 256, sizeof(float) * Di, st, qi, k, iw, kn_w, kn_b, Hi, Di, Dr, wscale, l, ri, rope);
 }
 
-/* I(s,t) = sum_h w_h ReLU(q_h . k_t), h ascending; one warp per key */
-__global__ void k_dsa_scores(const float *qi, const float *iw, float *sc, int64_t ldsc, int Hi, int Di, int topk, int l, const cu_rowinfo *ri,
-                             const int *always) {
+/* I(s,t) as kn_ref_dsa_scores (src/kernels/ref.c) defines it, to the bit: per head one fma chain
+ * dd over the dimension ascending, m = w_h dd where dd > 0 (a rounded product, else 0), u[h % 16]
+ * summed in h order, then the fixed tree of kernels.h. Block (row r, keys t0 .. t0 + 31): the keys
+ * staged in shared memory (row stride Di + 4 where V4, else Di + 1: no bank met twice), lane =
+ * key; for each chunk of DS_HC heads, its q rows staged too (read by all lanes at once), warp w
+ * keeps the chains of heads w, w + 8, ..., writes its m values, and warp 0 adds them into the
+ * keys' u in h order. */
+#define DS_KEYS 32
+#define DS_HC 64 /* heads a chunk: 8 a warp */
+#define DS_SB 8  /* staging loads in flight a thread */
+static int dsa_ks(int Di, int v4) { return v4 ? Di + 4 : Di + 1; }
+static size_t dsa_scores_smem(int Hi, int Di, int v4) {
+    return sizeof(float) * ((size_t)DS_KEYS * dsa_ks(Di, v4) + (size_t)(Hi < DS_HC ? Hi : DS_HC) * Di + (size_t)DS_HC * DS_KEYS);
+}
+template <int V4>
+__global__ void __launch_bounds__(256) k_dsa_scores(const float *__restrict__ qi, const float *__restrict__ iw, float *__restrict__ sc, int64_t ldsc,
+                                                    int Hi, int Di, int topk, int l, const cu_rowinfo *__restrict__ ri, const int *__restrict__ always) {
     pdl_enter();
-    int r = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    cu_rowinfo R = ri[r];
-    int n = R.pos + 1;
-    if (n <= topk && !always[r]) return;
-    int t = blockIdx.y * 8 + warp;
-    if (t >= n) return;
-    const float *kt = R.ix + ((int64_t)l * R.cap + t) * Di;
-    const float *q = qi + (int64_t)r * Hi * Di, *w = iw + (int64_t)r * Hi;
-    float acc = 0.f;
-    int h = 0;
-    for (; h + 4 <= Hi; h += 4) { /* four heads' dot products at once (independent chains), joined in h order */
-        float d[4] = {0.f, 0.f, 0.f, 0.f};
-        for (int k = lane; k < Di; k += 32) {
-            float kv = kt[k];
+    extern __shared__ __align__(16) float ds_sm[];
+    const int r = blockIdx.x, t0 = blockIdx.y * DS_KEYS, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const cu_rowinfo R = ri[r];
+    const int n = R.pos + 1;
+    if ((n <= topk && !always[r]) || t0 >= n) return;
+    const int nk = n - t0 < DS_KEYS ? n - t0 : DS_KEYS, ks = V4 ? Di + 4 : Di + 1, hq = Hi < DS_HC ? Hi : DS_HC;
+    float *K = ds_sm, *Q = K + DS_KEYS * ks, *M = Q + hq * Di; /* [DS_KEYS][ks] keys, [hq][Di] q rows, [DS_HC][DS_KEYS] m values */
+    const float *kt = R.ix + ((int64_t)l * R.cap + t0) * Di; /* the nk keys, contiguous */
+    const float *q = qi + (int64_t)r * Hi * Di, *w = iw + (int64_t)r * Hi, *kr = K + lane * ks;
+    /* staging: every load of a batch of DS_SB a thread issued before its stores (one round trip a
+     * batch, not one a load); the keys with the first chunk's q rows */
+    constexpr int SB = DS_SB;
+    auto stage = [&](int hc, int nh, int keys) {
+        const int nkv = keys ? DS_KEYS * (V4 ? Di / 4 : Di) : 0, nqv = nh * (V4 ? Di / 4 : Di), all = nkv + nqv;
+        for (int i0 = threadIdx.x; i0 < all; i0 += SB * blockDim.x) {
+            float4 v[SB];
 #pragma unroll
-            for (int j = 0; j < 4; j++) d[j] = fmaf(q[(int64_t)(h + j) * Di + k], kv, d[j]);
+            for (int b = 0; b < SB; b++) {
+                const int i = i0 + b * blockDim.x;
+                v[b] = make_float4(0.f, 0.f, 0.f, 0.f);
+                if (i < nkv) {
+                    const int k = V4 ? i / (Di / 4) : i / Di;
+                    if (k < nk) {
+                        if (V4) v[b] = __ldg(reinterpret_cast<const float4 *>(kt) + i);
+                        else v[b].x = __ldg(kt + i);
+                    }
+                } else if (i < all) {
+                    if (V4) v[b] = __ldg(reinterpret_cast<const float4 *>(q + (int64_t)hc * Di) + (i - nkv));
+                    else v[b].x = __ldg(q + (int64_t)hc * Di + (i - nkv));
+                }
+            }
+#pragma unroll
+            for (int b = 0; b < SB; b++) {
+                const int i = i0 + b * blockDim.x;
+                if (i < nkv) {
+                    if (V4) {
+                        const int k = i / (Di / 4);
+                        *reinterpret_cast<float4 *>(K + k * ks + 4 * (i - k * (Di / 4))) = v[b];
+                    } else {
+                        const int k = i / Di;
+                        K[k * ks + i - k * Di] = v[b].x;
+                    }
+                } else if (i < all) {
+                    if (V4) reinterpret_cast<float4 *>(Q)[i - nkv] = v[b];
+                    else Q[i - nkv] = v[b].x;
+                }
+            }
+        }
+    };
+    float u[16];
+#pragma unroll
+    for (int i = 0; i < 16; i++) u[i] = 0.f;
+    for (int hc = 0; hc < Hi; hc += DS_HC) {
+        const int nh = Hi - hc < DS_HC ? Hi - hc : DS_HC;
+        if (hc) __syncthreads(); /* warp 0 has read M and every warp Q */
+        stage(hc, nh, hc == 0);
+        __syncthreads(); /* the keys and this chunk's q rows staged */
+        constexpr int HW = DS_HC / 8;
+        float dd[HW];
+#pragma unroll
+        for (int j = 0; j < HW; j++) dd[j] = 0.f;
+        if (V4) {
+#pragma unroll 2
+            for (int d = 0; d < Di; d += 4) {
+                const float4 kv = *reinterpret_cast<const float4 *>(kr + d);
+#pragma unroll
+                for (int j = 0; j < HW; j++)
+                    if (warp + 8 * j < nh) {
+                        const float4 qv = *reinterpret_cast<const float4 *>(Q + (warp + 8 * j) * Di + d);
+                        dd[j] = fmaf(qv.x, kv.x, dd[j]), dd[j] = fmaf(qv.y, kv.y, dd[j]), dd[j] = fmaf(qv.z, kv.z, dd[j]), dd[j] = fmaf(qv.w, kv.w, dd[j]);
+                    }
+            }
+        } else {
+            for (int d = 0; d < Di; d++) {
+                const float kv = kr[d];
+#pragma unroll
+                for (int j = 0; j < HW; j++)
+                    if (warp + 8 * j < nh) dd[j] = fmaf(Q[(warp + 8 * j) * Di + d], kv, dd[j]);
+            }
         }
 #pragma unroll
-        for (int j = 0; j < 4; j++) d[j] = warp_sum(d[j]);
+        for (int j = 0; j < HW; j++)
+            if (warp + 8 * j < nh) M[(warp + 8 * j) * DS_KEYS + lane] = dd[j] > 0.f ? __fmul_rn(__ldg(w + hc + warp + 8 * j), dd[j]) : 0.f;
+        __syncthreads();
+        if (warp == 0)
 #pragma unroll
-        for (int j = 0; j < 4; j++)
-            if (d[j] > 0) acc += w[h + j] * d[j];
+            for (int j = 0; j < DS_HC; j++) { /* head hc + j into u[j % 16], h ascending */
+                const int h = hc + j;
+                if (j < nh) u[j % 16] = h < 16 ? M[j * DS_KEYS + lane] : __fadd_rn(u[j % 16], M[j * DS_KEYS + lane]);
+            }
     }
-    for (; h < Hi; h++) {
-        float d = 0.f;
-        for (int k = lane; k < Di; k += 32) d = fmaf(q[(int64_t)h * Di + k], kt[k], d);
-        d = warp_sum(d);
-        if (d > 0) acc += w[h] * d;
+    if (warp == 0 && lane < nk) {
+        float b8[8], b4[4];
+#pragma unroll
+        for (int i = 0; i < 8; i++) b8[i] = __fadd_rn(u[i], u[i + 8]);
+#pragma unroll
+        for (int i = 0; i < 4; i++) b4[i] = __fadd_rn(b8[i], b8[i + 4]);
+        sc[(int64_t)r * ldsc + t0 + lane] = __fadd_rn(__fadd_rn(b4[0], b4[2]), __fadd_rn(b4[1], b4[3]));
     }
-    if (lane == 0) sc[(int64_t)r * ldsc + t] = acc;
 }
 
 /* the rank key of op_topk: larger value first, then the later index; NaN lowest; -0 == +0 */
@@ -4010,8 +4113,16 @@ __global__ void k_dsa_topk(const float *sc, int64_t ldsc, int32_t *sel, int64_t 
 void cuk_dsa_select(cudaStream_t st, const float *qi, const float *iw, float *sc, int64_t ldsc, int32_t *sel, int64_t ld_sel, int *seln, int T,
                     int Hi, int Di, int topk, int l, const cu_rowinfo *ri, const int *always, int nmax) {
     if (qi) {
-        dim3 g((unsigned)T, (unsigned)((nmax + 7) / 8));
-        cu_launch(k_dsa_scores, g, 256, 0, st, qi, iw, sc, ldsc, Hi, Di, topk, l, ri, always);
+        dim3 g((unsigned)T, (unsigned)((nmax + DS_KEYS - 1) / DS_KEYS));
+        const int v4 = Di % 4 == 0 && (reinterpret_cast<uintptr_t>(qi) & 15) == 0; /* 16-byte loads: the key cache rows are then aligned too */
+        const size_t smem = dsa_scores_smem(Hi, Di, v4);
+        if (v4) {
+            if (smem > 48 * 1024) cudaFuncSetAttribute(k_dsa_scores<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+            cu_launch(k_dsa_scores<1>, g, 256, smem, st, qi, iw, sc, ldsc, Hi, Di, topk, l, ri, always);
+        } else {
+            if (smem > 48 * 1024) cudaFuncSetAttribute(k_dsa_scores<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+            cu_launch(k_dsa_scores<0>, g, 256, smem, st, qi, iw, sc, ldsc, Hi, Di, topk, l, ri, always);
+        }
     }
     cu_launch(k_dsa_topk, T, 1024, 0, st, sc, ldsc, sel, ld_sel, seln, topk, ri, always);
 }

@@ -1718,6 +1718,36 @@ extern "C" int cu_moe_sort_check(const int32_t *idx, int T, int K, int E, int tm
     return rc;
 }
 
+extern "C" int cu_dsa_scores_check(const float *q, const float *w, const float *keys, int T, int Hi, int Di, int n, float *score, petrel_error *err) {
+    if (T < 1 || Hi < 1 || Di < 1 || n < 1) return pt_err(err, PETREL_EINVAL, "cu_dsa_scores_check: empty shape");
+    cu_model m;
+    PT_TRY(check_model(&m, err));
+    float *dq = (float *)dalloc(&m, sizeof(float) * T * Hi * Di, "q", err), *dw = (float *)dalloc(&m, sizeof(float) * T * Hi, "w", err);
+    float *dk = (float *)dalloc(&m, sizeof(float) * (size_t)n * Di, "keys", err), *dsc = (float *)dalloc(&m, sizeof(float) * (size_t)T * n, "scores", err);
+    int32_t *dsel = (int32_t *)dalloc(&m, sizeof(int32_t) * (size_t)T * n, "sel", err);
+    int *dseln = (int *)dalloc(&m, sizeof(int) * T, "seln", err), *dalw = (int *)dalloc(&m, sizeof(int) * T, "always", err);
+    cu_rowinfo *dri = (cu_rowinfo *)dalloc(&m, sizeof(cu_rowinfo) * T, "rows", err);
+    int rc = dq && dw && dk && dsc && dsel && dseln && dalw && dri ? 0 : PETREL_ENOMEM;
+    if (!rc) { /* every row at position n - 1 of one session whose layer 0 holds the keys, scored though every key fits */
+        cu_rowinfo *ri = (cu_rowinfo *)calloc((size_t)T, sizeof *ri);
+        int *alw = (int *)malloc(sizeof(int) * T);
+        if (!ri || !alw) rc = pt_err(err, PETREL_ENOMEM, "cu_dsa_scores_check: out of memory");
+        for (int r = 0; !rc && r < T; r++) ri[r].ix = dk, ri[r].cap = n, ri[r].pos = n - 1, alw[r] = 1;
+        if (!rc) rc = up_copy(dq, q, sizeof(float) * T * Hi * Di, err);
+        if (!rc) rc = up_copy(dw, w, sizeof(float) * T * Hi, err);
+        if (!rc) rc = up_copy(dk, keys, sizeof(float) * (size_t)n * Di, err);
+        if (!rc) rc = up_copy(dri, ri, sizeof(cu_rowinfo) * T, err);
+        if (!rc) rc = up_copy(dalw, alw, sizeof(int) * T, err);
+        free(ri), free(alw);
+    }
+    if (!rc) {
+        cuk_dsa_select(m.st, dq, dw, dsc, n, dsel, n, dseln, T, Hi, Di, n, 0, dri, dalw, n);
+        rc = check_fetch(&m, score, dsc, sizeof(float) * (size_t)T * n, "dsa scores", err);
+    }
+    check_done(&m);
+    return rc;
+}
+
 extern "C" int cu_topk_check(const float *v, int n, int k, int32_t *idx, petrel_error *err) {
     cu_model m;
     PT_TRY(check_model(&m, err));

@@ -77,6 +77,10 @@ int cu_head_check(const pt_wview *kvb, const float *x, int T, int NH, int Dn, in
     (void)kvb, (void)x, (void)T, (void)NH, (void)Dn, (void)Dr, (void)Dv, (void)uv, (void)tc, (void)y;
     return pt_err(err, PETREL_EUNSUPPORTED, NO_CUDA);
 }
+int cu_dsa_scores_check(const float *q, const float *w, const float *keys, int T, int Hi, int Di, int n, float *score, petrel_error *err) {
+    (void)q, (void)w, (void)keys, (void)T, (void)Hi, (void)Di, (void)n, (void)score;
+    return pt_err(err, PETREL_EUNSUPPORTED, NO_CUDA);
+}
 int cu_topk_check(const float *v, int n, int k, int32_t *idx, petrel_error *err) {
     (void)v, (void)n, (void)k, (void)idx;
     return pt_err(err, PETREL_EUNSUPPORTED, NO_CUDA);
