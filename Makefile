@@ -9,6 +9,8 @@
 #                   is installed and runs their `cuda` group first (the GPU tests skip, counted,
 #                   where no GPU is visible), then every test of the CPU build; also
 #                   build/cu_gemv_bench (the decode GEMVs at GLM-5.2's shapes against a read probe)
+#                   and, where CUPTI is installed, build/cu_trace (a decode step's kernels on the
+#                   GPU's clock, its CUDA graph included)
 #   make deps       installs missing Debian packages (also run by the targets above)
 #   make demo       builds and runs the bundled trained model on a prompt (the README's first
 #                   command; `make run-tiny` is the same)
@@ -50,7 +52,8 @@ CU_SRC    := $(sort $(wildcard src/cuda/*.cu))
 CU_OBJ    := $(CU_SRC:%.cu=$(BUILD)/obj/%.o)
 LIB_OBJ_CUDA := $(filter-out $(BUILD)/obj/src/cuda/none.o,$(LIB_OBJ)) $(CU_OBJ)
 # what `make test` adds: the CUDA twins where nvcc is installed (not in sanitizer builds)
-TEST_CUDA := $(if $(and $(NVCC),$(if $(SAN),,yes)),$(BUILD)/petrel-cuda $(BUILD)/petrel-tests-cuda)
+CUPTI_H := $(wildcard $(CUDA_HOME)/include/cupti.h)
+TEST_CUDA := $(if $(and $(NVCC),$(if $(SAN),,yes)),$(BUILD)/petrel-cuda $(BUILD)/petrel-tests-cuda $(if $(CUPTI_H),$(BUILD)/cu_trace))
 
 .PHONY: all deps test asan fuzz bench demo run-tiny clean cuda
 all: deps $(BUILD)/petrel
@@ -84,9 +87,13 @@ $(BUILD)/petrel-tests-cuda: $(TEST_OBJ) $(BUILD)/libpetrel-cuda.a
 $(BUILD)/cu_gemv_bench: bench/cu_gemv_bench.cu $(BUILD)/libpetrel-cuda.a
 	$(NVCC) $(NVFLAGS) -o $@ $< $(BUILD)/libpetrel-cuda.a
 
+# the decode step's kernels on the GPU's clock (CUPTI, part of the CUDA toolkit: built where it is)
+$(BUILD)/cu_trace: bench/cu_trace.c $(BUILD)/libpetrel-cuda.a
+	$(CC) $(CFLAGS_BASE) -I$(CUDA_HOME)/include -o $@ $< $(BUILD)/libpetrel-cuda.a $(LDLIBS) $(CUDA_LIBS) -lcupti
+
 cuda: deps
 	@test -n "$(NVCC)" || { echo "make cuda: nvcc not found (install CUDA 13 at $(CUDA_HOME) or put nvcc on PATH)"; exit 1; }
-	$(MAKE) $(BUILD)/petrel-cuda $(BUILD)/petrel-tests-cuda $(BUILD)/cu_gemv_bench
+	$(MAKE) $(BUILD)/petrel-cuda $(BUILD)/petrel-tests-cuda $(BUILD)/cu_gemv_bench $(if $(CUPTI_H),$(BUILD)/cu_trace)
 
 $(BUILD)/libpetrel.a: $(LIB_OBJ)
 	@rm -f $@

@@ -13,10 +13,11 @@ trap 'rm -rf "$t"' EXIT
 mkdir -p "$t/w/lib" build-carry
 cp build-dc/petrel-cuda build-dc/petrel-tests-cuda "$t/w/"
 strip "$t/w/petrel-cuda" "$t/w/petrel-tests-cuda"
+if [ -x build-dc/cu_trace ]; then cp build-dc/cu_trace "$t/w/" && strip "$t/w/cu_trace"; fi # (and its libcupti, below)
 if [ -n "$BASE" ]; then
     tar xJf "$BASE" -C "$t" "w/${BASEBIN:-petrel-cuda}" --transform "s,w/${BASEBIN:-petrel-cuda},w/petrel-cuda-base,"
 fi
-for l in $(ldd "$t/w/petrel-cuda" "$t/w/petrel-tests-cuda" | awk '/=>/{print $3}' | sort -u | grep -vE 'libc\.so|libm\.so|ld-linux|libpthread|libdl|librt'); do
+for l in $(ldd "$t/w/petrel-cuda" "$t/w/petrel-tests-cuda" $(ls "$t/w/cu_trace" 2>/dev/null) | awk '/=>/{print $3}' | sort -u | grep -vE 'libc\.so|libm\.so|ld-linux|libpthread|libdl|librt'); do
     cp -L "$l" "$t/w/lib/"
 done
 (cd "$t" && XZ_OPT=-9e tar cJf - w) > "$t/w.tar.xz" # a failed pack leaves the last good one in place

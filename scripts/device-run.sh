@@ -23,6 +23,9 @@
 #            source page (CSV) under $OUT
 #   kernels  every kernel of one 1d4m prefill (PROMPT tokens, default 2048) timed alone by ncu and
 #            summed by function name (then one decode step's launches): where a prompt's time goes
+#   trace    cu_trace (CUPTI) on the 1d${MOE:-4}m slice: one decode step's kernels on the GPU's clock
+#            after a PROMPT-token prompt (default 2048), inside the replayed graph: start, duration,
+#            the idle gap before each, stream; the step's busy / idle time; time by kernel name
 #   goldens  the logits of one PROMPT-token prompt (default 1024) on the 1d${MOE:-1}m slice from each of
 #            VARIANTS ("BIN:FLAGS" words, BIN base = petrel-cuda-base, new = petrel-cuda, FLAGS with
 #            commas for spaces; any other BIN NAME = petrel-cuda-NAME; default: base, new, new with PDL off, new with each prompt form
@@ -133,5 +136,10 @@ goldens)
             timeout 60 $W/$bin bench --model $S --device cuda --golden $first $a 2>&1 | tail -1
         }
     done ;;
-*) echo "device-run.sh: unknown mode $1 (tests, bench, quality, cpu, ab, ncu, kernels, goldens)" >&2; exit 2 ;;
+trace)
+    S=/tmp/s1d${MOE:-4}m.pack
+    slice "${MOE:-4}" $S
+    timeout 200 $W/cu_trace $S ${PROMPT:-2048} ${STEPS:-8} > "$OUT/trace.txt" 2>&1
+    echo "cu_trace rc=$?"; grep -E "^decode step|^step span" "$OUT/trace.txt"; grep -E "launches" "$OUT/trace.txt" | head -25 ;;
+*) echo "device-run.sh: unknown mode $1 (tests, bench, quality, cpu, ab, ncu, kernels, goldens, trace)" >&2; exit 2 ;;
 esac

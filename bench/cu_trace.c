@@ -1,0 +1,154 @@
+/* cu_trace.c: where a GPU decode step's time goes, on the GPU's own clock. CUPTI's activity
+ * records give every kernel's start and end, those replayed from the step's CUDA graph included
+ * (ncu times each launch alone with its caches flushed; the profile of `petrel bench` puts events
+ * between parts and so runs without the graph, PDL or the side stream). Built by `make cuda`
+ * (build/cu_trace); run on the accelerator machine:
+ *
+ *   cu_trace MODEL [PROMPT [STEPS]]
+ *
+ * opens MODEL on cuda:0, reads a PROMPT-token prompt (default 2048: DSA selects past index_topk)
+ * and decodes STEPS tokens (default 8), then prints the last step's kernels in start order: start
+ * (us from the step's first kernel), duration, the idle gap before it (no kernel of the step
+ * running), CUDA stream and name; then the step's span, its busy and idle time, and the kernels'
+ * time summed by name. Tracing starts before the engine opens (CUPTI instruments a graph when it
+ * is instantiated). A benchmark tool: it prints, and exits on errors. */
+#include <cupti.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "petrel.h"
+
+typedef struct {
+    uint64_t start, end;
+    uint32_t stream;
+    char name[96];
+} krec;
+
+static krec *recs;
+static size_t nrec, caprec;
+
+static void CUPTIAPI buf_request(uint8_t **buf, size_t *size, size_t *max_records) {
+    *size = 8u << 20;
+    *buf = aligned_alloc(8, *size);
+    *max_records = 0;
+}
+
+static void CUPTIAPI buf_complete(CUcontext ctx, uint32_t stream_id, uint8_t *buf, size_t size, size_t valid) {
+    (void)ctx, (void)stream_id, (void)size;
+    CUpti_Activity *r = NULL;
+    while (cuptiActivityGetNextRecord(buf, valid, &r) == CUPTI_SUCCESS) {
+        if (r->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL && r->kind != CUPTI_ACTIVITY_KIND_KERNEL) continue;
+        const CUpti_ActivityKernel10 *k = (const CUpti_ActivityKernel10 *)r;
+        if (nrec == caprec) {
+            caprec = caprec ? 2 * caprec : 4096;
+            recs = realloc(recs, caprec * sizeof *recs);
+            if (!recs) {
+                fprintf(stderr, "cu_trace: out of memory\n");
+                exit(1);
+            }
+        }
+        krec *o = &recs[nrec++];
+        o->start = k->start, o->end = k->end, o->stream = k->streamId;
+        snprintf(o->name, sizeof o->name, "%s", k->name ? k->name : "?");
+    }
+    free(buf);
+}
+
+static int by_start(const void *a, const void *b) {
+    const krec *x = a, *y = b;
+    return x->start < y->start ? -1 : x->start > y->start;
+}
+
+typedef struct {
+    const char *name;
+    double us;
+    int n;
+} byname;
+
+static void check(CUptiResult rc, const char *what) {
+    if (rc == CUPTI_SUCCESS) return;
+    const char *msg = NULL;
+    cuptiGetResultString(rc, &msg);
+    fprintf(stderr, "cu_trace: %s: %s\n", what, msg ? msg : "CUPTI error");
+    exit(1);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "--help")) {
+        fprintf(stderr, "usage: cu_trace MODEL [PROMPT [STEPS]]: the kernels of a GPU decode step after a PROMPT-token prompt\n");
+        return argc < 2 ? 2 : 0;
+    }
+    const int prompt = argc > 2 ? atoi(argv[2]) : 2048, steps = argc > 3 ? atoi(argv[3]) : 8;
+    if (prompt < 1 || steps < 1) {
+        fprintf(stderr, "cu_trace: PROMPT and STEPS must be positive\n");
+        return 2;
+    }
+    check(cuptiActivityRegisterCallbacks(buf_request, buf_complete), "register callbacks");
+    check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "enable kernel records");
+    petrel_open_opts opts = {0};
+    opts.device = "cuda";
+    petrel_engine *eng = NULL;
+    petrel_session *s = NULL;
+    petrel_error err = {0};
+    if (petrel_engine_open(argv[1], &opts, &eng, &err) || petrel_session_create(eng, prompt + steps + 1, &s, &err)) {
+        fprintf(stderr, "cu_trace: %s\n", err.msg);
+        return 1;
+    }
+    const int V = petrel_engine_vocab_size(eng);
+    int32_t *ids = malloc(sizeof(int32_t) * prompt);
+    float *lg = malloc(sizeof(float) * V);
+    if (!ids || !lg) return 1;
+    for (int i = 0; i < prompt; i++) ids[i] = (int32_t)((i * 7919u + 13u) % (unsigned)V);
+    if (petrel_session_forward(s, ids, prompt, lg, 0, &err)) {
+        fprintf(stderr, "cu_trace: prompt: %s\n", err.msg);
+        return 1;
+    }
+    for (int t = 0; t < steps; t++) {
+        int32_t best = 0;
+        for (int v = 1; v < V; v++)
+            if (lg[v] > lg[best]) best = v;
+        if (petrel_session_forward(s, &best, 1, lg, 0, &err)) {
+            fprintf(stderr, "cu_trace: step %d: %s\n", t, err.msg);
+            return 1;
+        }
+    }
+    petrel_session_free(s);
+    petrel_engine_close(eng);
+    check(cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED), "flush");
+    qsort(recs, nrec, sizeof *recs, by_start);
+    size_t first = nrec; /* the last step: from the last embedding kernel on */
+    for (size_t i = 0; i < nrec; i++)
+        if (!strncmp(recs[i].name, "k_embed", 7) || strstr(recs[i].name, "k_embed")) first = i;
+    if (first == nrec) {
+        fprintf(stderr, "cu_trace: no kernel records (%zu in all)\n", nrec);
+        return 1;
+    }
+    const uint64_t t0 = recs[first].start;
+    uint64_t reach = t0, busy = 0, idle = 0;
+    printf("decode step %d after a %d-token prompt: %zu kernels\n", steps, prompt, nrec - first);
+    printf("%9s %8s %8s %6s  %s\n", "start us", "us", "idle us", "stream", "kernel");
+    byname *bn = calloc(nrec - first, sizeof *bn);
+    int nbn = 0;
+    for (size_t i = first; i < nrec; i++) {
+        const krec *k = &recs[i];
+        uint64_t gap = k->start > reach ? k->start - reach : 0;
+        idle += gap;
+        if (k->end > reach) busy += k->end - (k->start > reach ? k->start : reach), reach = k->end;
+        printf("%9.1f %8.1f %8.1f %6u  %.80s\n", (k->start - t0) / 1e3, (k->end - k->start) / 1e3, gap / 1e3, k->stream, k->name);
+        int j = 0;
+        while (j < nbn && strcmp(bn[j].name, k->name)) j++;
+        if (j == nbn) bn[nbn++].name = k->name;
+        bn[j].us += (k->end - k->start) / 1e3, bn[j].n++;
+    }
+    printf("step span %.1f us: kernels running %.1f us, none running %.1f us\n", (reach - t0) / 1e3, busy / 1e3, idle / 1e3);
+    for (int i = 1; i < nbn; i++) /* by summed time, largest first */
+        for (int j = i; j > 0 && bn[j].us > bn[j - 1].us; j--) {
+            byname x = bn[j];
+            bn[j] = bn[j - 1], bn[j - 1] = x;
+        }
+    for (int i = 0; i < nbn; i++) printf("%9.1f us %4d launches  %.80s\n", bn[i].us, bn[i].n, bn[i].name);
+    free(bn), free(recs), free(ids), free(lg);
+    return 0;
+}
