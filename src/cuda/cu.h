@@ -192,7 +192,7 @@ int cu_route_check(const float *lg, const float *bias, int T, int E, int K, int 
                    int32_t *idx, float *wts, petrel_error *err);
 /* The DSA indexer's scores on the GPU (cuk_dsa_select's scoring; kn_ref_dsa_scores defines them):
  * T rows of q [T][Hi][Di] and head weights w [T][Hi], each against the same n keys [n][Di];
- * score [T][n]. */
+ * score [T][n]. Di at most 512 (as cu_model_open requires of index_head_dim). */
 int cu_dsa_scores_check(const float *q, const float *w, const float *keys, int T, int Hi, int Di, int n, float *score, petrel_error *err);
 /* op_topk on the GPU for one row of n scores: idx[k] ascending. */
 int cu_topk_check(const float *v, int n, int k, int32_t *idx, petrel_error *err);

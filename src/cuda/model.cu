@@ -398,6 +398,8 @@ extern "C" int cu_model_open(const petrel_engine *e, int device, uint64_t vram_b
     if (c->num_experts_per_tok > 32 || c->n_routed_experts > 1024)
         return pt_err(err, PETREL_EUNSUPPORTED, "cuda: %d experts with %d per token exceed the GPU router's 1024 / 32", c->n_routed_experts, c->num_experts_per_tok);
     if (c->qk_rope_head_dim > 256) return pt_err(err, PETREL_EUNSUPPORTED, "cuda: qk_rope_head_dim %d exceeds 256", c->qk_rope_head_dim);
+    if (c->index_head_dim > 512) /* the DSA scores' keys and q rows in one block's shared memory */
+        return pt_err(err, PETREL_EUNSUPPORTED, "cuda: index_head_dim %d exceeds 512", c->index_head_dim);
     cu_model *m = (cu_model *)calloc(1, sizeof *m);
     if (!m) return pt_err(err, PETREL_ENOMEM, "out of memory");
     pthread_mutex_init(&m->mu, NULL);
@@ -1719,7 +1721,7 @@ extern "C" int cu_moe_sort_check(const int32_t *idx, int T, int K, int E, int tm
 }
 
 extern "C" int cu_dsa_scores_check(const float *q, const float *w, const float *keys, int T, int Hi, int Di, int n, float *score, petrel_error *err) {
-    if (T < 1 || Hi < 1 || Di < 1 || n < 1) return pt_err(err, PETREL_EINVAL, "cu_dsa_scores_check: empty shape");
+    if (T < 1 || Hi < 1 || Di < 1 || n < 1 || Di > 512) return pt_err(err, PETREL_EINVAL, "cu_dsa_scores_check: empty shape or Di past 512");
     cu_model m;
     PT_TRY(check_model(&m, err));
     float *dq = (float *)dalloc(&m, sizeof(float) * T * Hi * Di, "q", err), *dw = (float *)dalloc(&m, sizeof(float) * T * Hi, "w", err);
