@@ -812,7 +812,8 @@ TEST(cuda, dsa_scores) {
         free(q), free(w), free(k), free(got), free(want), free(qt), free(wp);
     }
     float one = 1.f, sc;
-    CHECK(cu_dsa_scores_check(&one, &one, &one, 1, 1, 1, 0, &sc, &err) == PETREL_EINVAL); /* no keys: refused */
+    CHECK(cu_dsa_scores_check(&one, &one, &one, 1, 1, 1, 0, &sc, &err) == PETREL_EINVAL);   /* no keys: refused */
+    CHECK(cu_dsa_scores_check(&one, &one, &one, 1, 1, 513, 1, &sc, &err) == PETREL_EINVAL); /* past the shared-memory bound: refused before any read */
 }
 
 /* the prompt's down input in one pass: cuk_swiglu_bf16g's bits (the routed experts' order) and

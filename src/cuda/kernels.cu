@@ -3905,7 +3905,7 @@ void cuk_dsa_prep(cudaStream_t st, float *qi, float *k, float *iw, const float *
 #define DS_KEYS 32
 #define DS_HC 64 /* heads a chunk: 8 a warp */
 #define DS_SB 8  /* staging loads in flight a thread */
-static int dsa_ks(int Di, int v4) { return v4 ? Di + 4 : Di + 1; }
+__host__ __device__ __forceinline__ int dsa_ks(int Di, int v4) { return v4 ? Di + 4 : Di + 1; } /* the keys' row stride */
 static size_t dsa_scores_smem(int Hi, int Di, int v4) {
     return sizeof(float) * ((size_t)DS_KEYS * dsa_ks(Di, v4) + (size_t)(Hi < DS_HC ? Hi : DS_HC) * Di + (size_t)DS_HC * DS_KEYS);
 }
@@ -3918,7 +3918,7 @@ __global__ void __launch_bounds__(256) k_dsa_scores(const float *__restrict__ qi
     const cu_rowinfo R = ri[r];
     const int n = R.pos + 1;
     if ((n <= topk && !always[r]) || t0 >= n) return;
-    const int nk = n - t0 < DS_KEYS ? n - t0 : DS_KEYS, ks = V4 ? Di + 4 : Di + 1, hq = Hi < DS_HC ? Hi : DS_HC;
+    const int nk = n - t0 < DS_KEYS ? n - t0 : DS_KEYS, ks = dsa_ks(Di, V4), hq = Hi < DS_HC ? Hi : DS_HC;
     float *K = ds_sm, *Q = K + DS_KEYS * ks, *M = Q + hq * Di; /* [DS_KEYS][ks] keys, [hq][Di] q rows, [DS_HC][DS_KEYS] m values */
     const float *kt = R.ix + ((int64_t)l * R.cap + t0) * Di; /* the nk keys, contiguous */
     const float *q = qi + (int64_t)r * Hi * Di, *w = iw + (int64_t)r * Hi, *kr = K + lane * ks;
