@@ -83,7 +83,7 @@ ab)
     for round in $(seq "${ROUNDS:-2}"); do
         for b in ${BINS:-petrel-cuda-base petrel-cuda}; do
             echo "== round $round $b"
-            timeout 60 $W/$b bench --model $S --device cuda --prompt 2048 --ctx 2048 --steps 1 --prefill-runs 2 --profile 2>&1 | tee -a "$OUT/ab-$b.txt" |
+            timeout 60 $W/$b bench --model $S --device cuda --prompt ${PROMPT:-2048} --ctx ${PROMPT:-2048} --steps 1 --prefill-runs 2 --profile 2>&1 | tee -a "$OUT/ab-$b.txt" |
                 grep -E "^prefill:|routed experts: (gate|down)|attention (core|projections)|head products|router|o_proj|dense mlp" | head -9
             [ "${DECODE:-1}" = 0 ] || timeout 60 $W/$b bench --model $S --device cuda --prompt 64 --ctx 2048 --steps 32 --prefill-runs 1 2>&1 | tee -a "$OUT/ab-$b.txt" | grep -E "^decode at"
         done
