@@ -25,7 +25,8 @@
 #            summed by function name (then one decode step's launches): where a prompt's time goes
 #   trace    cu_trace (CUPTI) on the 1d${MOE:-4}m slice: one decode step's kernels on the GPU's clock
 #            after a PROMPT-token prompt (default 2048), inside the replayed graph: start, duration,
-#            the idle gap before each, stream; the step's busy / idle time; time by kernel name
+#            its share of the step's span, the idle gap before it, stream; the step's busy / idle
+#            time; shares and durations by kernel name
 #   goldens  the logits of one PROMPT-token prompt (default 1024) on the 1d${MOE:-1}m slice from each of
 #            VARIANTS ("BIN:FLAGS" words, BIN base = petrel-cuda-base, new = petrel-cuda, FLAGS with
 #            commas for spaces; any other BIN NAME = petrel-cuda-NAME; default: base, new, new with PDL off, new with each prompt form
@@ -140,6 +141,6 @@ trace)
     S=/tmp/s1d${MOE:-4}m.pack
     slice "${MOE:-4}" $S
     timeout 200 $W/cu_trace $S ${PROMPT:-2048} ${STEPS:-8} > "$OUT/trace.txt" 2>&1
-    echo "cu_trace rc=$?"; grep -E "^decode step|^step span" "$OUT/trace.txt"; grep -E "launches" "$OUT/trace.txt" | head -25 ;;
+    echo "cu_trace rc=$?"; grep -E "^decode step" "$OUT/trace.txt"; sed -n '/^step span/,$p' "$OUT/trace.txt" | head -26 ;;
 *) echo "device-run.sh: unknown mode $1 (tests, bench, quality, cpu, ab, ncu, kernels, goldens, trace)" >&2; exit 2 ;;
 esac
