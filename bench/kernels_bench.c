@@ -535,16 +535,15 @@ static void bench_amx(int n) {
 /* MLA's absorbed head products of one decode row (BENCH_ONLY=mla): GLM-5.2's kv_b_proj [64 x
  * (192 + 256) = 28672][512] in q8_g32, cycled through enough copies to be cold; per head, as the
  * engine's uk_task / uv_task, W_UK_h^T q (kn_matmul_t over the head's 192 rows) and W_UV_h lat
- * (kn_matmul over its 256), the heads as pool tasks: GB/s of each part's weight bytes */
-typedef struct { const mat *kvb; const float *x; float *y; int t; } mla_ctx;
+ * (kn_matmul over its 256; with BENCH_R16 each head's W_UV rows repacked to R16 in place, as the
+ * engine's open does), the heads as pool tasks: GB/s of each part's weight bytes. The bound line
+ * (one kn_matmul over every row) runs first, on the plain layout. */
+typedef struct { const pt_wview *uk, *uv; const float *x; float *y; int t; } mla_ctx;
 static void mla_task(void *c_, int h, int thread) {
     (void)thread;
     const mla_ctx *c = c_;
-    const pt_wview *W = &c->kvb->v;
-    int64_t r0 = (int64_t)h * 448 + (c->t ? 192 : 0), n = c->t ? 256 : 192, spr = W->scale_cols;
-    pt_wview v = pt_wview_make(W->qtype, n, W->cols, W->data + r0 * W->row_bytes, (const uint16_t *)W->scale + r0 * spr, PT_BF16);
-    if (c->t) kn_matmul(&v, c->x + (size_t)h * 512, 1, c->y + (size_t)h * 256);
-    else kn_matmul_t(&v, c->x + (size_t)h * 256, 1, c->y + (size_t)h * 512);
+    if (c->t) kn_matmul(&c->uv[h], c->x + (size_t)h * 512, 1, c->y + (size_t)h * 256);
+    else kn_matmul_t(&c->uk[h], c->x + (size_t)h * 256, 1, c->y + (size_t)h * 512);
 }
 static void bench_mla(double floor_gbs) {
     mat probe = make_mat(PT_Q8_G32, 28672, 512);
@@ -554,25 +553,7 @@ static void bench_mla(double floor_gbs) {
     for (int i = 1; i < copies; i++) ms[i] = make_mat(PT_Q8_G32, 28672, 512);
     float *x = malloc(64 * 512 * 4), *y = malloc(64 * 512 * 4);
     for (int j = 0; j < 64 * 512; j++) x[j] = (float)(rnd() % 1000) / 1000.f - 0.5f;
-    const char *nm[2] = {"W_UK^T q (kn_matmul_t, 64 x [192 x 512])", "W_UV lat (kn_matmul, 64 x [256 x 512])"};
-    for (int t = 0; t < 2; t++) {
-        double part = (double)probe.bytes * (t ? 256.0 : 192.0) / 448.0, best = 0;
-        for (int rep = 0; rep < 12; rep++) {
-            int calls = 0;
-            double t0 = now(), dt;
-            do {
-                for (int i = 0; i < copies; i++) {
-                    mla_ctx c = {&ms[i], x, y, t};
-                    pool_run(kn_pool(), 64, mla_task, &c);
-                }
-                calls += copies;
-            } while ((dt = now() - t0) < 0.1);
-            double gbs = part * calls / dt / 1e9;
-            if (gbs > best) best = gbs;
-        }
-        printf("%-44s %6.2f MB  %6.2f GB/s  %6.1f us a layer  %.2fx floor\n", nm[t], part / 1e6, best, part / best / 1e3, floor_gbs / best);
-    }
-    { /* the bound: one kn_matmul over every row of kv_b_proj (one input for all heads) */
+    { /* the bound: one kn_matmul over every row of kv_b_proj (one input for all heads), plain layout */
         float *yy = malloc(28672 * 4);
         double best = 0;
         for (int rep = 0; rep < 12; rep++) {
@@ -589,8 +570,37 @@ static void bench_mla(double floor_gbs) {
                probe.bytes / best / 1e3, floor_gbs / best);
         free(yy);
     }
+    /* each copy's per-head views: W_UK plain, W_UV repacked to R16 where asked (in place) */
+    pt_wview *uk = malloc(sizeof(pt_wview) * 64 * (size_t)copies), *uv = malloc(sizeof(pt_wview) * 64 * (size_t)copies);
+    const int r16 = getenv("BENCH_R16") && kn_r16_available();
+    for (int i = 0; i < copies; i++)
+        for (int h = 0; h < 64; h++) {
+            const pt_wview *W = &ms[i].v;
+            int64_t spr = W->scale_cols, rk = (int64_t)h * 448, rv = rk + 192;
+            uk[i * 64 + h] = pt_wview_make(W->qtype, 192, W->cols, W->data + rk * W->row_bytes, (const uint16_t *)W->scale + rk * spr, PT_BF16);
+            uv[i * 64 + h] = pt_wview_make(W->qtype, 256, W->cols, W->data + rv * W->row_bytes, (const uint16_t *)W->scale + rv * spr, PT_BF16);
+            if (r16 && kn_r16_supported(&uv[i * 64 + h])) kn_r16_repack(&uv[i * 64 + h]);
+        }
+    const char *nm[2] = {"W_UK^T q (kn_matmul_t, 64 x [192 x 512])", r16 ? "W_UV lat (kn_matmul, 64 x [256 x 512], r16)" : "W_UV lat (kn_matmul, 64 x [256 x 512])"};
+    for (int t = 0; t < 2; t++) {
+        double part = (double)probe.bytes * (t ? 256.0 : 192.0) / 448.0, best = 0;
+        for (int rep = 0; rep < 12; rep++) {
+            int calls = 0;
+            double t0 = now(), dt;
+            do {
+                for (int i = 0; i < copies; i++) {
+                    mla_ctx c = {uk + i * 64, uv + i * 64, x, y, t};
+                    pool_run(kn_pool(), 64, mla_task, &c);
+                }
+                calls += copies;
+            } while ((dt = now() - t0) < 0.1);
+            double gbs = part * calls / dt / 1e9;
+            if (gbs > best) best = gbs;
+        }
+        printf("%-44s %6.2f MB  %6.2f GB/s  %6.1f us a layer  %.2fx floor\n", nm[t], part / 1e6, best, part / best / 1e3, floor_gbs / best);
+    }
     for (int i = 0; i < copies; i++) { free(ms[i].data); free(ms[i].scale); }
-    free(ms); free(x); free(y);
+    free(ms); free(x); free(y); free(uk); free(uv);
 }
 
 int main(int argc, char **argv) {
