@@ -15,7 +15,7 @@
  * routed experts (8 x gate/up [2048 x 6144] then 8 x down [6144 x 2048], q4) as 24 kn_matmul
  * calls vs 2 kn_matmul_many calls.
  * BENCH_R16=1: weights repacked to the row-interleaved layout (PT_LAYOUT_R16) first (decode,
- * prefill, experts and dispatch: the engine's layout for routed experts).
+ * prefill, experts, dispatch and mla's W_UV: the engine's layout for them).
  * Attention (BENCH_ONLY=attn): the exact f32 attention core of one decode row (64 heads x
  * BENCH_N keys, default 512) against the kn_matmul products it replaced; BENCH_COLD=K: the core
  * over K caches in turn (32 at 512 keys is past the last-level cache, as in a decode step).
@@ -23,7 +23,8 @@
  * keys (default 4096; GLM-5.2's 32 heads x 128) on one thread, GMAC/s beside one core's f32 FMA
  * peak (24 independent fma chains).
  * MLA (BENCH_ONLY=mla): the absorbed form's per-head W_UK^T q and W_UV lat of one decode row over
- * GLM-5.2's kv_b_proj (q8_g32), cold (BENCH_HOT=1: one copy, from cache), as GB/s against the floor.
+ * GLM-5.2's kv_b_proj (q8_g32; W_UV per head in R16 with BENCH_R16=1, as the engine repacks it),
+ * cold (BENCH_HOT=1: one copy, from cache), as GB/s against the floor.
  * BENCH_HUGE=1: every weight matrix on transparent huge pages (madvise), as the engine's resident copy.
  * AMX (BENCH_ONLY=amx, a CPU with AMX-INT8): the measured AMX int8 peak (TDPBSSD on register
  * tiles, one thread and all threads), then R16 products at BENCH_N rows (default 512) and the
