@@ -4174,6 +4174,7 @@ __global__ void k_route(const float *lg, const float *bias, int T, cu_route_cfg 
     int32_t *ir = idx + (int64_t)r * K;
     double sum = 0;
     if (regs && E <= 32 * ROUTE_PER) {
+        __shared__ float wsel[32]; /* lane 0's chosen scores for the normalization (K <= 32), not read back from memory */
         float cv[ROUTE_PER], sv[ROUTE_PER];
         unsigned tk = 0; /* bit k: expert lane + 32 k taken */
 #pragma unroll
@@ -4196,13 +4197,17 @@ __global__ void k_route(const float *lg, const float *bias, int T, cu_route_cfg 
             }
             best = __shfl_sync(0xffffffffu, best, 0), bs = __shfl_sync(0xffffffffu, bs, 0); /* lane 0's, as before (with NaN values lanes may differ) */
             if ((best & 31) == lane) tk |= 1u << (best >> 5);
-            if (lane == 0) ir[kk] = best, wts[(int64_t)r * K + kk] = bs;
+            if (lane == 0) {
+                ir[kk] = best;
+                if (K <= 32) wsel[kk] = bs;
+                else wts[(int64_t)r * K + kk] = bs;
+            }
             sum += bs;
         }
         __syncwarp();
         if (lane == 0)
             for (int k = 0; k < K; k++) {
-                float w = wts[(int64_t)r * K + k];
+                float w = K <= 32 ? wsel[k] : wts[(int64_t)r * K + k];
                 if (c.norm_topk_prob) w = (float)(w / (sum + 1e-20));
                 wts[(int64_t)r * K + k] = w * c.routed_scaling_factor;
                 slot_x[(int64_t)r * K + k] = r;
