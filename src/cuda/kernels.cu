@@ -3552,15 +3552,20 @@ size_t attn_flash_smem(int Rkv, int Dr) {
 }
 /* key k's element d in a swizzled tile of rows of Dp values */
 __device__ __forceinline__ int ksw(int k, int d, int Dp) { return k * Dp + ((((d >> 2) ^ (k & 7))) << 2) + (d & 3); }
-/* keys k0 .. k0 + nk - 1 (rows of D values in the cache) into the tile; zeros past D and nk */
+/* keys k0 .. k0 + nk - 1 (rows of D values in the cache) into the tile; zeros past D and nk: a
+ * warp a key (its row read from sel once), each lane 16-byte chunks lane, lane + 32, ... (a warp
+ * reads 512 bytes of the key at a time) */
 __device__ __forceinline__ void flash_tile_load(float *Kb, const float *base, const int32_t *sr, int k0, int nk, int D, int Dp) {
-    const int D4 = Dp / 4;
-    int k = threadIdx.x / D4, c4 = threadIdx.x % D4; /* element i = k D4 + c4, stepped without a division */
-    for (; k < FK; c4 += blockDim.x) {                 /* a warp reads 512 bytes of one key */
-        while (c4 >= D4) c4 -= D4, k++;
-        if (k >= FK) break;
-        bool ok = k < nk && 4 * c4 < D;
-        cp_async16(Kb + ksw(k, 4 * c4, Dp), ok ? base + (int64_t)sr[k0 + k] * D + 4 * c4 : base, ok);
+    const int D4 = Dp / 4, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    for (int k = threadIdx.x >> 5; k < FK; k += nw) {
+        const bool kin = k < nk;
+        const float *row = kin ? base + (int64_t)sr[k0 + k] * D : base;
+        float *dst = Kb + (size_t)k * Dp;
+        const int sw = k & 7; /* ksw's swizzle: chunk c4 of key k at chunk c4 ^ (k & 7) of its row */
+        for (int c4 = lane; c4 < D4; c4 += 32) {
+            const bool ok = kin && 4 * c4 < D;
+            cp_async16(dst + ((c4 ^ sw) << 2), ok ? row + 4 * c4 : base, ok);
+        }
     }
 }
 template <int TC>
@@ -3585,15 +3590,16 @@ __global__ void __launch_bounds__(TC ? 512 : 256) k_attn_flash(const float *__re
     const float *base = R.kv + (int64_t)l * R.cap * D;
     const int32_t *sr = sel + (int64_t)r * ld_sel;
     if (((Rkv | Dn | Dr) & 3) == 0 && ((reinterpret_cast<uintptr_t>(q) | reinterpret_cast<uintptr_t>(qt)) & 15) == 0) {
-        /* 16-byte copies: chunk c of a head's Dp / 4 never straddles q~ and q_pe */
+        /* 16-byte copies, a warp a head: chunk c of a head's Dp / 4 never straddles q~ and q_pe */
         const int D4 = Dp / 4;
-        for (int h = tid / D4, c = tid % D4; h < FH; c += NW * 32) { /* chunk h D4 + c, stepped without a division */
-            while (c >= D4) c -= D4, h++;
-            if (h >= FH) break;
-            int hh = h0 + h, d = 4 * c;
-            bool ok = hh < NH && d < D;
-            const float *src = !ok ? q : d < Rkv ? qt + ((int64_t)r * NH + hh) * Rkv + d : q + ((int64_t)r * NH + hh) * (Dn + Dr) + Dn + (d - Rkv);
-            cp_async16(Qs + h * qst + d, src, ok);
+        for (int h = warp; h < FH; h += NW) {
+            const int hh = h0 + h;
+            const int64_t qto = ((int64_t)r * NH + hh) * Rkv, qpo = ((int64_t)r * NH + hh) * (Dn + Dr) + Dn;
+            for (int c = lane; c < D4; c += 32) {
+                const int d = 4 * c;
+                const bool ok = hh < NH && d < D;
+                cp_async16(Qs + h * qst + d, !ok ? q : d < Rkv ? qt + qto + d : q + qpo + (d - Rkv), ok);
+            }
         }
     } else {
         for (int h = tid / Dp, d = tid % Dp; h < FH; d += NW * 32) { /* element h Dp + d, stepped without a division */
