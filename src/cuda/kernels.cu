@@ -3552,14 +3552,30 @@ size_t attn_flash_smem(int Rkv, int Dr) {
 }
 /* key k's element d in a swizzled tile of rows of Dp values */
 __device__ __forceinline__ int ksw(int k, int d, int Dp) { return k * Dp + ((((d >> 2) ^ (k & 7))) << 2) + (d & 3); }
-/* keys k0 .. k0 + nk - 1 (rows of D values in the cache) into the tile; zeros past D and nk: a
- * warp a key (its row read from sel once), each lane 16-byte chunks lane, lane + 32, ... (a warp
- * reads 512 bytes of the key at a time) */
-__device__ __forceinline__ void flash_tile_load(float *Kb, const float *base, const int32_t *sr, int k0, int nk, int D, int Dp) {
+/* A key tile is loaded a warp a key (keys warp, warp + nw, ...: at most FK_W a warp, blockDim of
+ * 256 or more), each lane the 16-byte chunks lane, lane + 32, ... of the key's row (a warp reads
+ * 512 bytes of it at a time). The rows' indices are read from sel a tile ahead (flash_tile_rows)
+ * so no copy waits on that read: the first tile's read went out behind the q rows' copies and
+ * was the kernel's longest stall (RESULTS 16:45). */
+#define FK_W 4
+/* the warp's keys' row indices of keys k0 .. k0 + nk - 1 (-1 past nk) */
+__device__ __forceinline__ void flash_tile_rows(int32_t rows[FK_W], const int32_t *sr, int k0, int nk) {
+    const int nw = blockDim.x >> 5;
+#pragma unroll
+    for (int i = 0; i < FK_W; i++) {
+        const int k = (threadIdx.x >> 5) + i * nw;
+        rows[i] = k < FK && k < nk ? sr[k0 + k] : -1;
+    }
+}
+/* the keys of rows (flash_tile_rows) into the tile; zeros past D and past the keys */
+__device__ __forceinline__ void flash_tile_load(float *Kb, const float *base, const int32_t rows[FK_W], int D, int Dp) {
     const int D4 = Dp / 4, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
-    for (int k = threadIdx.x >> 5; k < FK; k += nw) {
-        const bool kin = k < nk;
-        const float *row = kin ? base + (int64_t)sr[k0 + k] * D : base;
+#pragma unroll
+    for (int i = 0; i < FK_W; i++) {
+        const int k = (threadIdx.x >> 5) + i * nw;
+        if (k >= FK) break;
+        const bool kin = rows[i] >= 0;
+        const float *row = kin ? base + (int64_t)rows[i] * D : base;
         float *dst = Kb + (size_t)k * Dp;
         const int sw = k & 7; /* ksw's swizzle: chunk c4 of key k at chunk c4 ^ (k & 7) of its row */
         for (int c4 = lane; c4 < D4; c4 += 32) {
@@ -3589,6 +3605,8 @@ __global__ void __launch_bounds__(TC ? 512 : 256) k_attn_flash(const float *__re
     const cu_rowinfo R = ri[r];
     const float *base = R.kv + (int64_t)l * R.cap * D;
     const int32_t *sr = sel + (int64_t)r * ld_sel;
+    int32_t rows[FK_W]; /* the next tile's keys' row indices, read a tile ahead */
+    flash_tile_rows(rows, sr, a, b - a);
     if (((Rkv | Dn | Dr) & 3) == 0 && ((reinterpret_cast<uintptr_t>(q) | reinterpret_cast<uintptr_t>(qt)) & 15) == 0) {
         /* 16-byte copies, a warp a head: chunk c of a head's Dp / 4 never straddles q~ and q_pe */
         const int D4 = Dp / 4;
@@ -3612,8 +3630,9 @@ __global__ void __launch_bounds__(TC ? 512 : 256) k_attn_flash(const float *__re
         }
     }
     const int ntile = (b - a + FK - 1) / FK;
-    flash_tile_load(Kb0, base, sr, a, b - a < FK ? b - a : FK, D, Dp);
+    flash_tile_load(Kb0, base, rows, D, Dp);
     cp_async_commit();
+    if (ntile > 1) flash_tile_rows(rows, sr, a + FK, b - a - FK);
     /* TC 0 scores: warp w's heads hq .. hq + 3 over dimensions [d0, d1) (whole chunks of 4);
      * TC 1: warp w's eighth w & 7 of the dimension, [d0, d1) in steps of 8, for keys
      * 16 (w >> 3) .. + 15 */
@@ -3634,9 +3653,9 @@ __global__ void __launch_bounds__(TC ? 512 : 256) k_attn_flash(const float *__re
         const int k0 = a + t * FK, nk = b - k0 < FK ? b - k0 : FK;
         float *Ks = t & 1 ? Kb1 : Kb0;
         if (t + 1 < ntile) {
-            int k1 = k0 + FK;
-            flash_tile_load(t & 1 ? Kb0 : Kb1, base, sr, k1, b - k1 < FK ? b - k1 : FK, D, Dp);
+            flash_tile_load(t & 1 ? Kb0 : Kb1, base, rows, D, Dp);
             cp_async_commit();
+            if (t + 2 < ntile) flash_tile_rows(rows, sr, k0 + 2 * FK, b - k0 - 2 * FK);
             cp_async_wait<1>();
         } else {
             cp_async_wait<0>();
@@ -3749,15 +3768,35 @@ __global__ void __launch_bounds__(TC ? 512 : 256) k_attn_flash(const float *__re
             if (tid + 256 < Rkv) o[tid + 256] = acc[FH / 4 + h / 4][h % 4];
         }
     } else {
+        /* through shared memory (the key tiles' room, free after the loop's last barrier): the
+         * fragments into rows [FH][os] (os = Rkv + 8 for Rkv = 512: 8 banks mod 32, so the eight g rows of a
+         * float2 store meet no bank twice), then each head's row stored by whole 16-byte chunks,
+         * a warp 512 contiguous bytes (the fragments' scattered 4-byte stores held the store
+         * queue: ~17 % of the kernel's stall samples, RESULTS 16:45) */
+        const int os = ((Rkv + 3) & ~3) + 8; /* whole 16-byte chunks a row */
+        float *Os = fsm;
 #pragma unroll
         for (int j = 0; j < NA; j++) {
             int c = 32 * warp + 8 * j + 2 * t4;
             if (32 * warp + 8 * j >= Rkv) break;
-            float *o0 = part + (((int64_t)s * T + r) * NH + h0 + g) * Rkv + c, *o1 = o0 + (int64_t)8 * Rkv;
-            if (h0 + g < NH && c < Rkv) o0[0] = acc[j][0];
-            if (h0 + g < NH && c + 1 < Rkv) o0[1] = acc[j][1];
-            if (h0 + g + 8 < NH && c < Rkv) o1[0] = acc[j][2];
-            if (h0 + g + 8 < NH && c + 1 < Rkv) o1[1] = acc[j][3];
+            if (c + 1 < Rkv) {
+                *reinterpret_cast<float2 *>(Os + g * os + c) = make_float2(acc[j][0], acc[j][1]);
+                *reinterpret_cast<float2 *>(Os + (g + 8) * os + c) = make_float2(acc[j][2], acc[j][3]);
+            } else if (c < Rkv) {
+                Os[g * os + c] = acc[j][0], Os[(g + 8) * os + c] = acc[j][2];
+            }
+        }
+        __syncthreads();
+        const int nh = NH - h0 < FH ? NH - h0 : FH;
+        float *o = part + (((int64_t)s * T + r) * NH + h0) * Rkv; /* nh rows of Rkv, contiguous */
+        if ((Rkv & 3) == 0 && (reinterpret_cast<uintptr_t>(part) & 15) == 0) {
+            const int R4 = Rkv / 4;
+            for (int i = tid; i < nh * R4; i += NW * 32) {
+                const int h = i / R4, c = 4 * (i - h * R4);
+                *reinterpret_cast<float4 *>(o + (int64_t)h * Rkv + c) = *reinterpret_cast<const float4 *>(Os + h * os + c);
+            }
+        } else {
+            for (int i = tid; i < nh * Rkv; i += NW * 32) o[i] = Os[(i / Rkv) * os + i % Rkv];
         }
     }
     if (lane == 0)
