@@ -816,6 +816,53 @@ TEST(cuda, dsa_scores) {
     CHECK(cu_dsa_scores_check(&one, &one, &one, 1, 1, 513, 1, &sc, &err) == PETREL_EINVAL); /* past the shared-memory bound: refused before any read */
 }
 
+/* the tensor-core products' tf32 split (hi by integer rounding) against the two-cvt.rna form it
+ * replaced: the same hi and lo bits for every finite value (ties, subnormals, the largest ones
+ * that round up to inf), and for inf and NaN (any payload, either sign) a NaN lo, so products
+ * through the three MMAs stay NaN */
+TEST(cuda, tf32_split) {
+    if (!need_gpu()) return;
+    petrel_error err = {0};
+    enum { N = 4096 };
+    float *x = malloc(sizeof(float) * N);
+    uint32_t *o = malloc(sizeof(uint32_t) * 4 * N);
+    const uint32_t special[] = {0x00000000u, 0x80000000u, 0x00000001u, 0x80001000u, 0x00001000u, 0x00003000u, 0x007fffffu,
+                                0x3f801000u, 0xbf801000u, 0x3f803000u, 0x3f800fffu, 0x7f7fffffu, 0xff7fffffu, 0x7f7ff000u,
+                                0x7f7fefffu, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc00000u, 0x7fffffffu, 0xffffffffu,
+                                0x7f800001u, 0x7ffff000u};
+    const int ns = (int)(sizeof special / sizeof special[0]);
+    for (int i = 0; i < N; i++) {
+        uint32_t b;
+        if (i < ns) b = special[i];
+        else {
+            rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+            b = (uint32_t)(rng >> 32);
+            if (i % 4 == 1) b = (b & 0xffffe000u) | 0x1000u; /* a tie */
+        }
+        memcpy(&x[i], &b, 4);
+    }
+    int rc = cu_tf32_split_check(x, N, o, &err);
+    CHECK_MSG(rc == 0, "cu_tf32_split_check: %s", err.msg);
+    int bad = -1, nonfinite = 0;
+    for (int i = 0; !rc && i < N && bad < 0; i++) {
+        float lo;
+        memcpy(&lo, &o[4 * i + 1], 4);
+        if (isfinite(x[i])) {
+            if (o[4 * i] != o[4 * i + 2] || o[4 * i + 1] != o[4 * i + 3]) bad = i;
+        } else {
+            nonfinite++;
+            if (!isnan(lo)) bad = i;
+        }
+    }
+    uint32_t xb = 0;
+    if (bad >= 0) memcpy(&xb, &x[bad], 4);
+    CHECK_MSG(bad < 0, "tf32 split of 0x%08x: hi 0x%08x lo 0x%08x, cvt.rna: hi 0x%08x lo 0x%08x", xb, o[4 * (bad < 0 ? 0 : bad)],
+              o[4 * (bad < 0 ? 0 : bad) + 1], o[4 * (bad < 0 ? 0 : bad) + 2], o[4 * (bad < 0 ? 0 : bad) + 3]);
+    CHECK(rc || nonfinite >= 10);
+    CHECK(cu_tf32_split_check(x, 0, o, &err) == PETREL_EINVAL);
+    free(x), free(o);
+}
+
 /* the prompt's down input in one pass: cuk_swiglu_bf16g's bits (the routed experts' order) and
  * cuk_swiglu_bf16g8's (the q8 products') are those of k_silu_mul then the conversion of that
  * order, over ordinary values and ones whose exp overflows */

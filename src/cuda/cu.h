@@ -194,6 +194,9 @@ int cu_route_check(const float *lg, const float *bias, int T, int E, int K, int 
  * T rows of q [T][Hi][Di] and head weights w [T][Hi], each against the same n keys [n][Di];
  * score [T][n]. Di at most 512 (as cu_model_open requires of index_head_dim). */
 int cu_dsa_scores_check(const float *q, const float *w, const float *keys, int T, int Hi, int Di, int n, float *score, petrel_error *err);
+/* The tensor-core products' split of each x[i] into tf32 halves (hi, lo), out [n][4]: the
+ * kernels' split (hi by integer rounding), then the two-cvt.rna form it replaced. */
+int cu_tf32_split_check(const float *x, int n, uint32_t *out, petrel_error *err);
 /* op_topk on the GPU for one row of n scores: idx[k] ascending. */
 int cu_topk_check(const float *v, int n, int k, int32_t *idx, petrel_error *err);
 /* The prompt's down-product input from gate and up rows g, u [n][cols] (cols a multiple of 64),

@@ -227,6 +227,8 @@ void cuk_dsa_select(cudaStream_t st, const float *qi, const float *iw, float *sc
                     int T, int Hi, int Di, int topk, int l, const cu_rowinfo *ri, const int *always, int nmax);
 /* op_topk of v[n] into idx[k] ascending (k <= n), one block. */
 void cuk_topk(cudaStream_t st, const float *v, int n, int k, int32_t *idx);
+/* the tensor-core products' tf32 split of x[n] two ways, o [n][4]: cu_tf32_split_check */
+void cuk_tf32_split_check(cudaStream_t st, const float *x, int n, uint32_t *o);
 
 /* MoE: routing (moe_route) of T rows' router logits [T][E] into idx/wts [T][K]; the choice slots
  * sorted by expert (list: slots r*K+k, rows ascending within an expert) with the GEMM's tiles;

@@ -2516,9 +2516,33 @@ __device__ __forceinline__ void wfetch8(const dw &W, int64_t r, int64_t c, int64
 /* ---- tensor-core tiles (tf32, each product in three) ---- */
 
 /* x = hi + lo, each a tf32 (round to nearest) */
+/* x = hi + lo in tf32 halves, each rounded to nearest, ties away (cvt.rna). hi by the integer
+ * form of that rounding (half an ulp of tf32 added to the bits, the 13 low bits cleared): the
+ * bits of cvt.rna for every finite x, without the select that keeps inf and NaN (two
+ * instructions of the seven a split took, FSETP and SEL, in the attention's inner loops: RESULTS
+ * 17:30); for a non-finite x, lo = x - hi is NaN whatever hi became, so a product through the
+ * three MMAs is NaN as before. lo by cvt.rna (the MMA reads the top 19 bits). tf32_split_cvt is
+ * the two-cvt form, kept as the test's twin (cu_tf32_split_check). */
 __device__ __forceinline__ void tf32_split(float x, uint32_t &hi, uint32_t &lo) {
+    hi = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(lo) : "f"(x - __uint_as_float(hi)));
+}
+__device__ __forceinline__ void tf32_split_cvt(float x, uint32_t &hi, uint32_t &lo) {
     asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(hi) : "f"(x));
     asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(lo) : "f"(x - __uint_as_float(hi)));
+}
+/* o[4 i ..]: tf32_split's hi, lo, then tf32_split_cvt's, of x[i] */
+__global__ void k_tf32_split_check(const float *x, int n, uint32_t *o) {
+    pdl_enter();
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        uint32_t h, l, hc, lc;
+        tf32_split(x[i], h, l);
+        tf32_split_cvt(x[i], hc, lc);
+        o[4 * i] = h, o[4 * i + 1] = l, o[4 * i + 2] = hc, o[4 * i + 3] = lc;
+    }
+}
+void cuk_tf32_split_check(cudaStream_t st, const float *x, int n, uint32_t *o) {
+    if (n > 0) cu_launch(k_tf32_split_check, (unsigned)((n + 255) / 256 < 1024 ? (n + 255) / 256 : 1024), 256, 0, st, x, n, o);
 }
 __device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
@@ -3554,9 +3578,10 @@ size_t attn_flash_smem(int Rkv, int Dr) {
 __device__ __forceinline__ int ksw(int k, int d, int Dp) { return k * Dp + ((((d >> 2) ^ (k & 7))) << 2) + (d & 3); }
 /* A key tile is loaded a warp a key (keys warp, warp + nw, ...: at most FK_W a warp, blockDim of
  * 256 or more), each lane the 16-byte chunks lane, lane + 32, ... of the key's row (a warp reads
- * 512 bytes of it at a time). The rows' indices are read from sel a tile ahead (flash_tile_rows)
- * so no copy waits on that read: the first tile's read went out behind the q rows' copies and
- * was the kernel's longest stall (RESULTS 16:45). */
+ * 512 bytes of it at a time). The rows' indices are read from sel a tile ahead (flash_tile_rows),
+ * the first two tiles' before any copy, so no copy waits on that read: read just before its
+ * copies, behind the q rows' and the tile before's, it was the kernel's longest stall (RESULTS
+ * 16:45). */
 #define FK_W 4
 /* the warp's keys' row indices of keys k0 .. k0 + nk - 1 (-1 past nk) */
 __device__ __forceinline__ void flash_tile_rows(int32_t rows[FK_W], const int32_t *sr, int k0, int nk) {
@@ -3605,8 +3630,9 @@ __global__ void __launch_bounds__(TC ? 512 : 256) k_attn_flash(const float *__re
     const cu_rowinfo R = ri[r];
     const float *base = R.kv + (int64_t)l * R.cap * D;
     const int32_t *sr = sel + (int64_t)r * ld_sel;
-    int32_t rows[FK_W]; /* the next tile's keys' row indices, read a tile ahead */
+    int32_t rows[FK_W], rows1[FK_W]; /* the next tile's keys' row indices, read a tile ahead; the first two tiles' first */
     flash_tile_rows(rows, sr, a, b - a);
+    flash_tile_rows(rows1, sr, a + FK, b - a - FK);
     if (((Rkv | Dn | Dr) & 3) == 0 && ((reinterpret_cast<uintptr_t>(q) | reinterpret_cast<uintptr_t>(qt)) & 15) == 0) {
         /* 16-byte copies, a warp a head: chunk c of a head's Dp / 4 never straddles q~ and q_pe */
         const int D4 = Dp / 4;
@@ -3632,7 +3658,8 @@ __global__ void __launch_bounds__(TC ? 512 : 256) k_attn_flash(const float *__re
     const int ntile = (b - a + FK - 1) / FK;
     flash_tile_load(Kb0, base, rows, D, Dp);
     cp_async_commit();
-    if (ntile > 1) flash_tile_rows(rows, sr, a + FK, b - a - FK);
+#pragma unroll
+    for (int i = 0; i < FK_W; i++) rows[i] = rows1[i];
     /* TC 0 scores: warp w's heads hq .. hq + 3 over dimensions [d0, d1) (whole chunks of 4);
      * TC 1: warp w's eighth w & 7 of the dimension, [d0, d1) in steps of 8, for keys
      * 16 (w >> 3) .. + 15 */

@@ -1750,6 +1750,21 @@ extern "C" int cu_dsa_scores_check(const float *q, const float *w, const float *
     return rc;
 }
 
+extern "C" int cu_tf32_split_check(const float *x, int n, uint32_t *out, petrel_error *err) {
+    if (n < 1) return pt_err(err, PETREL_EINVAL, "cu_tf32_split_check: no values");
+    cu_model m;
+    PT_TRY(check_model(&m, err));
+    float *dx = (float *)dalloc(&m, sizeof(float) * (size_t)n, "x", err);
+    uint32_t *d_o = (uint32_t *)dalloc(&m, sizeof(uint32_t) * 4 * (size_t)n, "split", err);
+    int rc = dx && d_o ? up_copy(dx, x, sizeof(float) * (size_t)n, err) : PETREL_ENOMEM;
+    if (!rc) {
+        cuk_tf32_split_check(m.st, dx, n, d_o);
+        rc = check_fetch(&m, out, d_o, sizeof(uint32_t) * 4 * (size_t)n, "tf32 split", err);
+    }
+    check_done(&m);
+    return rc;
+}
+
 extern "C" int cu_topk_check(const float *v, int n, int k, int32_t *idx, petrel_error *err) {
     cu_model m;
     PT_TRY(check_model(&m, err));

@@ -81,6 +81,10 @@ int cu_dsa_scores_check(const float *q, const float *w, const float *keys, int T
     (void)q, (void)w, (void)keys, (void)T, (void)Hi, (void)Di, (void)n, (void)score;
     return pt_err(err, PETREL_EUNSUPPORTED, NO_CUDA);
 }
+int cu_tf32_split_check(const float *x, int n, uint32_t *out, petrel_error *err) {
+    (void)x, (void)n, (void)out;
+    return pt_err(err, PETREL_EUNSUPPORTED, NO_CUDA);
+}
 int cu_topk_check(const float *v, int n, int k, int32_t *idx, petrel_error *err) {
     (void)v, (void)n, (void)k, (void)idx;
     return pt_err(err, PETREL_EUNSUPPORTED, NO_CUDA);
