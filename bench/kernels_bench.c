@@ -17,7 +17,8 @@
  * BENCH_R16=1: weights repacked to the row-interleaved layout (PT_LAYOUT_R16) first (decode,
  * prefill, experts, dispatch and mla's W_UV: the engine's layout for them).
  * Attention (BENCH_ONLY=attn): the exact f32 attention core of one decode row (64 heads x
- * BENCH_N keys, default 512) against the kn_matmul products it replaced; BENCH_COLD=K: the core
+ * BENCH_N keys, default 512) against the kn_matmul products it replaced (BENCH_ROWS=R: also R such
+ * rows as one batch's, kt_attn_core_many, against one call a row); BENCH_COLD=K: the core
  * over K caches in turn (32 at 512 keys is past the last-level cache, as in a decode step).
  * DSA (BENCH_ONLY=dsa): the lightning indexer's scores (kn_dsa) of one query row over BENCH_N cached
  * keys (default 4096; GLM-5.2's 32 heads x 128) on one thread, GMAC/s beside one core's f32 FMA
@@ -354,6 +355,39 @@ static void bench_attn(int N) {
         if ((t2 - t1) / 20 < best_old) best_old = (t2 - t1) / 20;
     }
     double fl = 2.0 * M * N * (D + Dr + D);
+    /* BENCH_ROWS=R: R such rows as one batch's (kt_attn_core_many, each row its own keys from
+     * the K caches in turn, its own scratch), alternated with the R rows one call each */
+    int R = getenv("BENCH_ROWS") ? atoi(getenv("BENCH_ROWS")) : 1;
+    if (R > 1 && R <= 64) {
+        kn_attn *as = malloc(sizeof(kn_attn) * (size_t)R);
+        float **scrs = malloc(sizeof(float *) * (size_t)R), *lats = malloc(sizeof(float) * (size_t)M * D * R);
+        for (int i = 0; i < R; i++) {
+            as[i] = a, as[i].lat = lats + (size_t)i * M * D;
+            scrs[i] = malloc(sizeof(float) * kn_attn_scratch_floats(M, N, D, Dr));
+        }
+        double best_many = 1e9, best_one = 1e9;
+        int call = 0;
+        for (int round = 0; round < 7; round++) {
+            double t0 = now();
+            for (int it = 0; it < 5; it++, call++) {
+                for (int i = 0; i < R; i++) as[i].kc = kc + (size_t)((call * R + i) % K) * N, as[i].kp = kp + (size_t)((call * R + i) % K) * N;
+                kt_attn_core_many(kn_default(), as, R, scrs);
+            }
+            double t1 = now();
+            for (int it = 0; it < 5; it++, call++)
+                for (int i = 0; i < R; i++) {
+                    as[i].kc = kc + (size_t)((call * R + i) % K) * N, as[i].kp = kp + (size_t)((call * R + i) % K) * N;
+                    kn_attn_core(&as[i], scrs[i]);
+                }
+            double t2 = now();
+            if ((t1 - t0) / 5 < best_many) best_many = (t1 - t0) / 5;
+            if ((t2 - t1) / 5 < best_one) best_one = (t2 - t1) / 5;
+        }
+        printf("attention core, %d rows of 64 heads x %d keys%s: together %.1f us a row (%.1f GFLOP/s), one call a row %.1f us a row (%.1f GFLOP/s)\n", R, N,
+               K > 1 ? " (cold caches)" : "", best_many / R * 1e6, fl * R / best_many * 1e-9, best_one / R * 1e6, fl * R / best_one * 1e-9);
+        for (int i = 0; i < R; i++) free(scrs[i]);
+        free(as); free(scrs); free(lats);
+    }
     printf("attention core%s, 64 heads x %d keys: kn_attn_core %.1f us (%.1f GFLOP/s), matmul products %.1f us (%.1f GFLOP/s): %.2fx\n", K > 1 ? " (cold caches; the products hot)" : "", N,
            best_new * 1e6, fl / best_new * 1e-9, best_old * 1e6, fl / best_old * 1e-9, best_old / best_new);
     free(q); free(qp); free(lat); free(C); free(P); free(sc); free(sp); free(scr); free(kc); free(kp);

@@ -1152,6 +1152,41 @@ TEST(kernels, attn_many_equals_one_by_one) {
     kn_force_isa("auto");
 }
 
+/* A batch's decode rows of about the same work, a whole number a thread: kt_attn_core_many runs
+ * each one whole on one thread (attn_avx512.c); still each problem's bits alone, with 2 and 3
+ * threads (the form's condition met), with DSA-like gathered keys and per-query nk. */
+TEST(kernels, attn_many_whole_rows) {
+    uint64_t seed = rng_seed();
+    static const int shapes[][4] = {{64, 300, 512, 64}, {64, 290, 512, 64}, {40, 310, 512, 64}, {64, 305, 512, 64}, {50, 280, 512, 64}, {64, 299, 512, 64}};
+    enum { NP = sizeof shapes / sizeof shapes[0] };
+    const int before = kn_threads();
+    for (int nt = 2; nt <= 3; nt++) {
+        kn_init(nt);
+        at_case c[NP];
+        kn_attn a[NP];
+        float *scr[NP], *one[NP];
+        for (int i = 0; i < NP; i++) {
+            c[i] = at_make(shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3], i & 1);
+            one[i] = malloc(sizeof(float) * (size_t)c[i].M * (c[i].D + 5) + 4);
+            kn_attn a1 = at_args(&c[i], 0, c[i].M, one[i]);
+            kn_attn_core(&a1, c[i].scr);
+            for (size_t k = 0; k < (size_t)c[i].M * (c[i].D + 5); k++) c[i].lat[k] = NAN;
+            a[i] = at_args(&c[i], 0, c[i].M, c[i].lat);
+            scr[i] = c[i].scr;
+        }
+        kt_attn_core_many(kn_default(), a, NP, scr);
+        for (int i = 0; i < NP; i++) {
+            int bad = 0;
+            for (int m = 0; m < c[i].M; m++) bad += memcmp(c[i].lat + (size_t)m * (c[i].D + 5), one[i] + (size_t)m * (c[i].D + 5), sizeof(float) * (size_t)c[i].D) != 0;
+            CHECK_MSG(bad == 0, "%d threads, problem %d (M %d N %d): %d queries differ from the problem alone (seed %llu)", nt, i, c[i].M, c[i].N, bad,
+                      (unsigned long long)seed);
+            free(one[i]);
+            at_free(&c[i]);
+        }
+    }
+    kn_init(before);
+}
+
 /* Zeros past a query's nk add nothing: the same query over N keys with nk = n equals it over
  * exactly n keys (the blocked prefill's padding), and 1 vs 3 threads give the same bits. */
 TEST(kernels, attn_padding_threads) {
