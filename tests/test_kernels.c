@@ -1119,70 +1119,53 @@ TEST(kernels, attn_vs_ref) {
     kn_force_isa("auto");
 }
 
+/* np problems of shapes {M, N, D, Dr} through kt_attn_core_many against each alone (kn_attn_core),
+ * bitwise; what names the case in a failure */
+#define MANY_MAX_P 8
+static void many_vs_alone(const int (*shapes)[4], int np, const char *what, uint64_t seed) {
+    at_case c[MANY_MAX_P];
+    kn_attn a[MANY_MAX_P];
+    float *scr[MANY_MAX_P], *one[MANY_MAX_P];
+    for (int i = 0; i < np; i++) {
+        c[i] = at_make(shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3], i & 1);
+        one[i] = malloc(sizeof(float) * (size_t)c[i].M * (c[i].D + 5) + 4);
+        kn_attn a1 = at_args(&c[i], 0, c[i].M, one[i]);
+        kn_attn_core(&a1, c[i].scr);
+        for (size_t k = 0; k < (size_t)c[i].M * (c[i].D + 5); k++) c[i].lat[k] = NAN;
+        a[i] = at_args(&c[i], 0, c[i].M, c[i].lat);
+        scr[i] = c[i].scr;
+    }
+    kt_attn_core_many(kn_default(), a, np, scr);
+    for (int i = 0; i < np; i++) {
+        int bad = 0;
+        for (int m = 0; m < c[i].M; m++) bad += memcmp(c[i].lat + (size_t)m * (c[i].D + 5), one[i] + (size_t)m * (c[i].D + 5), sizeof(float) * (size_t)c[i].D) != 0;
+        CHECK_MSG(bad == 0, "%s, problem %d (M %d N %d): %d queries differ from the problem alone (seed %llu)", what, i, c[i].M, c[i].N, bad,
+                  (unsigned long long)seed);
+        free(one[i]);
+        at_free(&c[i]);
+    }
+}
+
 /* Several problems at once (kt_attn_core_many: a batch's decode rows of different sessions)
  * give each problem's bits alone, whatever their shapes, on every ISA. */
 TEST(kernels, attn_many_equals_one_by_one) {
     uint64_t seed = rng_seed();
     static const int shapes[][4] = {{64, 512, 512, 64}, {1, 1, 16, 16}, {5, 13, 20, 8}, {64, 130, 512, 64}, {3, 0, 16, 16}, {70, 49, 80, 12}};
-    enum { NP = sizeof shapes / sizeof shapes[0] };
-    for (int isa = 0; isa < NISA; isa++) {
-        if (kn_force_isa(ISAS[isa]) != 0) continue;
-        at_case c[NP];
-        kn_attn a[NP];
-        float *scr[NP], *one[NP];
-        for (int i = 0; i < NP; i++) {
-            c[i] = at_make(shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3], i & 1);
-            one[i] = malloc(sizeof(float) * (size_t)c[i].M * (c[i].D + 5) + 4);
-            kn_attn a1 = at_args(&c[i], 0, c[i].M, one[i]);
-            kn_attn_core(&a1, c[i].scr);
-            for (size_t k = 0; k < (size_t)c[i].M * (c[i].D + 5); k++) c[i].lat[k] = NAN;
-            a[i] = at_args(&c[i], 0, c[i].M, c[i].lat);
-            scr[i] = c[i].scr;
-        }
-        kt_attn_core_many(kn_default(), a, NP, scr);
-        for (int i = 0; i < NP; i++) {
-            int bad = 0;
-            for (int m = 0; m < c[i].M; m++) bad += memcmp(c[i].lat + (size_t)m * (c[i].D + 5), one[i] + (size_t)m * (c[i].D + 5), sizeof(float) * (size_t)c[i].D) != 0;
-            CHECK_MSG(bad == 0, "%s problem %d (M %d N %d): %d queries differ from the problem alone (seed %llu)", ISAS[isa], i, c[i].M, c[i].N, bad,
-                      (unsigned long long)seed);
-            free(one[i]);
-            at_free(&c[i]);
-        }
-    }
+    for (int isa = 0; isa < NISA; isa++)
+        if (kn_force_isa(ISAS[isa]) == 0) many_vs_alone(shapes, (int)(sizeof shapes / sizeof shapes[0]), ISAS[isa], seed);
     kn_force_isa("auto");
 }
 
 /* A batch's decode rows of about the same work, a whole number a thread: kt_attn_core_many runs
  * each one whole on one thread (attn_avx512.c); still each problem's bits alone, with 2 and 3
- * threads (the form's condition met), with DSA-like gathered keys and per-query nk. */
+ * threads (the form's condition met). */
 TEST(kernels, attn_many_whole_rows) {
     uint64_t seed = rng_seed();
     static const int shapes[][4] = {{64, 300, 512, 64}, {64, 290, 512, 64}, {40, 310, 512, 64}, {64, 305, 512, 64}, {50, 280, 512, 64}, {64, 299, 512, 64}};
-    enum { NP = sizeof shapes / sizeof shapes[0] };
     const int before = kn_threads();
     for (int nt = 2; nt <= 3; nt++) {
         kn_init(nt);
-        at_case c[NP];
-        kn_attn a[NP];
-        float *scr[NP], *one[NP];
-        for (int i = 0; i < NP; i++) {
-            c[i] = at_make(shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3], i & 1);
-            one[i] = malloc(sizeof(float) * (size_t)c[i].M * (c[i].D + 5) + 4);
-            kn_attn a1 = at_args(&c[i], 0, c[i].M, one[i]);
-            kn_attn_core(&a1, c[i].scr);
-            for (size_t k = 0; k < (size_t)c[i].M * (c[i].D + 5); k++) c[i].lat[k] = NAN;
-            a[i] = at_args(&c[i], 0, c[i].M, c[i].lat);
-            scr[i] = c[i].scr;
-        }
-        kt_attn_core_many(kn_default(), a, NP, scr);
-        for (int i = 0; i < NP; i++) {
-            int bad = 0;
-            for (int m = 0; m < c[i].M; m++) bad += memcmp(c[i].lat + (size_t)m * (c[i].D + 5), one[i] + (size_t)m * (c[i].D + 5), sizeof(float) * (size_t)c[i].D) != 0;
-            CHECK_MSG(bad == 0, "%d threads, problem %d (M %d N %d): %d queries differ from the problem alone (seed %llu)", nt, i, c[i].M, c[i].N, bad,
-                      (unsigned long long)seed);
-            free(one[i]);
-            at_free(&c[i]);
-        }
+        many_vs_alone(shapes, (int)(sizeof shapes / sizeof shapes[0]), nt == 2 ? "2 threads" : "3 threads", seed);
     }
     kn_init(before);
 }
