@@ -201,7 +201,9 @@ static void lat_one(const at_job *j, int task) {
 
 /* Several problems (each its own queries, keys and scratch) phase by phase: every phase's tasks
  * of all problems in one pool dispatch (a batch's decode rows: 4 dispatches instead of 4 per row),
- * each task the one it would be alone, so the results are those of the problems one by one. */
+ * or, where the problems are a whole number a thread and of about the same work, each problem's
+ * tasks in order on one thread (whole_task: one dispatch); each task the one it would be alone,
+ * so the results are those of the problems one by one. */
 #define MANY_MAX 64
 typedef struct {
     at_job j[MANY_MAX];
