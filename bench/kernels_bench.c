@@ -571,14 +571,15 @@ static void bench_amx(int n) {
  * (192 + 256) = 28672][512] in q8_g32, cycled through enough copies to be cold; per head, as the
  * engine's uk_task / uv_task, W_UK_h^T q (kn_matmul_t over the head's 192 rows) and W_UV_h lat
  * (kn_matmul over its 256; with BENCH_R16 each head's W_UV rows repacked to R16 in place, as the
- * engine's open does), the heads as pool tasks: GB/s of each part's weight bytes. The bound line
- * (one kn_matmul over every row) runs first, on the plain layout. */
-typedef struct { const pt_wview *uk, *uv; const float *x; float *y; int t; } mla_ctx;
+ * engine's open does), the heads as pool tasks: GB/s of each part's weight bytes (BENCH_MROWS=R:
+ * R rows a head, as a batch's). The bound line (one kn_matmul over every row) runs first, on the
+ * plain layout. */
+typedef struct { const pt_wview *uk, *uv; const float *x; float *y; int t, n; } mla_ctx;
 static void mla_task(void *c_, int h, int thread) {
     (void)thread;
     const mla_ctx *c = c_;
-    if (c->t) kn_matmul(&c->uv[h], c->x + (size_t)h * 512, 1, c->y + (size_t)h * 256);
-    else kn_matmul_t(&c->uk[h], c->x + (size_t)h * 256, 1, c->y + (size_t)h * 512);
+    if (c->t) kn_matmul(&c->uv[h], c->x + (size_t)h * 512 * c->n, c->n, c->y + (size_t)h * 256 * c->n);
+    else kn_matmul_t(&c->uk[h], c->x + (size_t)h * 192 * c->n, c->n, c->y + (size_t)h * 512 * c->n);
 }
 static void bench_mla(double floor_gbs) {
     mat probe = make_mat(PT_Q8_G32, 28672, 512);
@@ -586,8 +587,10 @@ static void bench_mla(double floor_gbs) {
     mat *ms = malloc(sizeof(mat) * (size_t)copies);
     ms[0] = probe;
     for (int i = 1; i < copies; i++) ms[i] = make_mat(PT_Q8_G32, 28672, 512);
-    float *x = malloc(64 * 512 * 4), *y = malloc(64 * 512 * 4);
-    for (int j = 0; j < 64 * 512; j++) x[j] = (float)(rnd() % 1000) / 1000.f - 0.5f;
+    /* BENCH_MROWS=R: R rows a head (a batch's decode rows: each head's weights read once for them) */
+    const int R = getenv("BENCH_MROWS") && atoi(getenv("BENCH_MROWS")) > 0 ? atoi(getenv("BENCH_MROWS")) : 1;
+    float *x = malloc((size_t)64 * 512 * 4 * R), *y = malloc((size_t)64 * 512 * 4 * R);
+    for (size_t j = 0; j < (size_t)64 * 512 * R; j++) x[j] = (float)(rnd() % 1000) / 1000.f - 0.5f;
     { /* the bound: one kn_matmul over every row of kv_b_proj (one input for all heads), plain layout */
         float *yy = malloc(28672 * 4);
         double best = 0;
@@ -624,7 +627,7 @@ static void bench_mla(double floor_gbs) {
             double t0 = now(), dt;
             do {
                 for (int i = 0; i < copies; i++) {
-                    mla_ctx c = {uk + i * 64, uv + i * 64, x, y, t};
+                    mla_ctx c = {uk + i * 64, uv + i * 64, x, y, t, R};
                     pool_run(kn_pool(), 64, mla_task, &c);
                 }
                 calls += copies;
@@ -632,7 +635,8 @@ static void bench_mla(double floor_gbs) {
             double gbs = part * calls / dt / 1e9;
             if (gbs > best) best = gbs;
         }
-        printf("%-44s %6.2f MB  %6.2f GB/s  %6.1f us a layer  %.2fx floor\n", nm[t], part / 1e6, best, part / best / 1e3, floor_gbs / best);
+        printf("%-44s %6.2f MB  %6.2f GB/s  %6.1f us a layer  %.2fx floor%s\n", nm[t], part / 1e6, best, part / best / 1e3, floor_gbs / best,
+               R > 1 ? " (BENCH_MROWS rows)" : "");
     }
     for (int i = 0; i < copies; i++) { free(ms[i].data); free(ms[i].scale); }
     free(ms); free(x); free(y); free(uk); free(uv);
