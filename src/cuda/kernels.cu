@@ -2515,12 +2515,11 @@ __device__ __forceinline__ void wfetch8(const dw &W, int64_t r, int64_t c, int64
 
 /* ---- tensor-core tiles (tf32, each product in three) ---- */
 
-/* x = hi + lo, each a tf32 (round to nearest) */
 /* x = hi + lo in tf32 halves, each rounded to nearest, ties away (cvt.rna). hi by the integer
  * form of that rounding (half an ulp of tf32 added to the bits, the 13 low bits cleared): the
  * bits of cvt.rna for every finite x, without the select that keeps inf and NaN (two
  * instructions of the seven a split took, FSETP and SEL, in the attention's inner loops: RESULTS
- * 17:30); for a non-finite x, lo = x - hi is NaN whatever hi became, so a product through the
+ * 17:40); for a non-finite x, lo = x - hi is NaN whatever hi became, so a product through the
  * three MMAs is NaN as before. lo by cvt.rna (the MMA reads the top 19 bits). tf32_split_cvt is
  * the two-cvt form, kept as the test's twin (cu_tf32_split_check). */
 __device__ __forceinline__ void tf32_split(float x, uint32_t &hi, uint32_t &lo) {
