@@ -1123,6 +1123,8 @@ TEST(kernels, attn_vs_ref) {
  * bitwise; what names the case in a failure */
 #define MANY_MAX_P 8
 static void many_vs_alone(const int (*shapes)[4], int np, const char *what, uint64_t seed) {
+    CHECK_MSG(np >= 1 && np <= MANY_MAX_P, "many_vs_alone takes 1..%d problems, not %d", MANY_MAX_P, np);
+    if (np < 1 || np > MANY_MAX_P) return;
     at_case c[MANY_MAX_P];
     kn_attn a[MANY_MAX_P];
     float *scr[MANY_MAX_P], *one[MANY_MAX_P];
