@@ -21,17 +21,26 @@
 enum { QF32 = 0, QBF16 = 1, QF16 = 2, QQ8ROW = 4, QQ8G = 5, QQ4G = 6 };
 
 /* ---- launches: programmatic dependent launch (PDL) ----
- * Every kernel opens with pdl_enter(): griddepcontrol.wait (return once the grid before it in the
- * stream has completed and its memory is visible; nothing when the kernel was not launched as a
- * dependent), then griddepcontrol.launch_dependents (the next kernel may be launched once every
- * block of this one has passed here). With the calling thread's launch mode on (cuk_pdl), a
- * launch lets the next kernel start its launch and take the multiprocessors its predecessor's
- * last blocks free, instead of waiting for the predecessor's end first; every kernel reads and
- * writes global memory only after its wait, so the order of every access is what plain stream
- * order gives (the same bits: tests compare the two launch modes). */
+ * Every kernel opens with pdl_enter(): griddepcontrol.launch_dependents (the next kernel may be
+ * launched once every block of this one has passed here), then griddepcontrol.wait (return once
+ * the grid before it in the stream has completed and its memory is visible; nothing when the
+ * kernel was not launched as a dependent). With the calling thread's launch mode on (cuk_pdl), a
+ * launch lets the next kernels start their launch and take free multiprocessors while the one
+ * running ends: a chain of short kernels (a norm, the activations' quantization) has the product
+ * after it resident and waiting. Every kernel writes global memory, and reads what a kernel
+ * writes, only after its wait, and a grid's wait returns after its predecessor's, so the order of
+ * every such access is what plain stream order gives (the same bits: tests compare the two
+ * launch modes); only a product's resident weights, written before the forward, are read before
+ * (the GEMVs' first chunks). PETREL_PDL_EARLY=0 at build time: the trigger after the wait. */
+#ifndef PETREL_PDL_EARLY
+#define PETREL_PDL_EARLY 1
+#endif
+__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 __device__ __forceinline__ void pdl_enter() {
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+    if (PETREL_PDL_EARLY) pdl_trigger();
+    pdl_wait();
+    if (!PETREL_PDL_EARLY) pdl_trigger();
 }
 static thread_local int t_pdl;
 int cuk_pdl(int on) {
@@ -342,7 +351,6 @@ template <int QT, int VAL, int TR, int FUSE>
 __global__ void __launch_bounds__(256, TR <= 2 ? 2 : 1) k_gemv_split(dw W, const uint8_t *d2, const float *s2, const float *__restrict__ x, int64_t ldx,
                                                  float *__restrict__ y, int64_t ldy, int n, int kp, const int32_t *slot_e,
                                                  const int32_t *slot_x) {
-    pdl_enter();
     constexpr int RW = GV_RW, RO = FUSE ? RW / 2 : RW;     /* weight rows, output rows per warp */
     constexpr int U = 2; /* chunks of each row in flight (more spill at 128 registers) */
     constexpr int SCALED = QT == QQ8ROW || QT == QQ8G || QT == QQ4G;
@@ -351,10 +359,29 @@ __global__ void __launch_bounds__(256, TR <= 2 ? 2 : 1) k_gemv_split(dw W, const
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, grp = warp / kp, part = warp - grp * kp;
     int64_t orow = ((int64_t)blockIdx.x * (8 / kp) + grp) * RO;
     int s0 = blockIdx.y * TR, ns = n - s0 < TR ? n - s0 : TR;
-    int64_t e = slot_e ? slot_e[s0] : 0;
+    const int cols = (int)W.cols, step = 32 * VAL * kp, cfirst = (part * 32 + lane) * VAL;
     const uint8_t *d[RW];
     const float *sr[RW];
-    gv_rows<RW, RO, FUSE, 0>(W, d2, s2, orow, e, d, sr);
+    uint4 raw[U][RW][2];
+    float sc[U][RW];
+    auto fetch = [&](int c0) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int c = c0 + u * step;
+            if (c < cols) {
+#pragma unroll
+                for (int i = 0; i < RW; i++) {
+                    load_raw<QT, VAL>(d[i], c, raw[u][i]);
+                    sc[u][i] = QT == QQ8ROW ? sr[i][0] : SCALED ? sr[i][c / G] : 1.f;
+                }
+            }
+        }
+    };
+    /* as k_gemv_q: a resident weight's first chunks are loaded before the wait */
+    const int pre = QT >= 0 && !slot_e;
+    if (pre) gv_rows<RW, RO, FUSE, 0>(W, d2, s2, orow, 0, d, sr), fetch(cfirst);
+    pdl_enter();
+    if (!pre) gv_rows<RW, RO, FUSE, 0>(W, d2, s2, orow, slot_e ? slot_e[s0] : 0, d, sr);
     const float *xr[TR];
 #pragma unroll
     for (int t = 0; t < TR; t++) xr[t] = x + (int64_t)(t < ns ? (slot_x ? slot_x[s0 + t] : s0 + t) : 0) * ldx;
@@ -363,23 +390,10 @@ __global__ void __launch_bounds__(256, TR <= 2 ? 2 : 1) k_gemv_split(dw W, const
     for (int i = 0; i < RW; i++)
 #pragma unroll
         for (int t = 0; t < TR; t++) acc[i][t] = 0.f;
-    const int cols = (int)W.cols;
     if constexpr (QT >= 0) {
-        const int xv = ((ldx & 3) == 0) && (((uintptr_t)x & 15) == 0), step = 32 * VAL * kp;
-        for (int c0 = (part * 32 + lane) * VAL; c0 < cols; c0 += U * step) {
-            uint4 raw[U][RW][2];
-            float sc[U][RW];
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                int c = c0 + u * step;
-                if (c < cols) {
-#pragma unroll
-                    for (int i = 0; i < RW; i++) {
-                        load_raw<QT, VAL>(d[i], c, raw[u][i]);
-                        sc[u][i] = QT == QQ8ROW ? sr[i][0] : SCALED ? sr[i][c / G] : 1.f;
-                    }
-                }
-            }
+        const int xv = ((ldx & 3) == 0) && (((uintptr_t)x & 15) == 0);
+        for (int c0 = cfirst; c0 < cols; c0 += U * step) {
+            if (!pre || c0 != cfirst) fetch(c0);
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 int c = c0 + u * step;
@@ -678,17 +692,32 @@ __global__ void k_actq(const float *__restrict__ x, int64_t ldx, int cols, cu_xq
 template <int Q4, int TR, int FUSE>
 __global__ void __launch_bounds__(256, TR <= 2 ? 2 : 1) k_gemv_q(dw W, const uint8_t *d2, const float *s2, cu_xq X, float *__restrict__ y, int64_t ldy,
                                                             int n, int kp, const int32_t *slot_e, const int32_t *slot_x) {
-    pdl_enter();
     constexpr int RW = GV_RW, RO = FUSE ? RW / 2 : RW, U = 2;
     constexpr int VAL = Q4 ? 32 : 16, G = Q4 ? 64 : 32;
     __shared__ float red[8][RW * TR];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, grp = warp / kp, part = warp - grp * kp;
     int64_t orow = ((int64_t)blockIdx.x * (8 / kp) + grp) * RO;
     int s0 = blockIdx.y * TR, ns = n - s0 < TR ? n - s0 : TR;
-    int64_t e = slot_e ? slot_e[s0] : 0;
+    const int cols = (int)W.cols, step = 32 * VAL * kp, cfirst = (part * 32 + lane) * VAL;
     const uint8_t *d[RW];
     const float *sr[RW];
-    gv_rows<RW, RO, FUSE, 1>(W, d2, s2, orow, e, d, sr);
+    uint4 raw[U][RW];
+    float sc[U][RW];
+    /* the first U chunks of a resident weight's rows (no slots: a model weight, written before
+     * the forward) are loaded before the wait for the kernel before, so their memory latency
+     * passes while that kernel (a norm, the activations' quantization) still runs */
+    auto fetch = [&](int c0) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int c = c0 + u * step;
+            if (c < cols)
+#pragma unroll
+                for (int i = 0; i < RW; i++) raw[u][i] = *(const uint4 *)(d[i] + (Q4 ? c / 2 : c)), sc[u][i] = sr[i][c / G];
+        }
+    };
+    if (!slot_e) gv_rows<RW, RO, FUSE, 1>(W, d2, s2, orow, 0, d, sr), fetch(cfirst);
+    pdl_enter();
+    if (slot_e) gv_rows<RW, RO, FUSE, 1>(W, d2, s2, orow, slot_e[s0], d, sr);
     const int8_t *xq[TR];
     const float *xd[TR];
     const int32_t *xs[TR];
@@ -702,17 +731,8 @@ __global__ void __launch_bounds__(256, TR <= 2 ? 2 : 1) k_gemv_q(dw W, const uin
     for (int i = 0; i < RW; i++)
 #pragma unroll
         for (int t = 0; t < TR; t++) acc[i][t] = 0.f;
-    const int cols = (int)W.cols, step = 32 * VAL * kp;
-    for (int c0 = (part * 32 + lane) * VAL; c0 < cols; c0 += U * step) {
-        uint4 raw[U][RW];
-        float sc[U][RW];
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            int c = c0 + u * step;
-            if (c < cols)
-#pragma unroll
-                for (int i = 0; i < RW; i++) raw[u][i] = *(const uint4 *)(d[i] + (Q4 ? c / 2 : c)), sc[u][i] = sr[i][c / G];
-        }
+    for (int c0 = cfirst; c0 < cols; c0 += U * step) {
+        if (slot_e || c0 != cfirst) fetch(c0);
 #pragma unroll
         for (int u = 0; u < U; u++) {
             int c = c0 + u * step;
@@ -2356,7 +2376,18 @@ void cuk_embed(cudaStream_t st, const dw &W, const int32_t *ids, int T, float *h
  * a double, then the block's sum. The first NORM_PF of a thread's values are loaded together
  * into registers (one wait for all of them, not one a value), the rest in a loop. */
 #define NORM_PF 8
+/* the norm's weights (the model's, constant) of a thread's first NORM_PF values, loaded before
+ * the wait for the kernel before */
+__device__ __forceinline__ void norm_w(const float *w, int n, float (&wv)[NORM_PF]) {
+#pragma unroll
+    for (int k = 0; k < NORM_PF; k++) {
+        int i = threadIdx.x + k * blockDim.x;
+        wv[k] = i < n ? w[i] : 0.f;
+    }
+}
 __global__ void k_rmsnorm(float *y, int64_t ldy, const float *x, int64_t ldx, const float *w, int n, double eps) {
+    float wv[NORM_PF];
+    norm_w(w, n, wv);
     pdl_enter();
     const float *xr = x + blockIdx.x * ldx;
     float *yr = y + blockIdx.x * ldy;
@@ -2377,7 +2408,7 @@ __global__ void k_rmsnorm(float *y, int64_t ldy, const float *x, int64_t ldx, co
 #pragma unroll
     for (int k = 0; k < NORM_PF; k++) {
         int i = threadIdx.x + k * b;
-        if (i < n) yr[i] = w[i] * (v[k] * r);
+        if (i < n) yr[i] = wv[k] * (v[k] * r);
     }
     for (int i = threadIdx.x + NORM_PF * b; i < n; i += b) yr[i] = w[i] * (xr[i] * r);
 }
@@ -2389,6 +2420,8 @@ void cuk_rmsnorm(cudaStream_t st, float *y, int64_t ldy, const float *x, int64_t
  * pointers do not alias (else each step's loads would wait for the last step's store). */
 __global__ void k_add_rmsnorm(float *__restrict__ y, float *__restrict__ h, const float *__restrict__ a, const float *__restrict__ b,
                               const float *__restrict__ w, int n, double eps) {
+    float wv[NORM_PF];
+    norm_w(w, n, wv);
     pdl_enter();
     float *hr = h + (int64_t)blockIdx.x * n, *yr = y + (int64_t)blockIdx.x * n;
     const float *ar = a + (int64_t)blockIdx.x * n, *br = b ? b + (int64_t)blockIdx.x * n : nullptr;
@@ -2415,7 +2448,7 @@ __global__ void k_add_rmsnorm(float *__restrict__ y, float *__restrict__ h, cons
 #pragma unroll
     for (int k = 0; k < NORM_PF; k++) {
         int i = threadIdx.x + k * bd;
-        if (i < n) yr[i] = w[i] * (v[k] * r);
+        if (i < n) yr[i] = wv[k] * (v[k] * r);
     }
     for (int i = threadIdx.x + NORM_PF * bd; i < n; i += bd) yr[i] = w[i] * (hr[i] * r);
 }
@@ -2709,14 +2742,13 @@ __global__ void k_head_mm(dw W, int64_t row0, int64_t hs, const float *x, int64_
 #define UK_PARTS 8
 #define UK_PRE 16 /* rows of a part whose weights load together first */
 __global__ void __launch_bounds__(512) k_uk_q8(dw W, const float *__restrict__ q, int NH, int Dn, int Dr, int Dv, int Rkv, float *__restrict__ qt) {
-    pdl_enter();
     extern __shared__ float uk_sm[]; /* x [Dn], then the parts' sums [UK_PARTS][UK_COLS] */
     float *xs = uk_sm, *ps = uk_sm + Dn;
     const int h = blockIdx.x, r = blockIdx.y, tid = threadIdx.x, cg = tid & 63, part = tid >> 6;
     const int c = blockIdx.z * UK_COLS + 4 * cg, per = (Dn + UK_PARTS - 1) / UK_PARTS, i0 = part * per, i1 = i0 + per < Dn ? i0 + per : Dn;
     const int64_t row0 = (int64_t)h * (Dn + Dv);
-    /* the part's first UK_PRE rows of weights loaded at once, before x is staged (then summed in
-     * row order as the rest) */
+    /* the part's first UK_PRE rows of weights (kv_b_proj's, constant) loaded at once, before the
+     * wait for the kernel before (then summed in row order as the rest) */
     char4 wp[UK_PRE];
     float sp[UK_PRE];
 #pragma unroll
@@ -2725,6 +2757,7 @@ __global__ void __launch_bounds__(512) k_uk_q8(dw W, const float *__restrict__ q
             const int64_t rr = row0 + i0 + j;
             wp[j] = *(const char4 *)(W.d + rr * W.rb + c), sp[j] = W.s[rr * W.sc + c / 32];
         }
+    pdl_enter();
     const float *x = q + ((int64_t)r * NH + h) * (Dn + Dr);
     for (int i = tid; i < Dn; i += blockDim.x) xs[i] = x[i];
     __syncthreads();
@@ -3705,6 +3738,10 @@ __global__ void __launch_bounds__(TC ? 512 : 256) k_attn_flash(const float *__re
             float sc[KJ][4];
 #pragma unroll
             for (int j = 0; j < KJ; j++) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
+            /* unrolled by 3 (9 steps for D = 576): at 4 warps a scheduler the loop's dependent
+             * chains (the splits, the swizzled addresses) left issue slots idle, ncu's "wait"
+             * stall 30 % of the samples (RESULTS 17:40); each sc[j] still adds its steps in d order */
+#pragma unroll 3
             for (int d = d0; d < d1; d += 8) {
                 uint32_t ah[4], alo[4];
                 tf32_split(Qs[g * qst + d + t4], ah[0], alo[0]);
@@ -3971,17 +4008,19 @@ void cuk_dsa_prep(cudaStream_t st, float *qi, float *k, float *iw, const float *
  * summed in h order, then the fixed tree of kernels.h. Block (row r, keys t0 .. t0 + 31): the keys
  * staged in shared memory (row stride Di + 4 where V4, else Di + 1: no bank met twice), lane =
  * key; for each chunk of DS_HC heads, its q rows staged too (read by all lanes at once), warp w
- * keeps the chains of heads w, w + 8, ..., writes its m values, and warp 0 adds them into the
+ * keeps the chains of heads w, w + DS_W, ..., writes its m values, and warp 0 adds them into the
  * keys' u in h order. */
 #define DS_KEYS 32
-#define DS_HC 64 /* heads a chunk: 8 a warp */
+#define DS_HC 64 /* heads a chunk: DS_HC / DS_W a warp */
+#define DS_W 16  /* warps a block: each lane's DS_HC / DS_W chains run one after another (8 warps
+                  * until 2026-12-07: 72 blocks for a 2300-key decode on 132 SMs, 9.5 us) */
 #define DS_SB 8  /* staging loads in flight a thread */
 __host__ __device__ __forceinline__ int dsa_ks(int Di, int v4) { return v4 ? Di + 4 : Di + 1; } /* the keys' row stride */
 static size_t dsa_scores_smem(int Hi, int Di, int v4) {
     return sizeof(float) * ((size_t)DS_KEYS * dsa_ks(Di, v4) + (size_t)(Hi < DS_HC ? Hi : DS_HC) * Di + (size_t)DS_HC * DS_KEYS);
 }
 template <int V4>
-__global__ void __launch_bounds__(256) k_dsa_scores(const float *__restrict__ qi, const float *__restrict__ iw, float *__restrict__ sc, int64_t ldsc,
+__global__ void __launch_bounds__(32 * DS_W) k_dsa_scores(const float *__restrict__ qi, const float *__restrict__ iw, float *__restrict__ sc, int64_t ldsc,
                                                     int Hi, int Di, int topk, int l, const cu_rowinfo *__restrict__ ri, const int *__restrict__ always) {
     pdl_enter();
     extern __shared__ __align__(16) float ds_sm[];
@@ -4041,7 +4080,7 @@ __global__ void __launch_bounds__(256) k_dsa_scores(const float *__restrict__ qi
         if (hc) __syncthreads(); /* warp 0 has read M and every warp Q */
         stage(hc, nh, hc == 0);
         __syncthreads(); /* the keys and this chunk's q rows staged */
-        constexpr int HW = DS_HC / 8;
+        constexpr int HW = DS_HC / DS_W;
         float dd[HW];
 #pragma unroll
         for (int j = 0; j < HW; j++) dd[j] = 0.f;
@@ -4051,8 +4090,8 @@ __global__ void __launch_bounds__(256) k_dsa_scores(const float *__restrict__ qi
                 const float4 kv = *reinterpret_cast<const float4 *>(kr + d);
 #pragma unroll
                 for (int j = 0; j < HW; j++)
-                    if (warp + 8 * j < nh) {
-                        const float4 qv = *reinterpret_cast<const float4 *>(Q + (warp + 8 * j) * Di + d);
+                    if (warp + DS_W * j < nh) {
+                        const float4 qv = *reinterpret_cast<const float4 *>(Q + (warp + DS_W * j) * Di + d);
                         dd[j] = fmaf(qv.x, kv.x, dd[j]), dd[j] = fmaf(qv.y, kv.y, dd[j]), dd[j] = fmaf(qv.z, kv.z, dd[j]), dd[j] = fmaf(qv.w, kv.w, dd[j]);
                     }
             }
@@ -4061,12 +4100,12 @@ __global__ void __launch_bounds__(256) k_dsa_scores(const float *__restrict__ qi
                 const float kv = kr[d];
 #pragma unroll
                 for (int j = 0; j < HW; j++)
-                    if (warp + 8 * j < nh) dd[j] = fmaf(Q[(warp + 8 * j) * Di + d], kv, dd[j]);
+                    if (warp + DS_W * j < nh) dd[j] = fmaf(Q[(warp + DS_W * j) * Di + d], kv, dd[j]);
             }
         }
 #pragma unroll
         for (int j = 0; j < HW; j++)
-            if (warp + 8 * j < nh) M[(warp + 8 * j) * DS_KEYS + lane] = dd[j] > 0.f ? __fmul_rn(__ldg(w + hc + warp + 8 * j), dd[j]) : 0.f;
+            if (warp + DS_W * j < nh) M[(warp + DS_W * j) * DS_KEYS + lane] = dd[j] > 0.f ? __fmul_rn(__ldg(w + hc + warp + DS_W * j), dd[j]) : 0.f;
         __syncthreads();
         if (warp == 0)
 #pragma unroll
@@ -4189,10 +4228,10 @@ void cuk_dsa_select(cudaStream_t st, const float *qi, const float *iw, float *sc
         const size_t smem = dsa_scores_smem(Hi, Di, v4);
         if (v4) {
             if (smem > 48 * 1024) cudaFuncSetAttribute(k_dsa_scores<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-            cu_launch(k_dsa_scores<1>, g, 256, smem, st, qi, iw, sc, ldsc, Hi, Di, topk, l, ri, always);
+            cu_launch(k_dsa_scores<1>, g, 32 * DS_W, smem, st, qi, iw, sc, ldsc, Hi, Di, topk, l, ri, always);
         } else {
             if (smem > 48 * 1024) cudaFuncSetAttribute(k_dsa_scores<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-            cu_launch(k_dsa_scores<0>, g, 256, smem, st, qi, iw, sc, ldsc, Hi, Di, topk, l, ri, always);
+            cu_launch(k_dsa_scores<0>, g, 32 * DS_W, smem, st, qi, iw, sc, ldsc, Hi, Di, topk, l, ri, always);
         }
     }
     cu_launch(k_dsa_topk, T, 1024, 0, st, sc, ldsc, sel, ld_sel, seln, topk, ri, always);
