@@ -11,8 +11,10 @@
  * (us from the step's first kernel), duration, how far it moves the step's end past every kernel
  * started before it (its share of the span: with programmatic dependent launch a kernel starts
  * early and waits, so durations overlap), the idle gap before it (no kernel of the step running),
- * CUDA stream and name; then the step's span, its busy and idle time, and the shares and
- * durations summed by name. Tracing starts before the engine opens (CUPTI instruments a graph when it
+ * CUDA stream and name; then the step's span, its busy and idle time, the last step's API call
+ * (its host <-> device copies, and its wall time split into before the first copy or kernel, the
+ * kernels, after the last), every step's call wall time (min / median / max: what `petrel bench`
+ * times, without bench's probes between steps), and the shares and durations summed by name. Tracing starts before the engine opens (CUPTI instruments a graph when it
  * is instantiated). A benchmark tool: it prints, and exits on errors. */
 #include <cupti.h>
 #include <stdint.h>
@@ -30,6 +32,13 @@ typedef struct {
 
 static krec *recs;
 static size_t nrec, caprec;
+/* copies (host <-> device), for the step's host-side account */
+typedef struct {
+    uint64_t start, end, bytes;
+    int kind; /* CUpti_ActivityMemcpyKind */
+} mrec;
+static mrec mrecs[1 << 16];
+static size_t nmrec;
 
 static void CUPTIAPI buf_request(uint8_t **buf, size_t *size, size_t *max_records) {
     *size = 8u << 20;
@@ -41,6 +50,11 @@ static void CUPTIAPI buf_complete(CUcontext ctx, uint32_t stream_id, uint8_t *bu
     (void)ctx, (void)stream_id, (void)size;
     CUpti_Activity *r = NULL;
     while (cuptiActivityGetNextRecord(buf, valid, &r) == CUPTI_SUCCESS) {
+        if (r->kind == CUPTI_ACTIVITY_KIND_MEMCPY && nmrec < sizeof mrecs / sizeof mrecs[0]) {
+            const CUpti_ActivityMemcpy6 *m = (const CUpti_ActivityMemcpy6 *)r;
+            mrecs[nmrec++] = (mrec){m->start, m->end, m->bytes, m->copyKind};
+            continue;
+        }
         if (r->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL && r->kind != CUPTI_ACTIVITY_KIND_KERNEL) continue;
         const CUpti_ActivityKernel10 *k = (const CUpti_ActivityKernel10 *)r;
         if (nrec == caprec) {
@@ -89,6 +103,7 @@ int main(int argc, char **argv) {
     }
     check(cuptiActivityRegisterCallbacks(buf_request, buf_complete), "register callbacks");
     check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "enable kernel records");
+    check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY), "enable copy records");
     petrel_open_opts opts = {0};
     opts.device = "cuda";
     petrel_engine *eng = NULL;
@@ -110,14 +125,23 @@ int main(int argc, char **argv) {
         fprintf(stderr, "cu_trace: prompt: %s\n", err.msg);
         return 1;
     }
+    /* each step's API call on CUPTI's clock (the records' clock): its wall time, as `petrel bench`
+     * times a step, and for the last one where it went outside the kernels */
+    uint64_t *call0 = calloc((size_t)steps, sizeof(uint64_t)), *call1 = calloc((size_t)steps, sizeof(uint64_t));
+    if (!call0 || !call1) {
+        fprintf(stderr, "cu_trace: out of memory\n");
+        return 1;
+    }
     for (int t = 0; t < steps; t++) {
         int32_t best = 0;
         for (int v = 1; v < V; v++)
             if (lg[v] > lg[best]) best = v;
+        cuptiGetTimestamp(&call0[t]);
         if (petrel_session_forward(s, &best, 1, lg, 0, &err)) {
             fprintf(stderr, "cu_trace: step %d: %s\n", t, err.msg);
             return 1;
         }
+        cuptiGetTimestamp(&call1[t]);
     }
     petrel_session_free(s);
     petrel_engine_close(eng);
@@ -151,6 +175,29 @@ int main(int argc, char **argv) {
         bn[j].us += (k->end - k->start) / 1e3, bn[j].adds += adds / 1e3, bn[j].n++;
     }
     printf("step span %.1f us: kernels running %.1f us, none running %.1f us\n", (reach - t0) / 1e3, busy / 1e3, idle / 1e3);
+    /* the last step's API call: before its first copy or kernel, its copies, after its last */
+    const uint64_t c0 = call0[steps - 1], c1 = call1[steps - 1];
+    uint64_t g0 = t0, g1 = reach;
+    for (size_t i = 0; i < nmrec; i++)
+        if (mrecs[i].start >= c0 && mrecs[i].end <= c1) {
+            if (mrecs[i].start < g0) g0 = mrecs[i].start;
+            if (mrecs[i].end > g1) g1 = mrecs[i].end;
+            printf("  copy %s %8llu bytes: at %+8.1f us from the call, %6.1f us\n", mrecs[i].kind == CUPTI_ACTIVITY_MEMCPY_KIND_HTOD ? "HtoD" : mrecs[i].kind == CUPTI_ACTIVITY_MEMCPY_KIND_DTOH ? "DtoH" : "other",
+                   (unsigned long long)mrecs[i].bytes, ((double)mrecs[i].start - (double)c0) / 1e3, (mrecs[i].end - mrecs[i].start) / 1e3);
+        }
+    printf("the last step's call %.1f us: %.1f before its first copy or kernel, %.1f from it to the first kernel, kernels %.1f, %.1f from the last kernel's end to the last copy's, %.1f after\n",
+           (c1 - c0) / 1e3, ((double)g0 - (double)c0) / 1e3, ((double)t0 - (double)g0) / 1e3, (reach - t0) / 1e3, ((double)g1 - (double)reach) / 1e3,
+           ((double)c1 - (double)g1) / 1e3);
+    double *w = calloc((size_t)steps, sizeof(double));
+    for (int t = 0; w && t < steps; t++) {
+        w[t] = (call1[t] - call0[t]) / 1e6;
+        for (int j = t; j > 0 && w[j] < w[j - 1]; j--) {
+            double x = w[j];
+            w[j] = w[j - 1], w[j - 1] = x;
+        }
+    }
+    if (w) printf("decode calls (ms, wall, as bench times a step; no probe between them): min %.3f, median %.3f, max %.3f over %d steps\n", w[0], w[steps / 2], w[steps - 1], steps);
+    free(w), free(call0), free(call1);
     for (int i = 1; i < nbn; i++) /* by their share of the span, largest first */
         for (int j = i; j > 0 && bn[j].adds > bn[j - 1].adds; j--) {
             byname x = bn[j];
