@@ -32,7 +32,8 @@ typedef struct {
 
 static krec *recs;
 static size_t nrec, caprec;
-/* copies (host <-> device), for the step's host-side account */
+/* copies (host <-> device), for the step's host-side account: the latest 65536 (a ring: the
+ * open's weight uploads come first) */
 typedef struct {
     uint64_t start, end, bytes;
     int kind; /* CUpti_ActivityMemcpyKind */
@@ -50,9 +51,9 @@ static void CUPTIAPI buf_complete(CUcontext ctx, uint32_t stream_id, uint8_t *bu
     (void)ctx, (void)stream_id, (void)size;
     CUpti_Activity *r = NULL;
     while (cuptiActivityGetNextRecord(buf, valid, &r) == CUPTI_SUCCESS) {
-        if (r->kind == CUPTI_ACTIVITY_KIND_MEMCPY && nmrec < sizeof mrecs / sizeof mrecs[0]) {
+        if (r->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
             const CUpti_ActivityMemcpy6 *m = (const CUpti_ActivityMemcpy6 *)r;
-            mrecs[nmrec++] = (mrec){m->start, m->end, m->bytes, m->copyKind};
+            mrecs[nmrec++ % (sizeof mrecs / sizeof mrecs[0])] = (mrec){m->start, m->end, m->bytes, m->copyKind};
             continue;
         }
         if (r->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL && r->kind != CUPTI_ACTIVITY_KIND_KERNEL) continue;
@@ -178,7 +179,7 @@ int main(int argc, char **argv) {
     /* the last step's API call: before its first copy or kernel, its copies, after its last */
     const uint64_t c0 = call0[steps - 1], c1 = call1[steps - 1];
     uint64_t g0 = t0, g1 = reach;
-    for (size_t i = 0; i < nmrec; i++)
+    for (size_t i = 0; i < nmrec && i < sizeof mrecs / sizeof mrecs[0]; i++)
         if (mrecs[i].start >= c0 && mrecs[i].end <= c1) {
             if (mrecs[i].start < g0) g0 = mrecs[i].start;
             if (mrecs[i].end > g1) g1 = mrecs[i].end;

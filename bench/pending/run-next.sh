@@ -1,6 +1,6 @@
 #!/bin/bash
-# run-next.sh PART: the device calls bench/pending/README.md asks for, on a pack of prebuilt
-# variants of main 7b1219d (w/petrel-cuda-NAME: main, probe = bench-probe-ends, gc = graph-copies,
+# run-next.sh PART: the device calls bench/pending/README.md asks for, on the pack of prebuilt
+# variants build-variants.sh makes (w/petrel-cuda-NAME: main, probe = bench-probe-ends, gc = graph-copies,
 # kp1 = expert-kp1, uv = uv-preload, route = route-redux, same = probe + gc + uv + route (the
 # patches that keep the bits), all = same + kp1; petrel-tests-cuda of all; cu_trace of main).
 # Part 1 (~5 min): the cuda group, the 1d4m synth, cu_trace, the logits' bits of same against main.

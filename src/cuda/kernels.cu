@@ -30,17 +30,13 @@ enum { QF32 = 0, QBF16 = 1, QF16 = 2, QQ8ROW = 4, QQ8G = 5, QQ4G = 6 };
  * after it resident and waiting. Every kernel writes global memory, and reads what a kernel
  * writes, only after its wait, and a grid's wait returns after its predecessor's, so the order of
  * every such access is what plain stream order gives (the same bits: tests compare the two
- * launch modes); only a product's resident weights, written before the forward, are read before
- * (the GEMVs' first chunks). PETREL_PDL_EARLY=0 at build time: the trigger after the wait. */
-#ifndef PETREL_PDL_EARLY
-#define PETREL_PDL_EARLY 1
-#endif
-__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
-__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+ * launch modes); only the model's weights, written before the forward, are read before (the
+ * GEMVs' first chunks, the norms' weights, W_UK's first rows). The trigger after the wait (before
+ * 2026-12-07 19:35) left the next product to launch only once the kernel before it had passed its
+ * own wait: 1.5 % slower decode (bench/RESULTS.md 19:35). */
 __device__ __forceinline__ void pdl_enter() {
-    if (PETREL_PDL_EARLY) pdl_trigger();
-    pdl_wait();
-    if (!PETREL_PDL_EARLY) pdl_trigger();
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
 }
 static thread_local int t_pdl;
 int cuk_pdl(int on) {
