@@ -176,7 +176,8 @@ int main(int argc, char **argv) {
         bn[j].us += (k->end - k->start) / 1e3, bn[j].adds += adds / 1e3, bn[j].n++;
     }
     printf("step span %.1f us: kernels running %.1f us, none running %.1f us\n", (reach - t0) / 1e3, busy / 1e3, idle / 1e3);
-    /* the last step's API call: before its first copy or kernel, its copies, after its last */
+    /* the last step's API call: before its first copy or kernel, its copies, after its last (with CUPTI
+     * recording every kernel, the graph's launch takes ~0.23 ms more than without: RESULTS 2026-12-07 21:10) */
     const uint64_t c0 = call0[steps - 1], c1 = call1[steps - 1];
     uint64_t g0 = t0, g1 = reach;
     for (size_t i = 0; i < nmrec && i < sizeof mrecs / sizeof mrecs[0]; i++)
@@ -197,7 +198,7 @@ int main(int argc, char **argv) {
             w[j] = w[j - 1], w[j - 1] = x;
         }
     }
-    if (w) printf("decode calls (ms, wall, as bench times a step; no probe between them): min %.3f, median %.3f, max %.3f over %d steps\n", w[0], w[steps / 2], w[steps - 1], steps);
+    if (w) printf("decode calls (ms, wall, CUPTI recording: ~0.25 ms slower than bench's steps on an H100, RESULTS 2026-12-07 21:10): min %.3f, median %.3f, max %.3f over %d steps\n", w[0], w[steps / 2], w[steps - 1], steps);
     free(w), free(call0), free(call1);
     for (int i = 1; i < nbn; i++) /* by their share of the span, largest first */
         for (int j = i; j > 0 && bn[j].adds > bn[j - 1].adds; j--) {

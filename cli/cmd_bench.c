@@ -1,6 +1,7 @@
 /* cmd_bench.c: `petrel bench` measures decode and prefill speed of a model and compares decode
  * with its floor: the weight bytes one decode token reads divided by the machine's memory read
- * bandwidth, measured in the same run, right before every timed step (decode_floor_ratio = the
+ * bandwidth, measured in the same run, right before every timed step (on a GPU: before the first
+ * and after the last) (decode_floor_ratio = the
  * median over steps of step time / floor at that step's bandwidth; 1.0 = bound by memory). Bytes per token are counted from the views a decode step uses: every resident
  * non-expert matrix of every layer, num_experts_per_tok routed experts per MoE layer, the shared
  * expert, lm_head, one embedding row and the norm vectors; the MTP layer is not run and not
@@ -296,13 +297,15 @@ static int bench_batch(petrel_engine *eng, int B, long ctx, long steps, uint64_t
     const fwd_stats *st = b ? batch_stats(b) : NULL;
     uint64_t ex0 = 0, ns0[FS_COUNT] = {0};
     xs_stats x0 = {0}, x1 = {0};
+    double gpu_bw = 0;
     for (long k = 0; k < 2 + steps && !rc; k++) { /* two untimed forwards first */
         if (k == 2) {
             ex0 = st->experts_run;
             memcpy(ns0, st->ns, sizeof ns0);
             if (eng->xs) xs_store_stats(eng->xs, &x0);
         }
-        double g = k >= 2 && eng->cu ? cu_hbm_probe(eng->cu, 1ull << 30) : 0; /* on the GPU: HBM */
+        if (k == 2 && eng->cu) gpu_bw = cu_hbm_probe(eng->cu, 1ull << 30); /* on the GPU: HBM, once, not between steps (see bench's decode) */
+        double g = k >= 2 && eng->cu ? gpu_bw : 0;
         if (k >= 2 && !eng->cu)
             for (int rep = 0, parts = bw_mib >= 1024 ? 4 : 1; rep < 3; rep++) {
                 double v = plan_bw_pass(bw_buf + (size_t)(rep % parts) * (bw_n / (size_t)parts), bw_n / (size_t)parts, threads, (2 + rep) % 3);
@@ -773,7 +776,7 @@ CLI_CMD(bench) {
     else snprintf(pfs, sizeof pfs, "none");
     printf("machine: %s%s, %ld cores online, kernels %s (prefetch %s), %d threads\n", cpu, cpu_has_amx() ? " (AMX)" : " (no AMX)", cores,
            kt_isa_name(&eng->kt), pfs, threads);
-    if (eng->cu) printf("device: %s (the floor's bandwidth: HBM reads, probed before every timed step)\n", petrel_engine_device(eng));
+    if (eng->cu) printf("device: %s (the floor's bandwidth: HBM reads, probed before and after the timed steps)\n", petrel_engine_device(eng));
     printf("model: %s (%d layers, hidden %d, %d experts top-%d), opened in %.2f s\n", mo.model, c->num_hidden_layers, c->hidden_size,
            c->n_routed_experts, c->num_experts_per_tok, open_s);
     fflush(stdout);
@@ -1010,6 +1013,7 @@ CLI_CMD(bench) {
     cu_tier_stats ct0 = {0}, ct1 = {0};
     static kn_prof kprof, bprof; /* --profile on the CPU: the timed steps' products, one session's and the batch's */
     unsigned long long pool_jobs0 = 0, pool_tail0 = 0, pool_jobs1 = 0, pool_tail1 = 0;
+    double gpu_bw = 0;
     for (int k = 0; !rc && k < 2 + steps; k++) { /* ctx + 2 + steps tokens in all */
         if (k == 2) {
             memset(&s->stats, 0, sizeof s->stats);
@@ -1021,8 +1025,11 @@ CLI_CMD(bench) {
                 pool_stats(kn_pool(), &pool_jobs0, &pool_tail0);
             }
         }
-        if (k >= 2 && eng->cu) step_bw[k - 2] = cu_hbm_probe(eng->cu, 1ull << 30); /* on the GPU: HBM */
-        else if (k >= 2) /* best of 3 passes, each over a quarter of a large buffer (~5 ms a pass),
+        /* on the GPU: HBM, before the first timed step and after the last (below): a probe between
+         * steps (1 GB allocated, read and freed) slowed the step after it by ~0.22 ms on an H100
+         * (RESULTS 2026-12-07 21:15), and an HBM's bandwidth does not drift like a shared VM's memory */
+        if (k == 2 && eng->cu) gpu_bw = cu_hbm_probe(eng->cu, 1ull << 30);
+        else if (k >= 2 && !eng->cu) /* best of 3 passes, each over a quarter of a large buffer (~5 ms a pass),
                           * of the three kinds of plan_bw_pass: two streams, every other line, every line */
             for (int rep = 0, parts = bw_mib >= 1024 ? 4 : 1; rep < 3; rep++) {
                 double g = plan_bw_pass(bw_buf + (size_t)(rep % parts) * (bw_n / (size_t)parts), bw_n / (size_t)parts, threads, (2 + rep) % 3);
@@ -1035,6 +1042,11 @@ CLI_CMD(bench) {
         if (frc) { rc = cli_fail_err("bench", &err); break; }
         if (k >= 2) step_ms[k - 2] = (double)(pt_now_ns() - ts) / 1e6;
         tok = (int32_t)kn_argmax(lg, V);
+    }
+    if (!rc && eng->cu) {
+        double b = cu_hbm_probe(eng->cu, 1ull << 30);
+        if (b > gpu_bw) gpu_bw = b;
+        for (long i = 0; i < steps; i++) step_bw[i] = gpu_bw;
     }
     if (profile && !eng->cu) pool_stats(kn_pool(), &pool_jobs1, &pool_tail1);
     /* the single session's store statistics end here, before any batched steps */
@@ -1151,10 +1163,17 @@ CLI_CMD(bench) {
         qsort(step_ms, (size_t)steps, sizeof(double), cmp_double);
         double dms = step_ms[steps / 2], min_ms = step_ms[0]; /* median: robust to a shared machine */
         double ratio = step_ratio[steps / 2], pf = (double)prompt / prefill_s, ratio_unpaired = dms / floor_ms;
-        printf("decode steps: median %.2f ms, mean %.2f ms, min %.2f ms, max %.2f ms; memory bandwidth before each step %.1f..%.1f GB/s "
-               "(median %.1f); per-step floor ratio %.2f..%.2f\n",
-               dms, mean_ms, min_ms, step_ms[steps - 1], bw_lo, bw_hi, bw, step_ratio[0], step_ratio[steps - 1]);
-        printf("memory read bandwidth: %.1f GB/s (median of the probes before each step, %d threads, %ld MiB buffer)\n", bw, threads, bw_mib);
+        const char *when = eng->cu ? "the better of the probes before the first and after the last step" : "before each step";
+        if (eng->cu)
+            printf("decode steps: median %.2f ms, mean %.2f ms, min %.2f ms, max %.2f ms; HBM read bandwidth %.1f GB/s (%s); "
+                   "per-step floor ratio %.2f..%.2f\n",
+                   dms, mean_ms, min_ms, step_ms[steps - 1], bw, when, step_ratio[0], step_ratio[steps - 1]);
+        else
+            printf("decode steps: median %.2f ms, mean %.2f ms, min %.2f ms, max %.2f ms; memory bandwidth before each step %.1f..%.1f GB/s "
+                   "(median %.1f); per-step floor ratio %.2f..%.2f\n",
+                   dms, mean_ms, min_ms, step_ms[steps - 1], bw_lo, bw_hi, bw, step_ratio[0], step_ratio[steps - 1]);
+        if (eng->cu) printf("memory read bandwidth: %.1f GB/s (HBM, %s, 1024 MiB buffer)\n", bw, when);
+        else printf("memory read bandwidth: %.1f GB/s (median of the probes before each step, %d threads, %ld MiB buffer)\n", bw, threads, bw_mib);
         printf("bytes per decode token: %.1f MB (resident %.1f MB + routed experts %.1f MB + head %.1f MB + latent KV %.2f MB)\n", bytes_tok / 1e6,
                resident / 1e6, experts / 1e6, head / 1e6, kv_step / 1e6);
         printf("decode at context %ld: %.2f ms/token = %.2f tok/s; floor %.2f ms; decode_floor_ratio %.2f (median of per-step ratios)\n", ctx, dms,

@@ -24,16 +24,19 @@ struct dw {
     int64_t estride, sstride; /* stacked experts: bytes / scales between experts */
 };
 
-/* The calling thread's launch mode: on, each launch lets the next kernel of its stream start
+/* The calling thread's launch mode: on, each launch lets the next kernels of its stream start
  * before it ends (programmatic dependent launch; every kernel waits for its predecessor's end
- * before touching memory, so results are the same bits). Returns the mode it replaces. */
+ * before writing memory or reading what kernels write, so results are the same bits; only the
+ * model's weights are read before). Returns the mode it replaces. */
 int cuk_pdl(int on);
 
 /* y[slot][rows] = W_e x[row]: the GEMV form (each weight row read once for up to 8 x rows).
  * slot_e / slot_x NULL: slots are the n x rows of expert 0; else slot i takes expert slot_e[i]
- * and x row slot_x[i] (x rows may repeat), one slot at a time. */
+ * and x row slot_x[i] (x rows may repeat), one slot at a time. fixed_slots: slot_e was written
+ * before the forward (the heads' products) and W is the model's, so both may be read before the
+ * kernel's wait for the one before it. */
 void cuk_gemv(cudaStream_t st, const dw &W, const float *x, int64_t ldx, float *y, int64_t ldy, int n, const int32_t *slot_e,
-              const int32_t *slot_x);
+              const int32_t *slot_x, int fixed_slots = 0);
 /* y[slot][rows] = silu(G_e x) * (U_e x): a SwiGLU's gate and up products in one GEMV pass (the
  * same slots as cuk_gemv; ldy = G.rows). G and U of one format and shape; otherwise two passes
  * and cuk_silu_mul, with ub [n][ldy] for the up product. */
@@ -156,7 +159,8 @@ void cuk_mla_prep(cudaStream_t st, float *q, const float *kva, const float *kv_n
  * (tc: tf32, each product in three, errors near f32 rounding) or by f32 fma in 64 x 64 tiles.
  * Up to 8 rows both take the GEMV form with the heads as slots (heads [T*NH]: slot i's head
  * i % NH), q~ from kv_b's q8_g32 rows directly (cuk_mla_uk_direct), else over ukt, an f32 copy of
- * W_UK^T made at upload ([NH][Rkv][Dn], stacked like experts). */
+ * W_UK^T made at upload ([NH][Rkv][Dn], stacked like experts). heads is written before the
+ * forward (read before the kernels' waits, cuk_gemv's fixed slots). */
 void cuk_mla_uk(cudaStream_t st, const dw &kvb, const dw &ukt, const float *q, float *qt, int T, int NH, int Dn, int Dr, int Dv, int Rkv,
                 const int32_t *heads, int tc);
 /* 1: up to 8 rows' q~ read W_UK from kv_b itself (q8_g32; no f32 copy is needed) */

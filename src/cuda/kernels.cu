@@ -481,17 +481,31 @@ __device__ __forceinline__ void gv_consume(const dw &W, int64_t g, int it, int n
 template <int QT, int VAL, int TR, int FUSE>
 __global__ void __launch_bounds__(256, TR <= 2 ? 2 : 1) k_gemv_stream(dw W, const uint8_t *d2, const float *s2, const float *__restrict__ x, int64_t ldx,
                                                                float *__restrict__ y, int64_t ldy, int n, const int32_t *slot_e,
-                                                               const int32_t *slot_x) {
-    pdl_enter();
+                                                               const int32_t *slot_x, int fixed) {
     constexpr int RW = GV_RW, RO = FUSE ? RW / 2 : RW; /* weight rows, output rows per warp */
     constexpr int U = (QT == QQ8ROW || QT == QQ8G) && TR == 1 ? 2 : 1; /* chunks of each row per step (more spill) */
     int lane = threadIdx.x & 31;
     int64_t groups = (W.rows + RO - 1) / RO, g = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5), gstride = (int64_t)gridDim.x * 8;
-    if (g >= groups) return;
     int s0 = blockIdx.y * TR, ns = n - s0 < TR ? n - s0 : TR;
-    int64_t e = slot_e ? slot_e[s0] : 0;
-    const uint8_t *b1 = W.d + e * W.estride, *b2 = FUSE ? d2 + e * W.estride : nullptr;
-    const float *s1 = W.s ? W.s + e * W.sstride : nullptr, *sb2 = FUSE && s2 ? s2 + e * W.sstride : nullptr;
+    const int cols = (int)W.cols, nit = (cols + U * 32 * VAL - 1) / (U * 32 * VAL);
+    uint4 ra[U][RW][2], rb[U][RW][2];
+    float sa[U][RW], sb[U][RW];
+    int64_t e = 0;
+    const uint8_t *b1 = nullptr, *b2 = nullptr;
+    const float *s1 = nullptr, *sb2 = nullptr;
+    auto slot = [&]() {
+        e = slot_e ? slot_e[s0] : 0;
+        b1 = W.d + e * W.estride, b2 = FUSE ? d2 + e * W.estride : nullptr;
+        s1 = W.s ? W.s + e * W.sstride : nullptr, sb2 = FUSE && s2 ? s2 + e * W.sstride : nullptr;
+    };
+    /* fixed slots (the heads' products: slot_e written at open, the weights the model's): the
+     * slot and the first step's weights read before the wait for the kernel before, as the
+     * split GEMVs do */
+    const int pre = QT >= 0 && fixed && g < groups;
+    if (pre) slot(), gv_fetch<QT, VAL, RW, RO, U>(W, b1, b2, s1, sb2, g, 0, lane, ra, sa);
+    pdl_enter();
+    if (g >= groups) return;
+    if (!pre) slot();
     const float *xr[TR];
 #pragma unroll
     for (int t = 0; t < TR; t++) xr[t] = x + (int64_t)(t < ns ? (slot_x ? slot_x[s0 + t] : s0 + t) : 0) * ldx;
@@ -500,13 +514,10 @@ __global__ void __launch_bounds__(256, TR <= 2 ? 2 : 1) k_gemv_stream(dw W, cons
     for (int i = 0; i < RW; i++)
 #pragma unroll
         for (int t = 0; t < TR; t++) acc[i][t] = 0.f;
-    const int cols = (int)W.cols;
     if constexpr (QT >= 0) {
-        const int xv = ((ldx & 3) == 0) && (((uintptr_t)x & 15) == 0), nit = (cols + U * 32 * VAL - 1) / (U * 32 * VAL);
-        uint4 ra[U][RW][2], rb[U][RW][2];
-        float sa[U][RW], sb[U][RW];
+        const int xv = ((ldx & 3) == 0) && (((uintptr_t)x & 15) == 0);
         int it = 0;
-        gv_fetch<QT, VAL, RW, RO, U>(W, b1, b2, s1, sb2, g, it, lane, ra, sa);
+        if (!pre) gv_fetch<QT, VAL, RW, RO, U>(W, b1, b2, s1, sb2, g, it, lane, ra, sa);
         for (;;) {
             int64_t g1 = it + 1 < nit ? g : g + gstride;
             int it1 = it + 1 < nit ? it + 1 : 0;
@@ -564,7 +575,7 @@ static int sm_count(void) {
  * the split form (its column parts keep small products' chains short) */
 template <int TR, int FUSE>
 static void gemv_go(cudaStream_t st, const dw &W, const dw *W2, const float *x, int64_t ldx, float *y, int64_t ldy, int n, const int32_t *se,
-                    const int32_t *sx) {
+                    const int32_t *sx, int fixed) {
     constexpr int RO = FUSE ? GV_RW / 2 : GV_RW;
     int qt = W.cols % 8 == 0 ? W.qt : -1;
     int wide = (qt == QQ4G && W.cols % 32 == 0) || ((qt == QQ8G || qt == QQ8ROW) && W.cols % 16 == 0);
@@ -576,7 +587,7 @@ static void gemv_go(cudaStream_t st, const dw &W, const dw *W2, const float *x, 
             int64_t bx = ((int64_t)sm_count() * 2 + n - 1) / n; /* 2 blocks an SM in all */
             if (bx > (groups + 7) / 8) bx = (groups + 7) / 8;
             dim3 grid((unsigned)bx, (unsigned)n);
-#define GV(Q, V) cu_launch(k_gemv_stream<Q, V, TR, FUSE>, grid, 256, 0, st, W, d2, s2, x, ldx, y, ldy, n, se, sx)
+#define GV(Q, V) cu_launch(k_gemv_stream<Q, V, TR, FUSE>, grid, 256, 0, st, W, d2, s2, x, ldx, y, ldy, n, se, sx, fixed)
             GV_FORMATS(GV)
 #undef GV
             return;
@@ -591,16 +602,17 @@ static void gemv_go(cudaStream_t st, const dw &W, const dw *W2, const float *x, 
 
 template <int FUSE>
 static void gemv_n(cudaStream_t st, const dw &W, const dw *W2, const float *x, int64_t ldx, float *y, int64_t ldy, int n, const int32_t *se,
-                   const int32_t *sx) {
+                   const int32_t *sx, int fixed = 0) {
     if (n <= 0) return;
-    if (se || n == 1) gemv_go<1, FUSE>(st, W, W2, x, ldx, y, ldy, n, se, sx); /* slots: one (expert) per pass */
-    else if (n == 2) gemv_go<2, FUSE>(st, W, W2, x, ldx, y, ldy, n, se, sx);
-    else if (n <= 4) gemv_go<4, FUSE>(st, W, W2, x, ldx, y, ldy, n, se, sx);
-    else gemv_go<8, FUSE>(st, W, W2, x, ldx, y, ldy, n, se, sx);
+    if (se || n == 1) gemv_go<1, FUSE>(st, W, W2, x, ldx, y, ldy, n, se, sx, fixed); /* slots: one (expert) per pass */
+    else if (n == 2) gemv_go<2, FUSE>(st, W, W2, x, ldx, y, ldy, n, se, sx, fixed);
+    else if (n <= 4) gemv_go<4, FUSE>(st, W, W2, x, ldx, y, ldy, n, se, sx, fixed);
+    else gemv_go<8, FUSE>(st, W, W2, x, ldx, y, ldy, n, se, sx, fixed);
 }
 
-void cuk_gemv(cudaStream_t st, const dw &W, const float *x, int64_t ldx, float *y, int64_t ldy, int n, const int32_t *slot_e, const int32_t *slot_x) {
-    gemv_n<0>(st, W, nullptr, x, ldx, y, ldy, n, slot_e, slot_x);
+void cuk_gemv(cudaStream_t st, const dw &W, const float *x, int64_t ldx, float *y, int64_t ldy, int n, const int32_t *slot_e, const int32_t *slot_x,
+              int fixed_slots) {
+    gemv_n<0>(st, W, nullptr, x, ldx, y, ldy, n, slot_e, slot_x, fixed_slots);
 }
 
 void cuk_gemv_swiglu(cudaStream_t st, const dw &G, const dw &U, const float *x, int64_t ldx, float *y, int64_t ldy, int n, const int32_t *slot_e,
@@ -786,7 +798,11 @@ int cuk_gemv_q_parts(const dw &W) { return gemv_parts(W, GV_RW, W.qt == QQ4G ? 3
 template <int TR, int FUSE>
 static void gemvq_go(cudaStream_t st, const dw &W, const dw *W2, const cu_xq &X, float *y, int64_t ldy, int n, const int32_t *se, const int32_t *sx) {
     constexpr int RO = FUSE ? GV_RW / 2 : GV_RW;
-    int q4 = W.qt == QQ4G, kp = gemv_parts(W, RO, q4 ? 32 : 16, 4);
+    /* slots (the routed experts): one part a row group. gemv_parts sizes the parts for the grid of
+     * one x row; a slot call's grid is n times that (8 slots a decode row), and two parts made
+     * the experts' gate / up blocks two load round trips long (~2.5 TB/s, cu_trace 2026-12-07
+     * 19:43). A slot call's parts depend on neither n nor the batch, so a row's bits do not. */
+    int q4 = W.qt == QQ4G, kp = se ? 1 : gemv_parts(W, RO, q4 ? 32 : 16, 4);
     const uint8_t *d2 = W2 ? W2->d : nullptr;
     const float *s2 = W2 ? W2->s : nullptr;
     dim3 grid((unsigned)((W.rows + RO * (8 / kp) - 1) / (RO * (8 / kp))), (unsigned)((n + TR - 1) / TR));
@@ -2801,7 +2817,7 @@ void cuk_mla_uk(cudaStream_t st, const dw &kvb, const dw &ukt, const float *q, f
         return;
     }
     if (T <= 8 && heads && ukt.d) { /* the GEMV form over W_UK^T's f32 copy, a head per slot */
-        cuk_gemv(st, ukt, q, Dn + Dr, qt, Rkv, T * NH, heads, nullptr);
+        cuk_gemv(st, ukt, q, Dn + Dr, qt, Rkv, T * NH, heads, nullptr, 1);
         return;
     }
     const int nc = tile_cols(tc);
@@ -2817,7 +2833,7 @@ void cuk_mla_uv(cudaStream_t st, const dw &kvb, const float *lat, float *o, int 
         Wv.rows = Dv;
         Wv.estride = (int64_t)(Dn + Dv) * kvb.rb;
         Wv.sstride = (int64_t)(Dn + Dv) * kvb.sc;
-        cuk_gemv(st, Wv, lat, Rkv, o, Dv, T * NH, heads, nullptr);
+        cuk_gemv(st, Wv, lat, Rkv, o, Dv, T * NH, heads, nullptr, 1);
         return;
     }
     const int nc = tile_cols(tc);
@@ -4288,6 +4304,40 @@ __global__ void k_route(const float *lg, const float *bias, int T, cu_route_cfg 
             int e = lane + 32 * k;
             cv[k] = e < E ? ch[e] : 0.f, sv[k] = e < E ? s[e] : 0.f;
         }
+        /* Without NaN among the choice values route_better is a total order on (value, expert)
+         * (-0 read as +0): each round's winner is the largest value's key, then the lowest expert
+         * holding it, two warp reductions (redux.sync) instead of a five-step butterfly of three
+         * shuffles; the same winner as the butterfly and so the same choices and weights. A row
+         * with a NaN keeps the loop below (the order of its NaN compares is the loop's). */
+        int nan = 0;
+#pragma unroll
+        for (int k = 0; k < ROUTE_PER; k++) nan |= lane + 32 * k < E && cv[k] != cv[k];
+        if (!__any_sync(0xffffffffu, nan)) {
+            uint32_t key[ROUTE_PER];
+#pragma unroll
+            for (int k = 0; k < ROUTE_PER; k++) { /* order-preserving unsigned keys of the values; 0: none */
+                const uint32_t u = __float_as_uint(cv[k] == 0.f ? 0.f : cv[k]);
+                key[k] = lane + 32 * k < E ? (u & 0x80000000u ? ~u : u | 0x80000000u) : 0u;
+            }
+            for (int kk = 0; kk < K; kk++) {
+                uint32_t bk = 0, be = 0xffffffffu;
+                float bs = 0.f;
+#pragma unroll
+                for (int k = 0; k < ROUTE_PER; k++) /* the lane's best untaken: its largest key, the first (lowest expert) of equals */
+                    if (!(tk >> k & 1u) && key[k] > bk) bk = key[k], be = (uint32_t)(lane + 32 * k), bs = sv[k];
+                const uint32_t mk = __reduce_max_sync(0xffffffffu, bk);
+                const uint32_t me = __reduce_min_sync(0xffffffffu, bk == mk ? be : 0xffffffffu);
+                bs = __shfl_sync(0xffffffffu, bs, (int)(me & 31u));
+                const int best = (int)me;
+                if ((best & 31) == lane) tk |= 1u << (best >> 5);
+                if (lane == 0) {
+                    ir[kk] = best;
+                    if (K <= 32) wsel[kk] = bs;
+                    else wts[(int64_t)r * K + kk] = bs;
+                }
+                sum += bs;
+            }
+        } else /* a NaN in the row: each round's butterfly */
         for (int kk = 0; kk < K; kk++) {
             int best = -1;
             float bv = 0.f, bs = 0.f;

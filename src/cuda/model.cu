@@ -1127,10 +1127,19 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
     memcpy(pin, hid, sizeof(int32_t) * t);
     memcpy(pin + 4 * (size_t)m->rows, hal, sizeof(int32_t) * t);
     memcpy(pin + 8 * (size_t)m->rows, hri, sizeof(cu_rowinfo) * t);
-    cudaMemcpyAsync(f.ids, pin, sizeof(int32_t) * t, cudaMemcpyHostToDevice, st);
-    cudaMemcpyAsync(f.always, pin + 4 * (size_t)m->rows, sizeof(int32_t) * t, cudaMemcpyHostToDevice, st);
-    cudaMemcpyAsync(f.ri, pin + 8 * (size_t)m->rows, sizeof(cu_rowinfo) * t, cudaMemcpyHostToDevice, st);
-    PROF(P_COPY);
+    /* their copies up, and the logits' down into pinned staging: issued on the stream, or captured
+     * into a decode step's graph (pinned memory at fixed places: a replay copies what the host
+     * wrote there before its launch), so a step is one launch and one synchronization */
+    const int staged = nl <= CU_PIN_LOGITS;
+    auto rows_up = [&]() {
+        cudaMemcpyAsync(f.ids, pin, sizeof(int32_t) * t, cudaMemcpyHostToDevice, st);
+        cudaMemcpyAsync(f.always, pin + 4 * (size_t)m->rows, sizeof(int32_t) * t, cudaMemcpyHostToDevice, st);
+        cudaMemcpyAsync(f.ri, pin + 8 * (size_t)m->rows, sizeof(cu_rowinfo) * t, cudaMemcpyHostToDevice, st);
+        PROF(P_COPY);
+    };
+    auto logits_down = [&]() {
+        return nl && staged ? cudaMemcpyAsync(m->pin_logits, f.logits, sizeof(float) * nl * V, cudaMemcpyDeviceToHost, st) : cudaSuccess;
+    };
     chunk_k ck = {t, nmax, need_q ? nall : 1, need_q, nl, hl, keys, xkeys, xkeys ? pc[0].s->kv->kv : NULL, xkeys ? pc[0].s->kv->cap : 0, xform};
     int r = 0;
     cudaError_t rc = cudaSuccess;
@@ -1143,8 +1152,10 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
         if (!ex) {
             cudaGraph_t g = NULL;
             if (cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) == cudaSuccess) {
+                rows_up();
                 r = chunk_run(m, f, f0, ck, err);
-                if (cudaStreamEndCapture(st, &g) == cudaSuccess && !r && g && cudaGraphInstantiate(&ex, g, 0) == cudaSuccess) graph_put(m, key, ex);
+                const int down = r || logits_down() == cudaSuccess;
+                if (cudaStreamEndCapture(st, &g) == cudaSuccess && !r && down && g && cudaGraphInstantiate(&ex, g, 0) == cudaSuccess) graph_put(m, key, ex);
                 else ex = NULL;
                 if (g) cudaGraphDestroy(g);
             }
@@ -1155,11 +1166,12 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
         }
     }
     if (ex) rc = cudaGraphLaunch(ex, st);
-    else r = chunk_run(m, f, f0, ck, err);
+    else {
+        rows_up();
+        r = chunk_run(m, f, f0, ck, err);
+        if (!r) rc = staged ? logits_down() : nl ? cudaMemcpyAsync(logits + (size_t)(*lnext - nl) * V, f.logits, sizeof(float) * nl * V, cudaMemcpyDeviceToHost, st) : cudaSuccess;
+    }
     if (r) return r;
-    const int staged = nl <= CU_PIN_LOGITS;
-    if (nl && rc == cudaSuccess)
-        rc = cudaMemcpyAsync(staged ? m->pin_logits : logits + (size_t)(*lnext - nl) * V, f.logits, sizeof(float) * nl * V, cudaMemcpyDeviceToHost, st);
     if (hidden && rc == cudaSuccess)
         for (int j = 0; j < t && rc == cudaSuccess; j++)
             rc = cudaMemcpyAsync(hidden + (size_t)hcall[j] * H, f.xl + (size_t)j * H, sizeof(float) * H, cudaMemcpyDeviceToHost, st);
