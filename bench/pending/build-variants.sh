@@ -26,7 +26,8 @@ build() { # NAME PATCH...
 build main
 build nq norm-q
 build sp16 attn-split16
-build all norm-q attn-split16
+build tk topk-regs
+build all norm-q attn-split16 topk-regs
 git worktree add -f "$t/b52" 52c4283 > /dev/null 2>&1
 make -C "$t/b52" BUILD=build-dc cuda -j2 NVFLAGS="$NV" > "$t/b52.log" 2>&1 || { tail -20 "$t/b52.log"; exit 1; }
 cp "$t/b52/build-dc/petrel-cuda" "$t/w/petrel-cuda-b52"
