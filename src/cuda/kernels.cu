@@ -4304,6 +4304,16 @@ __global__ void k_route(const float *lg, const float *bias, int T, cu_route_cfg 
             int e = lane + 32 * k;
             cv[k] = e < E ? ch[e] : 0.f, sv[k] = e < E ? s[e] : 0.f;
         }
+        /* round kk's choice: expert best of weight bs (every lane the same) */
+        auto take = [&](int kk, int best, float bs) {
+            if ((best & 31) == lane) tk |= 1u << (best >> 5);
+            if (lane == 0) {
+                ir[kk] = best;
+                if (K <= 32) wsel[kk] = bs;
+                else wts[(int64_t)r * K + kk] = bs;
+            }
+            sum += bs;
+        };
         /* Without NaN among the choice values route_better is a total order on (value, expert)
          * (-0 read as +0): each round's winner is the largest value's key, then the lowest expert
          * holding it, two warp reductions (redux.sync) instead of a five-step butterfly of three
@@ -4327,15 +4337,7 @@ __global__ void k_route(const float *lg, const float *bias, int T, cu_route_cfg 
                     if (!(tk >> k & 1u) && key[k] > bk) bk = key[k], be = (uint32_t)(lane + 32 * k), bs = sv[k];
                 const uint32_t mk = __reduce_max_sync(0xffffffffu, bk);
                 const uint32_t me = __reduce_min_sync(0xffffffffu, bk == mk ? be : 0xffffffffu);
-                bs = __shfl_sync(0xffffffffu, bs, (int)(me & 31u));
-                const int best = (int)me;
-                if ((best & 31) == lane) tk |= 1u << (best >> 5);
-                if (lane == 0) {
-                    ir[kk] = best;
-                    if (K <= 32) wsel[kk] = bs;
-                    else wts[(int64_t)r * K + kk] = bs;
-                }
-                sum += bs;
+                take(kk, (int)me, __shfl_sync(0xffffffffu, bs, (int)(me & 31u)));
             }
         } else /* a NaN in the row: each round's butterfly */
         for (int kk = 0; kk < K; kk++) {
@@ -4351,14 +4353,7 @@ __global__ void k_route(const float *lg, const float *bias, int T, cu_route_cfg 
                 float ov = __shfl_xor_sync(0xffffffffu, bv, o), os = __shfl_xor_sync(0xffffffffu, bs, o);
                 if (other >= 0 && (best < 0 || route_better(ov, other, bv, best))) best = other, bv = ov, bs = os;
             }
-            best = __shfl_sync(0xffffffffu, best, 0), bs = __shfl_sync(0xffffffffu, bs, 0); /* lane 0's, as before (with NaN values lanes may differ) */
-            if ((best & 31) == lane) tk |= 1u << (best >> 5);
-            if (lane == 0) {
-                ir[kk] = best;
-                if (K <= 32) wsel[kk] = bs;
-                else wts[(int64_t)r * K + kk] = bs;
-            }
-            sum += bs;
+            take(kk, __shfl_sync(0xffffffffu, best, 0), __shfl_sync(0xffffffffu, bs, 0)); /* lane 0's, as before (with NaN values lanes may differ) */
         }
         __syncwarp();
         if (lane == 0)
