@@ -1,7 +1,7 @@
 /* cmd_bench.c: `petrel bench` measures decode and prefill speed of a model and compares decode
  * with its floor: the weight bytes one decode token reads divided by the machine's memory read
- * bandwidth, measured in the same run, right before every timed step (on a GPU: before the first
- * and after the last) (decode_floor_ratio = the
+ * bandwidth, measured in the same run, right before every timed step (on a GPU, whose HBM does
+ * not drift, before the first and after the last; decode_floor_ratio = the
  * median over steps of step time / floor at that step's bandwidth; 1.0 = bound by memory). Bytes per token are counted from the views a decode step uses: every resident
  * non-expert matrix of every layer, num_experts_per_tok routed experts per MoE layer, the shared
  * expert, lm_head, one embedding row and the norm vectors; the MTP layer is not run and not
@@ -304,7 +304,7 @@ static int bench_batch(petrel_engine *eng, int B, long ctx, long steps, uint64_t
             memcpy(ns0, st->ns, sizeof ns0);
             if (eng->xs) xs_store_stats(eng->xs, &x0);
         }
-        if (k == 2 && eng->cu) gpu_bw = cu_hbm_probe(eng->cu, 1ull << 30); /* on the GPU: HBM, once, not between steps (see bench's decode) */
+        if (k == 2 && eng->cu) gpu_bw = cu_hbm_probe(eng->cu, 1ull << 30); /* on the GPU: HBM, once before the timed steps, not between them (see bench's decode) */
         double g = k >= 2 && eng->cu ? gpu_bw : 0;
         if (k >= 2 && !eng->cu)
             for (int rep = 0, parts = bw_mib >= 1024 ? 4 : 1; rep < 3; rep++) {
@@ -1163,17 +1163,18 @@ CLI_CMD(bench) {
         qsort(step_ms, (size_t)steps, sizeof(double), cmp_double);
         double dms = step_ms[steps / 2], min_ms = step_ms[0]; /* median: robust to a shared machine */
         double ratio = step_ratio[steps / 2], pf = (double)prompt / prefill_s, ratio_unpaired = dms / floor_ms;
-        const char *when = eng->cu ? "the better of the probes before the first and after the last step" : "before each step";
-        if (eng->cu)
+        if (eng->cu) {
+            const char *when = "the better of the probes before the first and after the last step";
             printf("decode steps: median %.2f ms, mean %.2f ms, min %.2f ms, max %.2f ms; HBM read bandwidth %.1f GB/s (%s); "
                    "per-step floor ratio %.2f..%.2f\n",
                    dms, mean_ms, min_ms, step_ms[steps - 1], bw, when, step_ratio[0], step_ratio[steps - 1]);
-        else
+            printf("memory read bandwidth: %.1f GB/s (HBM, %s, 1024 MiB buffer)\n", bw, when);
+        } else {
             printf("decode steps: median %.2f ms, mean %.2f ms, min %.2f ms, max %.2f ms; memory bandwidth before each step %.1f..%.1f GB/s "
                    "(median %.1f); per-step floor ratio %.2f..%.2f\n",
                    dms, mean_ms, min_ms, step_ms[steps - 1], bw_lo, bw_hi, bw, step_ratio[0], step_ratio[steps - 1]);
-        if (eng->cu) printf("memory read bandwidth: %.1f GB/s (HBM, %s, 1024 MiB buffer)\n", bw, when);
-        else printf("memory read bandwidth: %.1f GB/s (median of the probes before each step, %d threads, %ld MiB buffer)\n", bw, threads, bw_mib);
+            printf("memory read bandwidth: %.1f GB/s (median of the probes before each step, %d threads, %ld MiB buffer)\n", bw, threads, bw_mib);
+        }
         printf("bytes per decode token: %.1f MB (resident %.1f MB + routed experts %.1f MB + head %.1f MB + latent KV %.2f MB)\n", bytes_tok / 1e6,
                resident / 1e6, experts / 1e6, head / 1e6, kv_step / 1e6);
         printf("decode at context %ld: %.2f ms/token = %.2f tok/s; floor %.2f ms; decode_floor_ratio %.2f (median of per-step ratios)\n", ctx, dms,

@@ -1137,8 +1137,10 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
         cudaMemcpyAsync(f.ri, pin + 8 * (size_t)m->rows, sizeof(cu_rowinfo) * t, cudaMemcpyHostToDevice, st);
         PROF(P_COPY);
     };
-    auto logits_down = [&]() {
-        return nl && staged ? cudaMemcpyAsync(m->pin_logits, f.logits, sizeof(float) * nl * V, cudaMemcpyDeviceToHost, st) : cudaSuccess;
+    auto logits_down = [&]() { /* into pinned staging (a graph's copy: graphs run one logits row), else straight to the caller */
+        return nl ? cudaMemcpyAsync(staged ? m->pin_logits : logits + (size_t)(*lnext - nl) * V, f.logits, sizeof(float) * nl * V,
+                                    cudaMemcpyDeviceToHost, st)
+                  : cudaSuccess;
     };
     chunk_k ck = {t, nmax, need_q ? nall : 1, need_q, nl, hl, keys, xkeys, xkeys ? pc[0].s->kv->kv : NULL, xkeys ? pc[0].s->kv->cap : 0, xform};
     int r = 0;
@@ -1169,7 +1171,7 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
     else {
         rows_up();
         r = chunk_run(m, f, f0, ck, err);
-        if (!r) rc = staged ? logits_down() : nl ? cudaMemcpyAsync(logits + (size_t)(*lnext - nl) * V, f.logits, sizeof(float) * nl * V, cudaMemcpyDeviceToHost, st) : cudaSuccess;
+        if (!r) rc = logits_down();
     }
     if (r) return r;
     if (hidden && rc == cudaSuccess)
