@@ -1296,6 +1296,12 @@ TEST(cuda, decode_int8_rows) {
             bad = 0;
             for (size_t i = 0; !rc7 && i < (size_t)T * V; i++) bad += memcmp(&l0[i], &l1[i], 4) != 0;
             CHECK_MSG(!rc7 && bad == 0, "int8 decode: %zu logits differ between one stream and two", bad);
+            cu_model_use_mapped_logits(g->cu, 0); /* the head's rows in HBM, then copied down */
+            int rc8 = run_logits(g, ids, T, 1, l0);
+            cu_model_use_mapped_logits(g->cu, 1);
+            bad = 0;
+            for (size_t i = 0; !rc8 && i < (size_t)T * V; i++) bad += memcmp(&l0[i], &l1[i], 4) != 0;
+            CHECK_MSG(!rc8 && bad == 0, "int8 decode: %zu logits differ between the head writing to mapped host memory and a copy", bad);
             cu_model_use_pdl(g->cu, 0); /* each kernel launched after its predecessor's end instead of as its dependent */
             int rc4 = run_logits(g, ids, T, 1, l0);
             bad = 0;

@@ -58,6 +58,10 @@ uint64_t cu_model_weight_bytes(const cu_model *m);
  * cu_model_use_stacks(m, 0) runs each product alone instead (tests: the same bits either way) */
 int cu_model_stacks(const cu_model *m);
 void cu_model_use_stacks(cu_model *m, int on);
+/* Up to CU_PIN_LOGITS logits rows: the head's product writes them straight into pinned host
+ * memory (mapped: no copy after the step's last kernel); cu_model_use_mapped_logits(m, 0) writes
+ * them in HBM and copies them down instead (tests: the same bits either way) */
+void cu_model_use_mapped_logits(cu_model *m, int on);
 /* A decode step of one row (resident experts, no profile) replays its kernels as a CUDA graph,
  * one per bucket of 256 keys; cu_model_use_graphs(m, 0) launches them directly instead (tests:
  * the same bits either way) */

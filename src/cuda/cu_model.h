@@ -98,8 +98,11 @@ struct cu_model {
      * arrays (ids, flags, logits rows, call rows: 4 x rows; row info; pieces) */
     uint8_t *pin;
     /* pinned staging for up to CU_PIN_LOGITS rows of logits (a device-to-host copy into pageable
-     * memory goes through the driver's own staging at a fraction of the link's speed) */
-    float *pin_logits;
+     * memory goes through the driver's own staging at a fraction of the link's speed);
+     * pin_logits_dev: the same memory as the device addresses it (the head's product writes
+     * there unless no_mapped_logits: cu_model_use_mapped_logits), NULL where it is not mapped */
+    float *pin_logits, *pin_logits_dev;
+    int no_mapped_logits;
     int32_t *hrow;
     cu_rowinfo *hri;
     void *pieces;

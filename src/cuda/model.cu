@@ -465,6 +465,10 @@ extern "C" int cu_model_open(const petrel_engine *e, int device, uint64_t vram_b
     if (!r && (rc = cudaMallocHost(&m->pin, (size_t)m->rows * PIN_ROW_BYTES)) != cudaSuccess) r = cu_fail(err, rc, "pinned staging");
     if (!r && (rc = cudaMallocHost(&m->pin_logits, sizeof(float) * CU_PIN_LOGITS * (size_t)c->vocab_size)) != cudaSuccess)
         r = cu_fail(err, rc, "pinned logits");
+    if (!r && cudaHostGetDevicePointer((void **)&m->pin_logits_dev, m->pin_logits, 0) != cudaSuccess) {
+        cudaGetLastError(); /* not mapped: the logits are copied down after the head */
+        m->pin_logits_dev = NULL;
+    }
     if (!r) {
         m->hrow = (int32_t *)malloc(sizeof(int32_t) * 4 * (size_t)m->rows);
         m->hri = (cu_rowinfo *)malloc(sizeof(cu_rowinfo) * (size_t)m->rows);
@@ -496,6 +500,7 @@ static void set_mode(cu_model *m, int *flag, int v) {
     pthread_mutex_unlock(&m->mu);
 }
 extern "C" void cu_model_use_stacks(cu_model *m, int on) { set_mode(m, &m->no_stacks, !on); }
+extern "C" void cu_model_use_mapped_logits(cu_model *m, int on) { set_mode(m, &m->no_mapped_logits, !on); }
 extern "C" void cu_model_use_pdl(cu_model *m, int on) { set_mode(m, &m->no_pdl, !on); }
 extern "C" void cu_model_use_fork(cu_model *m, int on) { set_mode(m, &m->no_fork, !on); }
 extern "C" void cu_model_use_bf16_experts(cu_model *m, int form) { set_mode(m, &m->w4, form); }
@@ -898,6 +903,7 @@ struct chunk_k {
     const float *xkv;
     int xcap;
     int xform;         /* its form (cuk_mla_attn_expanded) */
+    float *head_y;     /* where the head writes the nl logits rows: f.logits, or mapped pinned host memory */
 };
 
 /* the experts a forward runs are counted on the device where rows may share experts; one row's
@@ -1030,7 +1036,7 @@ static int chunk_kernels(cu_model *m, fscr &f, const fscr &f0, const chunk_k &ck
             for (int j = 0; j < nl; j++) cudaMemcpyAsync(f.x + (size_t)j * H, f.xl + (size_t)hl[j] * H, sizeof(float) * H, cudaMemcpyDeviceToDevice, st);
             xh = f.x;
         }
-        mm(m, f, m->head, xh, f.logits, nl);
+        mm(m, f, m->head, xh, ck.head_y ? ck.head_y : f.logits, nl);
         PROF(P_HEAD);
     }
 #undef PROF
@@ -1131,6 +1137,10 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
      * into a decode step's graph (pinned memory at fixed places: a replay copies what the host
      * wrote there before its launch), so a step is one launch and one synchronization */
     const int staged = nl <= CU_PIN_LOGITS;
+    /* staged rows written by the head straight into the pinned staging (the device's stores cross
+     * the link while the head's product runs; a copy after it took ~20 us of an H100 decode step,
+     * cu_trace 2026-12-08 00:15) */
+    float *mapped = nl && staged && m->pin_logits_dev && !m->no_mapped_logits ? m->pin_logits_dev : NULL;
     auto rows_up = [&]() {
         cudaMemcpyAsync(f.ids, pin, sizeof(int32_t) * t, cudaMemcpyHostToDevice, st);
         cudaMemcpyAsync(f.always, pin + 4 * (size_t)m->rows, sizeof(int32_t) * t, cudaMemcpyHostToDevice, st);
@@ -1138,11 +1148,11 @@ static int chunk_forward(cu_model *m, const piece *pc, int np, const int32_t *id
         PROF(P_COPY);
     };
     auto logits_down = [&]() { /* into pinned staging (a graph's copy: graphs run one logits row), else straight to the caller */
-        return nl ? cudaMemcpyAsync(staged ? m->pin_logits : logits + (size_t)(*lnext - nl) * V, f.logits, sizeof(float) * nl * V,
+        return nl && !mapped ? cudaMemcpyAsync(staged ? m->pin_logits : logits + (size_t)(*lnext - nl) * V, f.logits, sizeof(float) * nl * V,
                                     cudaMemcpyDeviceToHost, st)
                   : cudaSuccess;
     };
-    chunk_k ck = {t, nmax, need_q ? nall : 1, need_q, nl, hl, keys, xkeys, xkeys ? pc[0].s->kv->kv : NULL, xkeys ? pc[0].s->kv->cap : 0, xform};
+    chunk_k ck = {t, nmax, need_q ? nall : 1, need_q, nl, hl, keys, xkeys, xkeys ? pc[0].s->kv->kv : NULL, xkeys ? pc[0].s->kv->cap : 0, xform, mapped};
     int r = 0;
     cudaError_t rc = cudaSuccess;
     /* one decode row (resident, no profile, no hidden states): the step's kernels as a graph,

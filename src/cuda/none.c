@@ -21,6 +21,7 @@ int cu_model_chunk_rows(const cu_model *m) { (void)m; return 0; }
 uint64_t cu_model_weight_bytes(const cu_model *m) { (void)m; return 0; }
 int cu_model_stacks(const cu_model *m) { (void)m; return 0; }
 void cu_model_use_stacks(cu_model *m, int on) { (void)m, (void)on; }
+void cu_model_use_mapped_logits(cu_model *m, int on) { (void)m, (void)on; }
 void cu_model_use_graphs(cu_model *m, int on) { (void)m, (void)on; }
 void cu_model_use_pdl(cu_model *m, int on) { (void)m, (void)on; }
 void cu_model_use_fork(cu_model *m, int on) { (void)m, (void)on; }
