@@ -206,10 +206,19 @@ TEST(pack, open_drops_the_file_cache) {
     while (f && fread(buf, 1, sizeof buf, f) > 0) {}
     if (f) fclose(f);
     double before = cached_fraction(out);
+    pack *p = NULL;
+    petrel_error err = {0};
+    CHECK(pack_open(out, &p, &err) == 0);
+    CHECK_MSG(!p || pack_cached(p) == (before >= 0.9), "pack_cached says %d with %.2f of the file cached", p ? pack_cached(p) : -1, before);
     petrel_engine *e = open_eng(out);
-    if (!e) return;
+    if (!e) {
+        pack_close(p);
+        return;
+    }
     double after = cached_fraction(out);
     CHECK_MSG(before > 0.9 && after >= 0 && after < 0.25, "page-cache share of the pack: %.2f before the open, %.2f after", before, after);
+    CHECK_MSG(!p || pack_cached(p) == (after >= 0.9), "pack_cached says %d with %.2f of the file cached", p ? pack_cached(p) : -1, after);
+    pack_close(p);
     int32_t ids[3] = {5, 17, 300};
     float *lg = run_logits(e, ids, 3);
     CHECK(lg != NULL);

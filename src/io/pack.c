@@ -497,6 +497,24 @@ static int tensor_bytes_desc(const void *a, const void *b, void *ctx) {
     return x > y ? -1 : x < y;
 }
 
+int pack_cached(const pack *p) {
+    if (!p->map) return 0;
+    const uint64_t pg = 4096, step = 1ull << 30; /* a GB of the map (262144 pages) a call */
+    unsigned char *v = malloc((size_t)(step / pg));
+    if (!v) return 0;
+    uint64_t in = 0, all = (p->file_size + pg - 1) / pg;
+    for (uint64_t o = 0; o < p->file_size; o += step) {
+        uint64_t n = p->file_size - o < step ? p->file_size - o : step, np = (n + pg - 1) / pg;
+        if (mincore((void *)(p->map + o), (size_t)n, v) < 0) {
+            free(v);
+            return 0;
+        }
+        for (uint64_t i = 0; i < np; i++) in += v[i] & 1;
+    }
+    free(v);
+    return in * 10 >= all * 9;
+}
+
 int pack_load_resident(pack *p, int experts, int embed_on_disk, uint64_t *copied_bytes, void (*progress)(uint64_t, uint64_t, void *),
                        void *ud, petrel_error *err) {
     *copied_bytes = 0;
@@ -523,7 +541,7 @@ int pack_load_resident(pack *p, int experts, int embed_on_disk, uint64_t *copied
         rg[nr++] = (pack_range){t->offset, t->offset + t->bytes};
         if (t->scale_bytes) rg[nr++] = (pack_range){t->scale_offset, t->scale_offset + t->scale_bytes};
     }
-    if (!rc) rc = pack_read_ranges(p, p->copy, rg, nr, 1, progress, ud, err);
+    if (!rc) rc = pack_read_ranges(p, p->copy, rg, nr, !pack_cached(p), progress, ud, err); /* from the page cache where it holds the file */
     free(rg);
     uint64_t *hs = rc ? NULL : malloc(sizeof *hs * (size_t)p->n_tensors);
     int *order = rc ? NULL : malloc(sizeof *order * (size_t)p->n_tensors);

@@ -158,6 +158,10 @@ uint64_t pack_embed_on_disk_bytes(const pack *p);
  * they reached once the cache was dropped). expert_map: routed experts are read through the map
  * (resident but not in the copy): then nothing is dropped. Returns 1 if it asked, 0 if not. */
 int pack_drop_cache(pack *p, int expert_map);
+/* Whether the page cache holds at least 90 % of the file (mincore over the map): an open then
+ * copies it through buffered reads at memory speed instead of reading the disk again with
+ * O_DIRECT (a pack just written, or read by something else; 0 where it cannot tell). */
+int pack_cached(const pack *p);
 /* 1 if the file at path is a regular file starting with PACK_MAGIC (never blocks on a FIFO). */
 int pack_is_pack(const char *path);
 /* Opens and validates a pack; maps it read-only. */

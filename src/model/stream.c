@@ -60,9 +60,10 @@ int stream_load_experts(petrel_engine *e, const petrel_open_opts *o, petrel_erro
     /* Into the copy: O_DIRECT where the file system takes it (the probe falls back to buffered
      * reads), so records go straight from the disk into the huge pages: 5.13 GB of 1d1m's
      * experts loaded in 1.2 s instead of 6 s through the page cache, which they also no longer
-     * evict the rest of the model from (bench/RESULTS.md, 2026-12-05 06:20-06:55). Only checking
-     * (served from the map): buffered, so the pages the map serves later are the ones read. */
-    xs_store_opts so = {.io_mode = p->copy_experts ? XS_IO_AUTO : XS_IO_BUFFERED, .retries = 1, .verify = verify ? 1 : -1};
+     * evict the rest of the model from (bench/RESULTS.md, 2026-12-05 06:20-06:55). Buffered where
+     * the page cache already holds the file (pack_cached: memory speed, nothing evicted). Only
+     * checking (served from the map): buffered, so the pages the map serves later are the ones read. */
+    xs_store_opts so = {.io_mode = p->copy_experts && !pack_cached(p) ? XS_IO_AUTO : XS_IO_BUFFERED, .retries = 1, .verify = verify ? 1 : -1};
     load_pg pg = {.what = p->copy_experts ? "experts" : "experts (checking them)", .verbose = o && o->verbose,
                   .note = verify ? ", checksums checked" : ", checksums not checked (no_verify)"};
     int rc = xs_load_all(&src, p->copy_experts ? p->copy : NULL, &so, o && (o->verbose || o->load_progress) ? load_pg_fn : NULL, &pg, err);
