@@ -498,8 +498,9 @@ static int tensor_bytes_desc(const void *a, const void *b, void *ctx) {
 }
 
 int pack_cached(const pack *p) {
-    if (!p->map) return 0;
-    const uint64_t pg = 4096, step = 1ull << 30; /* a GB of the map (262144 pages) a call */
+    long sz = sysconf(_SC_PAGESIZE); /* mincore's vector has an entry a page of this size */
+    if (!p->map || sz <= 0) return 0;
+    const uint64_t pg = (uint64_t)sz, step = 1ull << 30; /* a GB of the map a call */
     unsigned char *v = malloc((size_t)(step / pg));
     if (!v) return 0;
     uint64_t in = 0, all = (p->file_size + pg - 1) / pg;
